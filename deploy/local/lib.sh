@@ -1,0 +1,59 @@
+# Shared helpers for the local server scripts. Sourced, not run.
+# Every server binds to 127.0.0.1 on a free port, keeps its data under the
+# state folder given to it, and writes "export NAME=value" lines to
+# $STATE/<server>.env for tests and `make run` to source.
+
+set -euo pipefail
+
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# need_pkg BINARY PACKAGE...: installs the Debian packages when BINARY is
+# missing and we are root; otherwise says the exact command and fails.
+need_pkg() {
+	local bin=$1; shift
+	if command -v "$bin" >/dev/null 2>&1 || [ -x "$bin" ]; then
+		return 0
+	fi
+	if [ "$(id -u)" = 0 ]; then
+		echo "installing $* (missing $bin)" >&2
+		if [ -z "${EDGELIMIT_APT_UPDATED:-}" ]; then
+			apt-get update -qq >&2
+			export EDGELIMIT_APT_UPDATED=1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+	else
+		echo "missing $bin: run  sudo apt-get install -y $*" >&2
+		return 1
+	fi
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: retries COMMAND until it succeeds.
+wait_for() {
+	local what=$1 secs=$2; shift 2
+	local deadline=$((SECONDS + secs))
+	until "$@" >/dev/null 2>&1; do
+		if [ $SECONDS -ge $deadline ]; then
+			echo "timed out after ${secs}s waiting for $what" >&2
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
+# stop_pidfile FILE: stops the process named in FILE, waiting for it to go.
+stop_pidfile() {
+	local f=$1 pid
+	[ -f "$f" ] || return 0
+	pid=$(cat "$f")
+	if kill -0 "$pid" 2>/dev/null; then
+		kill "$pid" 2>/dev/null || true
+		for _ in $(seq 1 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -9 "$pid" 2>/dev/null || true
+	fi
+	rm -f "$f"
+}

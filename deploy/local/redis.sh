@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# redis.sh start|stop STATE_DIR: one standalone Redis and a Redis Cluster of
+# three masters, on free loopback ports, data under STATE_DIR/redis.
+# start writes STATE_DIR/redis.env with EDGELIMIT_REDIS_ADDR and
+# EDGELIMIT_REDIS_CLUSTER_ADDRS (comma separated).
+source "$(dirname "$0")/lib.sh"
+cmd=${1:?start or stop}
+state=${2:?state dir}
+dir=$state/redis
+
+start_one() { # name port [extra args]
+	local name=$1 port=$2; shift 2
+	mkdir -p "$dir/$name"
+	redis-server --bind 127.0.0.1 --port "$port" --dir "$dir/$name" \
+		--save "" --appendonly no --daemonize yes \
+		--pidfile "$dir/$name.pid" --logfile "$dir/$name.log" "$@"
+	wait_for "redis $name on $port" 20 redis-cli -p "$port" ping
+}
+
+case $cmd in
+start)
+	need_pkg redis-server redis-server
+	need_pkg redis-cli redis-tools
+	mkdir -p "$dir"
+	port=$(free_port)
+	start_one standalone "$port"
+	addrs=()
+	for i in 1 2 3; do
+		p=$(free_port)
+		# The bus port would default to p+10000, which may be taken or
+		# past 65535; pick a free one explicitly.
+		start_one "cluster$i" "$p" --cluster-enabled yes --cluster-port "$(free_port)" \
+			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
+		addrs+=("127.0.0.1:$p")
+	done
+	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1
+	for a in "${addrs[@]}"; do
+		wait_for "cluster state ok on $a" 30 bash -c "redis-cli -p ${a##*:} cluster info | grep -q cluster_state:ok"
+	done
+	{
+		echo "export EDGELIMIT_REDIS_ADDR=127.0.0.1:$port"
+		echo "export EDGELIMIT_REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
+	} >"$state/redis.env"
+	echo "redis: standalone 127.0.0.1:$port, cluster ${addrs[*]}" >&2
+	;;
+stop)
+	for f in "$dir"/*.pid; do
+		[ -e "$f" ] && stop_pidfile "$f"
+	done
+	rm -f "$state/redis.env"
+	;;
+*)
+	echo "usage: $0 start|stop STATE_DIR" >&2
+	exit 2
+	;;
+esac

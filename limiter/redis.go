@@ -1,0 +1,390 @@
+package limiter
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed allow.lua
+var allowSource string
+
+var allowScript = redis.NewScript(allowSource)
+
+// AllowScript returns the Lua source and its SHA1, for tools that call the
+// script directly (benchmarks, redis-cli).
+func AllowScript() (source, sha string) { return allowSource, allowScript.Hash() }
+
+// rediser is what Redis needs of a go-redis client: UniversalClient fits,
+// so standalone, Sentinel and Cluster all work.
+type rediser interface {
+	Pipeline() redis.Pipeliner
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+}
+
+// Config tunes the Redis limiter.
+type Config struct {
+	// Prefix starts every Redis key; default "rl".
+	Prefix string
+	// Batch is the most checks sent in one pipeline; default 128.
+	Batch int
+	// Senders is how many pipelines may be in flight at once; default 8.
+	// More senders keep latency low when one pipeline is slow; batching
+	// happens only when all senders are busy, so a lone request never waits.
+	Senders int
+	// DenyCache is how many keys the local deny cache holds; default 65536.
+	// Negative disables the cache.
+	DenyCache int
+	// Now is the local clock, used only by the deny cache; default time.Now.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = "rl"
+	}
+	if c.Batch <= 0 {
+		c.Batch = 128
+	}
+	if c.Senders <= 0 {
+		c.Senders = 8
+	}
+	if c.DenyCache == 0 {
+		c.DenyCache = 65536
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("limiter: prefix %q may not contain braces", c.Prefix)
+	}
+	return nil
+}
+
+// Redis checks rules against Redis with one script call per check. Checks
+// that arrive while every sender is busy are pipelined together.
+type Redis struct {
+	rdb   rediser
+	cfg   Config
+	deny  *denyCache
+	queue chan *call
+	slots chan struct{} // one token per idle sender
+}
+
+type call struct {
+	ctx   context.Context
+	keys  []string
+	args  []any
+	sent  time.Time
+	res   []any
+	err   error
+	done  chan struct{}
+}
+
+// New returns a limiter on the given client. Close stops it.
+func New(rdb rediser, cfg Config) (*Redis, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	r := &Redis{
+		rdb:   rdb,
+		cfg:   cfg,
+		queue: make(chan *call, cfg.Batch*cfg.Senders),
+		slots: make(chan struct{}, cfg.Senders),
+	}
+	if cfg.DenyCache > 0 {
+		r.deny = newDenyCache(cfg.DenyCache)
+	}
+	for range cfg.Senders {
+		r.slots <- struct{}{}
+	}
+	return r, nil
+}
+
+// Keys returns the Redis keys a check of key against rules touches. They
+// share one hash tag, so one Cluster slot.
+func (r *Redis) Keys(key string, rules []Rule) []string {
+	keys := make([]string, len(rules))
+	for i, rule := range rules {
+		keys[i] = ruleKey(r.cfg.Prefix, key, rule)
+	}
+	return keys
+}
+
+func ruleKey(prefix, key string, rule Rule) string {
+	algo := "tb"
+	if rule.algorithm() == SlidingWindow {
+		algo = "sw"
+	}
+	return prefix + ":{" + key + "}:" + rule.Name + ":" + algo
+}
+
+// Allow checks cost units of key against every rule in one Redis call. If
+// any enforced rule denies, no rule consumes. An error means the store
+// failed; the decision is then unknown.
+func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
+	if err := validate(key, rules, cost); err != nil {
+		return Decision{}, err
+	}
+	if d, ok := overCapacity(rules, cost); ok {
+		return d, nil
+	}
+	var fp uint64
+	if r.deny != nil {
+		fp = fingerprint(key, rules)
+		if d, ok := r.deny.get(fp, key, cost, r.cfg.Now()); ok {
+			return d, nil
+		}
+	}
+	c := &call{ctx: ctx, keys: r.Keys(key, rules), args: scriptArgs(rules, cost), sent: r.cfg.Now(), done: make(chan struct{})}
+	r.submit(c)
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
+	}
+	if c.err != nil {
+		return Decision{}, fmt.Errorf("run limiter script: %w", c.err)
+	}
+	d, err := parseReply(c.res, rules)
+	if err != nil {
+		return Decision{}, err
+	}
+	if r.deny != nil && !d.Allowed {
+		r.deny.put(fp, key, cost, c.sent.Add(d.RetryAfter()), d)
+	}
+	return d, nil
+}
+
+// submit sends c at once when a sender is idle; otherwise it queues c for
+// the next pipeline.
+func (r *Redis) submit(c *call) {
+	select {
+	case <-r.slots:
+		go r.send(c)
+	default:
+		select {
+		case r.queue <- c:
+			// A sender may have gone idle between the two selects; make sure
+			// someone drains the queue.
+			select {
+			case <-r.slots:
+				go r.send(nil)
+			default:
+			}
+		case <-r.slots:
+			go r.send(c)
+		}
+	}
+}
+
+// send runs first (if any) plus whatever is queued, as one pipeline, and
+// repeats while the queue is non-empty. It gives its slot back when done.
+func (r *Redis) send(first *call) {
+	batch := make([]*call, 0, r.cfg.Batch)
+	if first != nil {
+		batch = append(batch, first)
+	}
+	for {
+	drain:
+		for len(batch) < r.cfg.Batch {
+			select {
+			case c := <-r.queue:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		if len(batch) == 0 {
+			r.slots <- struct{}{}
+			// A call queued after our last drain but before we freed the
+			// slot would otherwise wait for the next submit.
+			if len(r.queue) > 0 {
+				select {
+				case <-r.slots:
+					continue
+				default:
+				}
+			}
+			return
+		}
+		r.run(batch)
+		batch = batch[:0]
+	}
+}
+
+// run executes one batch in a pipeline; NOSCRIPT replies are retried with
+// the full script, which also reloads it into the server's cache.
+func (r *Redis) run(batch []*call) {
+	ctx := batch[0].ctx
+	if len(batch) > 1 {
+		// The pipeline serves many callers: bound it by the latest deadline
+		// among them, and let each caller give up on its own context.
+		ctx = context.WithoutCancel(ctx)
+		var latest time.Time
+		for _, c := range batch {
+			dl, ok := c.ctx.Deadline()
+			if !ok {
+				latest = time.Time{}
+				break
+			}
+			if dl.After(latest) {
+				latest = dl
+			}
+		}
+		if !latest.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, latest)
+			defer cancel()
+		}
+	}
+	cmds := r.exec(ctx, batch, false)
+	var retry []int
+	for i, cmd := range cmds {
+		if cmd != nil && isNoScript(cmd.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		sub := make([]*call, len(retry))
+		for j, i := range retry {
+			sub[j] = batch[i]
+		}
+		for j, cmd := range r.exec(ctx, sub, true) {
+			cmds[retry[j]] = cmd
+		}
+	}
+	for i, c := range batch {
+		if cmds[i] == nil {
+			c.err = ctx.Err()
+		} else {
+			c.res, c.err = cmds[i].Slice()
+		}
+		close(c.done)
+	}
+}
+
+func (r *Redis) exec(ctx context.Context, batch []*call, full bool) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(batch))
+	pipe := r.rdb.Pipeline()
+	for i, c := range batch {
+		if c.ctx.Err() != nil {
+			continue // its caller is gone; don't spend Redis time on it
+		}
+		if full {
+			cmds[i] = allowScript.Eval(ctx, pipe, c.keys, c.args...)
+		} else {
+			cmds[i] = allowScript.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+	}
+	// Per-command errors are read from each cmd; Exec's error repeats the first.
+	_, _ = pipe.Exec(ctx)
+	return cmds
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// Load puts the script into the server's script cache ahead of traffic.
+// It is optional: a missing script is reloaded on first use.
+func (r *Redis) Load(ctx context.Context) error {
+	if err := r.rdb.ScriptLoad(ctx, allowSource).Err(); err != nil {
+		return fmt.Errorf("load limiter script: %w", err)
+	}
+	return nil
+}
+
+func scriptArgs(rules []Rule, cost int64) []any {
+	args := make([]any, 0, 1+5*len(rules))
+	args = append(args, cost)
+	for _, rule := range rules {
+		algo := 0
+		if rule.algorithm() == SlidingWindow {
+			algo = 1
+		}
+		shadow := 0
+		if rule.Shadow {
+			shadow = 1
+		}
+		args = append(args, algo, rule.Limit, rule.Period.Microseconds(), rule.Capacity(), shadow)
+	}
+	return args
+}
+
+// parseReply checks the script reply's shape before using it.
+func parseReply(res []any, rules []Rule) (Decision, error) {
+	if len(res) != 1+4*len(rules) {
+		return Decision{}, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), len(rules))
+	}
+	ints := make([]int64, len(res))
+	for i, v := range res {
+		n, ok := v.(int64)
+		if !ok {
+			return Decision{}, fmt.Errorf("%w: value %d is %T, want integer", ErrBadScriptData, i, v)
+		}
+		ints[i] = n
+	}
+	rr := make([]RuleResult, len(rules))
+	for i, rule := range rules {
+		v := ints[1+4*i:]
+		rr[i] = RuleResult{
+			Rule:       rule,
+			Allowed:    v[0] == 1,
+			Remaining:  v[1],
+			RetryAfter: time.Duration(v[2]) * time.Microsecond,
+			ResetAfter: time.Duration(v[3]) * time.Microsecond,
+		}
+	}
+	d := decide(rr)
+	if d.Allowed != (ints[0] == 1) {
+		return Decision{}, fmt.Errorf("%w: overall %d disagrees with rules", ErrBadScriptData, ints[0])
+	}
+	return d, nil
+}
+
+// fingerprint identifies a key together with its rules, so a cached denial
+// never outlives a change of rules.
+func fingerprint(key string, rules []Rule) uint64 {
+	h := newHash()
+	h.str(key)
+	for _, r := range rules {
+		h.str(r.Name)
+		h.str(string(r.algorithm()))
+		h.int(r.Limit)
+		h.int(int64(r.Period))
+		h.int(r.Capacity())
+		if r.Shadow {
+			h.int(1)
+		} else {
+			h.int(0)
+		}
+	}
+	return h.sum
+}
+
+type fnv struct{ sum uint64 }
+
+func newHash() *fnv { return &fnv{sum: 14695981039346656037} }
+
+func (h *fnv) str(s string) {
+	for i := 0; i < len(s); i++ {
+		h.sum ^= uint64(s[i])
+		h.sum *= 1099511628211
+	}
+	h.sum ^= 0xff
+	h.sum *= 1099511628211
+}
+
+func (h *fnv) int(n int64) { h.str(strconv.FormatInt(n, 10)) }

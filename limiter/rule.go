@@ -1,0 +1,246 @@
+// Package limiter decides whether a caller may proceed: every rule of a key
+// is checked in one atomic Redis script call (or in memory, with the same
+// semantics), all-or-nothing.
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Algorithm names how a rule counts.
+type Algorithm string
+
+const (
+	// TokenBucket allows bursts up to Rule.Burst and refills at Limit per Period.
+	TokenBucket Algorithm = "token_bucket"
+	// SlidingWindow approximates a sliding window with two fixed windows; it
+	// never admits more than Limit in any Period, so bursts are forbidden.
+	SlidingWindow Algorithm = "sliding_window"
+)
+
+// Limits on input, checked before any store call.
+const (
+	// MaxKeyLen is the longest key accepted, in bytes.
+	MaxKeyLen = 512
+	// MaxRules is the most rules one check may carry.
+	MaxRules = 16
+	// MaxNameLen is the longest rule name accepted, in bytes.
+	MaxNameLen = 64
+	// maxCapacity keeps capacity×1e6 micro-tokens exact in Lua's doubles (2^53).
+	maxCapacity = 1 << 32
+	// maxPeriod keeps period×limit products exact in doubles.
+	maxPeriod = 400 * 24 * time.Hour
+)
+
+// Errors returned for bad input. They wrap into messages naming the offender.
+var (
+	ErrEmptyKey      = errors.New("limiter: empty key")
+	ErrKeyTooLong    = errors.New("limiter: key too long")
+	ErrNoRules       = errors.New("limiter: no rules")
+	ErrTooManyRules  = errors.New("limiter: too many rules")
+	ErrInvalidRule   = errors.New("limiter: invalid rule")
+	ErrInvalidCost   = errors.New("limiter: cost must be positive")
+	ErrBadScriptData = errors.New("limiter: unexpected script reply")
+)
+
+// Rule is one limit on a key, e.g. 100 requests per minute.
+type Rule struct {
+	// Name identifies the rule in headers, events and Redis keys.
+	Name string
+	// Limit is how many units the rule admits per Period.
+	Limit int64
+	// Period is the window the limit refers to.
+	Period time.Duration
+	// Burst is the token bucket's capacity; zero means Limit. Ignored by
+	// SlidingWindow, whose capacity is always Limit.
+	Burst int64
+	// Algorithm defaults to TokenBucket when empty.
+	Algorithm Algorithm
+	// Shadow rules are decided and reported but never deny, and a shadow
+	// rule's own denial never stops the other rules from consuming.
+	Shadow bool
+}
+
+// Capacity is the most units the rule can admit at once.
+func (r Rule) Capacity() int64 {
+	if r.algorithm() == TokenBucket && r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Limit
+}
+
+func (r Rule) algorithm() Algorithm {
+	if r.Algorithm == "" {
+		return TokenBucket
+	}
+	return r.Algorithm
+}
+
+// Validate reports what is wrong with the rule, if anything.
+func (r Rule) Validate() error {
+	switch {
+	case r.Name == "":
+		return fmt.Errorf("%w: empty name", ErrInvalidRule)
+	case len(r.Name) > MaxNameLen:
+		return fmt.Errorf("%w %q: name longer than %d bytes", ErrInvalidRule, r.Name[:16], MaxNameLen)
+	case strings.ContainsAny(r.Name, "{}: \t\r\n"):
+		return fmt.Errorf("%w %q: name may not contain braces, colons or spaces", ErrInvalidRule, r.Name)
+	case r.Limit <= 0:
+		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
+	case r.Period < time.Millisecond:
+		return fmt.Errorf("%w %q: period %v must be at least 1ms", ErrInvalidRule, r.Name, r.Period)
+	case r.Period > maxPeriod:
+		return fmt.Errorf("%w %q: period %v longer than %v", ErrInvalidRule, r.Name, r.Period, maxPeriod)
+	case r.Burst < 0:
+		return fmt.Errorf("%w %q: burst %d is negative", ErrInvalidRule, r.Name, r.Burst)
+	case r.Capacity() > maxCapacity || r.Limit > maxCapacity:
+		return fmt.Errorf("%w %q: limit or burst above %d", ErrInvalidRule, r.Name, int64(maxCapacity))
+	}
+	switch r.Algorithm {
+	case "", TokenBucket, SlidingWindow:
+	default:
+		return fmt.Errorf("%w %q: unknown algorithm %q (want %q or %q)", ErrInvalidRule, r.Name, r.Algorithm, TokenBucket, SlidingWindow)
+	}
+	return nil
+}
+
+// validate checks one Allow call's input.
+func validate(key string, rules []Rule, cost int64) error {
+	switch {
+	case key == "":
+		return ErrEmptyKey
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	case len(rules) == 0:
+		return ErrNoRules
+	case len(rules) > MaxRules:
+		return fmt.Errorf("%w: %d, at most %d", ErrTooManyRules, len(rules), MaxRules)
+	case cost <= 0:
+		return fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
+	}
+	seen := make(map[string]bool, len(rules))
+	for _, r := range rules {
+		if err := r.Validate(); err != nil {
+			return err
+		}
+		if seen[r.Name] {
+			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.Name)
+		}
+		seen[r.Name] = true
+	}
+	return nil
+}
+
+// RuleResult is one rule's view of a check.
+type RuleResult struct {
+	Rule Rule
+	// Allowed is whether this rule alone would admit the request.
+	Allowed bool
+	// Remaining is how many units the rule admits right after this check.
+	Remaining int64
+	// RetryAfter is how long until this rule would admit the request; zero
+	// when it does now.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the rule is back at full capacity.
+	ResetAfter time.Duration
+}
+
+// Decision is the outcome of one check. Being over the limit is a Decision,
+// not an error.
+type Decision struct {
+	// Allowed is true when every enforced rule admitted the request; then
+	// every rule consumed. When false, no rule consumed.
+	Allowed bool
+	// Rules holds one result per rule, in the order given.
+	Rules []RuleResult
+	// Binding indexes Rules: the enforced rule closest to denying (when
+	// allowed) or the one denying for longest (when denied).
+	Binding int
+	// Reason explains a denial no amount of waiting can lift, e.g. a cost
+	// above a rule's capacity. Empty otherwise.
+	Reason string
+	// Cached is true when the local deny cache answered without a store call.
+	Cached bool
+}
+
+// BindingRule returns the result of the binding rule.
+func (d Decision) BindingRule() RuleResult { return d.Rules[d.Binding] }
+
+// RetryAfter is how long until the request would be allowed; zero when allowed.
+func (d Decision) RetryAfter() time.Duration {
+	if d.Allowed {
+		return 0
+	}
+	return d.Rules[d.Binding].RetryAfter
+}
+
+// Violated returns the enforced rules that denied the request.
+func (d Decision) Violated() []RuleResult {
+	var out []RuleResult
+	for _, r := range d.Rules {
+		if !r.Allowed && !r.Rule.Shadow {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// decide fills Allowed and Binding from the per-rule results.
+func decide(rr []RuleResult) Decision {
+	d := Decision{Allowed: true, Rules: rr, Binding: -1}
+	for _, r := range rr {
+		if !r.Allowed && !r.Rule.Shadow {
+			d.Allowed = false
+		}
+	}
+	for i, r := range rr {
+		if d.Binding >= 0 {
+			b := rr[d.Binding]
+			if r.Rule.Shadow && !b.Rule.Shadow {
+				continue
+			}
+			if !(b.Rule.Shadow && !r.Rule.Shadow) && !closer(r, b, d.Allowed) {
+				continue
+			}
+		}
+		d.Binding = i
+	}
+	return d
+}
+
+// closer reports whether a binds more tightly than b.
+func closer(a, b RuleResult, allowed bool) bool {
+	if !allowed {
+		if a.Allowed != b.Allowed {
+			return !a.Allowed
+		}
+		return a.RetryAfter > b.RetryAfter
+	}
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.ResetAfter > b.ResetAfter
+}
+
+// overCapacity answers, without a store call, a check no wait can satisfy.
+func overCapacity(rules []Rule, cost int64) (Decision, bool) {
+	var reasons []string
+	for _, r := range rules {
+		if !r.Shadow && cost > r.Capacity() {
+			reasons = append(reasons, fmt.Sprintf("cost %d exceeds capacity %d of rule %q", cost, r.Capacity(), r.Name))
+		}
+	}
+	if reasons == nil {
+		return Decision{}, false
+	}
+	rr := make([]RuleResult, len(rules))
+	for i, r := range rules {
+		rr[i] = RuleResult{Rule: r, Allowed: r.Shadow || cost <= r.Capacity()}
+	}
+	d := decide(rr)
+	d.Reason = strings.Join(reasons, "; ")
+	return d, true
+}
