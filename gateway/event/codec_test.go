@@ -1,0 +1,284 @@
+package event
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata golden files")
+
+// golden is the fixture behind testdata/decision_v1.hex. Changing what it
+// encodes to breaks every consumer in the field: add fields, never renumber.
+func golden() Decision {
+	return Decision{
+		ID:            [16]byte{0x01, 0x93, 0x2c, 0x4e, 0x5a, 0x00, 0x70, 0x01, 0x80, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08},
+		Time:          time.Date(2024, 11, 20, 10, 30, 15, 123456789, time.UTC),
+		GatewayID:     "gw-eu-1",
+		KeyID:         "k_9f86d081884c7d65",
+		KeyKind:       KindAPIKey,
+		ClientIP:      "203.0.113.7",
+		UserAgentHash: 0xdeadbeefcafef00d,
+		Route:         "/v1/orders/:id",
+		Method:        "GET",
+		Plan:          "pro",
+		BindingRule:   "per_minute",
+		Allowed:       false,
+		Limit:         100,
+		Remaining:     0,
+		Cost:          3,
+		StoreStatus:   StoreTimeout,
+		Mode:          ModeFailClosed,
+		CheckLatency:  1500 * time.Microsecond,
+	}
+}
+
+func TestGolden(t *testing.T) {
+	tests := []struct {
+		name string
+		give Decision
+		file string
+	}{
+		{name: "full", give: golden(), file: "decision_v1.hex"},
+		{name: "zero", give: Decision{}, file: "decision_v1_zero.hex"},
+		{name: "negative", give: Decision{Time: time.Unix(-1, 0).UTC(), Limit: -1, Remaining: -5, Cost: -1, CheckLatency: -1, Allowed: true, Mode: ModeShadow}, file: "decision_v1_negative.hex"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Encode(tt.give)
+			if err != nil {
+				t.Fatalf("Encode: %v", err)
+			}
+			path := filepath.Join("testdata", tt.file)
+			if *update {
+				if err := os.WriteFile(path, []byte(hex.EncodeToString(got)+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("read golden (run go test -update once to create it): %v", err)
+			}
+			want, err := hex.DecodeString(strings.TrimSpace(string(raw)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("Encode(%s) =\n%x\nwant\n%x", tt.name, got, want)
+			}
+			dec, err := Decode(want)
+			if err != nil {
+				t.Fatalf("Decode(golden %s): %v", tt.name, err)
+			}
+			if diff := cmp.Diff(tt.give, dec); diff != "" {
+				t.Errorf("Decode(golden %s) mismatch (-want +got):\n%s", tt.name, diff)
+			}
+		})
+	}
+}
+
+func TestGoldenFirstBytes(t *testing.T) {
+	// The version byte and the id field lead every record; pin them by hand
+	// so the golden file cannot silently drift with the encoder.
+	b, err := Encode(golden())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte{Version, 0x0a, 16, 0x01, 0x93}
+	if !bytes.HasPrefix(b, want) {
+		t.Errorf("Encode(golden) starts % x, want % x", b[:5], want)
+	}
+	if len(b) > 160 {
+		t.Errorf("len(Encode(golden)) = %d, want a compact record (<= 160 bytes)", len(b))
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	valid, err := Encode(golden())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		give []byte
+		want error
+	}{
+		{name: "empty", give: nil, want: ErrMalformed},
+		{name: "version 0", give: []byte{0}, want: ErrUnknownVersion},
+		{name: "version 2", give: append([]byte{2}, valid[1:]...), want: ErrUnknownVersion},
+		{name: "truncated", give: valid[:len(valid)-1], want: ErrMalformed},
+		{name: "truncated in id", give: valid[:10], want: ErrMalformed},
+		{name: "bad varint", give: []byte{1, 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, want: ErrMalformed},
+		{name: "short id", give: []byte{1, 0x0a, 2, 1, 2}, want: ErrMalformed},
+		{name: "wrong wire type", give: []byte{1, 0x18, 1}, want: ErrMalformed},
+		{name: "field zero", give: []byte{1, 0x00, 1}, want: ErrMalformed},
+		{name: "group wire type", give: []byte{1, 0xa3, 0x01}, want: ErrMalformed},
+		{name: "allowed 2", give: []byte{1, 0x60, 2}, want: ErrMalformed},
+		{name: "mode 300", give: []byte{1, 0x88, 0x01, 0xac, 0x02}, want: ErrMalformed},
+		{name: "long string", give: append([]byte{1, 0x1a, 0x81, 0x08}, bytes.Repeat([]byte("a"), 1025)...), want: ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode(tt.give)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Decode(%x) error = %v, want %v", tt.give, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecodeSkipsUnknownFields(t *testing.T) {
+	b, err := Encode(golden())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Field 99 as varint, fixed64, bytes and fixed32: a newer writer's
+	// additions within version 1.
+	b = append(b, 0x98, 0x06, 0x05)
+	b = append(b, 0x99, 0x06, 1, 2, 3, 4, 5, 6, 7, 8)
+	b = append(b, 0x9a, 0x06, 2, 'h', 'i')
+	b = append(b, 0x9d, 0x06, 1, 2, 3, 4)
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatalf("Decode with unknown fields: %v", err)
+	}
+	if diff := cmp.Diff(golden(), got); diff != "" {
+		t.Errorf("Decode with unknown fields mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestEncodeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		give Decision
+		want error
+	}{
+		{name: "long route", give: Decision{Route: strings.Repeat("r", MaxFieldLen+1)}, want: ErrFieldTooLong},
+		{name: "long key", give: Decision{KeyID: strings.Repeat("k", MaxFieldLen+1)}, want: ErrFieldTooLong},
+		{name: "year 3000", give: Decision{Time: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
+		{name: "year 1000", give: Decision{Time: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := []byte("prefix")
+			got, err := AppendEncode(dst, tt.give)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Encode(%s) error = %v, want %v", tt.name, err, tt.want)
+			}
+			if string(got) != "prefix" {
+				t.Errorf("AppendEncode on error returned %q, want dst unchanged", got)
+			}
+		})
+	}
+	// The longest allowed field still encodes.
+	if _, err := Encode(Decision{Route: strings.Repeat("r", MaxFieldLen)}); err != nil {
+		t.Errorf("Encode(route of MaxFieldLen) = %v, want nil", err)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		d := golden()
+		d.ID = NewID(now.Add(time.Duration(i) * time.Millisecond))
+		d.Time = now.Add(time.Duration(i) * time.Nanosecond)
+		d.Allowed = i%2 == 0
+		d.Remaining = int64(i - 100)
+		d.KeyKind = KeyKind(i % 4)
+		d.Mode = Mode(i % 5)
+		d.StoreStatus = StoreStatus(i % 4)
+		b, err := Encode(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("Decode(Encode(%+v)): %v", d, err)
+		}
+		if diff := cmp.Diff(d, got); diff != "" {
+			t.Fatalf("round trip %d mismatch (-want +got):\n%s", i, diff)
+		}
+	}
+}
+
+// FuzzDecode checks Decode never panics and that whatever it accepts
+// survives a round trip through Encode.
+func FuzzDecode(f *testing.F) {
+	for _, d := range []Decision{golden(), {}, {Allowed: true, Limit: -1}} {
+		b, err := Encode(d)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{2, 0x0a})
+	f.Add([]byte{1, 0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrUnknownVersion) {
+				t.Fatalf("Decode(%x) error %v wraps neither ErrMalformed nor ErrUnknownVersion", b, err)
+			}
+			return
+		}
+		again, err := Encode(d)
+		if err != nil {
+			t.Fatalf("Encode(Decode(%x)) = %v", b, err)
+		}
+		d2, err := Decode(again)
+		if err != nil {
+			t.Fatalf("Decode(Encode(Decode(%x))) = %v", b, err)
+		}
+		if diff := cmp.Diff(d, d2); diff != "" {
+			t.Fatalf("round trip of %x mismatch (-first +second):\n%s", b, diff)
+		}
+	})
+}
+
+func BenchmarkEncode(b *testing.B) {
+	d := golden()
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		buf, err = AppendEncode(buf[:0], d)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(int64(len(buf)))
+}
+
+func BenchmarkDecode(b *testing.B) {
+	enc, err := Encode(golden())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d Decision
+	b.ReportAllocs()
+	b.SetBytes(int64(len(enc)))
+	for b.Loop() {
+		if err := DecodeInto(&d, enc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkNewID(b *testing.B) {
+	now := time.Now()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_ = NewID(now)
+		}
+	})
+}
