@@ -23,8 +23,8 @@ local cost = tonumber(ARGV[1])
 local n = #KEYS
 local MICRO = 1000000
 
-local res = {}
 local writes = {}
+local oks, retries, before, after = {}, {}, {}, {}
 local all = 1
 
 for i = 1, n do
@@ -34,7 +34,7 @@ for i = 1, n do
   local period = tonumber(ARGV[base + 2])
   local cap = tonumber(ARGV[base + 3])
   local shadow = tonumber(ARGV[base + 4])
-  local ok, remaining, retry, reset
+  local ok, retry, rb, ra
 
   if algo == 0 then
     -- token bucket: hash {tk = micro-tokens, ts = last update in us}
@@ -48,19 +48,20 @@ for i = 1, n do
       if tokens > capu then tokens = capu end
     end
     local need = cost * MICRO
-    local after = tokens
     if tokens >= need then
       ok = 1
-      after = tokens - need
       retry = 0
     else
       ok = 0
       retry = math.ceil((need - tokens) * period / (limit * MICRO))
     end
-    remaining = math.floor(after / MICRO)
-    reset = math.ceil((capu - after) * period / (limit * MICRO))
+    -- before/after: the rule's state if nothing or this request is consumed
+    local rest = tokens - need
+    local rate = limit * MICRO
+    rb = {math.floor(tokens / MICRO), math.ceil((capu - tokens) * period / rate)}
     if ok == 1 then
-      writes[#writes + 1] = {0, KEYS[i], after, reset}
+      ra = {math.floor(rest / MICRO), math.ceil((capu - rest) * period / rate)}
+      writes[i] = {0, KEYS[i], rest, ra[2]}
     end
   else
     -- sliding window counter: hash {w = window index, c = count in it,
@@ -85,11 +86,19 @@ for i = 1, n do
     -- weighted = prev*(period-into)/period + cur, compared times period
     local left = period - into
     local used = prev * left + cur * period
+    local function state(c, u)
+      local rem = math.floor((limit * period - u) / period)
+      if rem < 0 then rem = 0 end
+      local rs = 0
+      if c > 0 then rs = left + period elseif prev > 0 then rs = left end
+      return {rem, rs}
+    end
+    rb = state(cur, used)
     if used + cost * period <= limit * period then
       ok = 1
-      cur = cur + cost
-      used = used + cost * period
       retry = 0
+      ra = state(cur + cost, used + cost * period)
+      writes[i] = {1, KEYS[i], w, cur + cost, prev, left + period}
     else
       ok = 0
       if cur + cost <= limit then
@@ -106,29 +115,26 @@ for i = 1, n do
         retry = left + extra
       end
     end
-    remaining = math.floor((limit * period - used) / period)
-    if remaining < 0 then remaining = 0 end
-    if cur > 0 then
-      reset = left + period
-    elseif prev > 0 then
-      reset = left
-    else
-      reset = 0
-    end
-    if ok == 1 then
-      writes[#writes + 1] = {1, KEYS[i], w, cur, prev, left + period}
-    end
   end
 
   if ok == 0 and shadow == 0 then all = 0 end
-  res[#res + 1] = ok
-  res[#res + 1] = remaining
-  res[#res + 1] = retry
-  res[#res + 1] = reset
+  oks[i], retries[i], before[i], after[i] = ok, retry, rb, ra
+end
+
+-- Report each rule's state as it is after this call: consumed only if the
+-- whole request was allowed and the rule itself admitted it.
+local res = {all}
+for i = 1, n do
+  local st = before[i]
+  if all == 1 and oks[i] == 1 then st = after[i] end
+  res[#res + 1] = oks[i]
+  res[#res + 1] = st[1]
+  res[#res + 1] = retries[i]
+  res[#res + 1] = st[2]
 end
 
 if all == 1 then
-  for _, wr in ipairs(writes) do
+  for _, wr in pairs(writes) do
     -- expiry: when the state would read as fresh anyway, plus a second
     local ttl = math.ceil(wr[#wr] / 1000) + 1000
     if wr[1] == 0 then
@@ -140,5 +146,4 @@ if all == 1 then
   end
 end
 
-table.insert(res, 1, all)
 return res

@@ -24,7 +24,7 @@ type memState struct {
 	tokens, ts int64
 	// sliding window
 	window, cur, prev int64
-	expires int64 // µs
+	expires           int64 // µs
 }
 
 // NewMemory returns an in-memory store holding at most maxKeys rule states
@@ -50,19 +50,25 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	now := m.now().UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rr := make([]RuleResult, len(rules))
-	next := make([]memState, len(rules))
+	evals := make([]eval, len(rules))
+	allowed := true
 	for i, rule := range rules {
-		k := ruleKey("mem", key, rule)
-		st := m.state[k]
+		st := m.state[ruleKey("mem", key, rule)]
 		if st != nil && st.expires <= now {
 			st = nil
 		}
 		if rule.algorithm() == SlidingWindow {
-			rr[i], next[i] = slidingWindow(st, rule, cost, now)
+			evals[i] = slidingWindow(st, rule, cost, now)
 		} else {
-			rr[i], next[i] = tokenBucket(st, rule, cost, now)
+			evals[i] = tokenBucket(st, rule, cost, now)
 		}
+		if !evals[i].ok && !rule.Shadow {
+			allowed = false
+		}
+	}
+	rr := make([]RuleResult, len(rules))
+	for i, rule := range rules {
+		rr[i] = evals[i].result(rule, allowed)
 	}
 	d := decide(rr)
 	if !d.Allowed {
@@ -75,7 +81,7 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		if !rr[i].Allowed {
 			continue // a shadow rule that denied does not consume
 		}
-		st := next[i]
+		st := evals[i].next
 		m.state[ruleKey("mem", key, rule)] = &st
 	}
 	return d, nil
@@ -106,8 +112,33 @@ func (m *Memory) Len() int {
 
 const micro = 1_000_000
 
+// eval is one rule's verdict on one request: whether it admits it, how
+// long until it would, and its state if nothing or the request is consumed.
+type eval struct {
+	ok            bool
+	retry         int64 // µs
+	before, after struct{ remaining, reset int64 }
+	next          memState
+}
+
+// result reports the rule's state after the call: consumed only when the
+// whole request was allowed and the rule admitted it.
+func (e eval) result(r Rule, allowed bool) RuleResult {
+	st := e.before
+	if allowed && e.ok {
+		st = e.after
+	}
+	return RuleResult{
+		Rule:       r,
+		Allowed:    e.ok,
+		Remaining:  st.remaining,
+		RetryAfter: time.Duration(e.retry) * time.Microsecond,
+		ResetAfter: time.Duration(st.reset) * time.Microsecond,
+	}
+}
+
 // tokenBucket mirrors allow.lua's token bucket.
-func tokenBucket(st *memState, r Rule, cost, now int64) (RuleResult, memState) {
+func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	limit, period := float64(r.Limit), float64(r.Period.Microseconds())
 	capu := r.Capacity() * micro
 	tokens := capu
@@ -116,22 +147,24 @@ func tokenBucket(st *memState, r Rule, cost, now int64) (RuleResult, memState) {
 		tokens = min(capu, st.tokens+int64(math.Floor(float64(elapsed)*limit*micro/period)))
 	}
 	need := cost * micro
-	res := RuleResult{Rule: r}
-	after := tokens
+	rate := limit * micro
+	var e eval
 	if tokens >= need {
-		res.Allowed = true
-		after = tokens - need
+		e.ok = true
 	} else {
-		res.RetryAfter = usec(math.Ceil(float64(need-tokens) * period / (limit * micro)))
+		e.retry = int64(math.Ceil(float64(need-tokens) * period / rate))
 	}
-	res.Remaining = after / micro
-	reset := math.Ceil(float64(capu-after) * period / (limit * micro))
-	res.ResetAfter = usec(reset)
-	return res, memState{tokens: after, ts: now, expires: now + int64(reset) + 1_000_000}
+	rest := tokens - need
+	e.before.remaining = tokens / micro
+	e.before.reset = int64(math.Ceil(float64(capu-tokens) * period / rate))
+	e.after.remaining = max(0, rest) / micro
+	e.after.reset = int64(math.Ceil(float64(capu-rest) * period / rate))
+	e.next = memState{tokens: rest, ts: now, expires: now + e.after.reset + 1_000_000}
+	return e
 }
 
 // slidingWindow mirrors allow.lua's sliding window counter.
-func slidingWindow(st *memState, r Rule, cost, now int64) (RuleResult, memState) {
+func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	w := now / period
 	into := now - w*period
@@ -149,29 +182,34 @@ func slidingWindow(st *memState, r Rule, cost, now int64) (RuleResult, memState)
 	}
 	left := period - into
 	used := prev*left + cur*period
-	res := RuleResult{Rule: r}
-	if used+cost*period <= limit*period {
-		res.Allowed = true
-		cur += cost
-		used += cost * period
-	} else if cur+cost <= limit {
+	state := func(c, u int64) (rem, reset int64) {
+		rem = max(0, (limit*period-u)/period)
+		switch {
+		case c > 0:
+			reset = left + period
+		case prev > 0:
+			reset = left
+		}
+		return rem, reset
+	}
+	var e eval
+	e.before.remaining, e.before.reset = state(cur, used)
+	switch {
+	case used+cost*period <= limit*period:
+		e.ok = true
+		e.after.remaining, e.after.reset = state(cur+cost, used+cost*period)
+	case cur+cost <= limit:
+		// wait until the previous window has decayed enough
 		need := prev*left - (limit-cur-cost)*period
-		res.RetryAfter = usec(math.Ceil(float64(need) / float64(prev)))
-	} else {
+		e.retry = int64(math.Ceil(float64(need) / float64(prev)))
+	default:
+		// wait for the next window, where cur becomes prev
 		var extra int64
 		if cur > 0 {
 			extra = max(0, period-int64(math.Floor(float64((limit-cost)*period)/float64(cur))))
 		}
-		res.RetryAfter = time.Duration(left+extra) * time.Microsecond
+		e.retry = left + extra
 	}
-	res.Remaining = max(0, (limit*period-used)/period)
-	switch {
-	case cur > 0:
-		res.ResetAfter = time.Duration(left+period) * time.Microsecond
-	case prev > 0:
-		res.ResetAfter = time.Duration(left) * time.Microsecond
-	}
-	return res, memState{window: w, cur: cur, prev: prev, expires: now + left + period + 1_000_000}
+	e.next = memState{window: w, cur: cur + cost, prev: prev, expires: now + left + period + 1_000_000}
+	return e
 }
-
-func usec(f float64) time.Duration { return time.Duration(f) * time.Microsecond }

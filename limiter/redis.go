@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,16 +80,31 @@ type Redis struct {
 	deny  *denyCache
 	queue chan *call
 	slots chan struct{} // one token per idle sender
+
+	checks, pipelines, cached, reloads atomic.Int64
+}
+
+// Stats counts what the limiter did since it started.
+type Stats struct {
+	Checks    int64 // checks sent to Redis
+	Pipelines int64 // round trips that carried them
+	Cached    int64 // denials answered by the local deny cache
+	Reloads   int64 // scripts reloaded after NOSCRIPT
+}
+
+// Stats returns the counters so far.
+func (r *Redis) Stats() Stats {
+	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load()}
 }
 
 type call struct {
-	ctx   context.Context
-	keys  []string
-	args  []any
-	sent  time.Time
-	res   []any
-	err   error
-	done  chan struct{}
+	ctx  context.Context
+	keys []string
+	args []any
+	sent time.Time
+	res  []any
+	err  error
+	done chan struct{}
 }
 
 // New returns a limiter on the given client. Close stops it.
@@ -144,6 +160,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	if r.deny != nil {
 		fp = fingerprint(key, rules)
 		if d, ok := r.deny.get(fp, key, cost, r.cfg.Now()); ok {
+			r.cached.Add(1)
 			return d, nil
 		}
 	}
@@ -257,6 +274,7 @@ func (r *Redis) run(batch []*call) {
 		}
 	}
 	if len(retry) > 0 {
+		r.reloads.Add(int64(len(retry)))
 		sub := make([]*call, len(retry))
 		for j, i := range retry {
 			sub[j] = batch[i]
@@ -277,6 +295,8 @@ func (r *Redis) run(batch []*call) {
 
 func (r *Redis) exec(ctx context.Context, batch []*call, full bool) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(batch))
+	r.pipelines.Add(1)
+	r.checks.Add(int64(len(batch)))
 	pipe := r.rdb.Pipeline()
 	for i, c := range batch {
 		if c.ctx.Err() != nil {

@@ -1,0 +1,74 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var benchRules = []Rule{
+	{Name: "minute", Limit: 100, Period: time.Minute},
+	{Name: "hour", Limit: 5000, Period: time.Hour},
+	{Name: "day", Limit: 50000, Period: 24 * time.Hour},
+}
+
+// BenchmarkAllow measures checks/s and latency percentiles with 64
+// concurrent callers and 3 rules per key, over 100k random keys and over
+// one hot key (served mostly by the deny cache once it is over its limit).
+func BenchmarkAllow(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		key  func(r *rand.Rand) string
+	}{
+		{"random-keys", func(r *rand.Rand) string { return fmt.Sprintf("bench:%d", r.IntN(100_000)) }},
+		{"hot-key", func(*rand.Rand) string { return "bench:hot" }},
+	} {
+		b.Run("redis/"+tc.name, func(b *testing.B) {
+			rdb := redis.NewClient(&redis.Options{Addr: mustRedis(b).Options().Addr, PoolSize: 16})
+			defer rdb.Close()
+			benchAllow(b, mustLimiter(b, rdb, Config{}), tc.key)
+		})
+		b.Run("memory/"+tc.name, func(b *testing.B) {
+			benchAllow(b, NewMemory(nil, 0), tc.key)
+		})
+	}
+}
+
+func benchAllow(b *testing.B, a allower, key func(*rand.Rand) string) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var all []time.Duration
+	b.SetParallelism(max(1, 64/max(1, testingProcs())))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+		lat := make([]time.Duration, 0, 1024)
+		for pb.Next() {
+			t0 := time.Now()
+			if _, err := a.Allow(ctx, key(r), benchRules, 1); err != nil {
+				b.Error(err)
+				return
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		mu.Lock()
+		all = append(all, lat...)
+		mu.Unlock()
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(all)
+	if len(all) > 0 {
+		b.ReportMetric(float64(len(all))/elapsed.Seconds(), "checks/s")
+		b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+	}
+}

@@ -1,0 +1,253 @@
+package limiter
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// store is one implementation under the conformance suite. wait lets time
+// pass: the fake clock for Memory, real time for Redis (whose clock the
+// script reads), so the same assertions hold for both.
+type store struct {
+	a    allower
+	wait func(time.Duration)
+	now  func() time.Time
+}
+
+func storesUnderTest(t *testing.T) map[string]func(t *testing.T) store {
+	return map[string]func(t *testing.T) store{
+		"memory": func(t *testing.T) store {
+			clock := newFakeClock()
+			return store{a: NewMemory(clock.Now, 0), wait: clock.Add, now: clock.Now}
+		},
+		"redis": func(t *testing.T) store {
+			rdb := mustRedis(t)
+			return store{a: mustLimiter(t, rdb, Config{DenyCache: -1}), wait: time.Sleep, now: func() time.Time { return redisTime(t, rdb) }}
+		},
+		"redis-cluster": func(t *testing.T) store {
+			rdb := mustCluster(t)
+			return store{a: mustLimiter(t, rdb, Config{DenyCache: -1}), wait: time.Sleep, now: func() time.Time { return redisTime(t, rdb) }}
+		},
+		"redis-deny-cache": func(t *testing.T) store {
+			rdb := mustRedis(t)
+			return store{a: mustLimiter(t, rdb, Config{}), wait: time.Sleep, now: func() time.Time { return redisTime(t, rdb) }}
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	suite := []struct {
+		name string
+		run  func(t *testing.T, s store)
+	}{
+		{"burst then deny", testBurstThenDeny},
+		{"all or nothing", testAllOrNothing},
+		{"sliding window forbids token bucket's burst", testSlidingForbidsBurst},
+		{"cost above capacity", testCostAboveCapacity},
+		{"cost counts", testCost},
+		{"retry after is enough", testRetryAfterEnough},
+		{"shadow rule never denies", testShadow},
+	}
+	for name, mk := range storesUnderTest(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, tc := range suite {
+				t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+					t.Parallel()
+					tc.run(t, mk(t))
+				})
+			}
+		})
+	}
+}
+
+func mustAllow(t *testing.T, s store, key string, rules []Rule, cost int64) Decision {
+	t.Helper()
+	d, err := s.a.Allow(context.Background(), key, rules, cost)
+	if err != nil {
+		t.Fatalf("Allow(%q) error: %v", key, err)
+	}
+	if len(d.Rules) != len(rules) || d.Binding < 0 || d.Binding >= len(rules) {
+		t.Fatalf("Allow(%q) = %+v: malformed decision", key, d)
+	}
+	return d
+}
+
+func testBurstThenDeny(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{{Name: "hour", Limit: 10, Period: time.Hour}}
+	for i := range 10 {
+		d := mustAllow(t, s, key, rules, 1)
+		if !d.Allowed {
+			t.Fatalf("request %d: Allow = %+v, want allowed", i, d)
+		}
+		if got, want := d.BindingRule().Remaining, int64(9-i); got != want {
+			t.Errorf("request %d: remaining = %d, want %d", i, got, want)
+		}
+	}
+	d := mustAllow(t, s, key, rules, 1)
+	if d.Allowed {
+		t.Fatalf("request 11: Allow = %+v, want denied", d)
+	}
+	// One token refills every 6 minutes.
+	if ra := d.RetryAfter(); ra < 5*time.Minute || ra > 6*time.Minute {
+		t.Errorf("RetryAfter = %v, want about 6m", ra)
+	}
+	if ra := d.BindingRule().ResetAfter; ra < 59*time.Minute || ra > time.Hour {
+		t.Errorf("ResetAfter = %v, want about 1h", ra)
+	}
+	if len(d.Violated()) != 1 || d.Violated()[0].Rule.Name != "hour" {
+		t.Errorf("Violated() = %+v, want the hour rule", d.Violated())
+	}
+}
+
+// testAllOrNothing: a request denied by the daily rule leaves the minute
+// rule's tokens untouched.
+func testAllOrNothing(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{
+		{Name: "minute", Limit: 100, Period: time.Minute},
+		{Name: "day", Limit: 3, Period: 24 * time.Hour},
+	}
+	for range 3 {
+		if d := mustAllow(t, s, key, rules, 1); !d.Allowed {
+			t.Fatalf("Allow = %+v, want allowed", d)
+		}
+	}
+	for i := range 5 {
+		d := mustAllow(t, s, key, rules, 1)
+		if d.Allowed || d.BindingRule().Rule.Name != "day" {
+			t.Fatalf("denied request %d: Allow = %+v, want denied by day", i, d)
+		}
+		// The minute rule would admit it, and still has what 3 requests left.
+		if m := d.Rules[0]; !m.Allowed || m.Remaining != 97 {
+			t.Fatalf("denied request %d: minute rule = %+v, want allowed with 97 remaining", i, m)
+		}
+	}
+	// A request the minute rule alone sees proves nothing was consumed.
+	d := mustAllow(t, s, key, rules[:1], 1)
+	if !d.Allowed || d.Rules[0].Remaining != 96 {
+		t.Errorf("minute rule alone = %+v, want allowed with 96 remaining", d.Rules[0])
+	}
+}
+
+// testSlidingForbidsBurst: after a full burst, a token bucket refills and
+// admits a second burst within the period; a sliding window does not.
+func testSlidingForbidsBurst(t *testing.T, s store) {
+	const limit = 20
+	period := 2 * time.Second
+	tb := []Rule{{Name: "tb", Limit: limit, Period: period}}
+	sw := []Rule{{Name: "sw", Limit: limit, Period: period, Algorithm: SlidingWindow}}
+	alignToWindow(t, s, period)
+	kTB, kSW := uniqueKey(t)+":tb", uniqueKey(t)+":sw"
+	count := func(key string, rules []Rule, n int) int {
+		allowed := 0
+		for range n {
+			if mustAllow(t, s, key, rules, 1).Allowed {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	if got := count(kTB, tb, limit); got != limit {
+		t.Fatalf("token bucket first burst admitted %d, want %d", got, limit)
+	}
+	if got := count(kSW, sw, limit); got != limit {
+		t.Fatalf("sliding window first burst admitted %d, want %d", got, limit)
+	}
+	s.wait(period / 2)
+	tbSecond, swSecond := count(kTB, tb, limit), count(kSW, sw, limit)
+	// Half a period refills half the bucket.
+	if tbSecond < limit/2-1 || tbSecond > limit/2+2 {
+		t.Errorf("token bucket second burst admitted %d, want about %d", tbSecond, limit/2)
+	}
+	if swSecond != 0 {
+		t.Errorf("sliding window second burst admitted %d, want 0 (limit already used this period)", swSecond)
+	}
+}
+
+// alignToWindow waits until just after the start of a fixed window (by
+// the store's clock), so a sliding window test's first half-period stays in
+// one window.
+func alignToWindow(t *testing.T, s store, period time.Duration) {
+	t.Helper()
+	into := time.Duration(s.now().UnixMicro()%period.Microseconds()) * time.Microsecond
+	if into > period/20 {
+		s.wait(period - into + period/100)
+	}
+}
+
+func testCostAboveCapacity(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{{Name: "sec", Limit: 10, Period: time.Second, Burst: 5}, {Name: "sw", Limit: 8, Period: time.Second, Algorithm: SlidingWindow}}
+	d := mustAllow(t, s, key, rules, 6)
+	if d.Allowed || d.Reason == "" || !strings.Contains(d.Reason, `"sec"`) {
+		t.Fatalf("Allow(cost 6 > burst 5) = %+v, want denied with a reason naming the rule", d)
+	}
+	if strings.Contains(d.Reason, `"sw"`) {
+		t.Errorf("reason %q names the sliding window rule, whose capacity 8 fits cost 6", d.Reason)
+	}
+	// The refused request consumed nothing.
+	if d := mustAllow(t, s, key, rules, 5); !d.Allowed {
+		t.Errorf("Allow(cost 5) after refused cost 6 = %+v, want allowed", d)
+	}
+}
+
+func testCost(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{{Name: "tb", Limit: 10, Period: time.Hour}, {Name: "sw", Limit: 12, Period: time.Hour, Algorithm: SlidingWindow}}
+	d := mustAllow(t, s, key, rules, 4)
+	if !d.Allowed || d.Rules[0].Remaining != 6 || d.Rules[1].Remaining != 8 {
+		t.Fatalf("Allow(cost 4) = %+v, want allowed with 6 and 8 remaining", d.Rules)
+	}
+	d = mustAllow(t, s, key, rules, 4)
+	if !d.Allowed || d.BindingRule().Rule.Name != "tb" || d.BindingRule().Remaining != 2 {
+		t.Fatalf("Allow(cost 4) = %+v, want allowed, tb binding with 2 remaining", d)
+	}
+	if d = mustAllow(t, s, key, rules, 4); d.Allowed {
+		t.Fatalf("Allow(cost 4) with 2 left = %+v, want denied", d)
+	}
+	if d = mustAllow(t, s, key, rules, 2); !d.Allowed {
+		t.Fatalf("Allow(cost 2) with 2 left = %+v, want allowed", d)
+	}
+}
+
+// testRetryAfterEnough: waiting the advertised retry-after is enough, for
+// both algorithms.
+func testRetryAfterEnough(t *testing.T, s store) {
+	for _, algo := range []Algorithm{TokenBucket, SlidingWindow} {
+		key := uniqueKey(t) + string(algo)
+		rules := []Rule{{Name: "r", Limit: 5, Period: 500 * time.Millisecond, Algorithm: algo}}
+		var d Decision
+		for d = mustAllow(t, s, key, rules, 1); d.Allowed; d = mustAllow(t, s, key, rules, 1) {
+		}
+		if d.RetryAfter() <= 0 || d.RetryAfter() > time.Second {
+			t.Fatalf("%s: RetryAfter = %v, want within (0, 1s]", algo, d.RetryAfter())
+		}
+		s.wait(d.RetryAfter())
+		if d2 := mustAllow(t, s, key, rules, 1); !d2.Allowed {
+			t.Errorf("%s: after waiting RetryAfter %v: Allow = %+v, want allowed", algo, d.RetryAfter(), d2)
+		}
+	}
+}
+
+func testShadow(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{{Name: "enforced", Limit: 5, Period: time.Hour}, {Name: "shadow", Limit: 2, Period: time.Hour, Shadow: true}}
+	for i := range 5 {
+		d := mustAllow(t, s, key, rules, 1)
+		if !d.Allowed {
+			t.Fatalf("request %d: Allow = %+v, want allowed (shadow never denies)", i, d)
+		}
+		if wantShadow := i < 2; d.Rules[1].Allowed != wantShadow {
+			t.Errorf("request %d: shadow rule allowed = %v, want %v", i, d.Rules[1].Allowed, wantShadow)
+		}
+		if d.BindingRule().Rule.Shadow {
+			t.Errorf("request %d: binding rule is the shadow rule", i)
+		}
+	}
+	if d := mustAllow(t, s, key, rules, 1); d.Allowed || d.BindingRule().Rule.Name != "enforced" {
+		t.Errorf("request 6: Allow = %+v, want denied by the enforced rule", d)
+	}
+}

@@ -1,0 +1,71 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// allower is what the conformance suite needs of a store.
+type allower interface {
+	Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error)
+}
+
+func mustRedis(tb testing.TB) *redis.Client {
+	tb.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(tb)})
+	tb.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("ping redis: %v", err)
+	}
+	return rdb
+}
+
+func mustCluster(tb testing.TB) *redis.ClusterClient {
+	tb.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(tb)})
+	tb.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("ping redis cluster: %v", err)
+	}
+	return rdb
+}
+
+func mustLimiter(tb testing.TB, rdb rediser, cfg Config) *Redis {
+	tb.Helper()
+	l, err := New(rdb, cfg)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return l
+}
+
+// uniqueKey keeps concurrent test runs on one Redis apart.
+func uniqueKey(tb testing.TB) string {
+	return fmt.Sprintf("test:%s:%x", tb.Name(), rand.Uint64())
+}
+
+// redisTime reads Redis' clock, the one the script uses.
+func redisTime(tb testing.TB, rdb redis.Cmdable) time.Time {
+	tb.Helper()
+	t, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		tb.Fatalf("TIME: %v", err)
+	}
+	return t
+}
+
+// fakeClock is a manual clock for the in-memory store.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) Now() time.Time      { return c.t }
+func (c *fakeClock) Add(d time.Duration) { c.t = c.t.Add(d) }
+func newFakeClock() *fakeClock           { return &fakeClock{t: time.Unix(1_800_000_000, 0)} }
+
+func testingProcs() int { return runtime.GOMAXPROCS(0) }

@@ -1,0 +1,292 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestAccuracy: 20 clients, each with its own connection and limiter (as
+// 20 gateways would), hammer one key; the admitted count must equal burst +
+// refill × elapsed within 1 %.
+func TestAccuracy(t *testing.T) {
+	for name, newClient := range map[string]func(t *testing.T) redis.UniversalClient{
+		"standalone": func(t *testing.T) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), PoolSize: 2})
+		},
+		"cluster": func(t *testing.T) redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), PoolSize: 2})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			const (
+				clients = 20
+				limit   = 400 // per second
+				burst   = 200
+			)
+			run := 3 * time.Second
+			rule := []Rule{{Name: "sec", Limit: limit, Period: time.Second, Burst: burst}}
+			key := uniqueKey(t)
+			lims := make([]*Redis, clients)
+			for i := range lims {
+				rdb := newClient(t)
+				t.Cleanup(func() { rdb.Close() })
+				lims[i] = mustLimiter(t, rdb, Config{})
+			}
+			clock := newClient(t)
+			defer clock.Close()
+
+			var allowed, calls, errs atomic.Int64
+			start := redisTime(t, clock)
+			stop := time.Now().Add(run)
+			var wg sync.WaitGroup
+			for _, l := range lims {
+				wg.Go(func() {
+					for time.Now().Before(stop) {
+						d, err := l.Allow(context.Background(), key, rule, 1)
+						calls.Add(1)
+						switch {
+						case err != nil:
+							errs.Add(1)
+						case d.Allowed:
+							allowed.Add(1)
+						default:
+							// A real client backs off; this one briefly, so
+							// demand stays far above the refill rate.
+							time.Sleep(min(d.RetryAfter(), time.Millisecond))
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := redisTime(t, clock).Sub(start)
+			if errs.Load() > 0 {
+				t.Fatalf("%d of %d checks failed", errs.Load(), calls.Load())
+			}
+			want := burst + limit*elapsed.Seconds()
+			got := float64(allowed.Load())
+			t.Logf("allowed %v of %d calls in %v; burst+refill×elapsed = %.1f", got, calls.Load(), elapsed, want)
+			if math.Abs(got-want) > want/100 {
+				t.Errorf("allowed %v, want %.1f ± 1%%", got, want)
+			}
+			if calls.Load() < int64(2*want) {
+				t.Errorf("only %d calls for %.0f admissible: demand too low to test accuracy", calls.Load(), want)
+			}
+		})
+	}
+}
+
+// TestScriptFlushUnderLoad: SCRIPT FLUSH in the middle of a concurrent run
+// causes no request errors, in single calls and in pipelines.
+func TestScriptFlushUnderLoad(t *testing.T) {
+	for name, mk := range map[string]func(testing.TB) redis.UniversalClient{
+		"standalone": func(tb testing.TB) redis.UniversalClient { return mustRedis(tb) },
+		"cluster":    func(tb testing.TB) redis.UniversalClient { return mustCluster(tb) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb := mk(t)
+			// One sender forces concurrent checks into shared pipelines.
+			l := mustLimiter(t, rdb, Config{Senders: 1, DenyCache: -1})
+			rules := []Rule{{Name: "a", Limit: 1000, Period: time.Second}, {Name: "b", Limit: 10, Period: time.Minute, Algorithm: SlidingWindow}}
+			ctx := context.Background()
+			var ok, errs atomic.Int64
+			var firstErr atomic.Value
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 16 {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-done:
+							return
+						default:
+						}
+						_, err := l.Allow(ctx, uniqueKey(t)+string(rune('a'+g)), rules, 1)
+						if err != nil {
+							errs.Add(1)
+							firstErr.CompareAndSwap(nil, err)
+						} else {
+							ok.Add(1)
+						}
+					}
+				})
+			}
+			waitFor(t, "checks before flush", func() bool { return ok.Load() > 200 })
+			for range 3 {
+				flushScripts(t, rdb)
+				before := ok.Load()
+				waitFor(t, "checks after flush", func() bool { return ok.Load() > before+200 })
+			}
+			close(done)
+			wg.Wait()
+			if errs.Load() > 0 {
+				t.Fatalf("%d checks failed after SCRIPT FLUSH; first: %v", errs.Load(), firstErr.Load())
+			}
+			st := l.Stats()
+			if st.Reloads == 0 {
+				t.Errorf("Stats() = %+v: no NOSCRIPT reloads seen, flush did not hit", st)
+			}
+			if st.Pipelines >= st.Checks {
+				t.Errorf("Stats() = %+v: no check shared a pipeline", st)
+			}
+			t.Logf("%d checks, %+v", ok.Load(), st)
+		})
+	}
+}
+
+func flushScripts(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.ScriptFlush(ctx).Err() })
+	} else {
+		err = rdb.ScriptFlush(ctx).Err()
+	}
+	if err != nil {
+		t.Fatalf("SCRIPT FLUSH: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds, failing after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestExpiry: every key the script writes has a TTL, and is gone after it.
+func TestExpiry(t *testing.T) {
+	rdb := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	ctx := context.Background()
+	rules := []Rule{
+		{Name: "tb", Limit: 10, Period: 200 * time.Millisecond},
+		{Name: "sw", Limit: 10, Period: 200 * time.Millisecond, Algorithm: SlidingWindow},
+	}
+	key := uniqueKey(t)
+	for range 12 {
+		if _, err := l.Allow(ctx, key, rules, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := l.Keys(key, rules)
+	for _, k := range keys {
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Full again within a period, plus the script's one-second margin.
+		if ttl <= 0 || ttl > 1400*time.Millisecond {
+			t.Errorf("PTTL(%s) = %v, want within (0, 1.4s]", k, ttl)
+		}
+		mem, err := rdb.MemoryUsage(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("MEMORY USAGE %s = %d bytes", k, mem)
+	}
+	waitFor(t, "keys to expire", func() bool { return rdb.Exists(ctx, keys...).Val() == 0 })
+}
+
+// TestOneSlot: all keys of one check share a Redis Cluster hash slot.
+func TestOneSlot(t *testing.T) {
+	rdb := mustCluster(t)
+	l := mustLimiter(t, rdb, Config{})
+	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}}
+	for _, key := range []string{"k:abc", "ip:10.0.0.0/64", "odd}key{", "u:{x}"} {
+		var slots []int64
+		for _, k := range l.Keys(key, rules) {
+			slots = append(slots, rdb.ClusterKeySlot(context.Background(), k).Val())
+		}
+		for _, s := range slots[1:] {
+			if s != slots[0] {
+				t.Errorf("Keys(%q) slots = %v, want one slot", key, slots)
+			}
+		}
+	}
+}
+
+// TestDenyCacheExact: a hot key hammered through the deny cache is admitted
+// exactly as often as Redis alone would admit it, with far fewer calls.
+func TestDenyCacheExact(t *testing.T) {
+	rdb := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{})
+	rules := []Rule{{Name: "r", Limit: 50, Period: time.Second, Burst: 10}}
+	key := uniqueKey(t)
+	start := redisTime(t, rdb)
+	var allowed, calls int
+	for stop := time.Now().Add(1500 * time.Millisecond); time.Now().Before(stop); calls++ {
+		d, err := l.Allow(context.Background(), key, rules, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			allowed++
+		} else if d.RetryAfter() <= 0 {
+			t.Fatalf("denied with RetryAfter %v", d.RetryAfter())
+		}
+	}
+	elapsed := redisTime(t, rdb).Sub(start)
+	want := 10 + 50*elapsed.Seconds()
+	st := l.Stats()
+	t.Logf("allowed %d of %d calls, want %.1f; %+v", allowed, calls, want, st)
+	if math.Abs(float64(allowed)-want) > 2 {
+		t.Errorf("allowed %d, want %.1f ± 2", allowed, want)
+	}
+	if st.Cached == 0 || st.Checks > int64(calls)/2 {
+		t.Errorf("Stats() = %+v for %d calls: the deny cache answered too little", st, calls)
+	}
+}
+
+func TestStoreErrors(t *testing.T) {
+	// Nothing listens on port 1: the limiter must return an error, not a
+	// decision, so the gateway's failure policy can act.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	l := mustLimiter(t, rdb, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := l.Allow(ctx, "k", []Rule{{Name: "r", Limit: 1, Period: time.Second}}, 1)
+	if err == nil {
+		t.Fatal("Allow against a dead store returned no error")
+	}
+	// A caller's deadline bounds the wait.
+	ctx, cancel = context.WithTimeout(context.Background(), 0)
+	defer cancel()
+	if _, err := l.Allow(ctx, "k", []Rule{{Name: "r", Limit: 1, Period: time.Second}}, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Allow with an expired context: error = %v, want deadline exceeded", err)
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	rules := []Rule{{Name: "a", Limit: 1, Period: time.Second}}
+	tests := []struct {
+		name    string
+		give    []any
+		wantErr bool
+	}{
+		{"good", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, false},
+		{"short", []any{int64(1), int64(1)}, true},
+		{"string", []any{int64(1), "1", int64(0), int64(0), int64(1000)}, true},
+		{"overall disagrees", []any{int64(0), int64(1), int64(0), int64(0), int64(1000)}, true},
+	}
+	for _, tt := range tests {
+		_, err := parseReply(tt.give, rules)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("%s: parseReply(%v) error = %v, want error %v", tt.name, tt.give, err, tt.wantErr)
+		}
+	}
+}
