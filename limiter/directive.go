@@ -1,0 +1,328 @@
+package limiter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Directives close the loop from analytics to the gateways. Analytics
+// writes them to Redis; each gateway polls one small version key in the
+// background and reloads the set only when it changed, so the request path
+// never makes an extra Redis call.
+//
+// Key layout (one hash tag, so one Cluster slot, written atomically):
+//
+//	<prefix>:{directives}:version  counter, bumped on every write
+//	<prefix>:{directives}:split    hash: limiter key → SplitDirective JSON
+//	<prefix>:{directives}:nat      hash: IP key     → NATDirective JSON
+//
+// Every directive carries its own expiry; readers ignore expired ones,
+// writers prune them, and each hash expires with its newest directive, so
+// directives age out even if analytics stops.
+
+// SplitDirective splits a hot key's capacity among the gateways that carry
+// it: each gateway checks its own bucket, in its own slot, holding its share
+// of the capacity and refill.
+type SplitDirective struct {
+	// Key is the limiter key as the gateway computes it.
+	Key string `json:"key"`
+	// Shares maps gateway id to its fraction of the limit; they sum to 1.
+	Shares map[string]float64 `json:"shares"`
+	// Expires is when the split lapses and the shared bucket returns.
+	Expires time.Time `json:"expires"`
+}
+
+// NATDirective raises an IP-keyed limit for an address shared by many
+// clients (NAT, a campus, a mobile carrier).
+type NATDirective struct {
+	// Key is the IP limiter key as the gateway computes it.
+	Key string `json:"key"`
+	// Factor multiplies the anonymous limit; at least 1.
+	Factor float64 `json:"factor"`
+	// Clients is the estimated number of distinct clients behind the IP.
+	Clients int64 `json:"clients"`
+	// Expires is when the raise lapses.
+	Expires time.Time `json:"expires"`
+}
+
+// Validate reports a directive that must not be applied.
+func (d SplitDirective) Validate() error {
+	if d.Key == "" || len(d.Key) > MaxKeyLen {
+		return fmt.Errorf("split directive: bad key length %d", len(d.Key))
+	}
+	if len(d.Shares) == 0 {
+		return fmt.Errorf("split directive %q: no shares", d.Key)
+	}
+	sum := 0.0
+	for gw, s := range d.Shares {
+		if gw == "" || s <= 0 || s > 1 || math.IsNaN(s) {
+			return fmt.Errorf("split directive %q: bad share %v for gateway %q", d.Key, s, gw)
+		}
+		sum += s
+	}
+	if math.Abs(sum-1) > 0.01 {
+		return fmt.Errorf("split directive %q: shares sum to %.3f, want 1", d.Key, sum)
+	}
+	return nil
+}
+
+// Validate reports a directive that must not be applied.
+func (d NATDirective) Validate() error {
+	if d.Key == "" || len(d.Key) > MaxKeyLen {
+		return fmt.Errorf("nat directive: bad key length %d", len(d.Key))
+	}
+	if d.Factor < 1 || d.Factor > 1000 || math.IsNaN(d.Factor) {
+		return fmt.Errorf("nat directive %q: factor %v outside [1, 1000]", d.Key, d.Factor)
+	}
+	return nil
+}
+
+// Directives is one consistent set, as a gateway applies it.
+type Directives struct {
+	Version int64
+	Splits  map[string]SplitDirective
+	NATs    map[string]NATDirective
+}
+
+// Split returns the key and rules gateway must check for key: its own
+// bucket with its share of every rule, while a live split names it.
+// Otherwise it returns key and rules unchanged.
+func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (string, []Rule, bool) {
+	if d == nil {
+		return key, rules, false
+	}
+	s, ok := d.Splits[key]
+	if !ok || !now.Before(s.Expires) {
+		return key, rules, false
+	}
+	share, ok := s.Shares[gateway]
+	if !ok {
+		// A gateway the split did not see (new since analytics looked) gets
+		// a token 1 %: the split already hands out the whole limit, and
+		// the shared bucket would add to it.
+		share = 0.01
+	}
+	out := make([]Rule, len(rules))
+	for i, r := range rules {
+		out[i] = r.scaled(share)
+	}
+	return key + "/gw:" + gateway, out, true
+}
+
+// NAT returns rules raised for an IP key under a live NAT directive.
+func (d *Directives) NAT(key string, rules []Rule, now time.Time) ([]Rule, bool) {
+	if d == nil {
+		return rules, false
+	}
+	n, ok := d.NATs[key]
+	if !ok || !now.Before(n.Expires) {
+		return rules, false
+	}
+	out := make([]Rule, len(rules))
+	for i, r := range rules {
+		out[i] = r.scaled(n.Factor)
+	}
+	return out, true
+}
+
+// scaled multiplies a rule's limit and burst, keeping both at least 1 and
+// within what the script computes exactly.
+func (r Rule) scaled(f float64) Rule {
+	scale := func(n int64) int64 {
+		return min(maxCapacity, max(1, int64(math.Round(float64(n)*f))))
+	}
+	r.Limit = scale(r.Limit)
+	if r.Burst > 0 {
+		r.Burst = scale(r.Burst)
+	}
+	return r
+}
+
+// DirectiveStore reads and writes directives in Redis.
+type DirectiveStore struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+// NewDirectiveStore returns a store under prefix (default "rl").
+func NewDirectiveStore(rdb redis.UniversalClient, prefix string) *DirectiveStore {
+	if prefix == "" {
+		prefix = "rl"
+	}
+	return &DirectiveStore{rdb: rdb, prefix: prefix}
+}
+
+func (s *DirectiveStore) key(name string) string { return s.prefix + ":{directives}:" + name }
+
+// WriteSplits replaces the split directives with ds (pruning the rest) and
+// bumps the version, atomically.
+func (s *DirectiveStore) WriteSplits(ctx context.Context, ds []SplitDirective) error {
+	fields := make(map[string]string, len(ds))
+	var latest time.Time
+	for _, d := range ds {
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		b, err := json.Marshal(d)
+		if err != nil {
+			return fmt.Errorf("encode split directive: %w", err)
+		}
+		fields[d.Key] = string(b)
+		latest = later(latest, d.Expires)
+	}
+	return s.replace(ctx, "split", fields, latest)
+}
+
+// WriteNATs replaces the NAT directives with ds and bumps the version.
+func (s *DirectiveStore) WriteNATs(ctx context.Context, ds []NATDirective) error {
+	fields := make(map[string]string, len(ds))
+	var latest time.Time
+	for _, d := range ds {
+		if err := d.Validate(); err != nil {
+			return err
+		}
+		b, err := json.Marshal(d)
+		if err != nil {
+			return fmt.Errorf("encode nat directive: %w", err)
+		}
+		fields[d.Key] = string(b)
+		latest = later(latest, d.Expires)
+	}
+	return s.replace(ctx, "nat", fields, latest)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (s *DirectiveStore) replace(ctx context.Context, name string, fields map[string]string, latest time.Time) error {
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, s.key(name))
+		if len(fields) > 0 {
+			p.HSet(ctx, s.key(name), fields)
+			p.PExpireAt(ctx, s.key(name), latest)
+		}
+		p.Incr(ctx, s.key("version"))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("write %s directives: %w", name, err)
+	}
+	return nil
+}
+
+// Version returns the directive set's version; 0 when none was written.
+func (s *DirectiveStore) Version(ctx context.Context) (int64, error) {
+	v, err := s.rdb.Get(ctx, s.key("version")).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read directive version: %w", err)
+	}
+	return v, nil
+}
+
+// Load reads the whole directive set. Malformed entries are skipped and
+// counted in the returned error-free set's absence; bad is how many.
+func (s *DirectiveStore) Load(ctx context.Context) (d Directives, bad int, err error) {
+	var ver *redis.StringCmd
+	var splits, nats *redis.MapStringStringCmd
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		ver = p.Get(ctx, s.key("version"))
+		splits = p.HGetAll(ctx, s.key("split"))
+		nats = p.HGetAll(ctx, s.key("nat"))
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Directives{}, 0, fmt.Errorf("load directives: %w", err)
+	}
+	d.Version, _ = strconv.ParseInt(ver.Val(), 10, 64)
+	d.Splits = make(map[string]SplitDirective, len(splits.Val()))
+	for k, v := range splits.Val() {
+		var sd SplitDirective
+		if json.Unmarshal([]byte(v), &sd) != nil || sd.Key != k || sd.Validate() != nil {
+			bad++
+			continue
+		}
+		d.Splits[k] = sd
+	}
+	d.NATs = make(map[string]NATDirective, len(nats.Val()))
+	for k, v := range nats.Val() {
+		var nd NATDirective
+		if json.Unmarshal([]byte(v), &nd) != nil || nd.Key != k || nd.Validate() != nil {
+			bad++
+			continue
+		}
+		d.NATs[k] = nd
+	}
+	return d, bad, nil
+}
+
+// Watcher keeps a gateway's copy of the directives fresh in the
+// background. Current is what the request path reads: one atomic load.
+type Watcher struct {
+	store    *DirectiveStore
+	interval time.Duration
+	cur      atomic.Pointer[Directives]
+	// OnLoad, if set, is told of every reload (for metrics and logs).
+	OnLoad func(d *Directives, bad int, err error)
+}
+
+// NewWatcher polls store every interval (default 1s).
+func NewWatcher(store *DirectiveStore, interval time.Duration) *Watcher {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	w := &Watcher{store: store, interval: interval}
+	w.cur.Store(&Directives{})
+	return w
+}
+
+// Current returns the directives in force; never nil.
+func (w *Watcher) Current() *Directives { return w.cur.Load() }
+
+// Run polls until ctx ends. A failed poll keeps the last good set: its
+// directives still expire on their own.
+func (w *Watcher) Run(ctx context.Context) {
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		w.Refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Refresh polls once: it reads the version and reloads if it changed.
+func (w *Watcher) Refresh(ctx context.Context) {
+	v, err := w.store.Version(ctx)
+	if err == nil && v == w.cur.Load().Version {
+		return
+	}
+	var d Directives
+	var bad int
+	if err == nil {
+		d, bad, err = w.store.Load(ctx)
+	}
+	if err == nil {
+		w.cur.Store(&d)
+	}
+	if w.OnLoad != nil {
+		w.OnLoad(w.cur.Load(), bad, err)
+	}
+}
