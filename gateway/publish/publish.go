@@ -1,0 +1,307 @@
+// Package publish sends the gateway's decision events to Kafka without ever
+// making a request wait: Publish hands the event to franz-go's TryProduce,
+// which fails at once instead of blocking when the bounded buffer is full.
+// Every event ends up either published or dropped, and every drop is counted
+// by reason, so published + dropped = attempted once the buffer has drained.
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+)
+
+// Drop reasons, the values of the dropped counter's reason label.
+const (
+	// ReasonBufferFull: MaxBuffered events were already waiting for Kafka.
+	ReasonBufferFull = "buffer_full"
+	// ReasonBrokerError: Kafka rejected the event or it timed out
+	// (DeliveryTimeout) while buffered.
+	ReasonBrokerError = "broker_error"
+	// ReasonEncodeError: the event could not be encoded (a field over
+	// event.MaxFieldLen, a time out of range).
+	ReasonEncodeError = "encode_error"
+	// ReasonClosed: the event was still buffered when Close's deadline
+	// passed, or it was published after Close.
+	ReasonClosed = "closed"
+)
+
+var reasons = []string{ReasonBufferFull, ReasonBrokerError, ReasonEncodeError, ReasonClosed}
+
+// Configuration errors returned by Validate.
+var (
+	ErrNoBrokers      = errors.New("publish: no brokers")
+	ErrNoTopic        = errors.New("publish: no topic")
+	ErrMaxBuffered    = errors.New("publish: max buffered must be positive")
+	ErrNegativeTime   = errors.New("publish: negative duration")
+	ErrBadCompression = errors.New("publish: unknown compression")
+)
+
+// logEvery spaces out log lines about drops, which come in floods.
+const logEvery = 10 * time.Second
+
+// Config configures a Publisher. The zero value of each field means its
+// default; Brokers is required.
+type Config struct {
+	// Brokers are Kafka seed brokers, host:port. Required.
+	Brokers []string
+	// Topic receives the events. Default "decisions".
+	Topic string
+	// ClientID names this producer in broker logs and quotas. Default
+	// "edgelimit-gateway".
+	ClientID string
+	// MaxBuffered is how many events may wait in memory for Kafka before
+	// Publish drops new ones (reason buffer_full). It bounds memory when
+	// Kafka is slow or down: an event costs roughly 400 bytes buffered.
+	// Default 50000 (about 20 MB, seconds of traffic at edge rates).
+	MaxBuffered int
+	// Linger is how long a partition's batch waits for more events before it
+	// is sent. Default 50ms.
+	Linger time.Duration
+	// Compression is one of lz4, zstd, snappy, gzip, none. Default lz4.
+	Compression string
+	// DeliveryTimeout drops a buffered event (reason broker_error) if Kafka
+	// has not acknowledged it this long after Publish. Zero, the default,
+	// keeps it until Kafka returns or Close gives up: the buffer is bounded,
+	// and a late event still counts.
+	DeliveryTimeout time.Duration
+	// Opts are extra franz-go options applied last: TLS or SASL in cmd,
+	// or overrides in tests.
+	Opts []kgo.Opt
+}
+
+func (c Config) withDefaults() Config {
+	if c.Topic == "" {
+		c.Topic = "decisions"
+	}
+	if c.ClientID == "" {
+		c.ClientID = "edgelimit-gateway"
+	}
+	if c.MaxBuffered == 0 {
+		c.MaxBuffered = 50_000
+	}
+	if c.Linger == 0 {
+		c.Linger = 50 * time.Millisecond
+	}
+	if c.Compression == "" {
+		c.Compression = "lz4"
+	}
+	return c
+}
+
+// Validate reports the first problem with c after defaults are applied.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case len(c.Brokers) == 0:
+		return ErrNoBrokers
+	case c.Topic == "":
+		return ErrNoTopic
+	case c.MaxBuffered < 0:
+		return fmt.Errorf("%w: %d", ErrMaxBuffered, c.MaxBuffered)
+	case c.Linger < 0:
+		return fmt.Errorf("%w: linger %v", ErrNegativeTime, c.Linger)
+	case c.DeliveryTimeout < 0:
+		return fmt.Errorf("%w: delivery timeout %v", ErrNegativeTime, c.DeliveryTimeout)
+	}
+	if _, err := codec(c.Compression); err != nil {
+		return err
+	}
+	return nil
+}
+
+func codec(name string) (kgo.CompressionCodec, error) {
+	switch name {
+	case "lz4":
+		return kgo.Lz4Compression(), nil
+	case "zstd":
+		return kgo.ZstdCompression(), nil
+	case "snappy":
+		return kgo.SnappyCompression(), nil
+	case "gzip":
+		return kgo.GzipCompression(), nil
+	case "none":
+		return kgo.NoCompression(), nil
+	}
+	return kgo.NoCompression(), fmt.Errorf("%w: %q", ErrBadCompression, name)
+}
+
+// Publisher publishes decision events. Its methods are safe for concurrent
+// use.
+type Publisher struct {
+	cl    *kgo.Client
+	topic string
+	log   *slog.Logger
+	now   func() time.Time
+
+	published prometheus.Counter
+	dropped   map[string]prometheus.Counter
+	attempted atomic.Int64
+	closed    atomic.Bool
+	lastLog   atomic.Int64 // unix nanos of the last broker-error log line
+}
+
+// New returns a Publisher connected (lazily) to cfg.Brokers, with its
+// metrics registered on reg (nil: not registered) and franz-go's warnings
+// logged to log (nil: discarded).
+func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	compression, _ := codec(cfg.Compression)
+
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(cfg.ClientID),
+		kgo.DefaultProduceTopic(cfg.Topic),
+		kgo.WithLogger(kgoLogger{log}),
+		// Idempotent writes are franz-go's default and we keep them (no
+		// DisableIdempotentWrite): retries after a broker hiccup must not
+		// duplicate events, or the usage counts would drift upward. They
+		// need acks from all in-sync replicas, also the default; stated
+		// here so nobody "optimizes" it to leader-only acks.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// Bounded buffer: with TryProduce, a full buffer fails the event at
+		// once (counted as buffer_full) instead of blocking the request.
+		kgo.MaxBufferedRecords(cfg.MaxBuffered),
+		// Events are small and repetitive (same gateway, routes, plans):
+		// lz4 shrinks batches several-fold for little CPU on the gateway.
+		kgo.ProducerBatchCompression(compression, kgo.NoCompression()),
+		// Analytics tolerates tens of milliseconds of delay; lingering
+		// longer than the 10ms default gives bigger batches, fewer produce
+		// requests and better compression at the same event rate.
+		kgo.ProducerLinger(cfg.Linger),
+		// Records carry no key and we never hash one: the consumer does
+		// not need per-key order (ClickHouse aggregates), so a hot key must
+		// not make a hot partition. Sticky batches of 64 KiB per partition,
+		// switched adaptively away from slow brokers, spread load evenly.
+		kgo.RecordPartitioner(kgo.UniformBytesPartitioner(64<<10, true, false, nil)),
+	}
+	if cfg.DeliveryTimeout > 0 {
+		// Only when asked: by default buffered events wait for Kafka.
+		opts = append(opts, kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout))
+	}
+	opts = append(opts, cfg.Opts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("new kafka client: %w", err)
+	}
+
+	p := &Publisher{
+		cl:    cl,
+		topic: cfg.Topic,
+		log:   log,
+		now:   time.Now,
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_events_published_total",
+			Help: "Decision events Kafka acknowledged.",
+		}),
+		dropped: make(map[string]prometheus.Counter, len(reasons)),
+	}
+	droppedVec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "edgelimit_events_dropped_total",
+		Help: "Decision events not published, by reason: buffer_full, broker_error, encode_error, closed.",
+	}, []string{"reason"})
+	for _, r := range reasons {
+		p.dropped[r] = droppedVec.WithLabelValues(r) // pre-created: zeros are visible
+	}
+	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "edgelimit_events_buffered",
+		Help: "Decision events waiting in memory for Kafka.",
+	}, func() float64 { return float64(cl.BufferedProduceRecords()) })
+	if reg != nil {
+		for _, c := range []prometheus.Collector{p.published, droppedVec, buffered} {
+			if err := reg.Register(c); err != nil {
+				cl.Close()
+				return nil, fmt.Errorf("register publish metrics: %w", err)
+			}
+		}
+	}
+	return p, nil
+}
+
+// Publish queues d for Kafka and returns at once. It never blocks: when the
+// buffer is full, Kafka is unreachable or d cannot be encoded, the event is
+// dropped and counted.
+func (p *Publisher) Publish(d event.Decision) {
+	p.attempted.Add(1)
+	if p.closed.Load() {
+		p.dropped[ReasonClosed].Inc()
+		return
+	}
+	b, err := event.Encode(d)
+	if err != nil {
+		p.dropped[ReasonEncodeError].Inc()
+		p.maybeLog("drop undecodable decision event", err)
+		return
+	}
+	p.cl.TryProduce(context.Background(), &kgo.Record{Topic: p.topic, Value: b}, p.promise)
+}
+
+// promise runs once per event, serially, when Kafka answered or the event
+// failed. It must not block.
+func (p *Publisher) promise(_ *kgo.Record, err error) {
+	switch {
+	case err == nil:
+		p.published.Inc()
+	case errors.Is(err, kgo.ErrMaxBuffered):
+		p.dropped[ReasonBufferFull].Inc()
+	case errors.Is(err, kgo.ErrClientClosed):
+		p.dropped[ReasonClosed].Inc()
+	default:
+		p.dropped[ReasonBrokerError].Inc()
+		p.maybeLog("drop decision event", err)
+	}
+}
+
+// maybeLog logs at most one line per logEvery.
+func (p *Publisher) maybeLog(msg string, err error) {
+	now := p.now().UnixNano()
+	last := p.lastLog.Load()
+	if now-last < int64(logEvery) || !p.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	p.log.Warn(msg, "err", err, "topic", p.topic)
+}
+
+// Attempted returns how many events Publish was given.
+func (p *Publisher) Attempted() int64 { return p.attempted.Load() }
+
+// Close flushes buffered events until ctx is done, then closes the client;
+// events still buffered then are dropped (reason closed), as are events
+// published once Close has begun. It returns ctx's error if the flush did not
+// finish. Stop whatever calls Publish first.
+func (p *Publisher) Close(ctx context.Context) error {
+	p.closed.Store(true)
+	err := p.cl.Flush(ctx)
+	p.cl.Close()
+	if err != nil {
+		return fmt.Errorf("flush decision events: %w", err)
+	}
+	return nil
+}
+
+// kgoLogger sends franz-go's warnings and errors to slog.
+type kgoLogger struct{ log *slog.Logger }
+
+func (kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lv := slog.LevelWarn
+	if level == kgo.LogLevelError {
+		lv = slog.LevelError
+	}
+	l.log.Log(context.Background(), lv, "kafka: "+msg, keyvals...)
+}

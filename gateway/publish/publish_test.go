@@ -1,0 +1,371 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		give Config
+		want error
+	}{
+		{name: "defaults", give: Config{Brokers: []string{"b:9092"}}},
+		{name: "no brokers", give: Config{}, want: ErrNoBrokers},
+		{name: "negative buffer", give: Config{Brokers: []string{"b"}, MaxBuffered: -1}, want: ErrMaxBuffered},
+		{name: "negative linger", give: Config{Brokers: []string{"b"}, Linger: -time.Second}, want: ErrNegativeTime},
+		{name: "negative timeout", give: Config{Brokers: []string{"b"}, DeliveryTimeout: -1}, want: ErrNegativeTime},
+		{name: "bad compression", give: Config{Brokers: []string{"b"}, Compression: "brotli"}, want: ErrBadCompression},
+		{name: "zstd", give: Config{Brokers: []string{"b"}, Compression: "zstd"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.give.Validate(); !errors.Is(err, tt.want) {
+				t.Errorf("Validate(%+v) = %v, want %v", tt.give, err, tt.want)
+			}
+		})
+	}
+	if _, err := New(Config{}, nil, nil); !errors.Is(err, ErrNoBrokers) {
+		t.Errorf("New(Config{}) error = %v, want ErrNoBrokers", err)
+	}
+}
+
+func newCluster(t testing.TB, partitions int32) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "decisions"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// metrics reads a Publisher's counters.
+type metrics struct {
+	published float64
+	dropped   map[string]float64
+	buffered  float64
+}
+
+func readMetrics(t testing.TB, reg *prometheus.Registry) metrics {
+	t.Helper()
+	m := metrics{dropped: map[string]float64{}}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, met := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "edgelimit_events_published_total":
+				m.published = met.GetCounter().GetValue()
+			case "edgelimit_events_dropped_total":
+				m.dropped[met.GetLabel()[0].GetValue()] = met.GetCounter().GetValue()
+			case "edgelimit_events_buffered":
+				m.buffered = met.GetGauge().GetValue()
+			}
+		}
+	}
+	return m
+}
+
+func (m metrics) totalDropped() float64 {
+	var n float64
+	for _, v := range m.dropped {
+		n += v
+	}
+	return n
+}
+
+func decision(i int) event.Decision {
+	now := time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Millisecond)
+	return event.Decision{
+		ID: event.NewID(now), Time: now, GatewayID: "gw-1", KeyID: "hot-key",
+		KeyKind: event.KindAPIKey, ClientIP: "198.51.100.1", Route: "/v1/things",
+		Method: "GET", Plan: "free", BindingRule: "per_minute", Allowed: i%3 != 0,
+		Limit: 100, Remaining: 7, Cost: 1, CheckLatency: 300 * time.Microsecond,
+	}
+}
+
+// consume reads n records from topic, failing at the deadline.
+func consume(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consumed %d of %d records: %v", len(recs), n, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", topic, p, err) })
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}
+
+func TestPublishDelivers(t *testing.T) {
+	c := newCluster(t, 4)
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	want := make(map[[16]byte]event.Decision, n)
+	all := make([]event.Decision, n)
+	for i := range all {
+		all[i] = decision(i)
+		want[all[i].ID] = all[i]
+	}
+	var wg sync.WaitGroup
+	for g := range 4 { // concurrent publishers, as in the gateway
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 4 {
+				p.Publish(all[i])
+			}
+		}()
+	}
+	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	m := readMetrics(t, reg)
+	if m.published != n || m.totalDropped() != 0 || m.buffered != 0 {
+		t.Errorf("after Close: published=%v dropped=%v buffered=%v, want %d, 0, 0", m.published, m.dropped, m.buffered, n)
+	}
+	if got := p.Attempted(); got != n {
+		t.Errorf("Attempted() = %d, want %d", got, n)
+	}
+
+	partitions := map[int32]int{}
+	for _, r := range consume(t, c.ListenAddrs(), "decisions", n) {
+		if r.Key != nil {
+			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
+		}
+		d, err := event.Decode(r.Value)
+		if err != nil {
+			t.Fatalf("Decode(record at %d/%d): %v", r.Partition, r.Offset, err)
+		}
+		w, ok := want[d.ID]
+		if !ok {
+			t.Fatalf("record %x is unknown or a duplicate", d.ID)
+		}
+		if !w.Time.Equal(d.Time) || w.KeyID != d.KeyID || w.Allowed != d.Allowed {
+			t.Fatalf("record %x = %+v, want %+v", d.ID, d, w)
+		}
+		delete(want, d.ID)
+		partitions[r.Partition]++
+	}
+	if len(want) != 0 {
+		t.Errorf("%d events never reached Kafka", len(want))
+	}
+	// Every event has the same key; a keyed partitioner would put them all
+	// on one partition.
+	if len(partitions) < 2 {
+		t.Errorf("one hot key's events landed on partitions %v, want them spread over several", partitions)
+	}
+}
+
+// breakProduce makes the kfake broker close every produce connection until
+// the returned function is called: Kafka is reachable for metadata but
+// takes no events.
+func breakProduce(c *kfake.Cluster) (restore func()) {
+	var mu sync.Mutex
+	broken := true
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !broken {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("broker down"), true
+	})
+	return func() {
+		mu.Lock()
+		broken = false
+		mu.Unlock()
+	}
+}
+
+// publishAll publishes n events from one goroutine and fails the test if it
+// does not return while Kafka takes nothing: a blocking Publish would wait
+// forever for buffer space that never frees.
+func publishAll(t *testing.T, p *Publisher, from, n int) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := from; i < from+n; i++ {
+			p.Publish(decision(i))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Publish blocked while Kafka was down")
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
+	c := newCluster(t, 2)
+	reg := prometheus.NewRegistry()
+	const bound = 200
+	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := breakProduce(c)
+
+	const n = 5 * bound
+	publishAll(t, p, 0, n)
+	waitFor(t, "the buffer to fill and the rest to drop", 10*time.Second, func() bool {
+		m := readMetrics(t, reg)
+		return m.buffered == bound && m.dropped[ReasonBufferFull] == n-bound
+	})
+	if m := readMetrics(t, reg); m.published != 0 {
+		t.Fatalf("published = %v while Kafka took nothing, want 0", m.published)
+	}
+
+	restore()
+	waitFor(t, "buffered events to reach Kafka", 20*time.Second, func() bool {
+		return readMetrics(t, reg).buffered == 0
+	})
+	publishAll(t, p, n, 100) // traffic after the outage goes through
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	m := readMetrics(t, reg)
+	attempted := float64(p.Attempted())
+	if m.published+m.totalDropped() != attempted {
+		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
+	}
+	if m.published != bound+100 {
+		t.Errorf("published = %v, want the %d buffered during the outage plus 100 after", m.published, bound)
+	}
+	if got := len(consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
+		t.Errorf("topic holds %d records, want %d", got, bound+100)
+	}
+}
+
+func TestCloseGivesUpAtDeadline(t *testing.T) {
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: 50}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	breakProduce(c)
+	publishAll(t, p, 0, 80)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := p.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close with Kafka down = %v, want DeadlineExceeded", err)
+	}
+	p.Publish(decision(1000)) // after Close: dropped, not a panic or a block
+	m := readMetrics(t, reg)
+	want := map[string]float64{ReasonBufferFull: 30, ReasonClosed: 51, ReasonBrokerError: 0, ReasonEncodeError: 0}
+	for r, w := range want {
+		if m.dropped[r] != w {
+			t.Errorf("dropped{reason=%q} = %v, want %v (all: %v)", r, m.dropped[r], w, m.dropped)
+		}
+	}
+	if m.published != 0 {
+		t.Errorf("published = %v, want 0", m.published)
+	}
+}
+
+func TestPublishEncodeError(t *testing.T) {
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := decision(1)
+	d.Route = strings.Repeat("/x", event.MaxFieldLen)
+	p.Publish(d)
+	p.Publish(decision(2))
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := readMetrics(t, reg)
+	if m.dropped[ReasonEncodeError] != 1 || m.published != 1 {
+		t.Errorf("published=%v dropped=%v, want 1 published and 1 encode_error", m.published, m.dropped)
+	}
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+	if n := testutil.CollectAndCount(reg, "edgelimit_events_dropped_total"); n != len(reasons) {
+		t.Errorf("dropped series = %d, want one per reason (%d) from the start", n, len(reasons))
+	}
+	if _, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil); err == nil {
+		t.Error("second New on the same registry = nil error, want a duplicate registration error")
+	}
+}
+
+func BenchmarkPublish(b *testing.B) {
+	c := newCluster(b, 4)
+	p, err := New(Config{Brokers: c.ListenAddrs()}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := decision(1)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p.Publish(d)
+		}
+	})
+	b.StopTimer()
+	if err := p.Close(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}
