@@ -1,0 +1,193 @@
+// Command demo holds the small parts of the local demo and the container
+// images: a trivial upstream API, a traffic generator (ordinary clients,
+// one hot key, a few NAT-like IPs), and a probe for container healthchecks
+// (distroless images have no curl).
+//
+//	demo upstream -listen 127.0.0.1:8081
+//	demo traffic -gateway http://127.0.0.1:8080 -duration 2m
+//	demo probe http://127.0.0.1:9090/readyz
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: demo upstream|traffic|probe|keyhash [flags]")
+	}
+	switch args[0] {
+	case "upstream":
+		return upstream(ctx, args[1:], stdout)
+	case "traffic":
+		return traffic(ctx, args[1:], stdout)
+	case "probe":
+		return probe(ctx, args[1:])
+	case "keyhash":
+		// keyhash prints the SHA-256 a gateway config uses for a raw key.
+		for _, k := range args[1:] {
+			sum := sha256.Sum256([]byte(k))
+			fmt.Fprintln(stdout, hex.EncodeToString(sum[:]))
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+// upstream serves a trivial JSON API behind the gateway.
+func upstream(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("upstream", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8081", "address to serve on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stdout, nil))
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]string{"path": r.URL.Path, "method": r.Method, "served_by": "demo-upstream"})
+	})
+	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("demo upstream listening", "addr", *listen)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// DemoKeys are the raw API keys of the demo configuration
+// (deploy/demo/gateway.yaml holds only their SHA-256).
+var demoKeys = []string{"demo-key-1", "demo-key-2", "demo-key-3", "demo-key-4", "demo-key-5", "demo-key-6", "demo-key-7", "demo-key-8"}
+
+const demoHotKey = "demo-key-hot"
+
+// traffic sends a mix through the gateway: ordinary keyed clients at a
+// gentle pace, one hot key far above its limit, and a few IPs (set via
+// X-Forwarded-For; the demo gateway trusts loopback as a proxy) each
+// carrying many user agents, as NATs do.
+func traffic(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("traffic", flag.ContinueOnError)
+	gw := fs.String("gateway", "http://127.0.0.1:8080", "gateway base URL")
+	duration := fs.Duration("duration", 2*time.Minute, "how long to send")
+	rate := fs.Int("rate", 200, "requests per second, all clients together")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *rate <= 0 || *duration <= 0 {
+		return errors.New("traffic: -rate and -duration must be positive")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *duration)
+	defer cancel()
+	client := &http.Client{Timeout: 5 * time.Second}
+	var sent, allowed, denied, failed atomic.Int64
+	natIPs := []string{"198.51.100.10", "198.51.100.11", "203.0.113.50"}
+	pick := func(r *rand.Rand) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, *gw+"/api/items", nil)
+		switch x := r.IntN(100); {
+		case x < 40: // the hot key
+			req.Header.Set("X-API-Key", demoHotKey)
+		case x < 70: // ordinary keyed clients
+			req.Header.Set("X-API-Key", demoKeys[r.IntN(len(demoKeys))])
+		case x < 85: // NAT-shared IPs: many user agents behind one address
+			req.Header.Set("X-Forwarded-For", natIPs[r.IntN(len(natIPs))])
+			req.Header.Set("User-Agent", fmt.Sprintf("device-%d", r.IntN(200)))
+		default: // ordinary anonymous clients, one agent each
+			n := r.IntN(500)
+			req.Header.Set("X-Forwarded-For", fmt.Sprintf("192.0.2.%d", n%250+1))
+			req.Header.Set("User-Agent", fmt.Sprintf("browser-%d", n))
+		}
+		return req
+	}
+	workers := 8
+	interval := time.Duration(int64(time.Second) * int64(workers) / int64(*rate))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				resp, err := client.Do(pick(r))
+				sent.Add(1)
+				if err != nil {
+					if ctx.Err() == nil {
+						failed.Add(1)
+					}
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusTooManyRequests {
+					denied.Add(1)
+				} else if resp.StatusCode < 400 {
+					allowed.Add(1)
+				} else {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Fprintf(stdout, "traffic: sent %d, allowed %d, denied %d, failed %d\n", sent.Load(), allowed.Load(), denied.Load(), failed.Load())
+	return nil
+}
+
+// probe exits non-zero unless url answers 2xx within two seconds.
+func probe(ctx context.Context, args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: demo probe URL")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[0], nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s: %s", args[0], resp.Status)
+	}
+	return nil
+}
