@@ -6,6 +6,7 @@
 //	demo upstream -listen 127.0.0.1:8081
 //	demo traffic -gateway http://127.0.0.1:8080 -duration 2m
 //	demo probe http://127.0.0.1:9090/readyz
+//	demo kafka -listen 127.0.0.1:19092   (franz-go's kfake, the embedded default)
 package main
 
 import (
@@ -19,13 +20,18 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 func main() {
@@ -40,7 +46,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: demo upstream|traffic|probe|keyhash [flags]")
+		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash [flags]")
 	}
 	switch args[0] {
 	case "upstream":
@@ -49,6 +55,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return traffic(ctx, args[1:], stdout)
 	case "probe":
 		return probe(ctx, args[1:])
+	case "kafka":
+		return embeddedKafka(ctx, args[1:], stdout)
 	case "keyhash":
 		// keyhash prints the SHA-256 a gateway config uses for a raw key.
 		for _, k := range args[1:] {
@@ -189,5 +197,38 @@ func probe(ctx context.Context, args []string) error {
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("%s: %s", args[0], resp.Status)
 	}
+	return nil
+}
+
+// embeddedKafka runs franz-go's in-memory Kafka (kfake) on a loopback port:
+// the embedded default of `make run` when no real broker is configured.
+// It keeps everything in memory and is for trying the product, not for
+// production.
+func embeddedKafka(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:19092", "address to serve the Kafka protocol on")
+	partitions := fs.Int("partitions", 4, "default partitions of auto-created topics")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	_, portStr, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return fmt.Errorf("kafka: -listen %q: %w", *listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("kafka: -listen %q: bad port", *listen)
+	}
+	c, err := kfake.NewCluster(
+		kfake.Ports(port),
+		kfake.DefaultNumPartitions(*partitions),
+		kfake.AllowAutoTopicCreation(),
+	)
+	if err != nil {
+		return fmt.Errorf("start embedded kafka: %w", err)
+	}
+	defer c.Close()
+	fmt.Fprintf(stdout, "embedded kafka (kfake) listening on %s\n", strings.Join(c.ListenAddrs(), ","))
+	<-ctx.Done()
 	return nil
 }
