@@ -1,0 +1,622 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// ErrInvalidConfig wraps every problem Validate reports.
+var ErrInvalidConfig = errors.New("invalid gateway config")
+
+// FailurePolicy says what a rule does while the shared store is unavailable.
+type FailurePolicy string
+
+// Failure policies.
+const (
+	// FailOpen allows the request and counts it as fail-open.
+	FailOpen FailurePolicy = "open"
+	// FailClosed answers 503 with a Retry-After.
+	FailClosed FailurePolicy = "closed"
+	// FailLocal enforces this gateway's share of the limit (limit ÷
+	// Config.ExpectedGateways) in memory until the store returns.
+	FailLocal FailurePolicy = "local"
+)
+
+// UnknownKey says what happens to a request with an API key the
+// configuration does not know.
+type UnknownKey string
+
+// Unknown key actions.
+const (
+	// UnknownKeyReject answers 401.
+	UnknownKeyReject UnknownKey = "reject"
+	// UnknownKeyAnonymous ignores the key and limits the caller as anonymous.
+	UnknownKeyAnonymous UnknownKey = "anonymous"
+)
+
+// Secret is a string that never prints: fmt, slog and YAML see "[redacted]".
+type Secret string
+
+// String redacts the secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+// MarshalYAML redacts the secret when a configuration is printed.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// Config is the gateway's configuration. The YAML file of cmd/gateway maps
+// onto it; every field can change on reload except the ones marked
+// "restart".
+type Config struct {
+	// GatewayID names this instance in decision events; default the host name
+	// (set by cmd). Restart.
+	GatewayID string `yaml:"gateway_id"`
+	// Listen is the traffic listener's address; default ":8080". Restart.
+	Listen string `yaml:"listen"`
+	// AdminListen serves /metrics, /healthz, /readyz (and pprof); default
+	// "127.0.0.1:9090", loopback so it is not exposed by accident. Restart.
+	AdminListen string `yaml:"admin_listen"`
+	// Pprof serves /debug/pprof/ on the admin listener; default off. Restart.
+	Pprof bool `yaml:"pprof"`
+	// CheckPath serves the decision API (POST); default "/v1/check"; "-"
+	// disables it.
+	CheckPath string `yaml:"check_path"`
+
+	// Plans are named lists of rules.
+	Plans map[string]Plan `yaml:"plans"`
+	// AnonymousPlan limits callers identified by IP only. Empty means such
+	// callers need an API key (401).
+	AnonymousPlan string `yaml:"anonymous_plan"`
+	// UserHeader carries a user id set by a trusted proxy, e.g. "X-User-ID";
+	// empty disables user identity. Ignored from untrusted peers.
+	UserHeader string `yaml:"user_header"`
+	// UserPlan limits callers identified by UserHeader; default AnonymousPlan.
+	UserPlan string `yaml:"user_plan"`
+	// APIKeys are the known keys, by SHA-256.
+	APIKeys []APIKey `yaml:"api_keys"`
+	// UnknownKey is what happens to an unknown API key; default "reject" (401).
+	UnknownKey UnknownKey `yaml:"unknown_key"`
+	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
+	// upstreams that use bearer tokens of their own; default false.
+	IgnoreBearer bool `yaml:"ignore_bearer"`
+	// TrustedProxies are CIDRs (or single IPs) of proxies whose
+	// X-Forwarded-For and UserHeader are believed. Default none: the peer's
+	// address is the client's.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// Routes map path prefixes and methods to upstreams, plans and costs.
+	// The longest matching prefix wins; a route naming the method beats one
+	// for any method.
+	Routes []Route `yaml:"routes"`
+	// Upstreams are the services behind the gateway, by name.
+	Upstreams map[string]Upstream `yaml:"upstreams"`
+
+	// FailurePolicy is the default for rules that set none; default "open".
+	FailurePolicy FailurePolicy `yaml:"failure_policy"`
+	// ExpectedGateways is how many gateways share the limits; the local
+	// failure policy enforces limit ÷ ExpectedGateways. Default 1.
+	ExpectedGateways int `yaml:"expected_gateways"`
+	// StoreDeadline bounds one limiter call; default 25ms.
+	StoreDeadline time.Duration `yaml:"store_deadline"`
+	// Breaker stops calling a failing store.
+	Breaker BreakerConfig `yaml:"breaker"`
+	// RetryJitter is the most jitter added to Retry-After; the jitter is a
+	// whole number of seconds from 1 to ceil(RetryJitter). Default 3s.
+	RetryJitter time.Duration `yaml:"retry_jitter"`
+	// KeyHashSecret keys the HMAC that turns identities into event key ids.
+	// Every gateway needs the same one so key ids agree; when empty a random
+	// one is made at start (key ids then differ per process).
+	KeyHashSecret Secret `yaml:"key_hash_secret"`
+	// LocalMaxKeys bounds the in-memory store's rule states; default 1<<20.
+	LocalMaxKeys int `yaml:"local_max_keys"`
+
+	// Timeouts of the traffic listener.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// MaxHeaderBytes bounds request headers (431 above); default 32 KiB. Restart.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxBodyBytes bounds request bodies (413 above); default 10 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+}
+
+// Plan is a named list of rules.
+type Plan struct {
+	Rules []Rule `yaml:"rules"`
+}
+
+// Rule is one limit of a plan.
+type Rule struct {
+	// Name appears in headers, problems, metrics and events: letters,
+	// digits, '_', '-' and '.'.
+	Name string `yaml:"name"`
+	// Limit units per Period.
+	Limit  int64         `yaml:"limit"`
+	Period time.Duration `yaml:"period"`
+	// Burst is the token bucket's capacity; default Limit.
+	Burst int64 `yaml:"burst"`
+	// Algorithm is "token_bucket" (default) or "sliding_window".
+	Algorithm limiter.Algorithm `yaml:"algorithm"`
+	// Shadow rules are decided, counted and published but never deny.
+	Shadow bool `yaml:"shadow"`
+	// FailurePolicy overrides Config.FailurePolicy for this rule.
+	FailurePolicy FailurePolicy `yaml:"failure_policy"`
+}
+
+func (r Rule) limiterRule() limiter.Rule {
+	return limiter.Rule{Name: r.Name, Limit: r.Limit, Period: r.Period, Burst: r.Burst, Algorithm: r.Algorithm, Shadow: r.Shadow}
+}
+
+// APIKey is a known API key. The file holds its SHA-256, never the key.
+type APIKey struct {
+	// ID names the key in the limiter's keys; default the first 16 hex
+	// digits of SHA256. It is not secret.
+	ID string `yaml:"id"`
+	// SHA256 is the hex SHA-256 of the raw key.
+	SHA256 string `yaml:"sha256"`
+	// Plan limits the key.
+	Plan string `yaml:"plan"`
+	// Overrides replace parts of the plan's rules for this key, by rule name.
+	Overrides map[string]Override `yaml:"overrides"`
+}
+
+// Override changes one rule of a plan for one key; zero fields keep the
+// plan's value.
+type Override struct {
+	Limit  int64         `yaml:"limit"`
+	Period time.Duration `yaml:"period"`
+	Burst  int64         `yaml:"burst"`
+}
+
+// Route sends matching requests to an upstream.
+type Route struct {
+	// Name labels the route in metrics and events; default PathPrefix.
+	Name string `yaml:"name"`
+	// PathPrefix matches whole path segments: "/v1/users" matches
+	// "/v1/users" and "/v1/users/7" but not "/v1/users2"; a prefix ending
+	// in "/" matches anything below it.
+	PathPrefix string `yaml:"path_prefix"`
+	// Methods restricts the route; default any method.
+	Methods []string `yaml:"methods"`
+	// Upstream names an entry of Config.Upstreams.
+	Upstream string `yaml:"upstream"`
+	// Plan, when set, limits every caller of this route by this plan, in a
+	// bucket of its own per caller and route, instead of the caller's plan.
+	Plan string `yaml:"plan"`
+	// Cost is how many units one request uses; default 1.
+	Cost int64 `yaml:"cost"`
+}
+
+// Upstream is a service behind the gateway.
+type Upstream struct {
+	// URL is the base URL; the request path is appended to its path.
+	URL string `yaml:"url"`
+	// Timeout bounds the wait for response headers; default 30s. Past it
+	// the client gets 504.
+	Timeout time.Duration `yaml:"timeout"`
+	// ConnectTimeout bounds connecting; default 2s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+}
+
+// BreakerConfig tunes the circuit breaker around the store.
+type BreakerConfig struct {
+	// Failures is how many consecutive store failures open the circuit;
+	// default 5.
+	Failures int `yaml:"failures"`
+	// Open is how long the circuit stays open before one probe; default 1s.
+	Open time.Duration `yaml:"open"`
+}
+
+// Timeouts of the traffic listener's http.Server (restart to change).
+type Timeouts struct {
+	// ReadHeader default 5s.
+	ReadHeader time.Duration `yaml:"read_header"`
+	// Read (whole request, body included) default 30s.
+	Read time.Duration `yaml:"read"`
+	// Write (until the response is written) default 60s; it must exceed
+	// every upstream's timeout so a 504 can still be written.
+	Write time.Duration `yaml:"write"`
+	// Idle keep-alive default 120s.
+	Idle time.Duration `yaml:"idle"`
+	// Shutdown bounds the graceful drain; default 20s.
+	Shutdown time.Duration `yaml:"shutdown"`
+}
+
+// Defaults.
+const (
+	DefaultListen         = ":8080"
+	DefaultAdminListen    = "127.0.0.1:9090"
+	DefaultCheckPath      = "/v1/check"
+	DefaultStoreDeadline  = 25 * time.Millisecond
+	DefaultRetryJitter    = 3 * time.Second
+	DefaultMaxHeaderBytes = 32 << 10
+	DefaultMaxBodyBytes   = 10 << 20
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.CheckPath == "" {
+		c.CheckPath = DefaultCheckPath
+	}
+	if c.UserPlan == "" {
+		c.UserPlan = c.AnonymousPlan
+	}
+	if c.UnknownKey == "" {
+		c.UnknownKey = UnknownKeyReject
+	}
+	if c.FailurePolicy == "" {
+		c.FailurePolicy = FailOpen
+	}
+	if c.ExpectedGateways == 0 {
+		c.ExpectedGateways = 1
+	}
+	def(&c.StoreDeadline, DefaultStoreDeadline)
+	if c.Breaker.Failures == 0 {
+		c.Breaker.Failures = 5
+	}
+	def(&c.Breaker.Open, time.Second)
+	def(&c.RetryJitter, DefaultRetryJitter)
+	if c.LocalMaxKeys == 0 {
+		c.LocalMaxKeys = 1 << 20
+	}
+	def(&c.Timeouts.ReadHeader, 5*time.Second)
+	def(&c.Timeouts.Read, 30*time.Second)
+	def(&c.Timeouts.Write, 60*time.Second)
+	def(&c.Timeouts.Idle, 120*time.Second)
+	def(&c.Timeouts.Shutdown, 20*time.Second)
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if len(c.Upstreams) > 0 {
+		ups := make(map[string]Upstream, len(c.Upstreams))
+		for name, u := range c.Upstreams {
+			def(&u.Timeout, 30*time.Second)
+			def(&u.ConnectTimeout, 2*time.Second)
+			ups[name] = u
+		}
+		c.Upstreams = ups
+	}
+	if len(c.Routes) > 0 {
+		routes := slices.Clone(c.Routes)
+		for i := range routes {
+			if routes[i].Name == "" {
+				routes[i].Name = routes[i].PathPrefix
+			}
+			if routes[i].Cost == 0 {
+				routes[i].Cost = 1
+			}
+		}
+		c.Routes = routes
+	}
+	return c
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// Validate reports everything wrong with c (after defaults), each problem
+// naming its field, all wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
+	}
+	positive := func(field string, d time.Duration) {
+		if d < 0 {
+			bad(field, "%v is negative", d)
+		}
+	}
+
+	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
+		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)
+	}
+	if len(c.Plans) == 0 {
+		bad("plans", "at least one plan is needed")
+	}
+	for _, name := range sortedKeys(c.Plans) {
+		c.validatePlan(name, c.Plans[name], bad)
+	}
+	planRef := func(field, plan string, required bool) {
+		if plan == "" {
+			if required {
+				bad(field, "a plan is needed")
+			}
+			return
+		}
+		if _, ok := c.Plans[plan]; !ok {
+			bad(field, "unknown plan %q", plan)
+		}
+	}
+	planRef("anonymous_plan", c.AnonymousPlan, false)
+	planRef("user_plan", c.UserPlan, c.UserHeader != "")
+	if c.UserHeader != "" && !validHeaderName(c.UserHeader) {
+		bad("user_header", "%q is not a header name", c.UserHeader)
+	}
+	switch c.UnknownKey {
+	case UnknownKeyReject:
+	case UnknownKeyAnonymous:
+		if c.AnonymousPlan == "" {
+			bad("unknown_key", "%q needs an anonymous_plan", c.UnknownKey)
+		}
+	default:
+		bad("unknown_key", "%q is not %q or %q", c.UnknownKey, UnknownKeyReject, UnknownKeyAnonymous)
+	}
+
+	ids := map[string]int{}
+	sums := map[string]int{}
+	for i, k := range c.APIKeys {
+		field := fmt.Sprintf("api_keys[%d]", i)
+		sum := strings.ToLower(k.SHA256)
+		if len(sum) != 64 || !isHex(sum) {
+			bad(field+".sha256", "want 64 hex digits (the SHA-256 of the key), got %d characters", len(k.SHA256))
+		} else if j, dup := sums[sum]; dup {
+			bad(field+".sha256", "same key as api_keys[%d]", j)
+		} else {
+			sums[sum] = i
+		}
+		id := k.ID
+		if id == "" && len(sum) >= 16 {
+			id = sum[:16]
+		}
+		if k.ID != "" && !nameRE.MatchString(k.ID) {
+			bad(field+".id", "%q may hold only letters, digits, '_', '-' and '.'", k.ID)
+		}
+		if j, dup := ids[id]; dup && id != "" {
+			bad(field+".id", "%q also names api_keys[%d]", id, j)
+		}
+		ids[id] = i
+		planRef(field+".plan", k.Plan, true)
+		plan, ok := c.Plans[k.Plan]
+		for _, rule := range sortedKeys(k.Overrides) {
+			o := k.Overrides[rule]
+			ofield := field + ".overrides." + rule
+			if !ok {
+				continue
+			}
+			j := slices.IndexFunc(plan.Rules, func(r Rule) bool { return r.Name == rule })
+			if j < 0 {
+				bad(ofield, "plan %q has no rule %q", k.Plan, rule)
+				continue
+			}
+			if err := applyOverride(plan.Rules[j], o).limiterRule().Validate(); err != nil {
+				bad(ofield, "%v", err)
+			}
+		}
+	}
+
+	for i, p := range c.TrustedProxies {
+		if _, err := parseCIDR(p); err != nil {
+			bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
+		}
+	}
+
+	for _, name := range sortedKeys(c.Upstreams) {
+		u := c.Upstreams[name]
+		field := "upstreams." + name
+		pu, err := url.Parse(u.URL)
+		switch {
+		case err != nil:
+			bad(field+".url", "%v", err)
+		case pu.Scheme != "http" && pu.Scheme != "https":
+			bad(field+".url", "%q: scheme must be http or https", u.URL)
+		case pu.Host == "":
+			bad(field+".url", "%q has no host", u.URL)
+		}
+		positive(field+".timeout", u.Timeout)
+		positive(field+".connect_timeout", u.ConnectTimeout)
+		if u.Timeout >= c.Timeouts.Write {
+			bad(field+".timeout", "%v must be shorter than timeouts.write (%v), or a 504 could not be written", u.Timeout, c.Timeouts.Write)
+		}
+	}
+	if len(c.Routes) == 0 {
+		bad("routes", "at least one route is needed")
+	}
+	routeNames := map[string]int{}
+	type match struct {
+		prefix, method string
+	}
+	matches := map[match]int{}
+	for i, r := range c.Routes {
+		field := fmt.Sprintf("routes[%d]", i)
+		if !strings.HasPrefix(r.PathPrefix, "/") {
+			bad(field+".path_prefix", "%q must start with /", r.PathPrefix)
+		}
+		if strings.ContainsAny(r.Name, "{}\"\\ \t\r\n") || len(r.Name) > 128 {
+			bad(field+".name", "%q: route names may not hold braces, quotes, backslashes or spaces, and are at most 128 bytes", r.Name)
+		}
+		if j, dup := routeNames[r.Name]; dup {
+			bad(field+".name", "%q also names routes[%d]", r.Name, j)
+		}
+		routeNames[r.Name] = i
+		if _, ok := c.Upstreams[r.Upstream]; !ok {
+			bad(field+".upstream", "unknown upstream %q", r.Upstream)
+		}
+		planRef(field+".plan", r.Plan, false)
+		if r.Cost < 0 {
+			bad(field+".cost", "%d is negative", r.Cost)
+		}
+		methods := r.Methods
+		if len(methods) == 0 {
+			methods = []string{""}
+		}
+		for _, m := range methods {
+			if m != "" && !validMethod(m) {
+				bad(field+".methods", "%q is not an HTTP method", m)
+			}
+			k := match{strings.TrimSuffix(r.PathPrefix, "/"), strings.ToUpper(m)}
+			if j, dup := matches[k]; dup {
+				bad(field, "same path prefix and method as routes[%d]", j)
+			}
+			matches[k] = i
+		}
+	}
+
+	if err := c.FailurePolicy.validate(); err != nil {
+		bad("failure_policy", "%v", err)
+	}
+	if c.ExpectedGateways < 1 {
+		bad("expected_gateways", "%d must be at least 1", c.ExpectedGateways)
+	}
+	switch {
+	case c.StoreDeadline < time.Millisecond:
+		bad("store_deadline", "%v must be at least 1ms", c.StoreDeadline)
+	case c.StoreDeadline > 5*time.Second:
+		bad("store_deadline", "%v: a store deadline is milliseconds, not seconds", c.StoreDeadline)
+	}
+	if c.Breaker.Failures < 1 {
+		bad("breaker.failures", "%d must be at least 1", c.Breaker.Failures)
+	}
+	positive("breaker.open", c.Breaker.Open)
+	if c.RetryJitter < time.Second {
+		bad("retry_jitter", "%v must be at least 1s (Retry-After counts whole seconds)", c.RetryJitter)
+	}
+	if c.LocalMaxKeys < 0 {
+		bad("local_max_keys", "%d is negative", c.LocalMaxKeys)
+	}
+	positive("timeouts.read_header", c.Timeouts.ReadHeader)
+	positive("timeouts.read", c.Timeouts.Read)
+	positive("timeouts.write", c.Timeouts.Write)
+	positive("timeouts.idle", c.Timeouts.Idle)
+	positive("timeouts.shutdown", c.Timeouts.Shutdown)
+	if c.MaxHeaderBytes < 1024 {
+		bad("max_header_bytes", "%d is below 1024", c.MaxHeaderBytes)
+	}
+	if c.MaxBodyBytes < 0 {
+		bad("max_body_bytes", "%d is negative", c.MaxBodyBytes)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) validatePlan(name string, p Plan, bad func(field, format string, args ...any)) {
+	field := "plans." + name
+	if !nameRE.MatchString(name) {
+		bad(field, "plan names may hold only letters, digits, '_', '-' and '.'")
+	}
+	if len(p.Rules) == 0 {
+		bad(field+".rules", "a plan needs at least one rule")
+	}
+	if len(p.Rules) > limiter.MaxRules {
+		bad(field+".rules", "%d rules, at most %d", len(p.Rules), limiter.MaxRules)
+	}
+	seen := map[string]bool{}
+	for i, r := range p.Rules {
+		rf := fmt.Sprintf("%s.rules[%d]", field, i)
+		if !nameRE.MatchString(r.Name) {
+			bad(rf+".name", "%q may hold only letters, digits, '_', '-' and '.'", r.Name)
+		}
+		if seen[r.Name] {
+			bad(rf+".name", "duplicate rule %q", r.Name)
+		}
+		seen[r.Name] = true
+		if err := r.limiterRule().Validate(); err != nil {
+			bad(rf, "%v", err)
+		}
+		if r.FailurePolicy != "" {
+			if err := r.FailurePolicy.validate(); err != nil {
+				bad(rf+".failure_policy", "%v", err)
+			}
+		}
+	}
+}
+
+func (p FailurePolicy) validate() error {
+	switch p {
+	case FailOpen, FailClosed, FailLocal:
+		return nil
+	}
+	return fmt.Errorf("%q is not %q, %q or %q", p, FailOpen, FailClosed, FailLocal)
+}
+
+func applyOverride(r Rule, o Override) Rule {
+	if o.Limit != 0 {
+		r.Limit = o.Limit
+	}
+	if o.Period != 0 {
+		r.Period = o.Period
+	}
+	if o.Burst != 0 {
+		r.Burst = o.Burst
+	}
+	return r
+}
+
+// parseCIDR accepts "10.0.0.0/8" or a single address.
+func parseCIDR(s string) (*net.IPNet, error) {
+	if !strings.Contains(s, "/") {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+		}
+		bits := 128
+		if ip4 := ip.To4(); ip4 != nil {
+			ip, bits = ip4, 32
+		}
+		return &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, nil
+	}
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		return nil, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+	}
+	return n, nil
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func validHeaderName(s string) bool {
+	return s != "" && !strings.ContainsAny(s, " \t\r\n:") && http.CanonicalHeaderKey(s) != ""
+}
+
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if c := m[i]; c < 'A' || c > 'Z' {
+			if c < 'a' || c > 'z' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

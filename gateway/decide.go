@@ -1,0 +1,193 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// checker is what the gateway needs of a limiter store: *limiter.Redis and
+// *limiter.Memory both fit.
+type checker interface {
+	Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
+}
+
+// verdict is the outcome of one request's limit check, whichever store or
+// policy made it.
+type verdict struct {
+	// d is the limiter's decision; valid only when known.
+	d     limiter.Decision
+	known bool
+	// rules are the rules in force: the plan's, or this gateway's local
+	// shares in local fallback.
+	rules   []limiter.Rule
+	allowed bool
+	mode    event.Mode
+	store   event.StoreStatus
+	latency time.Duration
+	// retry is when to come back after a fail-closed 503, or after a local
+	// fallback denial no wait for the local share can lift.
+	retry time.Duration
+	// canceled: the client went away before a decision.
+	canceled bool
+	// err is a bug: input the limiter refused. It answers 500.
+	err error
+}
+
+// decide makes exactly one limiter call for all rules of l, bounded by the
+// store deadline and guarded by the circuit breaker; when the shared store
+// fails, the failure policy decides.
+func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) verdict {
+	p := l.plan
+	start := g.now()
+	if !g.shared {
+		d, err := g.store.Allow(ctx, l.key, p.rules, cost)
+		lat := g.now().Sub(start)
+		g.m.checkLatency.WithLabelValues("local", "ok").Observe(lat.Seconds())
+		if err != nil {
+			return verdict{err: err}
+		}
+		return enforced(d, p.rules, event.StoreOK, lat)
+	}
+	ok, probe := g.breaker.allow(start)
+	if !ok {
+		g.m.storeUnavailable.WithLabelValues("circuit_open").Inc()
+		return g.fallback(ctx, l, cost, event.StoreUnavailable, start)
+	}
+	cctx, cancel := context.WithTimeout(ctx, st.cfg.StoreDeadline)
+	d, err := g.store.Allow(cctx, l.key, p.rules, cost)
+	cancel()
+	lat := g.now().Sub(start)
+	if err == nil {
+		if d.Cached || d.Reason != "" {
+			g.breaker.abandon(probe) // answered without asking the store
+		} else {
+			g.breaker.success()
+		}
+		status := event.StoreOK
+		if d.Cached {
+			status = event.StoreLocalCache
+		}
+		g.m.checkLatency.WithLabelValues("shared", "ok").Observe(lat.Seconds())
+		return enforced(d, p.rules, status, lat)
+	}
+	if ctx.Err() != nil {
+		g.breaker.abandon(probe)
+		return verdict{canceled: true}
+	}
+	if isInputError(err) {
+		g.breaker.abandon(probe)
+		return verdict{err: err}
+	}
+	g.breaker.failure(g.now())
+	status, reason := event.StoreUnavailable, "error"
+	if errors.Is(err, context.DeadlineExceeded) {
+		status, reason = event.StoreTimeout, "timeout"
+	}
+	g.m.checkLatency.WithLabelValues("shared", reason).Observe(lat.Seconds())
+	g.m.storeUnavailable.WithLabelValues(reason).Inc()
+	v := g.fallback(ctx, l, cost, status, start)
+	v.latency = lat
+	return v
+}
+
+func enforced(d limiter.Decision, rules []limiter.Rule, status event.StoreStatus, lat time.Duration) verdict {
+	v := verdict{d: d, known: true, rules: rules, allowed: d.Allowed, mode: event.ModeEnforced, store: status, latency: lat}
+	if d.Allowed {
+		for _, r := range d.Rules {
+			if r.Rule.Shadow && !r.Allowed {
+				v.mode = event.ModeShadow
+				break
+			}
+		}
+	}
+	return v
+}
+
+// fallback applies the failure policy of l's rules while the shared store
+// is unavailable: any enforced rule that fails closed refuses the request;
+// otherwise rules that fail locally are checked at this gateway's share in
+// memory; rules that fail open are skipped.
+func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status event.StoreStatus, now time.Time) verdict {
+	p := l.plan
+	v := verdict{rules: p.rules, store: status}
+	switch {
+	case p.closed:
+		v.mode = event.ModeFailClosed
+		v.retry = max(time.Second, g.breaker.retryIn(now))
+		g.m.failClosed.Inc()
+	case len(p.local) > 0:
+		start := g.now()
+		d, err := g.local.Allow(ctx, l.key, p.local, cost)
+		g.m.checkLatency.WithLabelValues("local", "ok").Observe(g.now().Sub(start).Seconds())
+		if err != nil {
+			return verdict{err: err}
+		}
+		v.d, v.known, v.allowed, v.mode, v.rules = d, true, d.Allowed, event.ModeLocalFallback, p.local
+		if d.Reason != "" {
+			// The cost exceeds this gateway's share though maybe not the
+			// shared limit: it may pass once the store is back.
+			v.retry = max(time.Second, g.breaker.retryIn(now))
+		}
+	default:
+		v.allowed, v.mode = true, event.ModeFailOpen
+		g.m.failOpen.Inc()
+	}
+	return v
+}
+
+func isInputError(err error) bool {
+	for _, e := range []error{limiter.ErrEmptyKey, limiter.ErrKeyTooLong, limiter.ErrNoRules,
+		limiter.ErrTooManyRules, limiter.ErrInvalidRule, limiter.ErrInvalidCost} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// count records a verdict in the decision metrics.
+func (g *Gateway) count(v verdict) {
+	result := "allowed"
+	if !v.allowed {
+		result = "denied"
+	}
+	rule := "none"
+	if v.known && len(v.d.Rules) > 0 {
+		rule = v.d.BindingRule().Rule.Name
+	}
+	g.m.decisions.WithLabelValues(result, rule, modeName(v.mode)).Inc()
+}
+
+func modeName(m event.Mode) string {
+	switch m {
+	case event.ModeEnforced:
+		return "enforced"
+	case event.ModeShadow:
+		return "shadow"
+	case event.ModeFailOpen:
+		return "fail_open"
+	case event.ModeFailClosed:
+		return "fail_closed"
+	case event.ModeLocalFallback:
+		return "local_fallback"
+	}
+	return "unknown"
+}
+
+func storeName(s event.StoreStatus) string {
+	switch s {
+	case event.StoreOK:
+		return "ok"
+	case event.StoreUnavailable:
+		return "unavailable"
+	case event.StoreTimeout:
+		return "timeout"
+	case event.StoreLocalCache:
+		return "local_cache"
+	}
+	return "unknown"
+}

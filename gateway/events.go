@@ -1,0 +1,93 @@
+package gateway
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+)
+
+// publisher takes decision events. Publish must never block: the request
+// path calls it once per decision.
+type publisher interface {
+	Publish(event.Decision)
+}
+
+// keyHasher turns limiter keys into event key ids: a keyed hash, so the
+// events never hold a raw key or an identity anyone could look up.
+type keyHasher struct {
+	pool sync.Pool
+}
+
+func newKeyHasher(secret []byte) *keyHasher {
+	return &keyHasher{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}}
+}
+
+// id returns the hex of the first 16 bytes of HMAC-SHA256(secret, key).
+func (k *keyHasher) id(key string) string {
+	h := k.pool.Get().(hash.Hash)
+	h.Reset()
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	k.pool.Put(h)
+	return hex.EncodeToString(sum[:16])
+}
+
+// newEventID returns a unique, time-ordered id: 48 bits of Unix
+// milliseconds, then 80 random bits.
+// TODO: use event.NewID once gateway/event has it.
+func newEventID(now time.Time) [16]byte {
+	var id [16]byte
+	ms := uint64(now.UnixMilli())
+	id[0], id[1], id[2], id[3], id[4], id[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
+	binary.BigEndian.PutUint16(id[6:], uint16(rand.Uint32()))
+	binary.BigEndian.PutUint64(id[8:], rand.Uint64())
+	return id
+}
+
+func userAgentHash(ua string) uint64 {
+	if ua == "" {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(ua))
+	return h.Sum64()
+}
+
+// publish sends one decision event; a no-op when events are off.
+func (g *Gateway) publish(id identity, route, method, planName string, cost int64, ua string, v verdict) {
+	if g.pub == nil || v.canceled || v.err != nil {
+		return
+	}
+	now := g.now()
+	ev := event.Decision{
+		ID:            newEventID(now),
+		Time:          now,
+		GatewayID:     g.gatewayID,
+		KeyID:         g.keys.id(id.key),
+		KeyKind:       id.kind,
+		ClientIP:      id.clientIP,
+		UserAgentHash: userAgentHash(ua),
+		Route:         route,
+		Method:        method,
+		Plan:          planName,
+		Allowed:       v.allowed,
+		Cost:          cost,
+		StoreStatus:   v.store,
+		Mode:          v.mode,
+		CheckLatency:  v.latency,
+	}
+	if v.known && len(v.d.Rules) > 0 {
+		b := v.d.BindingRule()
+		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
+	}
+	g.pub.Publish(ev)
+}

@@ -1,0 +1,410 @@
+// Package gateway is the edge: it identifies the caller, checks every rule
+// that applies with one limiter call, answers with rate-limit headers on
+// every response (429 with a jittered Retry-After when denied), proxies
+// allowed requests upstream and publishes each decision.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// Options are the gateway's collaborators; all are optional.
+type Options struct {
+	// Store is the shared limiter, e.g. a *limiter.Redis. Nil uses an
+	// in-memory store: limits then hold per process.
+	Store checker
+	// Ping tells /readyz whether the shared store is reachable; nil: ready.
+	Ping func(context.Context) error
+	// Publisher takes decision events; nil disables them.
+	Publisher publisher
+	// Registry takes the metrics and serves /metrics; default a new one.
+	Registry *prometheus.Registry
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for the breaker, the local store and events;
+	// default time.Now.
+	Now func() time.Time
+}
+
+// Gateway serves traffic under one configuration at a time; Reload swaps
+// it without dropping requests.
+type Gateway struct {
+	log       *slog.Logger
+	now       func() time.Time
+	store     checker
+	shared    bool // store is shared (fallible); false: in memory
+	local     *limiter.Memory
+	breaker   *breaker
+	pub       publisher
+	m         *metrics
+	reg       *prometheus.Registry
+	ping      func(context.Context) error
+	keys      *keyHasher
+	gatewayID string
+	boot      Config // restart-only fields as started
+
+	st        atomic.Pointer[state]
+	reloadMu  sync.Mutex
+	upstreams map[upstreamKey]*upstream
+
+	handler http.Handler
+}
+
+type upstreamKey struct {
+	name string
+	cfg  Upstream
+}
+
+// New returns a gateway for cfg, which must be valid.
+func New(cfg Config, opts Options) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	g := &Gateway{
+		log:       opts.Logger,
+		now:       opts.Now,
+		pub:       opts.Publisher,
+		reg:       opts.Registry,
+		ping:      opts.Ping,
+		gatewayID: cfg.GatewayID,
+		boot:      cfg,
+		upstreams: map[upstreamKey]*upstream{},
+	}
+	if isNil(g.pub) {
+		g.pub = nil
+	}
+	g.m = newMetrics(opts.Registry)
+	g.local = limiter.NewMemory(opts.Now, cfg.LocalMaxKeys)
+	g.store, g.shared = opts.Store, !isNil(opts.Store)
+	if !g.shared {
+		g.store = g.local
+	}
+	g.breaker = newBreaker(cfg.Breaker.Failures, cfg.Breaker.Open, g.circuitChanged)
+	secret := []byte(cfg.KeyHashSecret)
+	if len(secret) == 0 {
+		secret = make([]byte, 32)
+		_, _ = rand.Read(secret)
+		if g.pub != nil {
+			g.log.Warn("key_hash_secret not set: event key ids are random per process and will not match across gateways")
+		}
+	}
+	g.keys = newKeyHasher(secret)
+	st, err := compile(cfg, g.upstreamsFor(cfg))
+	if err != nil {
+		return nil, err
+	}
+	g.st.Store(st)
+	g.handler = g.newEcho()
+	return g, nil
+}
+
+// isNil sees through interfaces holding typed nil pointers.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch p := v.(type) {
+	case *limiter.Redis:
+		return p == nil
+	case *limiter.Memory:
+		return p == nil
+	}
+	return false
+}
+
+func (g *Gateway) newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.Logger.SetOutput(io.Discard)
+	// The limiter's identity uses the configured extractor of each state;
+	// echo's own RealIP gets the safe one explicitly, never its
+	// header-trusting default.
+	e.IPExtractor = echo.ExtractIPDirect()
+	e.HTTPErrorHandler = g.echoError
+	e.Any("/*", g.handle)
+	e.RouteNotFound("/*", g.handle)
+	return e
+}
+
+// Handler serves traffic.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// Server returns the traffic listener's server, timeouts and header limit
+// set, for Serve or ListenAndServe.
+func (g *Gateway) Server() *http.Server {
+	c := g.boot
+	return &http.Server{
+		Addr:              c.Listen,
+		Handler:           g.handler,
+		ReadHeaderTimeout: c.Timeouts.ReadHeader,
+		ReadTimeout:       c.Timeouts.Read,
+		WriteTimeout:      c.Timeouts.Write,
+		IdleTimeout:       c.Timeouts.Idle,
+		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// AdminServer returns the admin listener's server: /metrics, /healthz,
+// /readyz, and /debug/pprof/ when enabled.
+func (g *Gateway) AdminServer() *http.Server {
+	return &http.Server{
+		Addr:              g.boot.AdminListen,
+		Handler:           g.AdminHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		// Long enough for a 30s CPU profile.
+		WriteTimeout: 60 * time.Second,
+		IdleTimeout:  120 * time.Second,
+		ErrorLog:     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// AdminHandler serves the admin endpoints.
+func (g *Gateway) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{Registry: g.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := g.Ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	if g.boot.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// Ready reports whether the shared store answers (always, without one).
+func (g *Gateway) Ready(ctx context.Context) error {
+	if g.ping == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := g.ping(ctx); err != nil {
+		return fmt.Errorf("ping limiter store: %w", err)
+	}
+	return nil
+}
+
+// Reload swaps in a new configuration; requests in flight finish under the
+// old one. An invalid cfg leaves the old one in force and is counted.
+func (g *Gateway) Reload(cfg Config) error {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	st, err := compile(cfg, g.upstreamsFor(cfg))
+	if err != nil {
+		g.ReloadFailed(err)
+		return err
+	}
+	old := g.st.Swap(st)
+	g.breaker.configure(st.cfg.Breaker.Failures, st.cfg.Breaker.Open)
+	g.dropUnused(st.cfg)
+	g.m.reloads.WithLabelValues("ok").Inc()
+	if changed := restartOnly(g.boot, st.cfg); len(changed) > 0 {
+		g.log.Warn("config reloaded; some changes need a restart", "fields", changed)
+	} else {
+		g.log.Info("config reloaded", "plans", len(st.plans), "routes", len(st.routes), "api_keys", len(st.cfg.APIKeys))
+	}
+	_ = old
+	return nil
+}
+
+// ReloadFailed counts and logs a reload that failed before Reload could
+// see the configuration (e.g. a YAML error).
+func (g *Gateway) ReloadFailed(err error) {
+	g.m.reloads.WithLabelValues("failed").Inc()
+	g.log.Error("config reload failed; keeping the previous config", "error", err.Error())
+}
+
+func restartOnly(a, b Config) []string {
+	var out []string
+	add := func(name string, changed bool) {
+		if changed {
+			out = append(out, name)
+		}
+	}
+	add("gateway_id", a.GatewayID != b.GatewayID)
+	add("listen", a.Listen != b.Listen)
+	add("admin_listen", a.AdminListen != b.AdminListen)
+	add("pprof", a.Pprof != b.Pprof)
+	add("timeouts", a.Timeouts != b.Timeouts)
+	add("max_header_bytes", a.MaxHeaderBytes != b.MaxHeaderBytes)
+	add("local_max_keys", a.LocalMaxKeys != b.LocalMaxKeys)
+	add("key_hash_secret", a.KeyHashSecret != b.KeyHashSecret)
+	return out
+}
+
+// upstreamsFor returns an upstream per configured name, reusing those
+// whose settings did not change.
+func (g *Gateway) upstreamsFor(cfg Config) map[string]*upstream {
+	cfg = cfg.WithDefaults()
+	out := make(map[string]*upstream, len(cfg.Upstreams))
+	for name, u := range cfg.Upstreams {
+		k := upstreamKey{name, u}
+		up, ok := g.upstreams[k]
+		if !ok {
+			up = newUpstream(name, u, g.m, g.log)
+			g.upstreams[k] = up
+		}
+		out[name] = up
+	}
+	return out
+}
+
+// dropUnused forgets upstreams the current config no longer uses and
+// closes their idle connections; requests in flight on them finish.
+func (g *Gateway) dropUnused(cfg Config) {
+	for k, up := range g.upstreams {
+		if cur, ok := cfg.Upstreams[k.name]; !ok || cur != k.cfg {
+			up.transport.CloseIdleConnections()
+			delete(g.upstreams, k)
+		}
+	}
+}
+
+// Close releases idle upstream connections.
+func (g *Gateway) Close() {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	for _, up := range g.upstreams {
+		up.transport.CloseIdleConnections()
+	}
+}
+
+func (g *Gateway) circuitChanged(from, to circuit) {
+	g.m.circuitState.Set(float64(to))
+	switch to {
+	case circuitOpen:
+		if from == circuitClosed {
+			g.m.circuitOpens.Inc()
+			g.log.Warn("limiter store failing; circuit open, failure policy in force")
+		}
+	case circuitClosed:
+		g.log.Info("limiter store back; circuit closed, enforcement resumed")
+	}
+}
+
+// handle serves every traffic request: the decision API, or identify,
+// check, and proxy.
+func (g *Gateway) handle(c echo.Context) error {
+	st := g.st.Load()
+	r, w := c.Request(), c.Response()
+	if st.cfg.CheckPath != "-" && r.URL.Path == st.cfg.CheckPath && r.Method == http.MethodPost {
+		g.serveCheck(w, r, st)
+		return nil
+	}
+	rt := st.match(r.Method, r.URL.Path)
+	if rt == nil {
+		g.m.rejected.WithLabelValues("no_route").Inc()
+		writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
+		return nil
+	}
+	defer func() { g.m.requests.WithLabelValues(rt.Name, strconv.Itoa(w.Status)).Inc() }()
+	if r.ContentLength > st.cfg.MaxBodyBytes {
+		g.m.rejected.WithLabelValues("body_too_large").Inc()
+		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: rt.Name,
+			Detail: fmt.Sprintf("The request body is larger than %d bytes.", st.cfg.MaxBodyBytes)})
+		return nil
+	}
+	id, ierr := st.identify(r)
+	if ierr != identified {
+		g.refuse(w, ierr)
+		return nil
+	}
+	l := st.limitsFor(id, rt)
+	v := g.decide(r.Context(), st, l, rt.Cost)
+	g.publish(id, rt.Name, r.Method, l.plan.name, rt.Cost, r.UserAgent(), v)
+	if v.canceled {
+		w.WriteHeader(499)
+		return nil
+	}
+	if v.err != nil {
+		g.log.Error("limiter refused its input", "route", rt.Name, "error", v.err.Error())
+		writeProblem(w, problem{Type: probInternal, Status: http.StatusInternalServerError})
+		return nil
+	}
+	g.count(v)
+	setRateHeaders(w.Header(), v)
+	if !v.allowed {
+		g.deny(w, v, st)
+		return nil
+	}
+	info := &proxyInfo{route: rt.Name, peerTrusted: id.peerTrusted, userHeader: st.cfg.UserHeader}
+	if r.Body != nil && r.Body != http.NoBody {
+		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
+		r.Body = info.body
+	}
+	rt.upstream.serve(w, r, info)
+	return nil
+}
+
+func (g *Gateway) deny(w http.ResponseWriter, v verdict, st *state) {
+	p, after := denial(v, st.jitter)
+	if after > 0 {
+		w.Header()[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
+	}
+	writeProblem(w, p)
+}
+
+func (g *Gateway) refuse(w http.ResponseWriter, e identifyError) {
+	switch e {
+	case errUnknownKey:
+		g.m.rejected.WithLabelValues("unknown_key").Inc()
+		writeProblem(w, problem{Type: probUnknownKey, Status: http.StatusUnauthorized,
+			Detail: "The API key is not known to this gateway."})
+	default:
+		g.m.rejected.WithLabelValues("key_required").Inc()
+		writeProblem(w, problem{Type: probKeyRequired, Status: http.StatusUnauthorized,
+			Detail: "This gateway needs an API key (X-API-Key or Authorization: Bearer)."})
+	}
+}
+
+// echoError answers errors echo raises itself (e.g. malformed paths).
+func (g *Gateway) echoError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	status := http.StatusInternalServerError
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		status = he.Code
+	}
+	writeProblem(c.Response(), problem{Type: probBadRequest, Status: status})
+}

@@ -1,0 +1,215 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// seen is what the test upstream reports about a request it received.
+type seen struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	XFF    string `json:"xff"`
+	User   string `json:"user"`
+	Body   int    `json:"body"`
+}
+
+// newTestUpstream is a real HTTP service: it reads the whole body and
+// answers with what it saw; /hang waits until the caller gives up.
+func newTestUpstream(t testing.TB) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/hang") {
+			<-r.Context().Done()
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		// An upstream that sets its own rate-limit headers must not leak them.
+		w.Header().Set("X-RateLimit-Limit", "999999")
+		_ = json.NewEncoder(w).Encode(seen{Method: r.Method, Path: r.URL.Path, XFF: r.Header.Get("X-Forwarded-For"), User: r.Header.Get("X-User-ID"), Body: int(n)})
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testConfig limits anonymous callers to 5 per minute and proxies
+// everything to upstreamURL.
+func testConfig(upstreamURL string) Config {
+	return Config{
+		Plans: map[string]Plan{
+			"free": {Rules: []Rule{{Name: "minute", Limit: 5, Period: time.Minute}}},
+		},
+		AnonymousPlan: "free",
+		Upstreams:     map[string]Upstream{"app": {URL: upstreamURL}},
+		Routes:        []Route{{Name: "all", PathPrefix: "/", Upstream: "app"}},
+		AdminListen:   "127.0.0.1:0",
+		Listen:        "127.0.0.1:0",
+	}
+}
+
+type testGateway struct {
+	*Gateway
+	URL string
+	reg *prometheus.Registry
+}
+
+// startGateway runs g's traffic server on a loopback port until the test ends.
+func startGateway(t testing.TB, cfg Config, opts Options) *testGateway {
+	t.Helper()
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	}
+	g, err := New(cfg, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	srv := g.Server()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		g.Close()
+	})
+	return &testGateway{Gateway: g, URL: "http://" + ln.Addr().String(), reg: opts.Registry}
+}
+
+// redisStore returns a limiter on the shared test Redis, its keys under a
+// prefix of its own so concurrent tests never share buckets.
+func redisStore(t testing.TB) (*limiter.Redis, *redis.Client) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwtest" + randHex(6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim, rdb
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func sha(key string) string {
+	s := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(s[:])
+}
+
+// client never reuses a connection across tests and never follows redirects.
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) json(t testing.TB, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+func (r reply) retryAfter(t testing.TB) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(r.header.Get("Retry-After"), 10, 64)
+	if err != nil {
+		t.Fatalf("Retry-After %q: %v", r.header.Get("Retry-After"), err)
+	}
+	return n
+}
+
+// do sends one request; hdr holds header name/value pairs.
+func do(t testing.TB, method, url string, body io.Reader, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read body: %v", method, url, err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func get(t testing.TB, url string, hdr ...string) reply {
+	t.Helper()
+	return do(t, http.MethodGet, url, nil, hdr...)
+}
+
+// counter reads one counter series from g's registry.
+func counter(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

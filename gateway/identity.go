@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+)
+
+// identity is who the caller is, as far as the limits are concerned.
+type identity struct {
+	kind event.KeyKind
+	// key is the limiter key: "k:<api key id>", "u:<user>" or "ip:<addr or
+	// /64>". It never holds a raw API key.
+	key  string
+	plan *plan
+	// clientIP is the client's address (full, not the /64).
+	clientIP string
+	// peerTrusted says the connection's peer is a trusted proxy.
+	peerTrusted bool
+}
+
+// identifyError is why a caller could not be identified.
+type identifyError int
+
+const (
+	identified identifyError = iota
+	errUnknownKey
+	errKeyRequired
+)
+
+// identify finds the caller: API key, then user header from a trusted
+// proxy, then client IP.
+func (st *state) identify(r *http.Request) (identity, identifyError) {
+	id := identity{peerTrusted: st.isTrusted(peerIP(r.RemoteAddr))}
+	id.clientIP = st.clientIP(r)
+	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
+		if k := st.lookupKey(raw); k != nil {
+			id.kind, id.key, id.plan = event.KindAPIKey, "k:"+k.id, k.plan
+			return id, identified
+		}
+		if st.cfg.UnknownKey != UnknownKeyAnonymous {
+			return id, errUnknownKey
+		}
+	}
+	if h := st.cfg.UserHeader; h != "" && id.peerTrusted {
+		if u := r.Header.Get(h); u != "" {
+			id.kind, id.key, id.plan = event.KindUser, userKey(u), st.user
+			return id, identified
+		}
+	}
+	if st.anonymous == nil {
+		return id, errKeyRequired
+	}
+	id.kind, id.key, id.plan = event.KindIP, ipKey(id.clientIP), st.anonymous
+	return id, identified
+}
+
+// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer.
+func apiKeyOf(r *http.Request, ignoreBearer bool) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return strings.TrimSpace(k)
+	}
+	if ignoreBearer {
+		return ""
+	}
+	a := r.Header.Get("Authorization")
+	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		return strings.TrimSpace(a[7:])
+	}
+	return ""
+}
+
+// clientIP is the client's address: the peer's, or from X-Forwarded-For
+// when the peer is a trusted proxy (echo's extractor, configured in compile).
+func (st *state) clientIP(r *http.Request) string {
+	return st.extractIP(r)
+}
+
+func (st *state) isTrusted(ip net.IP) bool {
+	if ip == nil {
+		return false
+	}
+	for _, n := range st.trusted {
+		if n.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func peerIP(remoteAddr string) net.IP {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	return net.ParseIP(host)
+}
+
+// ipKey keys IPv4 clients by address and IPv6 clients by their /64, which
+// one subscriber usually holds whole.
+func ipKey(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return "ip:unknown"
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is4() {
+		return "ip:" + a.String()
+	}
+	p, _ := a.Prefix(64)
+	return "ip:" + p.String()
+}
+
+// userKey keys a user id as given when it is short and plain, and by its
+// hash otherwise, so no header value can stretch or break a Redis key.
+func userKey(u string) string {
+	if len(u) <= 128 && plain(u) {
+		return "u:" + u
+	}
+	sum := sha256.Sum256([]byte(u))
+	return "u#" + hex.EncodeToString(sum[:16])
+}
+
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '-' || c == '_' || c == '.' || c == '@' || c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus series. Labels are bounded: rule,
+// route and plan names come from the configuration; never a key or an IP.
+type metrics struct {
+	decisions        *prometheus.CounterVec   // result, rule, mode
+	storeUnavailable *prometheus.CounterVec   // reason
+	failOpen         prometheus.Counter       //
+	failClosed       prometheus.Counter       //
+	checkLatency     *prometheus.HistogramVec // store
+	circuitState     prometheus.Gauge         //
+	circuitOpens     prometheus.Counter       //
+	requests         *prometheus.CounterVec   // route, code
+	upstreamErrors   *prometheus.CounterVec   // route, kind
+	rejected         *prometheus.CounterVec   // reason: unknown_key, key_required, no_route, body_too_large
+	reloads          *prometheus.CounterVec   // result
+}
+
+const ns = "edgelimit_gateway"
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "decisions_total",
+			Help: "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback).",
+		}, []string{"result", "rule", "mode"}),
+		storeUnavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "store_unavailable_total",
+			Help: "Decisions the shared store could not make, by reason (error, timeout, circuit_open).",
+		}, []string{"reason"}),
+		failOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "fail_open_total",
+			Help: "Requests allowed unchecked because the store was unavailable.",
+		}),
+		failClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "fail_closed_total",
+			Help: "Requests refused with 503 because the store was unavailable.",
+		}),
+		checkLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "check_duration_seconds",
+			Help:    "Latency of one limiter call, by store (shared, local) and status (ok, error, timeout).",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}, []string{"store", "status"}),
+		circuitState: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "circuit_state",
+			Help: "Store circuit breaker: 0 closed, 1 half-open, 2 open.",
+		}),
+		circuitOpens: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "circuit_opens_total",
+			Help: "Times the store circuit breaker opened.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "requests_total",
+			Help: "Responses by route and status code.",
+		}, []string{"route", "code"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "upstream_errors_total",
+			Help: "Proxied requests that failed, by route and kind (timeout, unreachable, client_body).",
+		}, []string{"route", "kind"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "rejected_total",
+			Help: "Requests refused before any limit was checked, by reason.",
+		}, []string{"reason"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "config_reloads_total",
+			Help: "Configuration reloads by result (ok, failed).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.decisions, m.storeUnavailable, m.failOpen, m.failClosed, m.checkLatency,
+		m.circuitState, m.circuitOpens, m.requests, m.upstreamErrors, m.rejected, m.reloads)
+	for _, r := range []string{"error", "timeout", "circuit_open"} {
+		m.storeUnavailable.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.reloads.WithLabelValues(r)
+	}
+	return m
+}

@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/hex"
+	"net"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// state is one configuration, compiled for the request path. A reload
+// builds a new one and swaps it in; requests keep the one they started with.
+type state struct {
+	cfg       Config
+	plans     map[string]*plan
+	anonymous *plan // nil: callers need a key
+	user      *plan
+	keys      map[uint64][]*apiKey // by the first 8 bytes of the SHA-256
+	routes    []*route             // longest prefix first
+	trusted   []*net.IPNet
+	extractIP echo.IPExtractor
+	jitter    int // seconds, ≥ 1
+}
+
+// plan is a compiled list of rules with their failure policies.
+type plan struct {
+	name     string
+	rules    []limiter.Rule
+	policies []FailurePolicy
+	// local are the rules whose policy is local, at this gateway's share;
+	// localIdx maps them back to rules.
+	local    []limiter.Rule
+	localIdx []int
+	closed   bool // some enforced rule fails closed
+}
+
+type apiKey struct {
+	id   string
+	sum  [sha256.Size]byte
+	plan *plan
+}
+
+type route struct {
+	Route
+	prefix   string // without a trailing slash, unless it is "/"
+	subtree  bool   // prefix ended in "/": match anything below
+	methods  []string
+	plan     *plan // nil: the caller's plan
+	upstream *upstream
+}
+
+func compile(cfg Config, ups map[string]*upstream) (*state, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	st := &state{
+		cfg:   cfg,
+		plans: make(map[string]*plan, len(cfg.Plans)),
+		keys:  make(map[uint64][]*apiKey, len(cfg.APIKeys)),
+	}
+	for name, p := range cfg.Plans {
+		st.plans[name] = compilePlan(name, p.Rules, cfg)
+	}
+	st.anonymous = st.plans[cfg.AnonymousPlan]
+	st.user = st.plans[cfg.UserPlan]
+	for _, k := range cfg.APIKeys {
+		sum := strings.ToLower(k.SHA256)
+		ak := &apiKey{id: k.ID, plan: st.plans[k.Plan]}
+		if ak.id == "" {
+			ak.id = sum[:16]
+		}
+		_, _ = hex.Decode(ak.sum[:], []byte(sum))
+		if len(k.Overrides) > 0 {
+			rules := slices.Clone(cfg.Plans[k.Plan].Rules)
+			for i, r := range rules {
+				if o, ok := k.Overrides[r.Name]; ok {
+					rules[i] = applyOverride(r, o)
+				}
+			}
+			ak.plan = compilePlan(k.Plan, rules, cfg)
+		}
+		b := binary.BigEndian.Uint64(ak.sum[:8])
+		st.keys[b] = append(st.keys[b], ak)
+	}
+	for _, r := range cfg.Routes {
+		rt := &route{Route: r, plan: st.plans[r.Plan], upstream: ups[r.Upstream]}
+		rt.prefix = r.PathPrefix
+		if len(rt.prefix) > 1 && strings.HasSuffix(rt.prefix, "/") {
+			rt.prefix = strings.TrimSuffix(rt.prefix, "/")
+			rt.subtree = true
+		}
+		for _, m := range r.Methods {
+			rt.methods = append(rt.methods, strings.ToUpper(m))
+		}
+		st.routes = append(st.routes, rt)
+	}
+	slices.SortStableFunc(st.routes, func(a, b *route) int {
+		if len(a.prefix) != len(b.prefix) {
+			return len(b.prefix) - len(a.prefix)
+		}
+		// Method-specific routes before any-method ones.
+		return len(b.methods) - len(a.methods)
+	})
+	opts := []echo.TrustOption{
+		// echo trusts loopback, link-local and private ranges by default;
+		// trust only what is configured.
+		echo.TrustLoopback(false), echo.TrustLinkLocal(false), echo.TrustPrivateNet(false),
+	}
+	for _, p := range cfg.TrustedProxies {
+		n, _ := parseCIDR(p)
+		st.trusted = append(st.trusted, n)
+		opts = append(opts, echo.TrustIPRange(n))
+	}
+	if len(st.trusted) == 0 {
+		st.extractIP = echo.ExtractIPDirect()
+	} else {
+		st.extractIP = echo.ExtractIPFromXFFHeader(opts...)
+	}
+	st.jitter = max(1, int((cfg.RetryJitter+999_999_999)/1e9))
+	return st, nil
+}
+
+func compilePlan(name string, rules []Rule, cfg Config) *plan {
+	p := &plan{name: name}
+	n := int64(cfg.ExpectedGateways)
+	for i, r := range rules {
+		pol := r.FailurePolicy
+		if pol == "" {
+			pol = cfg.FailurePolicy
+		}
+		lr := r.limiterRule()
+		p.rules = append(p.rules, lr)
+		p.policies = append(p.policies, pol)
+		if lr.Shadow {
+			continue // a shadow rule never denies, so it needs no fallback
+		}
+		switch pol {
+		case FailClosed:
+			p.closed = true
+		case FailLocal:
+			share := lr
+			share.Limit = max(1, lr.Limit/n)
+			if lr.Burst > 0 {
+				share.Burst = max(1, lr.Burst/n)
+			}
+			p.local = append(p.local, share)
+			p.localIdx = append(p.localIdx, i)
+		}
+	}
+	return p
+}
+
+// lookupKey finds a raw API key. The map is indexed by the first 8 bytes
+// of the key's SHA-256, so the lookup's timing reveals at most whether some
+// known key's hash starts like the presented key's hash, which without a
+// preimage is worthless; the full hash is compared in constant time.
+func (st *state) lookupKey(raw string) *apiKey {
+	sum := sha256.Sum256([]byte(raw))
+	var found *apiKey
+	for _, k := range st.keys[binary.BigEndian.Uint64(sum[:8])] {
+		if subtle.ConstantTimeCompare(k.sum[:], sum[:]) == 1 {
+			found = k
+		}
+	}
+	return found
+}
+
+// match finds the route of a request, by its cleaned path so that "/a/../b"
+// is limited as "/b".
+func (st *state) match(method, p string) *route {
+	if p == "" {
+		p = "/"
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	for _, rt := range st.routes {
+		if !rt.matchPath(clean) {
+			continue
+		}
+		if len(rt.methods) == 0 || slices.Contains(rt.methods, method) {
+			return rt
+		}
+	}
+	return nil
+}
+
+func (rt *route) matchPath(p string) bool {
+	if rt.prefix == "/" {
+		return true
+	}
+	if !strings.HasPrefix(p, rt.prefix) {
+		return false
+	}
+	rest := p[len(rt.prefix):]
+	if rt.subtree {
+		return strings.HasPrefix(rest, "/")
+	}
+	return rest == "" || rest[0] == '/'
+}
+
+// limits is what one limiter call checks: the key, the rules and their
+// failure policies.
+type limits struct {
+	key  string
+	plan *plan
+}
+
+// limitsFor computes the limiter key and the effective rules of a request.
+// It is the one place where the identity, the route and the plan meet, so
+// split and NAT directives (hot keys checked per gateway share, NAT-shared
+// IPs with raised limits) plug in here.
+func (st *state) limitsFor(id identity, rt *route) limits {
+	l := limits{key: id.key, plan: id.plan}
+	if rt != nil && rt.plan != nil {
+		l.plan = rt.plan
+		l.key = id.key + "|r:" + rt.Name
+	}
+	return l
+}

@@ -1,0 +1,164 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// upstream proxies to one service. It survives reloads that leave its
+// URL and timeouts alone, keeping its idle connections warm.
+type upstream struct {
+	name      string
+	cfg       Upstream
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
+	m         *metrics
+}
+
+// proxyInfo travels with a proxied request, for Rewrite and ErrorHandler.
+type proxyInfo struct {
+	route       string
+	peerTrusted bool
+	userHeader  string
+	body        *bodyReader
+}
+
+type proxyInfoKey struct{}
+
+func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstream {
+	target, _ := url.Parse(cfg.URL) // validated
+	u := &upstream{name: name, cfg: cfg, m: m}
+	u.transport = &http.Transport{
+		Proxy: nil, // never route through the environment's proxy
+		DialContext: (&net.Dialer{
+			Timeout:   cfg.ConnectTimeout,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		TLSHandshakeTimeout: cfg.ConnectTimeout,
+		// Past this the client gets 504; the body may then stream as long
+		// as the write timeout allows.
+		ResponseHeaderTimeout: cfg.Timeout,
+		ExpectContinueTimeout: time.Second,
+		// Many concurrent requests go to few hosts; the default of 2 idle
+		// connections per host would make most requests dial.
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}
+	u.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			info, _ := pr.In.Context().Value(proxyInfoKey{}).(*proxyInfo)
+			pr.SetURL(target)
+			if info != nil && info.peerTrusted {
+				// Rewrite drops X-Forwarded-For; a trusted proxy's chain
+				// is kept and extended.
+				if xff, ok := pr.In.Header["X-Forwarded-For"]; ok {
+					pr.Out.Header["X-Forwarded-For"] = xff
+				}
+			} else if info != nil && info.userHeader != "" {
+				// Only trusted proxies may name the user, upstream too.
+				pr.Out.Header.Del(info.userHeader)
+			}
+			pr.SetXForwarded()
+		},
+		Transport: u.transport,
+		ModifyResponse: func(resp *http.Response) error {
+			for _, h := range rateHeaders {
+				delete(resp.Header, h) // the gateway's values are the true ones
+			}
+			return nil
+		},
+		ErrorHandler: u.fail,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	return u
+}
+
+func (u *upstream) serve(w http.ResponseWriter, r *http.Request, info *proxyInfo) {
+	r = r.WithContext(context.WithValue(r.Context(), proxyInfoKey{}, info))
+	u.proxy.ServeHTTP(w, r)
+}
+
+// fail answers a proxied request that got no response: 504 when the
+// upstream was too slow, 502 when it could not be reached or answered
+// garbage, 413/408 when the client's body was the problem.
+func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
+	info, _ := r.Context().Value(proxyInfoKey{}).(*proxyInfo)
+	route := ""
+	var bodyErr error
+	if info != nil {
+		route = info.route
+		bodyErr = info.body.error()
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge) || errors.As(bodyErr, &tooLarge):
+		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
+		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: route,
+			Detail: "The request body is larger than this gateway accepts."})
+	case bodyErr != nil:
+		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
+		writeProblem(w, problem{Type: probClientTimeout, Status: http.StatusRequestTimeout, Route: route,
+			Detail: "The request body could not be read from the client in time."})
+	case errors.Is(r.Context().Err(), context.Canceled):
+		// The client went away; nobody reads this. 499 as nginx counts it.
+		u.m.upstreamErrors.WithLabelValues(route, "client_gone").Inc()
+		w.WriteHeader(499)
+	case isTimeout(err):
+		u.m.upstreamErrors.WithLabelValues(route, "timeout").Inc()
+		writeProblem(w, problem{Type: probUpstreamSlow, Status: http.StatusGatewayTimeout, Route: route, Upstream: u.name,
+			Detail: "The upstream service did not answer in time (timeout " + u.cfg.Timeout.String() + ")."})
+	default:
+		u.m.upstreamErrors.WithLabelValues(route, "unreachable").Inc()
+		writeProblem(w, problem{Type: probUpstreamDown, Status: http.StatusBadGateway, Route: route, Upstream: u.name,
+			Detail: "The upstream service could not be reached or sent an invalid response."})
+	}
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// bodyReader remembers the first error reading the client's body, so a
+// failed proxy call can blame the client rather than the upstream.
+type bodyReader struct {
+	rc  io.ReadCloser
+	mu  sync.Mutex
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil && err != io.EOF {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *bodyReader) Close() error { return b.rc.Close() }
+
+func (b *bodyReader) error() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}

@@ -1,0 +1,207 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// Header names, canonical so they can be set without re-canonicalising.
+const (
+	hLimit      = "X-Ratelimit-Limit"
+	hRemaining  = "X-Ratelimit-Remaining"
+	hReset      = "X-Ratelimit-Reset"
+	hPolicy     = "Ratelimit-Policy"
+	hRateLimit  = "Ratelimit"
+	hRetryAfter = "Retry-After"
+)
+
+// rateHeaders are the headers a gateway owns; upstream copies are dropped.
+var rateHeaders = []string{hLimit, hRemaining, hReset, hPolicy, hRateLimit}
+
+// setRateHeaders writes the rate-limit headers wherever their values are
+// known: RateLimit-Policy from the rules in force (always known), the rest
+// from the limiter's decision (unknown when the store failed open or
+// closed). Shadow rules stay invisible to clients.
+func setRateHeaders(h http.Header, v verdict) {
+	var b strings.Builder
+	for _, r := range v.rules {
+		if r.Shadow {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		writeItem(&b, r.Name, "q", r.Limit, "w", seconds(r.Period))
+	}
+	if b.Len() > 0 {
+		h[hPolicy] = []string{b.String()}
+	}
+	if !v.known || len(v.d.Rules) == 0 {
+		return
+	}
+	b.Reset()
+	for _, rr := range v.d.Rules {
+		if rr.Rule.Shadow {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		writeItem(&b, rr.Rule.Name, "r", rr.Remaining, "t", seconds(rr.ResetAfter))
+	}
+	if b.Len() > 0 {
+		h[hRateLimit] = []string{b.String()}
+	}
+	bind := v.d.BindingRule()
+	if bind.Rule.Shadow {
+		return
+	}
+	h[hLimit] = []string{strconv.FormatInt(bind.Rule.Limit, 10)}
+	h[hRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
+	h[hReset] = []string{strconv.FormatInt(seconds(bind.ResetAfter), 10)}
+}
+
+// writeItem writes one structured-field list item: "name";k1=v1;k2=v2.
+// Rule names are validated to need no escaping.
+func writeItem(b *strings.Builder, name, k1 string, v1 int64, k2 string, v2 int64) {
+	b.WriteByte('"')
+	b.WriteString(name)
+	b.WriteString(`";`)
+	b.WriteString(k1)
+	b.WriteByte('=')
+	b.WriteString(strconv.FormatInt(v1, 10))
+	b.WriteByte(';')
+	b.WriteString(k2)
+	b.WriteByte('=')
+	b.WriteString(strconv.FormatInt(v2, 10))
+}
+
+// seconds rounds d up to whole seconds.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// retryAfter is the Retry-After value for a wait of d: d rounded up to
+// whole seconds plus 1..jitter seconds, so it is never earlier than allowed
+// and denied clients do not all come back in the same second.
+func retryAfter(d time.Duration, jitter int) int64 {
+	return seconds(d) + 1 + int64(rand.IntN(max(1, jitter)))
+}
+
+// problem is an RFC 9457 problem detail.
+type problem struct {
+	Type     string      `json:"type"`
+	Title    string      `json:"title"`
+	Status   int         `json:"status"`
+	Detail   string      `json:"detail,omitempty"`
+	Violated []violation `json:"violated_rules,omitempty"`
+	Route    string      `json:"route,omitempty"`
+	Upstream string      `json:"upstream,omitempty"`
+}
+
+// violation names a rule that denied the request.
+type violation struct {
+	Name          string `json:"name"`
+	Limit         int64  `json:"limit"`
+	WindowSeconds int64  `json:"window_seconds"`
+	Capacity      int64  `json:"capacity"`
+	Remaining     int64  `json:"remaining"`
+	// RetryAfterSeconds is this rule's own wait, rounded up, without
+	// jitter; absent when no wait helps.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+}
+
+// Problem types.
+const (
+	probRateLimited   = "urn:edgelimit:problem:rate-limited"
+	probOverCapacity  = "urn:edgelimit:problem:cost-exceeds-capacity"
+	probUnavailable   = "urn:edgelimit:problem:limiter-unavailable"
+	probUnknownKey    = "urn:edgelimit:problem:unknown-api-key"
+	probKeyRequired   = "urn:edgelimit:problem:api-key-required"
+	probNoRoute       = "urn:edgelimit:problem:no-route"
+	probBodyTooLarge  = "urn:edgelimit:problem:body-too-large"
+	probUpstreamDown  = "urn:edgelimit:problem:upstream-unavailable"
+	probUpstreamSlow  = "urn:edgelimit:problem:upstream-timeout"
+	probClientTimeout = "urn:edgelimit:problem:request-timeout"
+	probInternal      = "urn:edgelimit:problem:internal"
+	probBadRequest    = "urn:edgelimit:problem:bad-request"
+	probForbidden     = "urn:edgelimit:problem:forbidden"
+)
+
+func writeProblem(w http.ResponseWriter, p problem) {
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	body, _ := json.Marshal(p)
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["Cache-Control"] = []string{"no-store"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(body)
+}
+
+// denial builds the answer to a denied request: its problem and its
+// Retry-After in seconds (0: none, because no wait helps).
+func denial(v verdict, jitter int) (problem, int64) {
+	if !v.known {
+		// Failed closed: the store is unavailable and the rules say refuse.
+		return problem{
+			Type:   probUnavailable,
+			Status: http.StatusServiceUnavailable,
+			Detail: "The rate limiter's store is unavailable and this plan refuses requests it cannot check. Retry later.",
+		}, retryAfter(v.retry, jitter)
+	}
+	p := problem{Type: probRateLimited, Status: http.StatusTooManyRequests}
+	violated := v.d.Violated()
+	for _, rr := range violated {
+		p.Violated = append(p.Violated, violationOf(rr, v.d.Reason == ""))
+	}
+	if v.d.Reason != "" {
+		if v.retry > 0 {
+			// Local fallback: the cost exceeds this gateway's share only.
+			p.Type = probOverCapacity
+			p.Detail = "The rate limiter's shared store is unavailable and this gateway enforces only its share of the limits, which is smaller than this request's cost: " +
+				v.d.Reason + ". Retry once the store is back."
+			return p, retryAfter(v.retry, jitter)
+		}
+		p.Type = probOverCapacity
+		p.Detail = "This request costs more than the rules can ever admit at once (" + v.d.Reason +
+			"). Waiting will not help, so there is no Retry-After: send a smaller request or use a plan with a larger burst."
+		return p, 0
+	}
+	p.Detail = "Rate limit exceeded: " + describe(violated) + "."
+	return p, retryAfter(v.d.RetryAfter(), jitter)
+}
+
+func violationOf(rr limiter.RuleResult, withRetry bool) violation {
+	v := violation{
+		Name:          rr.Rule.Name,
+		Limit:         rr.Rule.Limit,
+		WindowSeconds: seconds(rr.Rule.Period),
+		Capacity:      rr.Rule.Capacity(),
+		Remaining:     rr.Remaining,
+	}
+	if withRetry {
+		v.RetryAfterSeconds = seconds(rr.RetryAfter)
+	}
+	return v
+}
+
+func describe(rr []limiter.RuleResult) string {
+	parts := make([]string, len(rr))
+	for i, r := range rr {
+		parts[i] = fmt.Sprintf("rule %q allows %d per %v", r.Rule.Name, r.Rule.Limit, r.Rule.Period)
+	}
+	return strings.Join(parts, "; ")
+}
