@@ -3,13 +3,10 @@ package gateway
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"hash"
 	"hash/fnv"
-	"math/rand/v2"
 	"sync"
-	"time"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
 )
@@ -41,18 +38,6 @@ func (k *keyHasher) id(key string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// newEventID returns a unique, time-ordered id: 48 bits of Unix
-// milliseconds, then 80 random bits.
-// TODO: use event.NewID once gateway/event has it.
-func newEventID(now time.Time) [16]byte {
-	var id [16]byte
-	ms := uint64(now.UnixMilli())
-	id[0], id[1], id[2], id[3], id[4], id[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
-	binary.BigEndian.PutUint16(id[6:], uint16(rand.Uint32()))
-	binary.BigEndian.PutUint64(id[8:], rand.Uint64())
-	return id
-}
-
 func userAgentHash(ua string) uint64 {
 	if ua == "" {
 		return 0
@@ -69,7 +54,7 @@ func (g *Gateway) publish(id identity, route, method, planName string, cost int6
 	}
 	now := g.now()
 	ev := event.Decision{
-		ID:            newEventID(now),
+		ID:            event.NewID(now),
 		Time:          now,
 		GatewayID:     g.gatewayID,
 		KeyID:         g.keys.id(id.key),
