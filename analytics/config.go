@@ -1,0 +1,287 @@
+package analytics
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// Config holds the detectors' thresholds and the alert settings. The zero
+// value of a field means its default (given in the field's comment); call
+// WithDefaults before Validate.
+type Config struct {
+	// Interval is how often the detectors and alerts run. Default 5s.
+	Interval time.Duration
+	// Hot configures hot-key detection and split directives.
+	Hot HotConfig
+	// NAT configures NAT-shared IP detection and NAT directives.
+	NAT NATConfig
+	// Alerts configures the fleet-wide alerts.
+	Alerts AlertConfig
+}
+
+// HotConfig says when a key is hot and how its split is sized. A key is hot
+// when its request rate over Window reaches MinRate, or when it carries at
+// least MinShare of all traffic while its rate reaches ShareMinRate.
+type HotConfig struct {
+	// Disabled turns hot-key detection and splits off.
+	Disabled bool
+	// Window is how far back the request rate is measured. The rollups are
+	// per minute, so the rate covers the minute holding now-Window up to
+	// now. Default 1m.
+	Window time.Duration
+	// MinRate is the request rate (per second) that makes a key hot on its
+	// own. Default 100.
+	MinRate float64
+	// MinShare is the share of all traffic (0..1) that makes a key hot; 0
+	// turns the share test off. Default 0.2.
+	MinShare float64
+	// ShareMinRate is the rate (per second) a key needs before MinShare
+	// applies, so a quiet fleet does not split its few keys. Default 10.
+	ShareMinRate float64
+	// CoolRatio keeps a key that is already split hot until its rate falls
+	// below CoolRatio × the threshold it crossed, so a key hovering at the
+	// threshold does not flap. Default 0.5.
+	CoolRatio float64
+	// MinGateways is how many gateways must carry a key before it is
+	// split: a key seen by one gateway gains nothing. Default 2.
+	MinGateways int
+	// MinGatewayShare is the floor of each gateway's share, so a gateway
+	// that saw little of the key is not starved when load shifts.
+	// Default 0.05.
+	MinGatewayShare float64
+	// TTL is how long a split lives after the run that last saw the key
+	// hot; every run refreshes it. Default 2m.
+	TTL time.Duration
+	// MaxKeys caps the split directives, hottest first. Default 100.
+	MaxKeys int
+}
+
+// NATConfig says when an IP is NAT-shared and how far its anonymous limit is
+// raised. An IP is flagged when, over Window, it carries at least
+// MinDistinctKeys distinct keys or MinDistinctUserAgents distinct user
+// agents, and at least MinRequests requests.
+type NATConfig struct {
+	// Disabled turns NAT detection and directives off.
+	Disabled bool
+	// Window is how far back distinct keys and user agents are counted.
+	// Default 10m.
+	Window time.Duration
+	// MinDistinctKeys flags an IP carrying this many distinct keys; 0
+	// turns the test off. Default 10.
+	MinDistinctKeys int64
+	// MinDistinctUserAgents flags an IP carrying this many distinct user
+	// agents; 0 turns the test off. Default 20.
+	MinDistinctUserAgents int64
+	// MinRequests is the least traffic a flagged IP must carry. Default 100.
+	MinRequests int64
+	// PerClient is the factor each estimated client adds: factor =
+	// max(1, clients × PerClient), at most MaxFactor. Default 0.5 (not
+	// every client behind a NAT is anonymous at once).
+	PerClient float64
+	// MaxFactor bounds the raise. Default 50; at most 1000.
+	MaxFactor float64
+	// CoolRatio keeps a flagged IP flagged until its evidence falls below
+	// CoolRatio × the thresholds. Default 0.5.
+	CoolRatio float64
+	// TTL is how long a NAT directive lives after the run that last
+	// flagged the IP. Default 15m.
+	TTL time.Duration
+	// MaxIPs caps the NAT directives, most clients first. Default 1000.
+	MaxIPs int
+}
+
+// AlertConfig says when fleet-wide store trouble alerts and where alerts go.
+type AlertConfig struct {
+	// Disabled turns alert evaluation off.
+	Disabled bool
+	// Window is how far back the ratios are measured. Default 2m.
+	Window time.Duration
+	// StoreUnavailableRatio fires EdgelimitFleetStoreUnavailable when this
+	// share of decisions found the store unavailable or timed out.
+	// Default 0.05.
+	StoreUnavailableRatio float64
+	// FailOpenRatio fires EdgelimitFleetFailOpen when this share of
+	// decisions failed open. Default 0.01.
+	FailOpenRatio float64
+	// FailClosedRatio fires EdgelimitFleetFailClosed when this share of
+	// decisions failed closed. Default 0.01.
+	FailClosedRatio float64
+	// MinRequests is the least traffic in Window for any alert to fire.
+	// Default 100.
+	MinRequests int64
+	// ResendInterval is how often a firing alert is re-posted to
+	// Alertmanager, which forgets alerts that are not refreshed. A firing
+	// alert's endsAt is 4 × ResendInterval ahead, so it resolves by itself
+	// if analytics stops. Default 1m.
+	ResendInterval time.Duration
+	// AlertmanagerURL is Alertmanager's base URL (alerts go to
+	// /api/v2/alerts). Empty: not used.
+	AlertmanagerURL string
+	// WebhookURL receives a JSON POST on every firing and resolved
+	// transition. Empty: not used.
+	WebhookURL string
+	// Labels are added to every alert (e.g. cluster).
+	Labels map[string]string
+	// GeneratorURL links alerts back to analytics' dashboard. Optional.
+	GeneratorURL string
+}
+
+// Errors returned by Validate.
+var (
+	ErrBadWindow    = errors.New("analytics: bad window")
+	ErrBadThreshold = errors.New("analytics: bad threshold")
+	ErrBadURL       = errors.New("analytics: bad url")
+)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	setDur(&c.Interval, 5*time.Second)
+	h := &c.Hot
+	setDur(&h.Window, time.Minute)
+	setF(&h.MinRate, 100)
+	setF(&h.MinShare, 0.2)
+	setF(&h.ShareMinRate, 10)
+	setF(&h.CoolRatio, 0.5)
+	setInt(&h.MinGateways, 2)
+	setF(&h.MinGatewayShare, 0.05)
+	setDur(&h.TTL, 2*time.Minute)
+	setInt(&h.MaxKeys, 100)
+	n := &c.NAT
+	setDur(&n.Window, 10*time.Minute)
+	setI64(&n.MinDistinctKeys, 10)
+	setI64(&n.MinDistinctUserAgents, 20)
+	setI64(&n.MinRequests, 100)
+	setF(&n.PerClient, 0.5)
+	setF(&n.MaxFactor, 50)
+	setF(&n.CoolRatio, 0.5)
+	setDur(&n.TTL, 15*time.Minute)
+	setInt(&n.MaxIPs, 1000)
+	a := &c.Alerts
+	setDur(&a.Window, 2*time.Minute)
+	setF(&a.StoreUnavailableRatio, 0.05)
+	setF(&a.FailOpenRatio, 0.01)
+	setF(&a.FailClosedRatio, 0.01)
+	setI64(&a.MinRequests, 100)
+	setDur(&a.ResendInterval, time.Minute)
+	return c
+}
+
+func setDur(p *time.Duration, d time.Duration) {
+	if *p == 0 {
+		*p = d
+	}
+}
+
+func setF(p *float64, v float64) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+func setInt(p *int, v int) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+func setI64(p *int64, v int64) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+// Validate reports a configuration the detectors cannot run with. Call it
+// on WithDefaults' result.
+func (c Config) Validate() error {
+	if c.Interval < 100*time.Millisecond {
+		return fmt.Errorf("%w: interval %v, want at least 100ms", ErrBadWindow, c.Interval)
+	}
+	if err := c.Hot.validate(); err != nil {
+		return err
+	}
+	if err := c.NAT.validate(); err != nil {
+		return err
+	}
+	return c.Alerts.validate()
+}
+
+func (h HotConfig) validate() error {
+	switch {
+	case h.Window < time.Second || h.Window > 24*time.Hour:
+		return fmt.Errorf("%w: hot window %v outside [1s, 24h]", ErrBadWindow, h.Window)
+	case h.TTL < time.Second:
+		return fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL)
+	case !(h.MinRate > 0):
+		return fmt.Errorf("%w: hot min rate %v must be positive", ErrBadThreshold, h.MinRate)
+	case h.MinShare < 0 || h.MinShare > 1:
+		return fmt.Errorf("%w: hot min share %v outside [0, 1]", ErrBadThreshold, h.MinShare)
+	case h.ShareMinRate < 0:
+		return fmt.Errorf("%w: hot share min rate %v negative", ErrBadThreshold, h.ShareMinRate)
+	case h.CoolRatio <= 0 || h.CoolRatio > 1:
+		return fmt.Errorf("%w: hot cool ratio %v outside (0, 1]", ErrBadThreshold, h.CoolRatio)
+	case h.MinGateways < 1:
+		return fmt.Errorf("%w: hot min gateways %d under 1", ErrBadThreshold, h.MinGateways)
+	case h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5:
+		return fmt.Errorf("%w: min gateway share %v outside (0, 0.5]", ErrBadThreshold, h.MinGatewayShare)
+	case h.MaxKeys < 1:
+		return fmt.Errorf("%w: hot max keys %d under 1", ErrBadThreshold, h.MaxKeys)
+	}
+	return nil
+}
+
+func (n NATConfig) validate() error {
+	switch {
+	case n.Window < time.Second || n.Window > 24*time.Hour:
+		return fmt.Errorf("%w: nat window %v outside [1s, 24h]", ErrBadWindow, n.Window)
+	case n.TTL < time.Second:
+		return fmt.Errorf("%w: nat ttl %v under 1s", ErrBadWindow, n.TTL)
+	case n.MinDistinctKeys < 0 || n.MinDistinctUserAgents < 0:
+		return fmt.Errorf("%w: nat distinct thresholds must not be negative", ErrBadThreshold)
+	case n.MinDistinctKeys == 0 && n.MinDistinctUserAgents == 0:
+		return fmt.Errorf("%w: nat needs min distinct keys or min distinct user agents", ErrBadThreshold)
+	case n.MinRequests < 0:
+		return fmt.Errorf("%w: nat min requests %d negative", ErrBadThreshold, n.MinRequests)
+	case !(n.PerClient > 0):
+		return fmt.Errorf("%w: nat per-client factor %v must be positive", ErrBadThreshold, n.PerClient)
+	case !(n.MaxFactor >= 1 && n.MaxFactor <= 1000):
+		return fmt.Errorf("%w: nat max factor %v outside [1, 1000]", ErrBadThreshold, n.MaxFactor)
+	case n.CoolRatio <= 0 || n.CoolRatio > 1:
+		return fmt.Errorf("%w: nat cool ratio %v outside (0, 1]", ErrBadThreshold, n.CoolRatio)
+	case n.MaxIPs < 1:
+		return fmt.Errorf("%w: nat max ips %d under 1", ErrBadThreshold, n.MaxIPs)
+	}
+	return nil
+}
+
+func (a AlertConfig) validate() error {
+	switch {
+	case a.Window < time.Second || a.Window > 24*time.Hour:
+		return fmt.Errorf("%w: alert window %v outside [1s, 24h]", ErrBadWindow, a.Window)
+	case a.ResendInterval < time.Second:
+		return fmt.Errorf("%w: alert resend interval %v under 1s", ErrBadWindow, a.ResendInterval)
+	}
+	for name, r := range map[string]float64{
+		"store unavailable": a.StoreUnavailableRatio,
+		"fail open":         a.FailOpenRatio,
+		"fail closed":       a.FailClosedRatio,
+	} {
+		if !(r > 0 && r <= 1) {
+			return fmt.Errorf("%w: %s ratio %v outside (0, 1]", ErrBadThreshold, name, r)
+		}
+	}
+	if a.MinRequests < 0 {
+		return fmt.Errorf("%w: alert min requests %d negative", ErrBadThreshold, a.MinRequests)
+	}
+	for name, u := range map[string]string{"alertmanager": a.AlertmanagerURL, "webhook": a.WebhookURL} {
+		if u == "" {
+			continue
+		}
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, u)
+		}
+	}
+	return nil
+}

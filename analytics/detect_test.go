@@ -1,0 +1,343 @@
+package analytics
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+func defaults() Config { return Config{}.WithDefaults() }
+
+func TestShares(t *testing.T) {
+	tests := []struct {
+		name  string
+		give  map[string]int64
+		floor float64
+		want  map[string]float64
+	}{
+		{"3:1 uneven load", map[string]int64{"a": 3000, "b": 1000}, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
+		{"even", map[string]int64{"a": 10, "b": 10, "c": 10, "d": 10}, 0.05, map[string]float64{"a": 0.25, "b": 0.25, "c": 0.25, "d": 0.25}},
+		{"one gateway", map[string]int64{"a": 7}, 0.05, map[string]float64{"a": 1}},
+		{"trickle gets the floor", map[string]int64{"a": 990, "b": 10}, 0.05, map[string]float64{"a": 0.95, "b": 0.05}},
+		{"zero requests gets the floor", map[string]int64{"a": 500, "b": 500, "c": 0}, 0.1, map[string]float64{"a": 0.45, "b": 0.45, "c": 0.1}},
+		// 2 % and 3 % pinned to 10 %; 80 % left for the others, 5:3.
+		{"floor cascades", map[string]int64{"a": 600, "b": 360, "c": 20, "d": 20}, 0.1, map[string]float64{"a": 0.5, "b": 0.3, "c": 0.1, "d": 0.1}},
+		{"floor too high for the count: equal", map[string]int64{"a": 99, "b": 1, "c": 0}, 0.4, map[string]float64{"a": 1.0 / 3, "b": 1.0 / 3, "c": 1.0 / 3}},
+		{"no traffic: equal", map[string]int64{"a": 0, "b": 0}, 0.05, map[string]float64{"a": 0.5, "b": 0.5}},
+		{"empty", map[string]int64{}, 0.05, map[string]float64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Shares(tt.give, tt.floor)
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
+				t.Errorf("Shares(%v, %v) mismatch (-want +got):\n%s", tt.give, tt.floor, diff)
+			}
+			sum := 0.0
+			for _, s := range got {
+				sum += s
+				if s < min(tt.floor, 1/float64(len(got)))-1e-12 {
+					t.Errorf("Shares(%v): share %v under the floor %v", tt.give, s, tt.floor)
+				}
+			}
+			if len(got) > 0 && math.Abs(sum-1) > 1e-9 {
+				t.Errorf("Shares(%v) sum to %v, want 1", tt.give, sum)
+			}
+		})
+	}
+}
+
+func TestDetectHotKeys(t *testing.T) {
+	cfg := defaults().Hot // 100/s, or 20 % of traffic at 10/s or more
+	span := time.Minute
+	k := func(id string, gws map[string]int64) KeyTraffic {
+		return KeyTraffic{KeyID: id, KeyKind: "api_key", Gateways: gws}
+	}
+	tests := []struct {
+		name  string
+		keys  []KeyTraffic
+		total int64
+		split map[string]bool
+		want  []HotKey
+	}{
+		{
+			name:  "rate over the threshold, split 3:1",
+			keys:  []KeyTraffic{k("hot", map[string]int64{"gw-a": 9000, "gw-b": 3000}), k("cold", map[string]int64{"gw-a": 600, "gw-b": 600})},
+			total: 100000,
+			want: []HotKey{{KeyID: "hot", KeyKind: "api_key", Requests: 12000, Rate: 200, Share: 0.12, Reason: "rate",
+				Gateways: map[string]int64{"gw-a": 9000, "gw-b": 3000}, Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}}},
+		},
+		{
+			name:  "just under the rate",
+			keys:  []KeyTraffic{k("warm", map[string]int64{"gw-a": 5999})},
+			total: 1000000,
+		},
+		{
+			name:  "at the rate exactly",
+			keys:  []KeyTraffic{k("hot", map[string]int64{"gw-a": 3000, "gw-b": 3000})},
+			total: 1000000,
+			want: []HotKey{{KeyID: "hot", KeyKind: "api_key", Requests: 6000, Rate: 100, Share: 0.006, Reason: "rate",
+				Gateways: map[string]int64{"gw-a": 3000, "gw-b": 3000}, Shares: map[string]float64{"gw-a": 0.5, "gw-b": 0.5}}},
+		},
+		{
+			name:  "share of a quiet fleet",
+			keys:  []KeyTraffic{k("big", map[string]int64{"gw-a": 1200, "gw-b": 1200}), k("small", map[string]int64{"gw-a": 600})},
+			total: 6000,
+			want: []HotKey{{KeyID: "big", KeyKind: "api_key", Requests: 2400, Rate: 40, Share: 0.4, Reason: "share",
+				Gateways: map[string]int64{"gw-a": 1200, "gw-b": 1200}, Shares: map[string]float64{"gw-a": 0.5, "gw-b": 0.5}}},
+		},
+		{
+			name:  "share without the rate floor",
+			keys:  []KeyTraffic{k("only", map[string]int64{"gw-a": 300, "gw-b": 200})},
+			total: 500,
+		},
+		{
+			name: "one gateway: hot but no split",
+			keys: []KeyTraffic{k("solo", map[string]int64{"gw-a": 60000})},
+			want: []HotKey{{KeyID: "solo", KeyKind: "api_key", Requests: 60000, Rate: 1000, Reason: "rate",
+				Gateways: map[string]int64{"gw-a": 60000}}},
+		},
+		{
+			name:  "split key cooling but above half the rate stays",
+			keys:  []KeyTraffic{k("was-hot", map[string]int64{"gw-a": 2000, "gw-b": 2000})},
+			total: 1000000,
+			split: map[string]bool{"api_key:was-hot": true},
+			want: []HotKey{{KeyID: "was-hot", KeyKind: "api_key", Requests: 4000, Rate: 4000.0 / 60, Share: 0.004, Reason: "cooling",
+				Gateways: map[string]int64{"gw-a": 2000, "gw-b": 2000}, Shares: map[string]float64{"gw-a": 0.5, "gw-b": 0.5}}},
+		},
+		{
+			name:  "split key under half the rate is lifted",
+			keys:  []KeyTraffic{k("was-hot", map[string]int64{"gw-a": 1000, "gw-b": 1000})},
+			total: 1000000,
+			split: map[string]bool{"api_key:was-hot": true},
+		},
+		{
+			name:  "the same rate without a split is not hot",
+			keys:  []KeyTraffic{k("warm", map[string]int64{"gw-a": 2000, "gw-b": 2000})},
+			total: 1000000,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := DetectHotKeys(cfg, tt.keys, tt.total, span, tt.split)
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
+				t.Errorf("DetectHotKeys mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDetectHotKeysOrderAndCap(t *testing.T) {
+	cfg := defaults().Hot
+	cfg.MaxKeys = 2
+	var keys []KeyTraffic
+	for i, n := range []int64{7000, 9000, 8000, 100} {
+		keys = append(keys, KeyTraffic{KeyID: string(rune('a' + i)), KeyKind: "ip", Gateways: map[string]int64{"g1": n, "g2": n}})
+	}
+	got := DetectHotKeys(cfg, keys, 1e7, time.Minute, nil)
+	var ids []string
+	for _, h := range got {
+		ids = append(ids, h.KeyID)
+	}
+	if want := []string{"b", "c"}; !cmp.Equal(ids, want) {
+		t.Errorf("DetectHotKeys ids = %v, want %v (hottest first, capped at 2)", ids, want)
+	}
+	cfg.Disabled = true
+	if got := DetectHotKeys(cfg, keys, 1e7, time.Minute, nil); got != nil {
+		t.Errorf("DetectHotKeys(disabled) = %v, want nil", got)
+	}
+}
+
+func TestHotThreshold(t *testing.T) {
+	cfg := defaults().Hot
+	tests := []struct {
+		name  string
+		total int64
+		span  time.Duration
+		want  int64
+	}{
+		// min(100/s × 60, max(10/s × 60, 20 % × 1M)) = 6000, × cool 0.5.
+		{"busy fleet: the rate", 1000000, time.Minute, 3000},
+		// min(6000, max(600, 20 % × 10000 = 2000)) = 2000, × 0.5.
+		{"quiet fleet: the share", 10000, time.Minute, 1000},
+		// min(6000, max(600, 200)) = 600, × 0.5.
+		{"idle fleet: the share's rate floor", 1000, time.Minute, 300},
+	}
+	for _, tt := range tests {
+		if got := cfg.Threshold(tt.total, tt.span); got != tt.want {
+			t.Errorf("%s: Threshold(%d, %v) = %d, want %d", tt.name, tt.total, tt.span, got, tt.want)
+		}
+	}
+}
+
+func TestSplitDirectives(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	hot := []HotKey{
+		{KeyID: "abc", KeyKind: "api_key", Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}},
+		{KeyID: "solo", KeyKind: "api_key"},
+	}
+	got := SplitDirectives(hot, now, 2*time.Minute)
+	want := []limiter.SplitDirective{{Key: DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: now.Add(2 * time.Minute)}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SplitDirectives mismatch (-want +got):\n%s", diff)
+	}
+	for _, d := range got {
+		if err := d.Validate(); err != nil {
+			t.Errorf("SplitDirectives made an invalid directive: %v", err)
+		}
+	}
+}
+
+func TestIPKey(t *testing.T) {
+	tests := []struct {
+		give   string
+		want   string
+		wantOK bool
+	}{
+		{"203.0.113.7", "ip:203.0.113.7", true},
+		{"::ffff:203.0.113.7", "ip:203.0.113.7", true},
+		{"2001:db8:1:2:3:4:5:6", "ip:2001:db8:1:2::/64", true},
+		{"2001:db8:1:2::", "ip:2001:db8:1:2::/64", true},
+		{"fe80::1%eth0", "ip:fe80::/64", true},
+		{"", "", false},
+		{"not-an-ip", "", false},
+	}
+	for _, tt := range tests {
+		got, ok := IPKey(tt.give)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("IPKey(%q) = %q, %v, want %q, %v", tt.give, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func TestDetectNATs(t *testing.T) {
+	cfg := defaults().NAT // 10 keys or 20 user agents, 100 requests; 0.5 per client up to 50
+	tests := []struct {
+		name    string
+		rows    []IPTraffic
+		flagged map[string]bool
+		want    []NATIP
+	}{
+		{
+			name: "many keys",
+			rows: []IPTraffic{{IP: "198.51.100.1", Requests: 5000, Denied: 40, DistinctKeys: 40, DistinctUserAgents: 12}},
+			want: []NATIP{{IP: "198.51.100.1", Key: "ip:198.51.100.1", Requests: 5000, Denied: 40, DistinctKeys: 40, DistinctUserAgents: 12, Clients: 40, Factor: 20, Reason: "keys"}},
+		},
+		{
+			name: "many user agents",
+			rows: []IPTraffic{{IP: "198.51.100.2", Requests: 800, DistinctKeys: 1, DistinctUserAgents: 30}},
+			want: []NATIP{{IP: "198.51.100.2", Key: "ip:198.51.100.2", Requests: 800, DistinctKeys: 1, DistinctUserAgents: 30, Clients: 30, Factor: 15, Reason: "user_agents"}},
+		},
+		{
+			name: "ordinary clients",
+			rows: []IPTraffic{
+				{IP: "192.0.2.1", Requests: 10000, DistinctKeys: 1, DistinctUserAgents: 2},
+				{IP: "192.0.2.2", Requests: 300, DistinctKeys: 9, DistinctUserAgents: 19},
+			},
+		},
+		{
+			name: "many keys but too little traffic",
+			rows: []IPTraffic{{IP: "192.0.2.3", Requests: 99, DistinctKeys: 50, DistinctUserAgents: 50}},
+		},
+		{
+			name: "factor capped",
+			rows: []IPTraffic{{IP: "2001:db8:5:6::", Requests: 100000, DistinctKeys: 5000, DistinctUserAgents: 900}},
+			want: []NATIP{{IP: "2001:db8:5:6::", Key: "ip:2001:db8:5:6::/64", Requests: 100000, DistinctKeys: 5000, DistinctUserAgents: 900, Clients: 5000, Factor: 50, Reason: "keys"}},
+		},
+		{
+			name:    "flagged IP cooling stays while over half",
+			rows:    []IPTraffic{{IP: "198.51.100.1", Requests: 60, DistinctKeys: 6, DistinctUserAgents: 3}},
+			flagged: map[string]bool{"ip:198.51.100.1": true},
+			want:    []NATIP{{IP: "198.51.100.1", Key: "ip:198.51.100.1", Requests: 60, DistinctKeys: 6, DistinctUserAgents: 3, Clients: 6, Factor: 3, Reason: "cooling"}},
+		},
+		{
+			name:    "flagged IP under half is lifted",
+			rows:    []IPTraffic{{IP: "198.51.100.1", Requests: 600, DistinctKeys: 4, DistinctUserAgents: 9}},
+			flagged: map[string]bool{"ip:198.51.100.1": true},
+		},
+		{
+			name: "not an address",
+			rows: []IPTraffic{{IP: "", Requests: 100000, DistinctKeys: 5000}},
+		},
+		{
+			name: "most clients first",
+			rows: []IPTraffic{
+				{IP: "198.51.100.1", Requests: 500, DistinctKeys: 12},
+				{IP: "198.51.100.9", Requests: 500, DistinctKeys: 30},
+			},
+			want: []NATIP{
+				{IP: "198.51.100.9", Key: "ip:198.51.100.9", Requests: 500, DistinctKeys: 30, Clients: 30, Factor: 15, Reason: "keys"},
+				{IP: "198.51.100.1", Key: "ip:198.51.100.1", Requests: 500, DistinctKeys: 12, Clients: 12, Factor: 6, Reason: "keys"},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := DetectNATs(cfg, tt.rows, tt.flagged)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("DetectNATs mismatch (-want +got):\n%s", diff)
+			}
+			for _, d := range NATDirectives(got, time.Now(), time.Minute) {
+				if err := d.Validate(); err != nil {
+					t.Errorf("NATDirectives made an invalid directive: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestNATFactor(t *testing.T) {
+	cfg := defaults().NAT
+	tests := []struct {
+		clients int64
+		want    float64
+	}{{0, 1}, {1, 1}, {2, 1}, {3, 1.5}, {40, 20}, {100, 50}, {1e6, 50}}
+	for _, tt := range tests {
+		if got := NATFactor(cfg, tt.clients); got != tt.want {
+			t.Errorf("NATFactor(%d) = %v, want %v", tt.clients, got, tt.want)
+		}
+	}
+	cfg.MaxFactor = 2000 // Validate refuses it; the factor still stays in limiter's bound
+	if got := NATFactor(cfg, 1e6); got != 1000 {
+		t.Errorf("NATFactor(1e6) with MaxFactor 2000 = %v, want 1000", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   error
+	}{
+		{"defaults", func(*Config) {}, nil},
+		{"interval too short", func(c *Config) { c.Interval = time.Millisecond }, ErrBadWindow},
+		{"hot window too long", func(c *Config) { c.Hot.Window = 48 * time.Hour }, ErrBadWindow},
+		{"negative hot rate", func(c *Config) { c.Hot.MinRate = -1 }, ErrBadThreshold},
+		{"share over 1", func(c *Config) { c.Hot.MinShare = 1.5 }, ErrBadThreshold},
+		{"floor over half", func(c *Config) { c.Hot.MinGatewayShare = 0.6 }, ErrBadThreshold},
+		{"nat factor over limiter's bound", func(c *Config) { c.NAT.MaxFactor = 1001 }, ErrBadThreshold},
+		{"nat without any test", func(c *Config) { c.NAT.MinDistinctKeys, c.NAT.MinDistinctUserAgents = 0, 0 }, ErrBadThreshold},
+		{"nat negative", func(c *Config) { c.NAT.MinDistinctUserAgents = -1 }, ErrBadThreshold},
+		{"ratio over 1", func(c *Config) { c.Alerts.FailOpenRatio = 2 }, ErrBadThreshold},
+		{"alertmanager not a url", func(c *Config) { c.Alerts.AlertmanagerURL = "alertmanager:9093" }, ErrBadURL},
+		{"webhook ftp", func(c *Config) { c.Alerts.WebhookURL = "ftp://x/y" }, ErrBadURL},
+		{"urls ok", func(c *Config) {
+			c.Alerts.AlertmanagerURL = "http://127.0.0.1:9093"
+			c.Alerts.WebhookURL = "https://hooks.example/edge"
+		}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := defaults()
+			tt.modify(&c)
+			if err := c.Validate(); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Validate() = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
