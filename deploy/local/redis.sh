@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# redis.sh start|stop STATE_DIR: one standalone Redis and a Redis Cluster of
-# three masters, on free loopback ports, data under STATE_DIR/redis.
+# redis.sh start|stop|halt|resume STATE_DIR: one standalone Redis and a Redis
+# Cluster of three masters, on free loopback ports, data under
+# STATE_DIR/redis.
 # start writes STATE_DIR/redis.env with EDGELIMIT_REDIS_ADDR and
 # EDGELIMIT_REDIS_CLUSTER_ADDRS (comma separated).
+# With EDGELIMIT_PRIVATE=1 (internal/testenv.Private) start runs the
+# standalone server only, and writes EDGELIMIT_REDIS_ADDR only.
+# halt stops the standalone server and keeps its port; resume starts it again
+# on that port, empty (it saves nothing: --save "").
 source "$(dirname "$0")/lib.sh"
-cmd=${1:?start or stop}
+source "$(dirname "$0")/proc.sh"
+cmd=${1:?start, stop, halt or resume}
 state=${2:?state dir}
+state=$(mkdir -p "$state" && cd "$state" && pwd)
 dir=$state/redis
 
 start_one() { # name port [extra args]
@@ -21,9 +28,19 @@ case $cmd in
 start)
 	need_pkg redis-server redis-server
 	need_pkg redis-cli redis-tools
+	if [ -f "$state/redis.env" ] && running "$dir/standalone.pid"; then
+		exit 0 # already running
+	fi
 	mkdir -p "$dir"
 	port=$(free_port)
+	echo "$port" >"$dir/standalone.port"
 	start_one standalone "$port"
+	start_watchdog "$0" "$state" "$dir"
+	if [ -n "${EDGELIMIT_PRIVATE:-}" ]; then
+		echo "export EDGELIMIT_REDIS_ADDR=127.0.0.1:$port" >"$state/redis.env"
+		echo "redis: standalone 127.0.0.1:$port" >&2
+		exit 0
+	fi
 	addrs=()
 	for i in 1 2 3; do
 		p=$(free_port)
@@ -43,14 +60,22 @@ start)
 	} >"$state/redis.env"
 	echo "redis: standalone 127.0.0.1:$port, cluster ${addrs[*]}" >&2
 	;;
+halt)
+	stop_process "$dir/standalone.pid"
+	;;
+resume)
+	[ -f "$dir/standalone.port" ] || { echo "redis: nothing to resume in $dir" >&2; exit 1; }
+	start_one standalone "$(cat "$dir/standalone.port")"
+	;;
 stop)
+	stop_watchdog "$dir"
 	for f in "$dir"/*.pid; do
-		[ -e "$f" ] && stop_pidfile "$f"
+		[ -e "$f" ] && stop_process "$f"
 	done
 	rm -f "$state/redis.env"
 	;;
 *)
-	echo "usage: $0 start|stop STATE_DIR" >&2
+	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
 	exit 2
 	;;
 esac
