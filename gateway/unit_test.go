@@ -1,0 +1,305 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+func TestBreaker(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var changes []string
+	b := newBreaker(3, time.Second, func(from, to circuit) { changes = append(changes, from.String()+">"+to.String()) })
+	allow := func() (bool, bool) { return b.allow(now) }
+
+	for range 2 {
+		b.failure(now)
+	}
+	b.success() // resets the count: failures must be consecutive
+	for range 2 {
+		b.failure(now)
+	}
+	if ok, _ := allow(); !ok {
+		t.Fatalf("open after 2 consecutive failures, want closed until 3")
+	}
+	b.failure(now)
+	if ok, _ := allow(); ok {
+		t.Fatalf("closed after 3 failures")
+	}
+	if got := b.retryIn(now); got != time.Second {
+		t.Errorf("retryIn = %v, want 1s", got)
+	}
+	now = now.Add(time.Second)
+	ok, probe := allow()
+	if !ok || !probe {
+		t.Fatalf("after the open interval: allow = %v probe %v, want one probe", ok, probe)
+	}
+	if ok, _ := allow(); ok {
+		t.Errorf("a second caller got through while the probe is in flight")
+	}
+	b.failure(now) // the probe failed: open again
+	if ok, _ := allow(); ok {
+		t.Errorf("closed after a failed probe")
+	}
+	now = now.Add(time.Second)
+	_, probe = allow()
+	b.abandon(probe) // the probe's client went away: the next caller probes
+	ok, probe = allow()
+	if !ok || !probe {
+		t.Errorf("after an abandoned probe: allow = %v probe %v", ok, probe)
+	}
+	b.success()
+	if ok, probe := allow(); !ok || probe {
+		t.Errorf("after a good probe: allow = %v probe %v, want closed", ok, probe)
+	}
+	want := []string{"closed>open", "open>half_open", "half_open>open", "open>half_open", "half_open>open", "open>half_open", "half_open>closed"}
+	if diff := cmp.Diff(want, changes); diff != "" {
+		t.Errorf("transitions (-want +got):\n%s", diff)
+	}
+}
+
+func TestRouteMatch(t *testing.T) {
+	cfg := validConfig()
+	cfg.Routes = []Route{
+		{Name: "root", PathPrefix: "/", Upstream: "app"},
+		{Name: "users", PathPrefix: "/v1/users", Upstream: "app"},
+		{Name: "users-post", PathPrefix: "/v1/users", Methods: []string{"POST"}, Upstream: "app"},
+		{Name: "static", PathPrefix: "/static/", Upstream: "app"},
+		{Name: "deep", PathPrefix: "/v1/users/admin", Upstream: "app"},
+	}
+	st, err := compile(cfg, map[string]*upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		method, path, want string
+	}{
+		{"GET", "/", "root"},
+		{"GET", "", "root"},
+		{"GET", "/v1/users", "users"},
+		{"GET", "/v1/users/7", "users"},
+		{"GET", "/v1/users2", "root"},
+		{"POST", "/v1/users/7", "users-post"},
+		{"GET", "/v1/users/admin/x", "deep"},
+		{"GET", "/static/app.js", "static"},
+		{"GET", "/static", "root"},
+		{"GET", "/v1/users/../admin", "root"},
+		{"GET", "/v1//users/7", "users"},
+		{"GET", "/v1/./users/admin", "deep"},
+	}
+	for _, tt := range tests {
+		rt := st.match(tt.method, tt.path)
+		if rt == nil || rt.Name != tt.want {
+			got := "<nil>"
+			if rt != nil {
+				got = rt.Name
+			}
+			t.Errorf("match(%q, %q) = %s, want %s", tt.method, tt.path, got, tt.want)
+		}
+	}
+}
+
+func TestIdentityKeys(t *testing.T) {
+	tests := []struct {
+		give, want string
+	}{
+		{"192.0.2.7", "ip:192.0.2.7"},
+		{"::ffff:192.0.2.7", "ip:192.0.2.7"},
+		{"2001:db8:1:2:3:4:5:6", "ip:2001:db8:1:2::/64"},
+		{"2001:db8:1:2::ffff", "ip:2001:db8:1:2::/64"},
+		{"fe80::1%eth0", "ip:fe80::/64"},
+		{"not an ip", "ip:unknown"},
+	}
+	for _, tt := range tests {
+		if got := ipKey(tt.give); got != tt.want {
+			t.Errorf("ipKey(%q) = %q, want %q", tt.give, got, tt.want)
+		}
+	}
+	if got := userKey("alice@example.com"); got != "u:alice@example.com" {
+		t.Errorf("userKey(plain) = %q", got)
+	}
+	for _, u := range []string{"a}b{c", strings.Repeat("x", 500), "with space"} {
+		if got := userKey(u); !strings.HasPrefix(got, "u#") || len(got) != 34 {
+			t.Errorf("userKey(%.20q) = %q, want a hashed key", u, got)
+		}
+	}
+}
+
+func TestLookupKey(t *testing.T) {
+	cfg := validConfig()
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: strings.ToUpper(sha("s3cret")), Plan: "pro"}, {SHA256: sha("other"), Plan: "free"}}
+	st, err := compile(cfg, map[string]*upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := st.lookupKey("s3cret"); k == nil || k.id != "acme" || k.plan.name != "pro" {
+		t.Errorf("lookupKey(s3cret) = %+v", k)
+	}
+	if k := st.lookupKey("other"); k == nil || k.id != sha("other")[:16] {
+		t.Errorf("lookupKey(other) = %+v, want the id defaulted from the hash", k)
+	}
+	if k := st.lookupKey("s3cret "); k != nil {
+		t.Errorf("lookupKey(near miss) = %+v", k)
+	}
+	// Identification reads the key from either header, never keeps it.
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "bearer s3cret")
+	id, ierr := st.identify(r)
+	if ierr != identified || id.key != "k:acme" || id.kind != event.KindAPIKey {
+		t.Errorf("identify(bearer) = %+v, %v", id, ierr)
+	}
+}
+
+func TestLocalShare(t *testing.T) {
+	cfg := validConfig()
+	cfg.ExpectedGateways = 3
+	cfg.FailurePolicy = FailLocal
+	cfg.Plans["x"] = Plan{Rules: []Rule{
+		{Name: "a", Limit: 100, Period: time.Minute, Burst: 10},
+		{Name: "b", Limit: 2, Period: time.Minute},
+		{Name: "c", Limit: 50, Period: time.Minute, FailurePolicy: FailOpen},
+		{Name: "d", Limit: 50, Period: time.Minute, Shadow: true},
+	}}
+	st, err := compile(cfg, map[string]*upstream{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := st.plans["x"]
+	want := []limiter.Rule{{Name: "a", Limit: 33, Period: time.Minute, Burst: 3}, {Name: "b", Limit: 1, Period: time.Minute}}
+	if diff := cmp.Diff(want, p.local); diff != "" || p.closed {
+		t.Errorf("local shares (-want +got):\n%s closed %v", diff, p.closed)
+	}
+}
+
+func TestRateHeaders(t *testing.T) {
+	minute := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}
+	day := limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}
+	shadow := limiter.Rule{Name: "new", Limit: 1, Period: time.Second, Shadow: true}
+	d := limiter.Decision{Allowed: true, Binding: 0, Rules: []limiter.RuleResult{
+		{Rule: minute, Allowed: true, Remaining: 7, ResetAfter: 55*time.Second + time.Millisecond},
+		{Rule: day, Allowed: true, Remaining: 4000, ResetAfter: 4 * time.Hour},
+		{Rule: shadow, Allowed: false, RetryAfter: time.Second},
+	}}
+	tests := []struct {
+		name string
+		give verdict
+		want http.Header
+	}{
+		{"decided", verdict{d: d, known: true, rules: []limiter.Rule{minute, day, shadow}}, http.Header{
+			"X-Ratelimit-Limit":     {"100"},
+			"X-Ratelimit-Remaining": {"7"},
+			"X-Ratelimit-Reset":     {"56"},
+			"Ratelimit-Policy":      {`"minute";q=100;w=60, "day";q=5000;w=86400`},
+			"Ratelimit":             {`"minute";r=7;t=56, "day";r=4000;t=14400`},
+		}},
+		{"store failed", verdict{rules: []limiter.Rule{minute, day}}, http.Header{
+			"Ratelimit-Policy": {`"minute";q=100;w=60, "day";q=5000;w=86400`},
+		}},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		setRateHeaders(h, tt.give)
+		if diff := cmp.Diff(tt.want, h); diff != "" {
+			t.Errorf("%s: setRateHeaders (-want +got):\n%s", tt.name, diff)
+		}
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	seen := map[int64]bool{}
+	for range 1000 {
+		got := retryAfter(1500*time.Millisecond, 3)
+		if got < 3 || got > 5 {
+			t.Fatalf("retryAfter(1.5s, 3) = %d, want 3..5 (ceil 2 + 1..3)", got)
+		}
+		seen[got] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("retryAfter(1.5s, 3) took %d values, want all 3", len(seen))
+	}
+	if got := retryAfter(0, 1); got != 1 {
+		t.Errorf("retryAfter(0, 1) = %d, want 1", got)
+	}
+}
+
+type fakePublisher struct {
+	mu     sync.Mutex
+	events []event.Decision
+}
+
+func (f *fakePublisher) Publish(d event.Decision) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, d)
+}
+
+func TestPublishesEachDecision(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 1, Period: time.Minute}}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("raw-secret-key"), Plan: "free"}}
+	cfg.GatewayID = "gw-7"
+	cfg.KeyHashSecret = "hash-secret"
+	pub := &fakePublisher{}
+	gw := startGateway(t, cfg, Options{Publisher: pub})
+	get(t, gw.URL+"/a", "X-API-Key", "raw-secret-key", "User-Agent", "test/1")
+	get(t, gw.URL+"/a", "X-API-Key", "raw-secret-key", "User-Agent", "test/1")
+	get(t, gw.URL+"/a", "X-API-Key", "wrong") // 401: no decision, no event
+
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.events) != 2 {
+		t.Fatalf("%d events, want 2", len(pub.events))
+	}
+	e0, e1 := pub.events[0], pub.events[1]
+	if e0.ID == e1.ID || e0.KeyID != e1.KeyID || e0.KeyID == "" {
+		t.Errorf("ids %x %x, key ids %q %q: want distinct event ids and one key id", e0.ID, e1.ID, e0.KeyID, e1.KeyID)
+	}
+	for _, e := range pub.events {
+		if strings.Contains(e.KeyID, "raw-secret-key") || strings.Contains(e.KeyID, "acme") || strings.Contains(e.KeyID, sha("raw-secret-key")) {
+			t.Errorf("KeyID %q reveals the key", e.KeyID)
+		}
+	}
+	want := event.Decision{GatewayID: "gw-7", KeyKind: event.KindAPIKey, ClientIP: "127.0.0.1", UserAgentHash: userAgentHash("test/1"),
+		Route: "all", Method: "GET", Plan: "free", BindingRule: "minute", Allowed: false, Limit: 1, Remaining: 0, Cost: 1,
+		StoreStatus: event.StoreOK, Mode: event.ModeEnforced}
+	got := e1
+	got.ID, got.Time, got.KeyID, got.CheckLatency = [16]byte{}, time.Time{}, "", 0
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("second event (-want +got):\n%s", diff)
+	}
+}
+
+// TestCanceledClient: a client gone before the decision is neither a store
+// failure nor a decision.
+func TestCanceledClient(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	gw := startGateway(t, cfg, Options{Store: blockingStore{}})
+	st := gw.st.Load()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	v := gw.decide(ctx, st, limits{key: "ip:x", plan: st.anonymous}, 1)
+	if !v.canceled {
+		t.Errorf("decide with a canceled context = %+v, want canceled", v)
+	}
+	if n := counter(t, gw.m.storeUnavailable.WithLabelValues("error")) + counter(t, gw.m.storeUnavailable.WithLabelValues("timeout")); n != 0 {
+		t.Errorf("a canceled client counted as a store failure")
+	}
+}
+
+type blockingStore struct{}
+
+func (blockingStore) Allow(ctx context.Context, _ string, _ []limiter.Rule, _ int64) (limiter.Decision, error) {
+	<-ctx.Done()
+	return limiter.Decision{}, ctx.Err()
+}
