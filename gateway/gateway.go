@@ -61,6 +61,7 @@ type Gateway struct {
 	boot      Config // restart-only fields as started
 
 	st        atomic.Pointer[state]
+	draining  atomic.Bool
 	reloadMu  sync.Mutex
 	upstreams map[upstreamKey]*upstream
 
@@ -210,8 +211,16 @@ func (g *Gateway) AdminHandler() http.Handler {
 	return mux
 }
 
-// Ready reports whether the shared store answers (always, without one).
+// Drain makes /readyz fail from now on, so load balancers stop sending
+// traffic while the server finishes what it has.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
+// Ready reports whether the gateway takes traffic: not draining, and the
+// shared store answers (always, without one).
 func (g *Gateway) Ready(ctx context.Context) error {
+	if g.draining.Load() {
+		return errors.New("draining for shutdown")
+	}
 	if g.ping == nil {
 		return nil
 	}

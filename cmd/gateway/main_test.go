@@ -1,0 +1,385 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+const configTmpl = `
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+plans:
+  free:
+    rules:
+      - {name: minute, limit: %d, period: 1m}
+anonymous_plan: free
+upstreams:
+  app: {url: %s}
+routes:
+  - {name: all, path_prefix: /, upstream: app}
+kafka:
+  disabled: %v
+`
+
+func writeConfig(t testing.TB, path string, limit int, upstream string, kafkaDisabled bool) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", fmt.Appendf(nil, configTmpl, limit, upstream, kafkaDisabled), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Atomic replace, as config management tools do: a reload never reads
+	// half a file.
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// logBuffer collects run's JSON log lines.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []map[string]any
+	raw   strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.raw.Write(p)
+	sc := bufio.NewScanner(strings.NewReader(string(p)))
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil {
+			l.lines = append(l.lines, m)
+		}
+	}
+	return len(p), nil
+}
+
+// find returns the first log line whose msg contains msg.
+func (l *logBuffer) find(msg string) map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.lines {
+		if s, _ := m["msg"].(string); strings.Contains(s, msg) {
+			return m
+		}
+	}
+	return nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.raw.String()
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type running struct {
+	addr, admin string
+	logs        *logBuffer
+	cancel      context.CancelFunc
+	done        chan error
+}
+
+// start runs the gateway in-process until the test ends.
+func start(t *testing.T, args []string, getenv func(string) string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{logs: &logBuffer{}, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- run(ctx, args, getenv, r.logs) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("run did not return after cancel")
+		}
+	})
+	var line map[string]any
+	waitFor(t, "the gateway to listen", func() bool {
+		select {
+		case err := <-r.done:
+			t.Fatalf("run returned early: %v\n%s", err, r.logs)
+		default:
+		}
+		line = r.logs.find("gateway listening")
+		return line != nil
+	})
+	r.addr, r.admin = "http://"+line["addr"].(string), "http://"+line["admin_addr"].(string)
+	return r
+}
+
+func httpGet(t testing.TB, url string) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func metric(t testing.TB, admin, series string) string {
+	t.Helper()
+	_, _, body := httpGet(t, admin+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func TestInvalidConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{"no flag", nil, nil, []string{"-config is required"}},
+		{"missing file", []string{"-config", filepath.Join(dir, "nope.yaml")}, nil, []string{"no such file"}},
+		{"not yaml", []string{"-config", write("a.yaml", "plans: [")}, nil, []string{"a.yaml", "yaml"}},
+		{"unknown field", []string{"-config", write("b.yaml", "plans: {}\nlisten_addr: x\n")}, nil, []string{"b.yaml", "line 2", "listen_addr"}},
+		{"invalid values", []string{"-config", write("c.yaml", "plans: {x: {rules: [{name: a, limit: -1, period: 1s}]}}\nroutes: [{path_prefix: /, upstream: nope}]\n")}, nil,
+			[]string{"c.yaml", `plans.x.rules[0]: limiter: invalid rule "a": limit -1`, `routes[0].upstream: unknown upstream "nope"`}},
+		{"both redis kinds", []string{"-config", write("d.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
+			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"not both"}},
+		{"bad log level", []string{"-config", write("e.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"log_level: loud\n")}, nil, []string{"log_level"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out strings.Builder
+			err := run(context.Background(), tt.args, env(tt.env), &out)
+			if err == nil {
+				t.Fatalf("run(%v) = nil, want an error", tt.args)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("run(%v) = %v, want it to mention %q", tt.args, err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckPrintsRedacted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
+	var out strings.Builder
+	getenv := env(map[string]string{"EDGELIMIT_KEY_HASH_SECRET": "top-secret", "EDGELIMIT_REDIS_PASSWORD": "pw-secret",
+		"EDGELIMIT_UPSTREAM_APP": "http://upstream.internal:8081"})
+	if err := run(context.Background(), []string{"-config", path, "-check"}, getenv, &out); err != nil {
+		t.Fatalf("run -check: %v", err)
+	}
+	s := out.String()
+	if strings.Contains(s, "top-secret") || strings.Contains(s, "pw-secret") || !strings.Contains(s, "[redacted]") {
+		t.Errorf("-check output leaks or does not redact secrets:\n%s", s)
+	}
+	for _, want := range []string{"http://upstream.internal:8081", "store_deadline: 25ms"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("-check output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", false)
+	fc, err := loadConfig(path, env(map[string]string{
+		"EDGELIMIT_REDIS_CLUSTER_ADDRS": "10.0.0.1:6379, 10.0.0.2:6379",
+		"EDGELIMIT_KAFKA_BROKERS":       "k1:9092,k2:9092",
+		"EDGELIMIT_LISTEN":              ":9999",
+		"EDGELIMIT_UPSTREAM":            "http://only:1",
+		"EDGELIMIT_KEY_HASH_SECRET":     "s",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintln(fc.Redis.ClusterAddrs, fc.Kafka.Brokers, fc.Listen, fc.Upstreams["app"].URL, string(fc.KeyHashSecret))
+	if want := "[10.0.0.1:6379 10.0.0.2:6379] [k1:9092 k2:9092] :9999 http://only:1 s\n"; got != want {
+		t.Errorf("overrides = %s, want %s", got, want)
+	}
+}
+
+func TestInMemoryWhenNoRedis(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 1, up.URL, true)
+	r := start(t, []string{"-config", path}, env(nil))
+	if r.logs.find("no Redis configured: using the in-memory store") == nil {
+		t.Errorf("no log line saying the in-memory store is used:\n%s", r.logs)
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != 200 {
+		t.Errorf("first request: %d", code)
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != 429 {
+		t.Errorf("second request: %d, want 429 from the in-memory store", code)
+	}
+}
+
+// TestReloadAndShutdown runs the gateway on real Redis and the embedded
+// Kafka, reloads it by SIGHUP under load (valid, then invalid), then stops
+// it with a request in flight.
+func TestReloadAndShutdown(t *testing.T) {
+	redisAddr := testenv.RedisAddr(t)
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	defer close(release)
+
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 1000, up.URL, false)
+	r := start(t, []string{"-config", path}, env(map[string]string{
+		"EDGELIMIT_REDIS_ADDR":      redisAddr,
+		"EDGELIMIT_KEY_HASH_SECRET": "test-secret",
+	}))
+	if code, h, _ := httpGet(t, r.addr+"/"); code != 200 || h.Get("X-RateLimit-Limit") != "1000" {
+		t.Fatalf("before reload: %d limit %q", code, h.Get("X-RateLimit-Limit"))
+	}
+
+	// Load throughout the reloads: every request must get an answer.
+	var stop atomic.Bool
+	var sent atomic.Int64
+	failures := make(chan string, 100)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				resp, err := http.Get(r.addr + "/")
+				sent.Add(1)
+				if err != nil {
+					failures <- err.Error()
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 && resp.StatusCode != 429 {
+					failures <- fmt.Sprint("status ", resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+
+	writeConfig(t, path, 2000, up.URL, false)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a successful reload", func() bool {
+		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="ok"}`) == "1"
+	})
+	if _, h, _ := httpGet(t, r.addr+"/"); h.Get("X-RateLimit-Limit") != "2000" {
+		t.Errorf("after reload: limit %q, want 2000", h.Get("X-RateLimit-Limit"))
+	}
+
+	if err := os.WriteFile(path, []byte("plans: {broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed reload", func() bool {
+		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="failed"}`) == "1"
+	})
+	if _, h, _ := httpGet(t, r.addr+"/"); h.Get("X-RateLimit-Limit") != "2000" {
+		t.Errorf("after a failed reload: limit %q, want the old 2000", h.Get("X-RateLimit-Limit"))
+	}
+	if line := r.logs.find("config reload failed"); line == nil || !strings.Contains(fmt.Sprint(line["error"]), "gw.yaml") {
+		t.Errorf("no log line naming the broken file: %v", line)
+	}
+	stop.Store(true)
+	wg.Wait()
+	close(failures)
+	for f := range failures {
+		t.Errorf("a request failed during reloads: %s", f)
+	}
+	if sent.Load() < 10 {
+		t.Errorf("only %d requests during the reloads", sent.Load())
+	}
+
+	// Decision events reach the embedded Kafka.
+	waitFor(t, "events published", func() bool {
+		v := metric(t, r.admin, "edgelimit_events_published_total")
+		return v != "" && v != "0"
+	})
+	if code, _, _ := httpGet(t, r.admin+"/readyz"); code != 200 {
+		t.Errorf("readyz: %d", code)
+	}
+
+	// Graceful stop: a request in flight finishes; then run returns nil.
+	slow := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(r.addr + "/slow")
+		if err != nil {
+			slow <- -1
+			return
+		}
+		resp.Body.Close()
+		slow <- resp.StatusCode
+	}()
+	<-arrived
+	r.cancel()
+	waitFor(t, "shutdown to begin", func() bool { return r.logs.find("shutting down") != nil })
+	release <- struct{}{}
+	if code := <-slow; code != 200 {
+		t.Errorf("in-flight request during shutdown: %d, want 200", code)
+	}
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("run after SIGTERM-equivalent cancel = %v, want nil", err)
+		}
+		r.done <- err // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return")
+	}
+	if r.logs.find("gateway stopped") == nil {
+		t.Errorf("no stop log line")
+	}
+}
