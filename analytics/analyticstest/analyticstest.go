@@ -1,0 +1,239 @@
+// Package analyticstest makes synthetic decision traffic for analytics'
+// tests and benchmarks: ordinary clients with planted hot keys, NAT-shared
+// addresses and store outages, inserted into the raw decisions table so
+// that the consumer's materialized views fill the rollups as in production.
+package analyticstest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Decision is one raw decision row (the columns analytics reads).
+type Decision struct {
+	Time          time.Time
+	Gateway       string
+	KeyID         string
+	KeyKind       string
+	ClientIP      string
+	UserAgentHash uint64
+	Route         string
+	Method        string
+	Plan          string
+	BindingRule   string
+	Allowed       bool
+	Limit         int64
+	Remaining     int64
+	Cost          int64
+	StoreStatus   string
+	Mode          string
+	LatencyUS     uint32
+}
+
+// insertSQL names its columns: clickhouse-go's native protocol needs that
+// on ClickHouse 18.16, and the rest take their defaults.
+const insertSQL = `INSERT INTO decisions (time, time_ms, gateway_id, key_id, key_kind, client_ip,
+    user_agent_hash, route, method, plan, binding_rule, allowed, rule_limit, remaining, cost,
+    store_status, mode, check_latency_us, schema_version)`
+
+// Insert writes rows to conn's decisions table in batches of 100,000.
+func Insert(ctx context.Context, conn driver.Conn, rows []Decision) error {
+	for start := 0; start < len(rows); start += 100000 {
+		b, err := conn.PrepareBatch(ctx, insertSQL)
+		if err != nil {
+			return fmt.Errorf("prepare insert: %w", err)
+		}
+		for _, d := range rows[start:min(len(rows), start+100000)] {
+			allowed := uint8(0)
+			if d.Allowed {
+				allowed = 1
+			}
+			t := d.Time.UTC()
+			err := b.Append(t.Truncate(time.Second), uint16(t.Nanosecond()/1e6), d.Gateway, d.KeyID, d.KeyKind, d.ClientIP,
+				d.UserAgentHash, d.Route, d.Method, d.Plan, d.BindingRule, allowed, d.Limit, d.Remaining, max(1, d.Cost),
+				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1))
+			if err != nil {
+				return fmt.Errorf("append row: %w", err)
+			}
+		}
+		if err := b.Send(); err != nil {
+			return fmt.Errorf("send batch: %w", err)
+		}
+	}
+	return nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Fleet describes synthetic traffic over the Window before Now.
+type Fleet struct {
+	Now    time.Time
+	Window time.Duration
+	// Gateways are the gateway ids; traffic spreads evenly unless a hot
+	// key says otherwise.
+	Gateways []string
+	// Keys ordinary API keys each send PerKeyRate requests a second, each
+	// from an address of its own (a few share one, under any NAT
+	// threshold), with one or two user agents.
+	Keys       int
+	PerKeyRate float64
+	// Hot are planted hot keys.
+	Hot []HotKey
+	// NAT are planted NAT-shared addresses.
+	NAT []NATAddr
+	// Outages are planted store outages.
+	Outages []Outage
+	// Seed makes the traffic reproducible.
+	Seed uint64
+}
+
+// HotKey is a planted hot key: Rate requests a second over the last For,
+// spread across gateways by Weights (gateway id → weight).
+type HotKey struct {
+	KeyID   string
+	Rate    float64
+	For     time.Duration
+	Weights map[string]float64
+}
+
+// NATAddr is a planted shared address: Clients distinct keys and user
+// agents, each sending Requests over the window. IP may be an IPv6 /64's
+// prefix ending in "::", in which case each client gets its own address
+// in that /64.
+type NATAddr struct {
+	IP       string
+	Clients  int
+	Requests int
+}
+
+// Outage is a planted store outage: during [From, From+For) a Share of
+// Gateway's decisions find the store unavailable and fail Mode
+// (fail_open or fail_closed).
+type Outage struct {
+	Gateway string
+	From    time.Time
+	For     time.Duration
+	Share   float64
+	Mode    string
+}
+
+// Rules and plans the synthetic traffic uses.
+var (
+	Routes = []string{"/v1/search", "/v1/items", "/v1/orders"}
+	Plans  = []string{"free", "pro"}
+	Rules  = []string{"per_minute", "per_hour"}
+)
+
+// Rows generates the fleet's decisions. Ordinary keys are denied now and
+// then (more on the free plan), hot keys about half the time.
+func (f Fleet) Rows() []Decision {
+	r := rand.New(rand.NewPCG(f.Seed, 7))
+	start := f.Now.Add(-f.Window)
+	var rows []Decision
+	at := func(from time.Time, span time.Duration) time.Time {
+		return from.Add(time.Duration(r.Int64N(int64(span))))
+	}
+	pick := func(gws map[string]float64) string {
+		total := 0.0
+		for _, gw := range f.Gateways {
+			total += gws[gw]
+		}
+		x := r.Float64() * total
+		for _, gw := range f.Gateways {
+			if x -= gws[gw]; x < 0 {
+				return gw
+			}
+		}
+		return f.Gateways[len(f.Gateways)-1]
+	}
+	even := map[string]float64{}
+	for _, gw := range f.Gateways {
+		even[gw] = 1
+	}
+	decision := func(t time.Time, gw, key, ip string, ua uint64, plan string, denyP float64) Decision {
+		d := Decision{
+			Time: t, Gateway: gw, KeyID: key, KeyKind: "api_key", ClientIP: ip, UserAgentHash: ua,
+			Route: Routes[r.IntN(len(Routes))], Method: "GET", Plan: plan, BindingRule: Rules[0],
+			Allowed: true, Limit: 100, Remaining: int64(r.IntN(100)), Cost: 1, LatencyUS: uint32(200 + r.IntN(800)),
+		}
+		if r.Float64() < denyP {
+			d.Allowed, d.Remaining = false, 0
+			if r.IntN(4) == 0 {
+				d.BindingRule = Rules[1]
+			}
+		}
+		for _, o := range f.Outages {
+			if o.Gateway == gw && !t.Before(o.From) && t.Before(o.From.Add(o.For)) && r.Float64() < o.Share {
+				d.StoreStatus, d.Mode, d.Remaining = "unavailable", o.Mode, 0
+				d.Allowed = o.Mode == "fail_open"
+				d.BindingRule = ""
+			}
+		}
+		return d
+	}
+	for k := 0; k < f.Keys; k++ {
+		key := "key-" + strconv.Itoa(k)
+		// Every fifth address is shared by two keys: an office, not a NAT.
+		ip := fmt.Sprintf("10.%d.%d.%d", k/5/250, (k/5)%250, 1+(k%5)/3)
+		plan := Plans[k%2]
+		denyP := 0.02
+		if plan == "free" {
+			denyP = 0.1
+		}
+		n := poisson(r, f.PerKeyRate*f.Window.Seconds())
+		for i := 0; i < n; i++ {
+			ua := uint64(k)<<8 | uint64(r.IntN(2))
+			rows = append(rows, decision(at(start, f.Window), pick(even), key, ip, ua, plan, denyP))
+		}
+	}
+	for _, h := range f.Hot {
+		w := h.Weights
+		if len(w) == 0 {
+			w = even
+		}
+		n := int(h.Rate * h.For.Seconds())
+		for i := 0; i < n; i++ {
+			rows = append(rows, decision(at(f.Now.Add(-h.For), h.For), pick(w), h.KeyID, "10.250.0.1", 99, "pro", 0.5))
+		}
+	}
+	for j, a := range f.NAT {
+		for c := 0; c < a.Clients; c++ {
+			ip := a.IP
+			if ip[len(ip)-1] == ':' {
+				ip += strconv.FormatInt(int64(c+1), 16)
+			}
+			key := fmt.Sprintf("nat-%d-client-%d", j, c)
+			for i := 0; i < max(1, a.Requests/a.Clients); i++ {
+				rows = append(rows, decision(at(start, f.Window), pick(even), key, ip, uint64(1000+j*1000+c), "free", 0.05))
+			}
+		}
+	}
+	return rows
+}
+
+// poisson draws a Poisson-distributed count with mean lambda (normal
+// approximation above 30).
+func poisson(r *rand.Rand, lambda float64) int {
+	if lambda > 30 {
+		return max(0, int(lambda+r.NormFloat64()*math.Sqrt(lambda)+0.5))
+	}
+	l, k, p := math.Exp(-lambda), 0, 1.0
+	for {
+		p *= r.Float64()
+		if p <= l {
+			return k
+		}
+		k++
+	}
+}

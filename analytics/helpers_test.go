@@ -1,0 +1,124 @@
+package analytics_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+func openClickHouse(tb testing.TB, addr, db string) driver.Conn {
+	tb.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{addr},
+		Protocol:    clickhouse.Native,
+		Auth:        clickhouse.Auth{Database: db, Username: "default"},
+		DialTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// mustDatabase creates a ClickHouse database of the test's own, migrated by
+// the consumer's migrations, and drops it when the test ends.
+func mustDatabase(tb testing.TB) driver.Conn {
+	tb.Helper()
+	addr := testenv.ClickHouseAddr(tb)
+	db := fmt.Sprintf("analytics_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
+	root := openClickHouse(tb, addr, "default")
+	ctx := context.Background()
+	if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		tb.Fatalf("create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
+			tb.Logf("kept database %s", db)
+			return
+		}
+		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
+			tb.Logf("drop database %s: %v", db, err)
+		}
+	})
+	conn := openClickHouse(tb, addr, db)
+	if err := consumer.Migrate(ctx, conn, consumer.Retention{}); err != nil {
+		tb.Fatalf("consumer.Migrate: %v", err)
+	}
+	return conn
+}
+
+func mustInsert(tb testing.TB, conn driver.Conn, rows []analyticstest.Decision) {
+	tb.Helper()
+	if err := analyticstest.Insert(context.Background(), conn, rows); err != nil {
+		tb.Fatalf("insert %d rows: %v", len(rows), err)
+	}
+}
+
+// mustRedis connects to the real standalone Redis and gives the test a key
+// prefix of its own.
+func mustRedis(tb testing.TB) (*redis.Client, string) {
+	tb.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(tb)})
+	tb.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("redis ping: %v", err)
+	}
+	return rdb, fmt.Sprintf("analytics-test-%d-%d", time.Now().UnixNano(), rand.IntN(1000))
+}
+
+// waitFor polls cond every 50ms until it holds or the deadline passes.
+func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// fleetNow is the seeded fleet's clock: 30s into a minute, so the current
+// minute is partial, as in production.
+var fleetNow = time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+
+// seededFleet is the standard synthetic fleet: 3 gateways, 300 ordinary
+// keys over 10 minutes, one hot key at 60/s for 90s split 3:1:0, a busy
+// key under the threshold, three NAT addresses (one an IPv6 /64), a near
+// miss, and a fail-open outage on gw-c.
+func seededFleet() (analyticstest.Fleet, []string, []string) {
+	f := analyticstest.Fleet{
+		Now:        fleetNow,
+		Window:     10 * time.Minute,
+		Gateways:   []string{"gw-a", "gw-b", "gw-c"},
+		Keys:       300,
+		PerKeyRate: 0.05,
+		Hot: []analyticstest.HotKey{
+			{KeyID: "hot-1", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}},
+			{KeyID: "busy-not-hot", Rate: 5, For: 90 * time.Second},
+		},
+		NAT: []analyticstest.NATAddr{
+			{IP: "198.51.100.7", Clients: 25, Requests: 500},
+			{IP: "203.0.113.9", Clients: 40, Requests: 800},
+			{IP: "2001:db8:aa:1::", Clients: 30, Requests: 600},
+			{IP: "198.51.100.8", Clients: 6, Requests: 600}, // near miss: 6 keys, 6 agents
+		},
+		Outages: []analyticstest.Outage{
+			{Gateway: "gw-c", From: fleetNow.Add(-6 * time.Minute).Truncate(time.Minute), For: 2 * time.Minute, Share: 0.6, Mode: "fail_open"},
+		},
+		Seed: 42,
+	}
+	return f, []string{"api_key:hot-1"}, []string{"ip:198.51.100.7", "ip:203.0.113.9", "ip:2001:db8:aa:1::/64"}
+}

@@ -1,0 +1,559 @@
+package analytics
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+//go:embed sql/*.sql
+var sqlFS embed.FS
+
+func mustSQL(name string) string {
+	b, err := sqlFS.ReadFile("sql/" + name + ".sql")
+	if err != nil {
+		panic(fmt.Sprintf("analytics: embedded query %s: %v", name, err))
+	}
+	return string(b)
+}
+
+var (
+	qTotalRequests = mustSQL("total_requests")
+	qHotKeys       = mustSQL("hot_keys")
+	qNATIPs        = mustSQL("nat_ips")
+	qGatewayHealth = mustSQL("gateway_health")
+	qStoreHealth   = mustSQL("store_health")
+	qFailMinutes   = mustSQL("fail_minutes")
+	qTrends        = mustSQL("trends")
+	qTopKeys       = mustSQL("top_keys")
+	qKeyHistory    = mustSQL("key_history")
+	qIPHistory     = mustSQL("ip_history")
+)
+
+// querier is the part of a ClickHouse connection the queries need.
+type querier interface {
+	Query(ctx context.Context, query string, args ...any) (driver.Rows, error)
+}
+
+// Reader runs analytics' queries against the consumer's rollups in
+// ClickHouse. Every query reads a per-minute rollup, never the raw table.
+type Reader struct {
+	ch querier
+}
+
+// NewReader returns a Reader over ch (a clickhouse-go native connection).
+func NewReader(ch querier) *Reader { return &Reader{ch: ch} }
+
+// Buckets a trend can be grouped by.
+const (
+	BucketMinute = "minute"
+	BucketHour   = "hour"
+	BucketDay    = "day"
+)
+
+// Dimensions a trend can be split by; DimNone gives one series.
+const (
+	DimNone    = ""
+	DimRule    = "rule"
+	DimRoute   = "route"
+	DimPlan    = "plan"
+	DimGateway = "gateway"
+	DimKey     = "key"
+)
+
+// ErrBadQuery is wrapped by errors about a query's parameters; the HTTP API
+// answers them with 400.
+var ErrBadQuery = errors.New("analytics: bad query")
+
+// Range is a time range [From, To) with optional filters; the zero filter
+// matches everything.
+type Range struct {
+	From, To time.Time
+	Rule     string
+	Route    string
+	Plan     string
+	Gateway  string
+	KeyID    string
+}
+
+// maxSpan bounds how far back any query reaches.
+const maxSpan = 400 * 24 * time.Hour
+
+func (r Range) validate() error {
+	if r.From.IsZero() || r.To.IsZero() || !r.From.Before(r.To) {
+		return fmt.Errorf("%w: time range [%v, %v) is empty", ErrBadQuery, r.From, r.To)
+	}
+	if r.To.Sub(r.From) > maxSpan {
+		return fmt.Errorf("%w: time range longer than %v", ErrBadQuery, maxSpan)
+	}
+	return nil
+}
+
+// args binds the range: ClickHouse DateTime has seconds and the server's
+// time zone, so times go as UTC seconds.
+func (r Range) args() []any {
+	return []any{
+		clickhouse.Named("from", r.From.UTC().Truncate(time.Second)),
+		clickhouse.Named("to", r.To.UTC().Truncate(time.Second)),
+		clickhouse.Named("rule", r.Rule),
+		clickhouse.Named("route", r.Route),
+		clickhouse.Named("plan", r.Plan),
+		clickhouse.Named("gateway", r.Gateway),
+		clickhouse.Named("key", r.KeyID),
+	}
+}
+
+func validBucket(b string) bool { return b == BucketMinute || b == BucketHour || b == BucketDay }
+
+// BucketSize is a bucket's length (a day for BucketDay).
+func BucketSize(b string) time.Duration {
+	switch b {
+	case BucketHour:
+		return time.Hour
+	case BucketDay:
+		return 24 * time.Hour
+	}
+	return time.Minute
+}
+
+// maxPoints bounds the buckets one trend query may ask for.
+const maxPoints = 50000
+
+// TotalRequests counts all decisions in [from, to).
+func (r *Reader) TotalRequests(ctx context.Context, from, to time.Time) (int64, error) {
+	rows, err := r.ch.Query(ctx, qTotalRequests, Range{From: from, To: to}.args()...)
+	if err != nil {
+		return 0, fmt.Errorf("query total requests: %w", err)
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		if err := rows.Scan(&n); err != nil {
+			return 0, fmt.Errorf("scan total requests: %w", err)
+		}
+	}
+	return n, rows.Err()
+}
+
+// KeyTraffic returns the keys with at least minRequests decisions in [from,
+// to), at most limit of them, with their requests per gateway.
+func (r *Reader) KeyTraffic(ctx context.Context, from, to time.Time, minRequests int64, limit int) ([]KeyTraffic, error) {
+	args := append(Range{From: from, To: to}.args(),
+		clickhouse.Named("min_requests", max(1, minRequests)),
+		clickhouse.Named("limit", max(1, limit)))
+	rows, err := r.ch.Query(ctx, qHotKeys, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query hot keys: %w", err)
+	}
+	defer rows.Close()
+	var out []KeyTraffic
+	for rows.Next() {
+		var id, kind, gw string
+		var n int64
+		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
+			return nil, fmt.Errorf("scan hot keys: %w", err)
+		}
+		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
+			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
+		}
+		out[len(out)-1].Gateways[gw] += n
+	}
+	return out, rows.Err()
+}
+
+// NATQuery bounds the NAT candidates a query returns: an IP needs at least
+// MinRequests and at least MinKeys distinct keys or MinUserAgents distinct
+// user agents (0 turns a test off).
+type NATQuery struct {
+	From, To      time.Time
+	MinRequests   int64
+	MinKeys       int64
+	MinUserAgents int64
+	Limit         int
+}
+
+// IPTraffic returns the NAT candidates in [q.From, q.To) with their
+// evidence, most distinct keys first.
+func (r *Reader) IPTraffic(ctx context.Context, q NATQuery) ([]IPTraffic, error) {
+	off := int64(1) << 62 // a test turned off can never pass
+	keys, uas := q.MinKeys, q.MinUserAgents
+	if keys <= 0 {
+		keys = off
+	}
+	if uas <= 0 {
+		uas = off
+	}
+	args := append(Range{From: q.From, To: q.To}.args(),
+		clickhouse.Named("min_requests", max(0, q.MinRequests)),
+		clickhouse.Named("min_keys", keys),
+		clickhouse.Named("min_user_agents", uas),
+		clickhouse.Named("limit", max(1, q.Limit)))
+	rows, err := r.ch.Query(ctx, qNATIPs, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query nat ips: %w", err)
+	}
+	defer rows.Close()
+	var out []IPTraffic
+	for rows.Next() {
+		var t IPTraffic
+		if err := rows.Scan(&t.IP, &t.Requests, &t.Denied, &t.DistinctKeys, &t.DistinctUserAgents); err != nil {
+			return nil, fmt.Errorf("scan nat ips: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+func scanHealth(rows driver.Rows, bucketed bool) (GatewayHealth, error) {
+	var g GatewayHealth
+	var q []float64
+	dest := []any{&g.Gateway, &g.Requests, &g.Denied, &g.StoreOK, &g.StoreUnavailable, &g.StoreTimeout,
+		&g.StoreLocalCache, &g.FailOpen, &g.FailClosed, &g.LocalFallback, &q, &g.LatencyMax}
+	if bucketed {
+		dest = append([]any{&g.Minute}, dest...)
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return g, err
+	}
+	if len(q) == 3 {
+		g.LatencyP50, g.LatencyP90, g.LatencyP99 = q[0], q[1], q[2]
+	}
+	g.Minute = g.Minute.UTC()
+	return g, nil
+}
+
+// GatewayHealth returns each gateway's decisions in [from, to) by store
+// status and failure mode.
+func (r *Reader) GatewayHealth(ctx context.Context, from, to time.Time) ([]GatewayHealth, error) {
+	rows, err := r.ch.Query(ctx, qGatewayHealth, Range{From: from, To: to}.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("query gateway health: %w", err)
+	}
+	defer rows.Close()
+	var out []GatewayHealth
+	for rows.Next() {
+		g, err := scanHealth(rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("scan gateway health: %w", err)
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+// StoreHealth returns each gateway's store health per bucket in rg (only
+// rg.Gateway filters).
+func (r *Reader) StoreHealth(ctx context.Context, rg Range, bucket string) ([]GatewayHealth, error) {
+	if err := checkBuckets(rg, bucket); err != nil {
+		return nil, err
+	}
+	args := append(rg.args(), clickhouse.Named("bucket", bucket))
+	rows, err := r.ch.Query(ctx, qStoreHealth, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query store health: %w", err)
+	}
+	defer rows.Close()
+	var out []GatewayHealth
+	for rows.Next() {
+		g, err := scanHealth(rows, true)
+		if err != nil {
+			return nil, fmt.Errorf("scan store health: %w", err)
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+func checkBuckets(rg Range, bucket string) error {
+	if err := rg.validate(); err != nil {
+		return err
+	}
+	if !validBucket(bucket) {
+		return fmt.Errorf("%w: bucket %q: want minute, hour or day", ErrBadQuery, bucket)
+	}
+	if n := rg.To.Sub(rg.From) / BucketSize(bucket); n > maxPoints {
+		return fmt.Errorf("%w: %d %s buckets; use a coarser bucket or a shorter range", ErrBadQuery, n, bucket)
+	}
+	return nil
+}
+
+// FailMinute is a minute in which a gateway failed open or closed.
+type FailMinute struct {
+	Minute           time.Time `json:"minute"`
+	Gateway          string    `json:"gateway"`
+	Requests         int64     `json:"requests"`
+	FailOpen         int64     `json:"fail_open"`
+	FailClosed       int64     `json:"fail_closed"`
+	StoreUnavailable int64     `json:"store_unavailable"`
+}
+
+// FailMinutes returns the minutes in rg in which a gateway failed open or
+// closed (only rg.Gateway filters).
+func (r *Reader) FailMinutes(ctx context.Context, rg Range) ([]FailMinute, error) {
+	if err := rg.validate(); err != nil {
+		return nil, err
+	}
+	rows, err := r.ch.Query(ctx, qFailMinutes, rg.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("query fail minutes: %w", err)
+	}
+	defer rows.Close()
+	var out []FailMinute
+	for rows.Next() {
+		var m FailMinute
+		if err := rows.Scan(&m.Minute, &m.Gateway, &m.Requests, &m.FailOpen, &m.FailClosed, &m.StoreUnavailable); err != nil {
+			return nil, fmt.Errorf("scan fail minutes: %w", err)
+		}
+		m.Minute = m.Minute.UTC()
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// TrendQuery asks for rejections over time.
+type TrendQuery struct {
+	Range
+	// Bucket is minute, hour or day.
+	Bucket string
+	// By splits the trend: rule, route, plan, gateway, key, or "" (one
+	// series).
+	By string
+	// Top keeps the Top series with the most rejections and sums the rest
+	// into one series named "(other)"; 0 keeps all.
+	Top int
+}
+
+// Validate reports a query that must not run.
+func (q TrendQuery) Validate() error {
+	if err := checkBuckets(q.Range, q.Bucket); err != nil {
+		return err
+	}
+	if !slices.Contains([]string{DimNone, DimRule, DimRoute, DimPlan, DimGateway, DimKey}, q.By) {
+		return fmt.Errorf("%w: by %q: want rule, route, plan, gateway or key", ErrBadQuery, q.By)
+	}
+	if q.Top < 0 {
+		return fmt.Errorf("%w: top %d negative", ErrBadQuery, q.Top)
+	}
+	return nil
+}
+
+// TrendPoint is one bucket of one series.
+type TrendPoint struct {
+	Bucket time.Time `json:"bucket"`
+	// Series is the value of the By dimension ("" without one).
+	Series     string  `json:"series"`
+	Requests   int64   `json:"requests"`
+	Denied     int64   `json:"denied"`
+	Ratio      float64 `json:"ratio"`
+	Shadow     int64   `json:"shadow"`
+	FailOpen   int64   `json:"fail_open"`
+	FailClosed int64   `json:"fail_closed"`
+}
+
+// OtherSeries names the series that sums all but the top ones.
+const OtherSeries = "(other)"
+
+// Trends returns decisions and rejections per bucket and series.
+func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error) {
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	args := append(q.Range.args(), clickhouse.Named("bucket", q.Bucket), clickhouse.Named("by", q.By))
+	rows, err := r.ch.Query(ctx, qTrends, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query trends: %w", err)
+	}
+	defer rows.Close()
+	var out []TrendPoint
+	for rows.Next() {
+		var p TrendPoint
+		if err := rows.Scan(&p.Bucket, &p.Series, &p.Requests, &p.Denied, &p.Shadow, &p.FailOpen, &p.FailClosed); err != nil {
+			return nil, fmt.Errorf("scan trends: %w", err)
+		}
+		p.Bucket = p.Bucket.UTC()
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read trends: %w", err)
+	}
+	return TopSeries(out, q.Top), nil
+}
+
+// TopSeries keeps the top series by rejections (then requests) and sums the
+// others into OtherSeries per bucket; it fills in every point's Ratio.
+// top 0 keeps every series.
+func TopSeries(points []TrendPoint, top int) []TrendPoint {
+	if top > 0 {
+		type total struct{ denied, requests int64 }
+		totals := map[string]total{}
+		for _, p := range points {
+			t := totals[p.Series]
+			totals[p.Series] = total{t.denied + p.Denied, t.requests + p.Requests}
+		}
+		if len(totals) > top {
+			names := make([]string, 0, len(totals))
+			for s := range totals {
+				names = append(names, s)
+			}
+			slices.SortFunc(names, func(a, b string) int {
+				ta, tb := totals[a], totals[b]
+				if ta.denied != tb.denied {
+					return int(min(1, max(-1, tb.denied-ta.denied)))
+				}
+				if ta.requests != tb.requests {
+					return int(min(1, max(-1, tb.requests-ta.requests)))
+				}
+				return strings.Compare(a, b)
+			})
+			keep := map[string]bool{}
+			for _, s := range names[:top] {
+				keep[s] = true
+			}
+			var out []TrendPoint
+			other := map[time.Time]int{} // bucket → index in out
+			for _, p := range points {
+				if keep[p.Series] {
+					out = append(out, p)
+					continue
+				}
+				i, ok := other[p.Bucket]
+				if !ok {
+					i = len(out)
+					other[p.Bucket] = i
+					out = append(out, TrendPoint{Bucket: p.Bucket, Series: OtherSeries})
+				}
+				o := &out[i]
+				o.Requests += p.Requests
+				o.Denied += p.Denied
+				o.Shadow += p.Shadow
+				o.FailOpen += p.FailOpen
+				o.FailClosed += p.FailClosed
+			}
+			points = out
+		}
+	}
+	for i := range points {
+		if points[i].Requests > 0 {
+			points[i].Ratio = float64(points[i].Denied) / float64(points[i].Requests)
+		}
+	}
+	return points
+}
+
+// KeyRejections is one key's rejections in a range.
+type KeyRejections struct {
+	KeyID    string   `json:"key_id"`
+	KeyKind  string   `json:"key_kind"`
+	Requests int64    `json:"requests"`
+	Denied   int64    `json:"denied"`
+	Ratio    float64  `json:"ratio"`
+	Rules    []string `json:"rules"`
+	Plans    []string `json:"plans"`
+	Routes   []string `json:"routes"`
+	Gateways int64    `json:"gateways"`
+}
+
+// TopKeys returns the limit keys with the most rejections in rg.
+func (r *Reader) TopKeys(ctx context.Context, rg Range, limit int) ([]KeyRejections, error) {
+	if err := rg.validate(); err != nil {
+		return nil, err
+	}
+	if limit < 1 || limit > 10000 {
+		return nil, fmt.Errorf("%w: limit %d outside [1, 10000]", ErrBadQuery, limit)
+	}
+	rows, err := r.ch.Query(ctx, qTopKeys, append(rg.args(), clickhouse.Named("limit", limit))...)
+	if err != nil {
+		return nil, fmt.Errorf("query top keys: %w", err)
+	}
+	defer rows.Close()
+	var out []KeyRejections
+	for rows.Next() {
+		var k KeyRejections
+		if err := rows.Scan(&k.KeyID, &k.KeyKind, &k.Requests, &k.Denied, &k.Rules, &k.Plans, &k.Routes, &k.Gateways); err != nil {
+			return nil, fmt.Errorf("scan top keys: %w", err)
+		}
+		if k.Requests > 0 {
+			k.Ratio = float64(k.Denied) / float64(k.Requests)
+		}
+		slices.Sort(k.Rules)
+		slices.Sort(k.Plans)
+		slices.Sort(k.Routes)
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// KeyPoint is one key's decisions in one bucket at one gateway.
+type KeyPoint struct {
+	Bucket   time.Time `json:"bucket"`
+	Gateway  string    `json:"gateway"`
+	Requests int64     `json:"requests"`
+	Denied   int64     `json:"denied"`
+}
+
+// KeyHistory returns rg.KeyID's decisions per bucket and gateway.
+func (r *Reader) KeyHistory(ctx context.Context, rg Range, bucket string) ([]KeyPoint, error) {
+	if err := checkBuckets(rg, bucket); err != nil {
+		return nil, err
+	}
+	if rg.KeyID == "" {
+		return nil, fmt.Errorf("%w: key history needs a key", ErrBadQuery)
+	}
+	rows, err := r.ch.Query(ctx, qKeyHistory, append(rg.args(), clickhouse.Named("bucket", bucket))...)
+	if err != nil {
+		return nil, fmt.Errorf("query key history: %w", err)
+	}
+	defer rows.Close()
+	var out []KeyPoint
+	for rows.Next() {
+		var p KeyPoint
+		if err := rows.Scan(&p.Bucket, &p.Gateway, &p.Requests, &p.Denied); err != nil {
+			return nil, fmt.Errorf("scan key history: %w", err)
+		}
+		p.Bucket = p.Bucket.UTC()
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// IPPoint is one address's evidence in one bucket.
+type IPPoint struct {
+	Bucket             time.Time `json:"bucket"`
+	Requests           int64     `json:"requests"`
+	Denied             int64     `json:"denied"`
+	DistinctKeys       int64     `json:"distinct_keys"`
+	DistinctUserAgents int64     `json:"distinct_user_agents"`
+}
+
+// IPHistory returns ip's evidence per bucket in rg (filters unused). ip is
+// an address, or an IPv6 /64 as the NAT query gives it.
+func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]IPPoint, error) {
+	if err := checkBuckets(rg, bucket); err != nil {
+		return nil, err
+	}
+	if _, ok := IPKey(ip); !ok {
+		return nil, fmt.Errorf("%w: %q is not an IP address", ErrBadQuery, ip)
+	}
+	rows, err := r.ch.Query(ctx, qIPHistory, append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))...)
+	if err != nil {
+		return nil, fmt.Errorf("query ip history: %w", err)
+	}
+	defer rows.Close()
+	var out []IPPoint
+	for rows.Next() {
+		var p IPPoint
+		if err := rows.Scan(&p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents); err != nil {
+			return nil, fmt.Errorf("scan ip history: %w", err)
+		}
+		p.Bucket = p.Bucket.UTC()
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
