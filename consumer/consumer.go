@@ -1,0 +1,766 @@
+// Package consumer moves decision events from Kafka into ClickHouse without
+// losing or double-counting any: a group consumer decodes records into
+// batches, inserts each batch with one INSERT, and commits offsets only
+// after ClickHouse accepted it. Each row keeps its Kafka partition and
+// offset; on assignment a partition resumes after the highest offset
+// ClickHouse holds, so a crash between insert and commit repeats nothing.
+// Records that do not decode go to a dead-letter topic.
+//
+// The schema (migrations/*.sql, see schema.md) is applied by Migrate.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+)
+
+// Configuration errors returned by Validate.
+var (
+	ErrNoBrokers      = errors.New("consumer: no brokers")
+	ErrSameTopic      = errors.New("consumer: dead-letter topic must differ from the topic")
+	ErrBatchSize      = errors.New("consumer: batch size must be positive")
+	ErrNegativeTime   = errors.New("consumer: negative duration")
+	ErrRetryRange     = errors.New("consumer: retry min must not exceed retry max")
+	ErrInsertTimeout  = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
+	ErrNegativeRetain = errors.New("consumer: negative retention")
+)
+
+// Config configures a Consumer. The zero value of each field means its
+// default; Brokers is required.
+type Config struct {
+	// Brokers are Kafka seed brokers, host:port. Required.
+	Brokers []string
+	// Topic holds the decision events. Default "decisions".
+	Topic string
+	// Group is the consumer group. Default "edgelimit-consumer".
+	Group string
+	// DeadLetterTopic receives records that do not decode. Default
+	// "decisions-dead-letter".
+	DeadLetterTopic string
+	// ClientID names this consumer to the brokers. Default
+	// "edgelimit-consumer".
+	ClientID string
+	// BatchSize is the most records in one INSERT. Default 50000: big
+	// inserts are what ClickHouse is fast at.
+	BatchSize int
+	// BatchWait is the longest a record waits for its batch to fill before
+	// the batch is inserted anyway. Default 1s.
+	BatchWait time.Duration
+	// InsertTimeout bounds one INSERT attempt. It must stay under the group's
+	// rebalance timeout (60s), because a rebalance waits for an insert in
+	// flight. Default 30s.
+	InsertTimeout time.Duration
+	// RetryMin and RetryMax bound the exponential backoff between attempts
+	// while ClickHouse or Kafka fails. Defaults 100ms and 10s.
+	RetryMin, RetryMax time.Duration
+	// ShutdownTimeout bounds the final insert and commit when Run's context
+	// ends. Default 15s.
+	ShutdownTimeout time.Duration
+	// LagInterval is how often the group's lag is measured. Default 10s.
+	LagInterval time.Duration
+	// Retention is how long data is kept. On servers without TTL the
+	// consumer drops expired day partitions every RetentionInterval (default
+	// 1h); with TTL, Migrate sets TTLs instead. Zero keeps data forever.
+	Retention         Retention
+	RetentionInterval time.Duration
+	// Opts are extra franz-go options applied last: TLS or SASL in cmd,
+	// or overrides in tests.
+	Opts []kgo.Opt
+}
+
+// rebalanceTimeout is franz-go's default, which this package does not change.
+const rebalanceTimeout = 60 * time.Second
+
+func (c Config) withDefaults() Config {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defDur := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Topic, "decisions")
+	def(&c.Group, "edgelimit-consumer")
+	def(&c.DeadLetterTopic, "decisions-dead-letter")
+	def(&c.ClientID, "edgelimit-consumer")
+	if c.BatchSize == 0 {
+		c.BatchSize = 50_000
+	}
+	defDur(&c.BatchWait, time.Second)
+	defDur(&c.InsertTimeout, 30*time.Second)
+	defDur(&c.RetryMin, 100*time.Millisecond)
+	defDur(&c.RetryMax, 10*time.Second)
+	defDur(&c.ShutdownTimeout, 15*time.Second)
+	defDur(&c.LagInterval, 10*time.Second)
+	defDur(&c.RetentionInterval, time.Hour)
+	return c
+}
+
+// Validate reports the first problem with c after defaults are applied.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case len(c.Brokers) == 0:
+		return ErrNoBrokers
+	case c.DeadLetterTopic == c.Topic:
+		return fmt.Errorf("%w: %q", ErrSameTopic, c.Topic)
+	case c.BatchSize < 0:
+		return fmt.Errorf("%w: %d", ErrBatchSize, c.BatchSize)
+	case c.Retention.RawDays < 0 || c.Retention.RollupDays < 0:
+		return fmt.Errorf("%w: %+v", ErrNegativeRetain, c.Retention)
+	case c.RetryMin > c.RetryMax:
+		return fmt.Errorf("%w: %v > %v", ErrRetryRange, c.RetryMin, c.RetryMax)
+	case c.InsertTimeout >= rebalanceTimeout:
+		return fmt.Errorf("%w: %v", ErrInsertTimeout, c.InsertTimeout)
+	}
+	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
+		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval} {
+		if d < 0 {
+			return fmt.Errorf("%w: %v", ErrNegativeTime, d)
+		}
+	}
+	return nil
+}
+
+// Dead-letter reasons: the dead_letter_reason header and the dead_letters
+// counter's reason label.
+const (
+	ReasonUnknownVersion = "unknown_version"
+	ReasonMalformed      = "malformed"
+)
+
+// Dead-letter record headers. The record's key, value and timestamp are the
+// original's.
+const (
+	HeaderReason          = "dead_letter_reason"
+	HeaderError           = "dead_letter_error"
+	HeaderSourceTopic     = "source_topic"
+	HeaderSourcePartition = "source_partition"
+	HeaderSourceOffset    = "source_offset"
+)
+
+// Consumer moves decision events from Kafka to ClickHouse.
+type Consumer struct {
+	cfg Config
+	ch  driver.Conn
+	log *slog.Logger
+	m   *metrics
+	now func() time.Time
+
+	cl *kgo.Client // set by Run
+
+	// mu serializes flushes with the group's callbacks: a revocation waits
+	// for an insert in flight, commits what was stored, and forgets the
+	// partition's unstored rows, which its next owner reads again.
+	mu    sync.Mutex
+	parts map[int32]*partition // assigned partitions
+	// pending counts rows and dead letters buffered in parts.
+	pending int
+	// firstAt is when the oldest buffered record was polled.
+	firstAt time.Time
+	// uncertain is set when an insert failed: ClickHouse may have stored it
+	// anyway, so the next attempt first removes rows already stored.
+	uncertain bool
+
+	// afterInsert, if set, runs after a batch is inserted and before its
+	// offsets are committed (tests use it to crash in between).
+	afterInsert func()
+}
+
+// partition is one assigned partition's buffered work.
+type partition struct {
+	id   int32
+	next int64 // offsets below next were already taken; repeats are skipped
+	rows columns
+	dead []deadLetter
+	// end is the offset after the last record buffered; stored is the
+	// offset after the last record written to ClickHouse or the dead-letter
+	// topic and not yet committed.
+	end, stored       kgo.EpochOffset
+	hasEnd, hasStored bool
+}
+
+// deadLetter is a record bound for the dead-letter topic.
+type deadLetter struct {
+	rec    *kgo.Record
+	reason string
+}
+
+// New returns a Consumer that writes to ch. Its metrics are registered on
+// reg (nil: not registered); log receives its JSON logs (nil: discarded).
+// Nothing connects until Run.
+func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if ch == nil {
+		return nil, errors.New("consumer: nil ClickHouse connection")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		cfg:   cfg.withDefaults(),
+		ch:    ch,
+		log:   log,
+		m:     m,
+		now:   time.Now,
+		parts: map[int32]*partition{},
+	}, nil
+}
+
+// Run consumes until ctx ends, then inserts and commits what it holds
+// (within ShutdownTimeout), leaves the group and returns. ClickHouse or Kafka
+// failures are retried with backoff, never returned; Run returns an error
+// only if it cannot start. Call Run once.
+func (c *Consumer) Run(ctx context.Context) error {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.cfg.Brokers...),
+		kgo.ClientID(c.cfg.ClientID),
+		kgo.WithLogger(kgoLogger{c.log}),
+		kgo.ConsumerGroup(c.cfg.Group),
+		kgo.ConsumeTopics(c.cfg.Topic),
+		// Offsets are committed by hand, only after ClickHouse accepted the
+		// rows (and the dead-letter topic the poison records).
+		kgo.DisableAutoCommit(),
+		// A group with no commits starts from the oldest event Kafka still
+		// holds: usage accounting wants all of them, not only new ones.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Resume each assigned partition after the highest offset ClickHouse
+		// already holds, which can be ahead of the committed offset after a
+		// crash between insert and commit.
+		kgo.AdjustFetchOffsetsFn(c.resumeOffsets),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	}
+	cl, err := kgo.NewClient(append(opts, c.cfg.Opts...)...)
+	if err != nil {
+		return fmt.Errorf("new kafka client: %w", err)
+	}
+	c.cl = cl
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { c.measureLag(bg, kadm.NewClient(cl)) })
+	if r := c.cfg.Retention; r.RawDays > 0 || r.RollupDays > 0 {
+		wg.Go(func() { c.dropExpired(bg) })
+	}
+
+	c.poll(ctx)
+
+	// Shutdown, in order: store what is buffered, leave the group (the
+	// revocation commits what was stored), stop the helpers.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
+	if err := c.flush(fctx); err != nil {
+		c.log.Warn("shutdown flush incomplete; the group's next owner reads the rest again", "err", err)
+	}
+	cancel()
+	cl.Close()
+	stopBG()
+	wg.Wait()
+	return nil
+}
+
+// poll fetches, buffers and flushes until ctx ends.
+func (c *Consumer) poll(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		room := c.cfg.BatchSize - c.pending
+		deadline := c.now().Add(c.cfg.BatchWait)
+		if c.pending > 0 {
+			deadline = c.firstAt.Add(c.cfg.BatchWait)
+		}
+		c.mu.Unlock()
+
+		if room > 0 {
+			pctx, cancel := context.WithDeadline(ctx, deadline)
+			fetches := c.cl.PollRecords(pctx, room)
+			cancel()
+			if fetches.IsClientClosed() {
+				return
+			}
+			fetches.EachError(func(topic string, p int32, err error) {
+				if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+					c.log.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
+				}
+			})
+			c.buffer(fetches)
+		}
+
+		c.mu.Lock()
+		full := c.pending >= c.cfg.BatchSize
+		due := c.pending > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait))
+		c.mu.Unlock()
+		if full || due {
+			if err := c.flush(ctx); err != nil && ctx.Err() == nil {
+				c.log.Error("flush", "err", err)
+			}
+		}
+	}
+}
+
+// buffer decodes fetched records into their partitions' batches.
+func (c *Consumer) buffer(fetches kgo.Fetches) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var d event.Decision
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if fp.Topic != c.cfg.Topic {
+			return
+		}
+		p := c.parts[fp.Partition]
+		if p == nil {
+			return // revoked meanwhile; its next owner reads these again
+		}
+		for _, r := range fp.Records {
+			if r.Offset < p.next {
+				continue
+			}
+			p.next = r.Offset + 1
+			if c.pending == 0 {
+				c.firstAt = c.now()
+			}
+			c.pending++
+			p.end, p.hasEnd = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
+			if err := event.DecodeInto(&d, r.Value); err != nil {
+				p.dead = append(p.dead, c.deadLetter(r, err))
+				continue
+			}
+			if t := d.Time; t.Unix() < 0 || t.Unix() >= 1<<32 {
+				d.Time = r.Timestamp // no usable event time: Kafka's will do
+			}
+			p.rows.add(&d, r.Topic, r.Partition, r.Offset)
+		}
+	})
+}
+
+func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
+	reason := ReasonMalformed
+	if errors.Is(err, event.ErrUnknownVersion) {
+		reason = ReasonUnknownVersion
+	}
+	return deadLetter{reason: reason, rec: &kgo.Record{
+		Topic:     c.cfg.DeadLetterTopic,
+		Key:       r.Key,
+		Value:     r.Value,
+		Timestamp: r.Timestamp,
+		Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
+			kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
+			kgo.RecordHeader{Key: HeaderError, Value: []byte(err.Error())},
+			kgo.RecordHeader{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
+			kgo.RecordHeader{Key: HeaderSourcePartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+			kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		),
+	}}
+}
+
+// flush stores everything buffered, retrying with backoff until it
+// succeeds or ctx ends.
+func (c *Consumer) flush(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		stage, err := c.flushOnce(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", stage, err)
+		}
+		c.m.retries.WithLabelValues(stage).Inc()
+		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
+		c.log.Warn("flush failed; retrying", "stage", stage, "attempt", attempt+1, "retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", stage, err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// backoff is the wait before retry attempt+1: exponential from lo, capped
+// at hi, with up to 20% jitter so consumers do not retry in lockstep.
+func backoff(lo, hi time.Duration, attempt int) time.Duration {
+	d := lo << min(attempt, 30)
+	if d > hi || d <= 0 {
+		d = hi
+	}
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// Flush stages, the retries counter's stage label.
+const (
+	stageDeadLetter = "dead_letter"
+	stageDedupe     = "dedupe"
+	stageInsert     = "insert"
+	stageCommit     = "commit"
+	stageResume     = "resume"
+)
+
+// flushOnce makes one attempt: dead letters first (so a partition's poison
+// records are never skipped by a resume past the rows after them), then one
+// INSERT of every partition's rows, then the offset commit. It holds mu
+// throughout, so no partition changes owner in the middle.
+func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	var dead []*kgo.Record
+	for _, p := range c.parts {
+		for _, d := range p.dead {
+			dead = append(dead, d.rec)
+		}
+	}
+	if len(dead) > 0 {
+		if err := c.cl.ProduceSync(ctx, dead...).FirstErr(); err != nil {
+			return stageDeadLetter, fmt.Errorf("produce %d dead letters: %w", len(dead), err)
+		}
+		for _, p := range c.parts {
+			for _, d := range p.dead {
+				c.m.deadLetters.WithLabelValues(d.reason).Inc()
+			}
+			c.pending -= len(p.dead)
+			p.dead = nil
+		}
+	}
+
+	if c.uncertain {
+		if err := c.dropStored(ctx); err != nil {
+			return stageDedupe, err
+		}
+	}
+	rows := 0
+	for _, p := range c.parts {
+		rows += p.rows.len()
+	}
+	if rows > 0 {
+		if err := c.insert(ctx, rows); err != nil {
+			c.uncertain = true
+			return stageInsert, err
+		}
+		c.uncertain = false
+		for _, p := range c.parts {
+			p.rows = columns{}
+		}
+		c.pending -= rows
+		if c.afterInsert != nil {
+			c.afterInsert()
+		}
+	}
+
+	for _, p := range c.parts {
+		if p.hasEnd {
+			p.stored, p.hasStored = p.end, true
+			p.hasEnd = false
+		}
+	}
+	if err := c.commit(ctx, nil); err != nil {
+		// Not fatal: ClickHouse holds the rows, so a restart resumes past
+		// them anyway; the next flush or the revocation commits again.
+		c.m.retries.WithLabelValues(stageCommit).Inc()
+		c.log.Warn("commit offsets", "err", err)
+	}
+	return "", nil
+}
+
+// insert writes every buffered row with one INSERT. Once started, an INSERT
+// is not canceled with ctx, only bounded by InsertTimeout: canceling leaves
+// the client unsure what the server stored, and the server may have written
+// the raw rows but not yet the materialized views' rollups.
+func (c *Consumer) insert(ctx context.Context, rows int) error {
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.InsertTimeout)
+	defer cancel()
+	start := time.Now()
+	b, err := c.ch.PrepareBatch(ictx, qInsertDecisions)
+	if err != nil {
+		return fmt.Errorf("prepare insert: %w", err)
+	}
+	defer b.Abort()
+	for _, p := range c.parts {
+		if p.rows.len() == 0 {
+			continue
+		}
+		if err := p.rows.appendTo(b); err != nil {
+			return fmt.Errorf("insert %d rows: %w", rows, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("insert %d rows: %w", rows, err)
+	}
+	c.m.batchSeconds.Observe(time.Since(start).Seconds())
+	c.m.batchRows.Observe(float64(rows))
+	c.m.rowsInserted.Add(float64(rows))
+	return nil
+}
+
+// dropStored removes buffered rows that ClickHouse already holds: after a
+// failed insert, the server may have stored it before the error.
+func (c *Consumer) dropStored(ctx context.Context) error {
+	for _, p := range c.parts {
+		if p.rows.len() == 0 {
+			continue
+		}
+		lo, hi := p.rows.offset[0], p.rows.offset[p.rows.len()-1]
+		rows, err := c.ch.Query(ctx, qStoredOffsets, p.rows.minTime, p.rows.maxTime, c.cfg.Topic, p.id, lo, hi)
+		if err != nil {
+			return fmt.Errorf("read stored offsets of partition %d: %w", p.id, err)
+		}
+		stored := map[int64]bool{}
+		for rows.Next() {
+			var o int64
+			if err := rows.Scan(&o); err != nil {
+				rows.Close()
+				return fmt.Errorf("read stored offsets of partition %d: %w", p.id, err)
+			}
+			stored[o] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read stored offsets of partition %d: %w", p.id, err)
+		}
+		if len(stored) == 0 {
+			continue
+		}
+		before := p.rows.len()
+		p.rows = p.rows.keep(func(o int64) bool { return !stored[o] })
+		n := before - p.rows.len()
+		c.pending -= n
+		c.m.duplicates.Add(float64(n))
+		c.log.Info("skipped rows ClickHouse already had", "partition", p.id, "rows", n)
+	}
+	c.uncertain = false
+	return nil
+}
+
+// commit commits the stored offsets of the given partitions (nil: all).
+// Callers hold mu.
+func (c *Consumer) commit(ctx context.Context, only []int32) error {
+	offsets := map[int32]kgo.EpochOffset{}
+	for id, p := range c.parts {
+		if p.hasStored && (only == nil || contains(only, id)) {
+			offsets[id] = p.stored
+		}
+	}
+	if len(offsets) == 0 {
+		return nil
+	}
+	var cerr error
+	c.cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{c.cfg.Topic: offsets},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			if err != nil {
+				cerr = err
+				return
+			}
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+						cerr = fmt.Errorf("partition %d: %w", p.Partition, err)
+						return
+					}
+				}
+			}
+		})
+	if cerr != nil {
+		return cerr
+	}
+	for id, o := range offsets {
+		if p := c.parts[id]; p != nil && p.stored == o {
+			p.hasStored = false
+		}
+	}
+	return nil
+}
+
+func contains(s []int32, v int32) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// resumeOffsets runs when partitions are assigned: each starts after the
+// highest offset ClickHouse holds for it, or at its committed offset if that
+// is further. Until ClickHouse answers it retries, since nothing can be
+// inserted meanwhile anyway.
+func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[c.cfg.Topic]
+	if len(parts) == 0 {
+		return offsets, nil
+	}
+	var stored map[int32]int64
+	for attempt := 0; ; attempt++ {
+		var err error
+		stored, err = c.maxStoredOffsets(ctx)
+		if err == nil {
+			break
+		}
+		c.m.retries.WithLabelValues(stageResume).Inc()
+		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
+		c.log.Warn("read stored offsets; retrying", "attempt", attempt+1, "retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, o := range parts {
+		committed := o.EpochOffset().Offset // negative: no commit
+		next := max(committed, 0)
+		if hi, ok := stored[id]; ok && hi+1 > committed {
+			next = hi + 1
+			parts[id] = kgo.NewOffset().At(next)
+			c.log.Info("resume after the offsets ClickHouse holds",
+				"partition", id, "committed", committed, "resume", next)
+		}
+		c.parts[id] = &partition{id: id, next: next}
+	}
+	return offsets, nil
+}
+
+func (c *Consumer) maxStoredOffsets(ctx context.Context) (map[int32]int64, error) {
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	defer cancel()
+	rows, err := c.ch.Query(qctx, qMaxOffsets, c.cfg.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("read max stored offsets: %w", err)
+	}
+	defer rows.Close()
+	stored := map[int32]int64{}
+	for rows.Next() {
+		var p int32
+		var o int64
+		if err := rows.Scan(&p, &o); err != nil {
+			return nil, fmt.Errorf("read max stored offsets: %w", err)
+		}
+		stored[p] = o
+	}
+	return stored, rows.Err()
+}
+
+// revoked runs when partitions move to another consumer (or on leaving the
+// group): it waits for an insert in flight, commits what was stored, and
+// forgets the rest, which the next owner reads again from ClickHouse's
+// highest offset.
+func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := revoked[c.cfg.Topic]
+	if err := c.commit(ctx, ids); err != nil {
+		c.m.retries.WithLabelValues(stageCommit).Inc()
+		c.log.Warn("commit on revoke", "err", err)
+	}
+	c.forget(ids)
+}
+
+// lost runs when the group session expired: the partitions may already be
+// someone else's, so nothing is committed.
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forget(lost[c.cfg.Topic])
+}
+
+func (c *Consumer) forget(ids []int32) {
+	for _, id := range ids {
+		if p := c.parts[id]; p != nil {
+			c.pending -= p.rows.len() + len(p.dead)
+			delete(c.parts, id)
+		}
+	}
+	if c.pending == 0 {
+		c.uncertain = false
+	}
+}
+
+// measureLag sets the lag gauge from the group's committed offsets every
+// LagInterval.
+func (c *Consumer) measureLag(ctx context.Context, adm *kadm.Client) {
+	t := time.NewTicker(c.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, c.cfg.LagInterval)
+		lags, err := adm.Lag(lctx, c.cfg.Group)
+		cancel()
+		if err != nil {
+			continue
+		}
+		lag, ok := lags[c.cfg.Group]
+		if !ok || lag.Error() != nil {
+			continue
+		}
+		c.m.lag.Set(float64(lag.Lag.TotalByTopic()[c.cfg.Topic].Lag))
+	}
+}
+
+// dropExpired applies retention by dropping day partitions, on servers
+// without TTL.
+func (c *Consumer) dropExpired(ctx context.Context) {
+	ttl, err := SupportsTTL(c.ch)
+	if err != nil {
+		c.log.Warn("retention disabled: cannot read the server version", "err", err)
+		return
+	}
+	if ttl {
+		return // Migrate set TTLs
+	}
+	t := time.NewTicker(c.cfg.RetentionInterval)
+	defer t.Stop()
+	for {
+		dropped, err := DropExpired(ctx, c.ch, c.cfg.Retention, c.now())
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("drop expired partitions", "err", err)
+		}
+		c.m.partitionsDropped.Add(float64(len(dropped)))
+		if len(dropped) > 0 {
+			c.log.Info("dropped expired partitions", "partitions", dropped)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// kgoLogger sends franz-go's warnings and errors to slog.
+type kgoLogger struct{ log *slog.Logger }
+
+func (kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lv := slog.LevelWarn
+	if level == kgo.LogLevelError {
+		lv = slog.LevelError
+	}
+	l.log.Log(context.Background(), lv, "kafka: "+msg, keyvals...)
+}

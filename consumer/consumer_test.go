@@ -1,0 +1,278 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+func TestConfigValidate(t *testing.T) {
+	b := []string{"k:9092"}
+	tests := []struct {
+		name string
+		give Config
+		want error
+	}{
+		{name: "defaults", give: Config{Brokers: b}},
+		{name: "no brokers", give: Config{}, want: ErrNoBrokers},
+		{name: "same topic", give: Config{Brokers: b, Topic: "x", DeadLetterTopic: "x"}, want: ErrSameTopic},
+		{name: "negative batch", give: Config{Brokers: b, BatchSize: -1}, want: ErrBatchSize},
+		{name: "negative wait", give: Config{Brokers: b, BatchWait: -time.Second}, want: ErrNegativeTime},
+		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrRetryRange},
+		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInsertTimeout},
+		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.give.Validate(); !errors.Is(err, tt.want) {
+				t.Errorf("Validate(%+v) = %v, want %v", tt.give, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	lo, hi := 100*time.Millisecond, 10*time.Second
+	tests := []struct {
+		attempt  int
+		min, max time.Duration
+	}{
+		{0, 80 * time.Millisecond, 100 * time.Millisecond},
+		{1, 160 * time.Millisecond, 200 * time.Millisecond},
+		{5, 2560 * time.Millisecond, 3200 * time.Millisecond},
+		{10, 8 * time.Second, 10 * time.Second},
+		{100, 8 * time.Second, 10 * time.Second},
+	}
+	for _, tt := range tests {
+		for range 50 {
+			if got := backoff(lo, hi, tt.attempt); got < tt.min || got > tt.max {
+				t.Fatalf("backoff(%v, %v, %d) = %v, want in [%v, %v]", lo, hi, tt.attempt, got, tt.min, tt.max)
+			}
+		}
+	}
+}
+
+// TestExactlyOnceIntoClickHouse: N events on several partitions become
+// exactly N rows, each partition's offsets all present once, and every
+// rollup agrees with the raw table.
+func TestExactlyOnceIntoClickHouse(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	for _, kb := range backends(t, 4) {
+		t.Run(kb.name, func(t *testing.T) {
+			ch, _ := newDatabase(t, addr)
+			const n = 10_000
+			produce(t, kb.brokers, kb.topic, decisions(n))
+			r := start(t, kb.config(), ch, nil)
+			waitFor(t, "all rows in ClickHouse", 60*time.Second, func() bool {
+				return count(t, ch, "SELECT count() FROM decisions") >= n
+			})
+			waitFor(t, "rows_inserted metric", 10*time.Second, func() bool {
+				return metric(t, r.reg, "edgelimit_consumer_rows_inserted_total") == n
+			})
+			r.stop()
+			if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
+				t.Errorf("count() = %d, want %d", got, n)
+			}
+			if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != n {
+				t.Errorf("uniqExact(event_id) = %d, want %d", got, n)
+			}
+			if got := count(t, ch, "SELECT uniqExact(kafka_partition, kafka_offset) FROM decisions WHERE kafka_topic = ?", kb.topic); got != n {
+				t.Errorf("distinct (partition, offset) = %d, want %d", got, n)
+			}
+			if got := count(t, ch, "SELECT uniqExact(kafka_partition) FROM decisions"); got != 4 {
+				t.Errorf("partitions with rows = %d, want 4", got)
+			}
+			checkRollups(t, ch)
+			if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 0 {
+				t.Errorf("dead letters = %v, want 0", got)
+			}
+		})
+	}
+}
+
+// checkRollups compares every rollup with the same aggregation over the raw
+// table, group by group.
+func checkRollups(t *testing.T, ch driver.Conn) {
+	t.Helper()
+	pairs := []struct {
+		name, raw, rollup string
+	}{
+		{
+			name: "by key",
+			raw: `SELECT toString(toStartOfMinute(time)), key_id, key_kind, binding_rule, route, plan, gateway_id,
+				toString(count()), toString(countIf(allowed = 1)), toString(countIf(allowed = 0)), toString(sum(cost)),
+				toString(sumIf(cost, allowed = 1)), toString(countIf(mode = 'fail_open')), toString(countIf(mode = 'fail_closed')),
+				toString(countIf(store_status IN ('unavailable', 'timeout'))), toString(countIf(mode = 'shadow')),
+				toString(countIf(mode = 'local_fallback'))
+				FROM decisions GROUP BY toStartOfMinute(time), key_id, key_kind, binding_rule, route, plan, gateway_id`,
+			rollup: `SELECT toString(minute), key_id, key_kind, binding_rule, route, plan, gateway_id,
+				toString(sum(requests)), toString(sum(allowed_requests)), toString(sum(denied_requests)), toString(sum(total_cost)),
+				toString(sum(allowed_cost)), toString(sum(fail_open)), toString(sum(fail_closed)),
+				toString(sum(store_unavailable)), toString(sum(shadow)), toString(sum(local_fallback))
+				FROM decisions_by_key_1m GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id`,
+		},
+		{
+			name: "by ip",
+			// uniq is exact below 65536 distinct values, as here.
+			raw: `SELECT toString(toStartOfMinute(time)), client_ip, toString(count()), toString(countIf(allowed = 0)),
+				toString(uniqExact(key_id)), toString(uniqExact(user_agent_hash))
+				FROM decisions GROUP BY toStartOfMinute(time), client_ip`,
+			rollup: `SELECT toString(minute), client_ip, toString(countMerge(requests)), toString(sumMerge(denied_requests)),
+				toString(uniqMerge(distinct_keys)), toString(uniqMerge(distinct_user_agents))
+				FROM decisions_by_ip_1m GROUP BY minute, client_ip`,
+		},
+		{
+			name: "by gateway",
+			raw: `SELECT toString(toStartOfMinute(time)), gateway_id, toString(count()), toString(countIf(allowed = 0)),
+				toString(countIf(store_status = 'ok')), toString(countIf(store_status = 'unavailable')),
+				toString(countIf(store_status = 'timeout')), toString(countIf(store_status = 'local_cache')),
+				toString(countIf(mode = 'fail_open')), toString(countIf(mode = 'fail_closed')),
+				toString(countIf(mode = 'local_fallback')), toString(max(check_latency_us))
+				FROM decisions GROUP BY toStartOfMinute(time), gateway_id`,
+			rollup: `SELECT toString(minute), gateway_id, toString(countMerge(requests)), toString(sumMerge(denied_requests)),
+				toString(sumMerge(store_ok)), toString(sumMerge(store_unavailable)),
+				toString(sumMerge(store_timeout)), toString(sumMerge(store_local_cache)),
+				toString(sumMerge(fail_open)), toString(sumMerge(fail_closed)),
+				toString(sumMerge(local_fallback)), toString(maxMerge(check_latency_us_max))
+				FROM decisions_by_gateway_1m GROUP BY minute, gateway_id`,
+		},
+	}
+	for _, p := range pairs {
+		raw, rollup := rowSet(t, ch, p.raw), rowSet(t, ch, p.rollup)
+		if len(raw) == 0 {
+			t.Errorf("%s: raw aggregation is empty", p.name)
+		}
+		if diff := cmp.Diff(raw, rollup); diff != "" {
+			t.Errorf("rollup %s disagrees with the raw table (-raw +rollup):\n%s", p.name, diff)
+		}
+	}
+	// Latency quantiles: the rollup's merged states against the raw rows'.
+	// Both sample, so compare loosely.
+	var p50raw, p50roll float64
+	if err := ch.QueryRow(context.Background(), "SELECT toFloat64(quantile(0.5)(check_latency_us)) FROM decisions").Scan(&p50raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueryRow(context.Background(), "SELECT toFloat64(quantilesMerge(0.5, 0.9, 0.99)(check_latency_us_q)[1]) FROM decisions_by_gateway_1m").Scan(&p50roll); err != nil {
+		t.Fatal(err)
+	}
+	if p50roll < p50raw*0.8 || p50roll > p50raw*1.2 {
+		t.Errorf("rollup p50 check latency = %v us, raw = %v us; want within 20%%", p50roll, p50raw)
+	}
+}
+
+// rowSet runs a query whose columns are all strings and returns its rows
+// joined, as a set.
+func rowSet(t *testing.T, ch driver.Conn, q string) map[string]bool {
+	t.Helper()
+	rows, err := ch.Query(context.Background(), q)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	n := len(rows.ColumnTypes())
+	set := map[string]bool{}
+	for rows.Next() {
+		vals := make([]string, n)
+		ptrs := make([]any, n)
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		set[fmt.Sprint(vals)] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// TestDeadLetter: records that do not decode go to the dead-letter topic
+// with their reason, and the good records around them are stored.
+func TestDeadLetter(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	for _, kb := range backends(t, 1) {
+		t.Run(kb.name, func(t *testing.T) {
+			ch, _ := newDatabase(t, addr)
+			good := decisions(300)
+			produce(t, kb.brokers, kb.topic, good[:100])
+			v2, err := event.Encode(good[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			v2[0] = 2 // a future schema version
+			produceRaw(t, kb.brokers, kb.topic, []byte{event.Version, 0xff}, v2, nil)
+			produce(t, kb.brokers, kb.topic, good[100:])
+
+			r := start(t, kb.config(), ch, nil)
+			waitFor(t, "good rows in ClickHouse", 60*time.Second, func() bool {
+				return count(t, ch, "SELECT count() FROM decisions") >= 300
+			})
+			dead := consumeAll(t, kb.brokers, kb.dlq, 3)
+			want := []struct{ reason, offset string }{
+				{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonMalformed, "102"},
+			}
+			for i, w := range want {
+				h := headers(dead[i])
+				if h[HeaderReason] != w.reason || h[HeaderSourceOffset] != w.offset || h[HeaderSourceTopic] != kb.topic || h[HeaderError] == "" {
+					t.Errorf("dead letter %d headers = %v, want reason %s offset %s topic %s", i, h, w.reason, w.offset, kb.topic)
+				}
+			}
+			if string(dead[0].Value) != string([]byte{event.Version, 0xff}) {
+				t.Errorf("dead letter 0 value = %q, want the original", dead[0].Value)
+			}
+			waitFor(t, "dead-letter metric", 5*time.Second, func() bool {
+				return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 2 &&
+					metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 1
+			})
+			r.stop()
+			if got := count(t, ch, "SELECT count() FROM decisions"); got != 300 {
+				t.Errorf("count() = %d, want 300", got)
+			}
+			// The group's committed offset is past the poison records.
+			if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 303 {
+				t.Errorf("committed offset = %d, want 303", got)
+			}
+		})
+	}
+}
+
+func headers(r *kgo.Record) map[string]string {
+	h := map[string]string{}
+	for _, x := range r.Headers {
+		h[x.Key] = string(x.Value)
+	}
+	return h
+}
+
+// consumeAll reads n records from topic's start.
+func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records from %s", len(recs), n, topic)
+		}
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}

@@ -1,0 +1,134 @@
+package consumer
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// The crash helper is this test binary run again with crashEnv set: it
+// consumes until its first batch is in ClickHouse, prints "inserted", and
+// hangs before committing, until the test SIGKILLs it.
+const crashEnv = "EDGELIMIT_CONSUMER_CRASH_HELPER"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(crashEnv); spec != "" {
+		os.Exit(crashHelper(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// crashHelper runs a consumer described by spec: brokers|topic|dlq|group|clickhouse addr|database.
+func crashHelper(spec string) int {
+	f := strings.Split(spec, "|")
+	if len(f) != 6 {
+		fmt.Fprintf(os.Stderr, "bad %s %q\n", crashEnv, spec)
+		return 2
+	}
+	cfg := fastConfig(strings.Split(f[0], ","))
+	cfg.Topic, cfg.DeadLetterTopic, cfg.Group = f[1], f[2], f[3]
+	cfg.BatchSize = 1000
+	ch, err := openHelperClickHouse(f[4], f[5])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	c, err := New(cfg, ch, nil, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	c.afterInsert = func() {
+		fmt.Println("inserted")
+		select {} // crash here: inserted, not committed
+	}
+	if err := c.Run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	return 1
+}
+
+// TestCrashBetweenInsertAndCommit SIGKILLs a consumer after ClickHouse
+// accepted a batch and before the offsets were committed, then runs a new
+// one: every event is stored exactly once.
+func TestCrashBetweenInsertAndCommit(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	for _, kb := range backends(t, 2) {
+		t.Run(kb.name, func(t *testing.T) {
+			ch, db := newDatabase(t, addr)
+			const n = 5000
+			produce(t, kb.brokers, kb.topic, decisions(n))
+			cfg := kb.config()
+
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
+				[]string{strings.Join(kb.brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
+			cmd.Stderr = testWriter{t}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			inserted := make(chan bool, 1)
+			go func() {
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					if sc.Text() == "inserted" {
+						inserted <- true
+						return
+					}
+				}
+				inserted <- false
+			}()
+			select {
+			case ok := <-inserted:
+				if !ok {
+					cmd.Process.Kill()
+					cmd.Wait()
+					t.Fatal("crash helper exited before inserting")
+				}
+			case <-time.After(60 * time.Second):
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatal("crash helper did not insert within 60s")
+			}
+			if err := cmd.Process.Kill(); err != nil { // SIGKILL
+				t.Fatal(err)
+			}
+			cmd.Wait()
+
+			before := count(t, ch, "SELECT count() FROM decisions")
+			if before == 0 || before >= n {
+				t.Fatalf("rows after the crash = %d, want some but not all of %d", before, n)
+			}
+			for p, o := range committed(t, kb.brokers, cfg.Group, cfg.Topic) {
+				if o > 0 {
+					t.Fatalf("partition %d committed offset %d before the crash; the test needs none", p, o)
+				}
+			}
+
+			r := start(t, cfg, ch, nil)
+			waitFor(t, "all rows after the restart", 60*time.Second, func() bool {
+				return count(t, ch, "SELECT count() FROM decisions") >= n
+			})
+			r.stop()
+			total := count(t, ch, "SELECT count() FROM decisions")
+			uniq := count(t, ch, "SELECT uniqExact(event_id) FROM decisions")
+			if total != n || uniq != n {
+				t.Errorf("after crash and restart: count() = %d, uniqExact(event_id) = %d, want both %d (%d rows were in before the crash)", total, uniq, n, before)
+			}
+			if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != n {
+				t.Errorf("rollup requests = %d, want %d", got, n)
+			}
+		})
+	}
+}

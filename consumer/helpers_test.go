@@ -1,0 +1,342 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// openClickHouse connects to addr's database db (created if missing).
+func openClickHouse(tb testing.TB, addr, db string) driver.Conn {
+	tb.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{addr},
+		Protocol:    clickhouse.Native,
+		Auth:        clickhouse.Auth{Database: db, Username: "default"},
+		DialTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// openHelperClickHouse is openClickHouse for a helper process, which has
+// no testing.TB.
+func openHelperClickHouse(addr, db string) (driver.Conn, error) {
+	return clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{addr},
+		Protocol:    clickhouse.Native,
+		Auth:        clickhouse.Auth{Database: db, Username: "default"},
+		DialTimeout: 2 * time.Second,
+	})
+}
+
+// newDatabase creates a database of the test's own on the ClickHouse at
+// addr, migrated, and returns a connection to it. It is dropped at the end.
+func newDatabase(tb testing.TB, addr string) (driver.Conn, string) {
+	tb.Helper()
+	db := fmt.Sprintf("edgelimit_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
+	root := openClickHouse(tb, addr, "default")
+	ctx := context.Background()
+	if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		tb.Fatalf("create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
+			tb.Logf("kept database %s", db)
+			return
+		}
+		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
+			tb.Logf("drop database %s: %v", db, err)
+		}
+	})
+	conn := openClickHouse(tb, addr, db)
+	if err := Migrate(ctx, conn, Retention{}); err != nil {
+		tb.Fatalf("Migrate: %v", err)
+	}
+	return conn, db
+}
+
+// newKafka starts an in-process kfake cluster with the decisions and
+// dead-letter topics.
+func newKafka(tb testing.TB, partitions int32) []string {
+	tb.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, "decisions", "decisions-dead-letter"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// realKafka returns the shared real broker with fresh, uniquely named
+// topics, so tests do not see each other's records.
+func realKafka(tb testing.TB, brokers []string, partitions int32) (topic, deadLetter string) {
+	tb.Helper()
+	suffix := fmt.Sprintf("%d-%d", time.Now().UnixNano(), rand.IntN(1000))
+	topic, deadLetter = "decisions-"+suffix, "dead-letter-"+suffix
+	createTopics(tb, brokers, partitions, topic, deadLetter)
+	return topic, deadLetter
+}
+
+func createTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		tb.Fatalf("create topics %v: %v", topics, err)
+	}
+}
+
+var testStart = time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
+
+// decisions returns n varied events spread over a few minutes, a few
+// gateways, keys and IPs.
+func decisions(n int) []event.Decision {
+	ds := make([]event.Decision, n)
+	for i := range ds {
+		t := testStart.Add(time.Duration(i) * 5 * time.Minute / time.Duration(n))
+		ds[i] = event.Decision{
+			ID:            event.NewID(t),
+			Time:          t.Add(time.Duration(i%1000) * time.Microsecond),
+			GatewayID:     fmt.Sprintf("gw-%d", i%3),
+			KeyID:         fmt.Sprintf("key-%d", i%17),
+			KeyKind:       event.KeyKind(1 + i%3),
+			ClientIP:      fmt.Sprintf("10.0.0.%d", i%7),
+			UserAgentHash: uint64(i % 11),
+			Route:         []string{"/a", "/b"}[i%2],
+			Method:        "GET",
+			Plan:          []string{"free", "pro"}[i%2],
+			BindingRule:   []string{"per_minute", "per_hour"}[i%2],
+			Allowed:       i%4 != 0,
+			Limit:         100,
+			Remaining:     int64(i % 100),
+			Cost:          int64(1 + i%3),
+			StoreStatus:   event.StoreStatus(i % 4),
+			Mode:          event.Mode(i % 5),
+			CheckLatency:  time.Duration(100+i%900) * time.Microsecond,
+		}
+	}
+	return ds
+}
+
+// produce writes the events, and any extra raw values, to topic.
+func produce(tb testing.TB, brokers []string, topic string, ds []event.Decision) {
+	tb.Helper()
+	var values [][]byte
+	for _, d := range ds {
+		b, err := event.Encode(d)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		values = append(values, b)
+	}
+	produceRaw(tb, brokers, topic, values...)
+}
+
+func produceRaw(tb testing.TB, brokers []string, topic string, values ...[]byte) {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.MaxBufferedRecords(1_000_000))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		perr error
+	)
+	for _, v := range values {
+		cl.Produce(ctx, &kgo.Record{Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				perr = err
+				mu.Unlock()
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		tb.Fatalf("flush: %v", err)
+	}
+	if perr != nil {
+		tb.Fatalf("produce: %v", perr)
+	}
+}
+
+// fastConfig is a Config that reacts quickly, for tests.
+func fastConfig(brokers []string) Config {
+	return Config{
+		Brokers:     brokers,
+		BatchSize:   2000,
+		BatchWait:   100 * time.Millisecond,
+		RetryMin:    50 * time.Millisecond,
+		RetryMax:    500 * time.Millisecond,
+		LagInterval: 200 * time.Millisecond,
+		Opts: []kgo.Opt{
+			// A restarted or killed member leaves the group quickly.
+			kgo.SessionTimeout(6 * time.Second),
+			kgo.RebalanceTimeout(6 * time.Second),
+			kgo.HeartbeatInterval(500 * time.Millisecond),
+			kgo.FetchMaxWait(200 * time.Millisecond),
+		},
+	}
+}
+
+// running is a Consumer started by start.
+type running struct {
+	c    *Consumer
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// start runs a consumer until the returned stop is called (or the test
+// ends).
+func start(tb testing.TB, cfg Config, ch driver.Conn, hook func(*Consumer)) *running {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewJSONHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := New(cfg, ch, reg, log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if hook != nil {
+		hook(c)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					tb.Errorf("Run: %v", err)
+				}
+			case <-time.After(60 * time.Second):
+				tb.Errorf("Run did not return within 60s of cancel")
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return &running{c: c, reg: reg, stop: stop}
+}
+
+// testWriter sends log lines to the test log.
+type testWriter struct{ tb testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.tb.Logf("%s", p)
+	return len(p), nil
+}
+
+// waitFor polls cond until it holds, failing at the deadline.
+func waitFor(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// count runs a query returning one UInt64.
+func count(tb testing.TB, ch driver.Conn, query string, args ...any) uint64 {
+	tb.Helper()
+	var n uint64
+	if err := ch.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		tb.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// metric reads a counter or gauge from reg, summed over its labels.
+func metric(tb testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() != labels[i+1] {
+						continue metrics
+					}
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				v += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				v += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// kafkaBackends lists the Kafka brokers a test runs against: kfake always,
+// and the real broker when testenv provides one.
+type kafkaBackend struct {
+	name    string
+	brokers []string
+	topic   string
+	dlq     string
+}
+
+func backends(t *testing.T, partitions int32) []kafkaBackend {
+	t.Helper()
+	bs := []kafkaBackend{{name: "kfake", brokers: newKafka(t, partitions), topic: "decisions", dlq: "decisions-dead-letter"}}
+	if os.Getenv("EDGELIMIT_KAFKA_BROKERS") != "" || os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {
+		brokers := testenv.KafkaBrokers(t)
+		topic, dlq := realKafka(t, brokers, partitions)
+		bs = append(bs, kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq})
+	}
+	return bs
+}
+
+func (b kafkaBackend) config() Config {
+	cfg := fastConfig(b.brokers)
+	cfg.Topic, cfg.DeadLetterTopic = b.topic, b.dlq
+	cfg.Group = "test-" + b.topic
+	return cfg
+}

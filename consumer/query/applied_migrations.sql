@@ -1,0 +1,1 @@
+SELECT DISTINCT version FROM schema_migrations

@@ -1,0 +1,6 @@
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    UInt32,
+    name       String,
+    applied_at DateTime
+) ENGINE = MergeTree
+ORDER BY version

@@ -1,0 +1,1 @@
+ALTER TABLE {table} MODIFY TTL {column} + toIntervalDay(?)

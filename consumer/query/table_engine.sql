@@ -1,0 +1,3 @@
+SELECT engine_full
+FROM system.tables
+WHERE database = currentDatabase() AND name = ?

@@ -1,0 +1,3 @@
+SELECT DISTINCT partition
+FROM system.parts
+WHERE database = currentDatabase() AND table = ? AND active

@@ -1,0 +1,285 @@
+package consumer
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Migrations are applied in file-name order; each file's number is its
+// version. Every statement is idempotent (IF NOT EXISTS), so a migration
+// interrupted halfway, or run by two consumers at once, is simply applied
+// again.
+//
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Queries, one per file, parameters bound by the driver.
+//
+//go:embed query/*.sql
+var queryFS embed.FS
+
+func mustQuery(name string) string {
+	b, err := queryFS.ReadFile("query/" + name + ".sql")
+	if err != nil {
+		panic(err) // embedded at build time: a missing file is a build bug
+	}
+	return strings.TrimSpace(string(b))
+}
+
+var (
+	qCreateSchemaMigrations = mustQuery("create_schema_migrations")
+	qAppliedMigrations      = mustQuery("applied_migrations")
+	qInsertMigration        = mustQuery("insert_migration")
+	qInsertDecisions        = mustQuery("insert_decisions")
+	qMaxOffsets             = mustQuery("max_offsets")
+	qStoredOffsets          = mustQuery("stored_offsets")
+	qTablePartitions        = mustQuery("table_partitions")
+	qTableEngine            = mustQuery("table_engine")
+	// The two ALTERs name a table, which cannot be a bound parameter; the
+	// {table} and {column} placeholders are filled only from retainedTables.
+	qDropPartition = mustQuery("drop_partition")
+	qModifyTTL     = mustQuery("modify_ttl")
+)
+
+// Retention says how long data is kept. Zero keeps data forever.
+type Retention struct {
+	// RawDays is how many days of the raw decisions table to keep.
+	RawDays int
+	// RollupDays is how many days of the per-minute rollups to keep.
+	RollupDays int
+}
+
+// retainedTable is a table that retention applies to.
+type retainedTable struct {
+	name   string
+	column string // its DateTime column
+	raw    bool   // kept RawDays, else RollupDays
+}
+
+// retainedTables lists every day-partitioned table. decisions_offsets is not
+// here: it is tiny and must outlive the raw rows.
+var retainedTables = []retainedTable{
+	{name: "decisions", column: "time", raw: true},
+	{name: "decisions_by_key_1m", column: "minute"},
+	{name: "decisions_by_ip_1m", column: "minute"},
+	{name: "decisions_by_gateway_1m", column: "minute"},
+}
+
+func (r Retention) days(t retainedTable) int {
+	if t.raw {
+		return r.RawDays
+	}
+	return r.RollupDays
+}
+
+type migration struct {
+	version uint32
+	name    string
+	stmts   []string
+}
+
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	var ms []migration
+	for _, n := range names {
+		base := path.Base(n)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.ParseUint(num, 10, 32)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: name must start with a number and '_'", base)
+		}
+		b, err := migrationFS.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: uint32(v), name: base, stmts: splitStatements(string(b))})
+	}
+	return ms, nil
+}
+
+// splitStatements splits a migration file on semicolons after dropping "--"
+// comment lines. The migrations contain no semicolons inside literals.
+func splitStatements(sql string) []string {
+	var lines []string
+	for _, l := range strings.Split(sql, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			lines = append(lines, l)
+		}
+	}
+	var stmts []string
+	for _, s := range strings.Split(strings.Join(lines, "\n"), ";") {
+		if s = strings.TrimSpace(s); s != "" {
+			stmts = append(stmts, s)
+		}
+	}
+	return stmts
+}
+
+// Migrate creates or updates the ClickHouse schema in conn's database:
+// every embedded migration not yet recorded in schema_migrations, then the
+// retention TTLs where the server supports TTL (19.6 and later). On older
+// servers retention is DropExpired's job. Migrate is safe to run at every
+// start and from several consumers at once.
+func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	if err := conn.Exec(ctx, qCreateSchemaMigrations); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	applied, err := appliedMigrations(ctx, conn)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		for i, s := range m.stmts {
+			if err := conn.Exec(ctx, s); err != nil {
+				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
+			}
+		}
+		b, err := conn.PrepareBatch(ctx, qInsertMigration)
+		if err != nil {
+			return fmt.Errorf("record migration %s: %w", m.name, err)
+		}
+		if err := b.Append(m.version, m.name, time.Now()); err != nil {
+			return fmt.Errorf("record migration %s: %w", m.name, err)
+		}
+		if err := b.Send(); err != nil {
+			return fmt.Errorf("record migration %s: %w", m.name, err)
+		}
+	}
+	ttl, err := SupportsTTL(conn)
+	if err != nil || !ttl {
+		return err
+	}
+	return applyTTL(ctx, conn, r)
+}
+
+func appliedMigrations(ctx context.Context, conn driver.Conn) (map[uint32]bool, error) {
+	rows, err := conn.Query(ctx, qAppliedMigrations)
+	if err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
+	}
+	defer rows.Close()
+	applied := map[uint32]bool{}
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("read schema_migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	return applied, rows.Err()
+}
+
+// SupportsTTL reports whether the server has table TTLs (ClickHouse 19.6
+// and later).
+func SupportsTTL(conn driver.Conn) (bool, error) {
+	v, err := conn.ServerVersion()
+	if err != nil {
+		return false, fmt.Errorf("clickhouse server version: %w", err)
+	}
+	return ttlVersion(int(v.Version.Major), int(v.Version.Minor)), nil
+}
+
+func ttlVersion(major, minor int) bool {
+	return major > 19 || major == 19 && minor >= 6
+}
+
+// applyTTL sets each table's TTL unless it already has the wanted one:
+// changing a TTL rewrites data, so it is not repeated at every start.
+func applyTTL(ctx context.Context, conn driver.Conn, r Retention) error {
+	for _, t := range retainedTables {
+		days := r.days(t)
+		if days <= 0 {
+			continue
+		}
+		var engine string
+		if err := conn.QueryRow(ctx, qTableEngine, t.name).Scan(&engine); err != nil {
+			return fmt.Errorf("read %s engine: %w", t.name, err)
+		}
+		if strings.Contains(engine, "toIntervalDay("+strconv.Itoa(days)+")") {
+			continue
+		}
+		q := strings.NewReplacer("{table}", t.name, "{column}", t.column).Replace(qModifyTTL)
+		if err := conn.Exec(ctx, q, days); err != nil {
+			return fmt.Errorf("set %s TTL to %d days: %w", t.name, days, err)
+		}
+	}
+	return nil
+}
+
+// DropExpired drops the day partitions older than the retention, for
+// servers without TTL. It returns the partitions dropped as table/yyyymmdd.
+// A partition is dropped once its whole day is older than the retention,
+// counted in days from now's UTC date.
+func DropExpired(ctx context.Context, conn driver.Conn, r Retention, now time.Time) ([]string, error) {
+	var dropped []string
+	for _, t := range retainedTables {
+		days := r.days(t)
+		if days <= 0 {
+			continue
+		}
+		parts, err := tablePartitions(ctx, conn, t.name)
+		if err != nil {
+			return dropped, err
+		}
+		cutoff := expiryCutoff(now, days)
+		for _, p := range parts {
+			if p >= cutoff {
+				continue
+			}
+			q := strings.NewReplacer("{table}", t.name).Replace(qDropPartition)
+			if err := conn.Exec(ctx, q, p); err != nil {
+				return dropped, fmt.Errorf("drop %s partition %d: %w", t.name, p, err)
+			}
+			dropped = append(dropped, fmt.Sprintf("%s/%d", t.name, p))
+		}
+	}
+	return dropped, nil
+}
+
+// expiryCutoff returns the oldest day, as yyyymmdd, kept with days of
+// retention: today and the days-1 before it.
+func expiryCutoff(now time.Time, days int) uint32 {
+	d := now.UTC().AddDate(0, 0, -(days - 1))
+	return uint32(d.Year()*10000 + int(d.Month())*100 + d.Day())
+}
+
+func tablePartitions(ctx context.Context, conn driver.Conn, table string) ([]uint32, error) {
+	rows, err := conn.Query(ctx, qTablePartitions, table)
+	if err != nil {
+		return nil, fmt.Errorf("list %s partitions: %w", table, err)
+	}
+	defer rows.Close()
+	var parts []uint32
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, fmt.Errorf("list %s partitions: %w", table, err)
+		}
+		p, err := strconv.ParseUint(strings.Trim(s, "'"), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s partition %q is not yyyymmdd: %w", table, s, err)
+		}
+		parts = append(parts, uint32(p))
+	}
+	return parts, rows.Err()
+}
