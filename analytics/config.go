@@ -34,8 +34,8 @@ type HotConfig struct {
 	// MinRate is the request rate (per second) that makes a key hot on its
 	// own. Default 100.
 	MinRate float64
-	// MinShare is the share of all traffic (0..1) that makes a key hot; 0
-	// turns the share test off. Default 0.2.
+	// MinShare is the share of all traffic (0..1] that makes a key hot; a
+	// negative value turns the share test off. Default 0.2.
 	MinShare float64
 	// ShareMinRate is the rate (per second) a key needs before MinShare
 	// applies, so a quiet fleet does not split its few keys. Default 10.
@@ -68,11 +68,11 @@ type NATConfig struct {
 	// Window is how far back distinct keys and user agents are counted.
 	// Default 10m.
 	Window time.Duration
-	// MinDistinctKeys flags an IP carrying this many distinct keys; 0
-	// turns the test off. Default 10.
+	// MinDistinctKeys flags an IP carrying this many distinct keys; a
+	// negative value turns the test off. Default 10.
 	MinDistinctKeys int64
 	// MinDistinctUserAgents flags an IP carrying this many distinct user
-	// agents; 0 turns the test off. Default 20.
+	// agents; a negative value turns the test off. Default 20.
 	MinDistinctUserAgents int64
 	// MinRequests is the least traffic a flagged IP must carry. Default 100.
 	MinRequests int64
@@ -215,7 +215,7 @@ func (h HotConfig) validate() error {
 		return fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL)
 	case !(h.MinRate > 0):
 		return fmt.Errorf("%w: hot min rate %v must be positive", ErrBadThreshold, h.MinRate)
-	case h.MinShare < 0 || h.MinShare > 1:
+	case h.MinShare > 1:
 		return fmt.Errorf("%w: hot min share %v outside [0, 1]", ErrBadThreshold, h.MinShare)
 	case h.ShareMinRate < 0:
 		return fmt.Errorf("%w: hot share min rate %v negative", ErrBadThreshold, h.ShareMinRate)
@@ -237,9 +237,7 @@ func (n NATConfig) validate() error {
 		return fmt.Errorf("%w: nat window %v outside [1s, 24h]", ErrBadWindow, n.Window)
 	case n.TTL < time.Second:
 		return fmt.Errorf("%w: nat ttl %v under 1s", ErrBadWindow, n.TTL)
-	case n.MinDistinctKeys < 0 || n.MinDistinctUserAgents < 0:
-		return fmt.Errorf("%w: nat distinct thresholds must not be negative", ErrBadThreshold)
-	case n.MinDistinctKeys == 0 && n.MinDistinctUserAgents == 0:
+	case n.MinDistinctKeys <= 0 && n.MinDistinctUserAgents <= 0:
 		return fmt.Errorf("%w: nat needs min distinct keys or min distinct user agents", ErrBadThreshold)
 	case n.MinRequests < 0:
 		return fmt.Errorf("%w: nat min requests %d negative", ErrBadThreshold, n.MinRequests)

@@ -321,8 +321,9 @@ func TestConfigValidate(t *testing.T) {
 		{"share over 1", func(c *Config) { c.Hot.MinShare = 1.5 }, ErrBadThreshold},
 		{"floor over half", func(c *Config) { c.Hot.MinGatewayShare = 0.6 }, ErrBadThreshold},
 		{"nat factor over limiter's bound", func(c *Config) { c.NAT.MaxFactor = 1001 }, ErrBadThreshold},
-		{"nat without any test", func(c *Config) { c.NAT.MinDistinctKeys, c.NAT.MinDistinctUserAgents = 0, 0 }, ErrBadThreshold},
-		{"nat negative", func(c *Config) { c.NAT.MinDistinctUserAgents = -1 }, ErrBadThreshold},
+		{"nat without any test", func(c *Config) { c.NAT.MinDistinctKeys, c.NAT.MinDistinctUserAgents = -1, -1 }, ErrBadThreshold},
+		{"nat keys test only", func(c *Config) { c.NAT.MinDistinctUserAgents = -1 }, nil},
+		{"hot share test off", func(c *Config) { c.Hot.MinShare = -1 }, nil},
 		{"ratio over 1", func(c *Config) { c.Alerts.FailOpenRatio = 2 }, ErrBadThreshold},
 		{"alertmanager not a url", func(c *Config) { c.Alerts.AlertmanagerURL = "alertmanager:9093" }, ErrBadURL},
 		{"webhook ftp", func(c *Config) { c.Alerts.WebhookURL = "ftp://x/y" }, ErrBadURL},
@@ -339,5 +340,48 @@ func TestConfigValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want %v", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestSplitsCurrent(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	ttl := 2 * time.Minute
+	live := map[string]limiter.SplitDirective{
+		"k": {Key: "k", Shares: map[string]float64{"a": 0.75, "b": 0.25}, Expires: now.Add(90 * time.Second)},
+	}
+	next := func(a, b float64) []limiter.SplitDirective {
+		return []limiter.SplitDirective{{Key: "k", Shares: map[string]float64{"a": a, "b": b}, Expires: now.Add(ttl)}}
+	}
+	tests := []struct {
+		name string
+		live map[string]limiter.SplitDirective
+		next []limiter.SplitDirective
+		now  time.Time
+		want bool
+	}{
+		{"same", live, next(0.75, 0.25), now, true},
+		{"shares drift a little", live, next(0.76, 0.24), now, true},
+		{"shares moved", live, next(0.7, 0.3), now, false},
+		{"expiry due", live, next(0.75, 0.25), now.Add(31 * time.Second), false},
+		{"new key", live, append(next(0.75, 0.25), limiter.SplitDirective{Key: "j"}), now, false},
+		{"removed", live, nil, now, false},
+		{"nothing either way", nil, nil, now, true},
+		{"live one expired, none next", live, nil, now.Add(2 * time.Minute), true},
+	}
+	for _, tt := range tests {
+		if got := splitsCurrent(tt.live, tt.next, tt.now, ttl); got != tt.want {
+			t.Errorf("%s: splitsCurrent = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	nlive := map[string]limiter.NATDirective{"ip:1.2.3.4": {Key: "ip:1.2.3.4", Factor: 10, Expires: now.Add(10 * time.Minute)}}
+	for _, tt := range []struct {
+		name   string
+		factor float64
+		want   bool
+	}{{"same", 10, true}, {"within 5%", 10.4, true}, {"moved", 12, false}} {
+		next := []limiter.NATDirective{{Key: "ip:1.2.3.4", Factor: tt.factor}}
+		if got := natsCurrent(nlive, next, now, 15*time.Minute); got != tt.want {
+			t.Errorf("natsCurrent %s = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

@@ -90,15 +90,18 @@ func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// fleetNow is the seeded fleet's clock: 30s into a minute, so the current
-// minute is partial, as in production.
-var fleetNow = time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+// fleetClock is a seeded fleet's "now": 30s into the minute before the
+// real one, so the current minute is partial, as in production, and
+// directive expiries (which Redis enforces on its own clock) lie ahead.
+func fleetClock() time.Time {
+	return time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
+}
 
 // seededFleet is the standard synthetic fleet: 3 gateways, 300 ordinary
 // keys over 10 minutes, one hot key at 60/s for 90s split 3:1:0, a busy
 // key under the threshold, three NAT addresses (one an IPv6 /64), a near
 // miss, and a fail-open outage on gw-c.
-func seededFleet() (analyticstest.Fleet, []string, []string) {
+func seededFleet(fleetNow time.Time) (analyticstest.Fleet, []string, []string) {
 	f := analyticstest.Fleet{
 		Now:        fleetNow,
 		Window:     10 * time.Minute,

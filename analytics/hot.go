@@ -45,6 +45,9 @@ type HotKey struct {
 	// Shares is each gateway's share of the key's capacity; nil when the
 	// key is not split (too few gateways).
 	Shares map[string]float64 `json:"shares,omitempty"`
+	// Since is when the detector first found the key hot in this run of
+	// analytics (set by Detector).
+	Since time.Time `json:"since,omitzero"`
 }
 
 // Threshold is the least requests a key needs over a window of span (with

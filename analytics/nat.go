@@ -36,6 +36,9 @@ type NATIP struct {
 	Factor float64 `json:"factor"`
 	// Reason is what flagged it: "keys", "user_agents", or "cooling".
 	Reason string `json:"reason"`
+	// Since is when the detector first flagged the IP in this run of
+	// analytics (set by Detector).
+	Since time.Time `json:"since,omitzero"`
 }
 
 // DetectNATs returns the NAT-shared IPs among rows, most clients first.

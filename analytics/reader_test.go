@@ -12,7 +12,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 )
 
 // TestReaderOnSeededFleet seeds ClickHouse through the raw table (the
@@ -20,7 +19,7 @@ import (
 // against counts computed from the same rows in Go.
 func TestReaderOnSeededFleet(t *testing.T) {
 	conn := mustDatabase(t)
-	f, _, _ := seededFleet()
+	f, _, _ := seededFleet(fleetClock())
 	rows := f.Rows()
 	mustInsert(t, conn, rows)
 	r := analytics.NewReader(conn)
@@ -272,7 +271,7 @@ func TestReaderOnSeededFleet(t *testing.T) {
 // they must flag exactly the planted hot key and NAT addresses.
 func TestDetectorsOnSeededFleet(t *testing.T) {
 	conn := mustDatabase(t)
-	f, wantHot, wantNAT := seededFleet()
+	f, wantHot, wantNAT := seededFleet(fleetClock())
 	mustInsert(t, conn, f.Rows())
 	r := analytics.NewReader(conn)
 	ctx := context.Background()
@@ -347,5 +346,3 @@ func precisionRecall(got, want []string) (precision, recall float64) {
 	}
 	return precision, recall
 }
-
-var _ = analyticstest.Insert

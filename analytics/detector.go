@@ -1,0 +1,388 @@
+package analytics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// directiveStore is where the detector reads and writes directives:
+// limiter.DirectiveStore.
+type directiveStore interface {
+	Load(ctx context.Context) (limiter.Directives, int, error)
+	WriteSplits(ctx context.Context, ds []limiter.SplitDirective) error
+	WriteNATs(ctx context.Context, ds []limiter.NATDirective) error
+}
+
+// Deps are the detector's collaborators. Only Reader is required.
+type Deps struct {
+	Reader *Reader
+	// Directives receives split and NAT directives; nil detects without
+	// writing (a dry run).
+	Directives directiveStore
+	// Alerter posts the fleet alerts; nil evaluates without posting.
+	Alerter *Alerter
+	// Now defaults to time.Now.
+	Now func() time.Time
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+	// Registry receives the detector's metrics; nil registers none.
+	Registry prometheus.Registerer
+}
+
+// Detector runs the hot-key and NAT detectors and the fleet alerts on a
+// schedule, writes the directives and keeps the last report for the API.
+type Detector struct {
+	cfg Config
+	d   Deps
+	m   *detectorMetrics
+
+	mu       sync.Mutex
+	last     Report
+	hotSince map[string]time.Time
+	natSince map[string]time.Time
+}
+
+// Report is what one run found and did.
+type Report struct {
+	At       time.Time     `json:"at"`
+	Duration time.Duration `json:"duration_ns"`
+	HotKeys  []HotKey      `json:"hot_keys"`
+	NATIPs   []NATIP       `json:"nat_ips"`
+	Alerts   []Alert       `json:"alerts"`
+	// SplitsWritten and NATsWritten say whether this run rewrote the
+	// directive sets (they are rewritten when they change or when their
+	// expiry needs refreshing).
+	SplitsWritten bool     `json:"splits_written"`
+	NATsWritten   bool     `json:"nats_written"`
+	Errors        []string `json:"errors,omitempty"`
+}
+
+// NewDetector returns a detector with cfg (defaults applied, validated).
+func NewDetector(cfg Config, d Deps) (*Detector, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Reader == nil {
+		return nil, errors.New("analytics: detector needs a reader")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	m, err := newDetectorMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Detector{cfg: cfg, d: d, m: m, hotSince: map[string]time.Time{}, natSince: map[string]time.Time{}}, nil
+}
+
+// Config returns the detector's configuration, defaults applied.
+func (dt *Detector) Config() Config { return dt.cfg }
+
+// Last returns the last run's report (zero before the first run).
+func (dt *Detector) Last() Report {
+	dt.mu.Lock()
+	defer dt.mu.Unlock()
+	return dt.last
+}
+
+// Run runs the detectors every Interval until ctx ends.
+func (dt *Detector) Run(ctx context.Context) {
+	t := time.NewTicker(dt.cfg.Interval)
+	defer t.Stop()
+	for {
+		dt.RunOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// window is [from, to) for a detector window ending now: from is the start
+// of the minute holding now-w (the rollups are per minute), and span the
+// time the rate divides by.
+func window(now time.Time, w time.Duration) (from, to time.Time, span time.Duration) {
+	from = now.Add(-w).Truncate(time.Minute)
+	return from, now.Truncate(time.Minute).Add(time.Minute), now.Sub(from)
+}
+
+// RunOnce runs the detectors and alerts once and returns the report. A
+// failed query leaves that detector's directives as they are (they still
+// expire on their own); errors are in the report and the log.
+func (dt *Detector) RunOnce(ctx context.Context) Report {
+	start := dt.d.Now()
+	rep := Report{At: start}
+	fail := func(what string, err error) {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err))
+		dt.d.Log.Error("analytics run", "step", what, "err", err)
+	}
+
+	live := limiter.Directives{}
+	loaded := dt.d.Directives == nil
+	if dt.d.Directives != nil {
+		var err error
+		if live, _, err = dt.d.Directives.Load(ctx); err != nil {
+			fail("load directives", err)
+		} else {
+			loaded = true
+		}
+	}
+
+	if !dt.cfg.Hot.Disabled {
+		hot, err := dt.hotKeys(ctx, start, live)
+		if err != nil {
+			fail("hot keys", err)
+		} else {
+			rep.HotKeys = hot
+			next := SplitDirectives(hot, start, dt.cfg.Hot.TTL)
+			if dt.d.Directives != nil && loaded && !splitsCurrent(live.Splits, next, start, dt.cfg.Hot.TTL) {
+				if err := dt.d.Directives.WriteSplits(ctx, next); err != nil {
+					fail("write splits", err)
+				} else {
+					rep.SplitsWritten = true
+					dt.m.writes.WithLabelValues("split").Inc()
+				}
+			}
+		}
+	}
+	if !dt.cfg.NAT.Disabled {
+		nats, err := dt.natIPs(ctx, start, live)
+		if err != nil {
+			fail("nat ips", err)
+		} else {
+			rep.NATIPs = nats
+			next := NATDirectives(nats, start, dt.cfg.NAT.TTL)
+			if dt.d.Directives != nil && loaded && !natsCurrent(live.NATs, next, start, dt.cfg.NAT.TTL) {
+				if err := dt.d.Directives.WriteNATs(ctx, next); err != nil {
+					fail("write nats", err)
+				} else {
+					rep.NATsWritten = true
+					dt.m.writes.WithLabelValues("nat").Inc()
+				}
+			}
+		}
+	}
+	if !dt.cfg.Alerts.Disabled {
+		from, to, _ := window(start, dt.cfg.Alerts.Window)
+		gh, err := dt.d.Reader.GatewayHealth(ctx, from, to)
+		if err != nil {
+			fail("gateway health", err)
+		} else {
+			rep.Alerts = EvaluateAlerts(dt.cfg.Alerts, gh)
+			if dt.d.Alerter != nil {
+				if err := dt.d.Alerter.Process(ctx, rep.Alerts); err != nil {
+					fail("post alerts", err)
+				}
+			}
+		}
+	}
+
+	dt.mu.Lock()
+	dt.stamp(rep.HotKeys, rep.NATIPs, start)
+	rep.Duration = dt.d.Now().Sub(start)
+	dt.last = rep
+	dt.mu.Unlock()
+
+	result := "ok"
+	if len(rep.Errors) > 0 {
+		result = "error"
+	}
+	dt.m.runs.WithLabelValues(result).Inc()
+	dt.m.duration.Observe(rep.Duration.Seconds())
+	dt.m.hot.Set(float64(len(rep.HotKeys)))
+	dt.m.nat.Set(float64(len(rep.NATIPs)))
+	firing := 0
+	for _, a := range rep.Alerts {
+		if a.Firing {
+			firing++
+		}
+	}
+	dt.m.firing.Set(float64(firing))
+	return rep
+}
+
+// stamp records since when each hot key and NAT IP has been flagged.
+func (dt *Detector) stamp(hot []HotKey, nats []NATIP, now time.Time) {
+	seen := map[string]bool{}
+	for i := range hot {
+		k := DirectiveKey(hot[i].KeyKind, hot[i].KeyID)
+		seen[k] = true
+		if _, ok := dt.hotSince[k]; !ok {
+			dt.hotSince[k] = now
+		}
+		hot[i].Since = dt.hotSince[k]
+	}
+	for k := range dt.hotSince {
+		if !seen[k] {
+			delete(dt.hotSince, k)
+		}
+	}
+	clear(seen)
+	for i := range nats {
+		seen[nats[i].Key] = true
+		if _, ok := dt.natSince[nats[i].Key]; !ok {
+			dt.natSince[nats[i].Key] = now
+		}
+		nats[i].Since = dt.natSince[nats[i].Key]
+	}
+	for k := range dt.natSince {
+		if !seen[k] {
+			delete(dt.natSince, k)
+		}
+	}
+}
+
+func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, error) {
+	h := dt.cfg.Hot
+	from, to, span := window(now, h.Window)
+	total, err := dt.d.Reader.TotalRequests(ctx, from, to)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := dt.d.Reader.KeyTraffic(ctx, from, to, h.Threshold(total, span), 4*h.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	split := map[string]bool{}
+	for k, s := range live.Splits {
+		if now.Before(s.Expires) {
+			split[k] = true
+		}
+	}
+	return DetectHotKeys(h, keys, total, span, split), nil
+}
+
+func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Directives) ([]NATIP, error) {
+	n := dt.cfg.NAT
+	from, to, _ := window(now, n.Window)
+	cool := func(v int64) int64 { return int64(math.Floor(float64(v) * n.CoolRatio)) }
+	rows, err := dt.d.Reader.IPTraffic(ctx, NATQuery{
+		From: from, To: to,
+		MinRequests: cool(n.MinRequests), MinKeys: cool(n.MinDistinctKeys), MinUserAgents: cool(n.MinDistinctUserAgents),
+		Limit: 2 * n.MaxIPs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	flagged := map[string]bool{}
+	for k, d := range live.NATs {
+		if now.Before(d.Expires) {
+			flagged[k] = true
+		}
+	}
+	return DetectNATs(n, rows, flagged), nil
+}
+
+// splitsCurrent says whether the live splits already say what next says:
+// the same keys, shares within 0.02, and no expiry closer than half a TTL.
+// Then the write is skipped, sparing the gateways a reload.
+func splitsCurrent(live map[string]limiter.SplitDirective, next []limiter.SplitDirective, now time.Time, ttl time.Duration) bool {
+	n := 0
+	for _, l := range live {
+		if now.Before(l.Expires) {
+			n++
+		}
+	}
+	if n != len(next) {
+		return false
+	}
+	for _, d := range next {
+		l, ok := live[d.Key]
+		if !ok || l.Expires.Sub(now) < ttl/2 || len(l.Shares) != len(d.Shares) {
+			return false
+		}
+		for gw, s := range d.Shares {
+			if ls, ok := l.Shares[gw]; !ok || math.Abs(ls-s) > 0.02 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// natsCurrent is splitsCurrent for NAT directives: factors within 5 %.
+func natsCurrent(live map[string]limiter.NATDirective, next []limiter.NATDirective, now time.Time, ttl time.Duration) bool {
+	n := 0
+	for _, l := range live {
+		if now.Before(l.Expires) {
+			n++
+		}
+	}
+	if n != len(next) {
+		return false
+	}
+	for _, d := range next {
+		l, ok := live[d.Key]
+		if !ok || l.Expires.Sub(now) < ttl/2 || math.Abs(l.Factor-d.Factor) > 0.05*d.Factor {
+			return false
+		}
+	}
+	return true
+}
+
+type detectorMetrics struct {
+	runs     *prometheus.CounterVec
+	duration prometheus.Histogram
+	writes   *prometheus.CounterVec
+	hot      prometheus.Gauge
+	nat      prometheus.Gauge
+	firing   prometheus.Gauge
+}
+
+func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
+	m := &detectorMetrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_analytics_runs_total",
+			Help: "Detector runs by result (ok, error).",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "edgelimit_analytics_run_duration_seconds",
+			Help:    "Time of one detector run: queries, directive writes, alert posts.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_analytics_directive_writes_total",
+			Help: "Directive sets written to Redis, by kind (split, nat).",
+		}, []string{"kind"}),
+		hot: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_analytics_hot_keys",
+			Help: "Keys found hot by the last run.",
+		}),
+		nat: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_analytics_nat_ips",
+			Help: "Addresses flagged as NAT-shared by the last run.",
+		}),
+		firing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_analytics_alerts_firing",
+			Help: "Fleet alerts firing after the last run.",
+		}),
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.runs.WithLabelValues(r)
+	}
+	for _, k := range []string{"split", "nat"} {
+		m.writes.WithLabelValues(k)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.runs, m.duration, m.writes, m.hot, m.nat, m.firing} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register analytics metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
