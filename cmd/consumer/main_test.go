@@ -1,0 +1,263 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestCheckRedactsAndDefaults(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"-check"}, env(map[string]string{
+		"EDGELIMIT_CLICKHOUSE_ADDR":     "ch:9000",
+		"EDGELIMIT_CLICKHOUSE_PASSWORD": "hunter2",
+		"EDGELIMIT_KAFKA_BROKERS":       "k1:9092,k2:9092",
+		"EDGELIMIT_RETENTION_RAW_DAYS":  "7",
+	}), &out)
+	if err != nil {
+		t.Fatalf("run -check: %v", err)
+	}
+	s := out.String()
+	if strings.Contains(s, "hunter2") || !strings.Contains(s, "REDACTED") {
+		t.Errorf("-check output shows the password or no redaction:\n%s", s)
+	}
+	for _, want := range []string{"- k1:9092", "- k2:9092", "raw_days: 7", "rollup_days: 400", "migrate: true", "addr: ch:9000"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("-check output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	typo := filepath.Join(dir, "typo.yaml")
+	if err := os.WriteFile(typo, []byte("clickhouse:\n  adress: x:9000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.yaml")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ok := map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k:9092"}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{name: "no clickhouse", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_KAFKA_BROKERS": "k:9092"}, want: "clickhouse.addr"},
+		{name: "no brokers", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000"}, want: "no brokers"},
+		{name: "misspelt field", args: []string{"-config", typo, "-check"}, env: ok, want: "adress"},
+		{name: "missing file", args: []string{"-config", filepath.Join(dir, "nope.yaml")}, env: ok, want: "no such file"},
+		{name: "bad days", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_RETENTION_RAW_DAYS": "x"}, want: "EDGELIMIT_RETENTION_RAW_DAYS"},
+		{name: "bad level", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_LOG_LEVEL": "loud"}, want: "log_level"},
+		{name: "bad flag", args: []string{"-nope"}, env: ok, want: "not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), tt.args, env(tt.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(%v) = %v, want an error mentioning %q", tt.args, err, tt.want)
+			}
+		})
+	}
+	if err := run(context.Background(), []string{"-config", empty, "-check"}, env(ok), io.Discard); err != nil {
+		t.Errorf("run with an empty config file = %v, want nil", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunConsumesAndStops runs the command against the real ClickHouse and
+// an embedded Kafka: it migrates, consumes every event, serves metrics,
+// and stops cleanly when its context ends, logging JSON.
+func TestRunConsumesAndStops(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	root, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Protocol: clickhouse.Native})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	db := fmt.Sprintf("edgelimit_cmd_test_%d", time.Now().UnixNano())
+	if err := root.Exec(context.Background(), "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	brokers := strings.Join(kc.ListenAddrs(), ",")
+	admin := freeAddr(t)
+
+	// The file asks for the topics to be created: none exist yet.
+	cfgPath := filepath.Join(t.TempDir(), "consumer.yaml")
+	if err := os.WriteFile(cfgPath, []byte("kafka:\n  create_topics: true\n  partitions: 3\nbatch:\n  wait: 200ms\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-config", cfgPath}, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR":       addr,
+			"EDGELIMIT_CLICKHOUSE_DATABASE":   db,
+			"EDGELIMIT_KAFKA_BROKERS":         brokers,
+			"EDGELIMIT_CONSUMER_ADMIN_LISTEN": admin,
+			"EDGELIMIT_CONSUMER_GROUP":        "cmd-test",
+		}), &out)
+	}()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.DefaultProduceTopic("decisions"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitTopic(t, cl, "decisions", 3)
+	const n = 500
+	var recs []*kgo.Record
+	now := time.Now()
+	for i := range n {
+		b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: "gw", KeyID: fmt.Sprint(i % 5), Allowed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Value: b})
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var c uint64
+		_ = root.QueryRow(ctx, "SELECT count() FROM "+db+".decisions").Scan(&c)
+		if c == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rows = %d, want %d; log:\n%s", c, n, out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The metric follows the INSERT's return, a moment after the rows show.
+	for path, want := range map[string]string{
+		"/healthz": "ok",
+		"/readyz":  "ok",
+		"/metrics": fmt.Sprintf("edgelimit_consumer_rows_inserted_total %d", n),
+	} {
+		var last string
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(last, want) && time.Now().Before(deadline) {
+			resp, err := http.Get("http://" + admin + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = fmt.Sprintf("%d %s", resp.StatusCode, body)
+			if resp.StatusCode != 200 {
+				last = ""
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !strings.Contains(last, want) {
+			t.Errorf("GET %s never answered 200 containing %q", path, want)
+		}
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel = %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return within 30s of cancel")
+	}
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	lines := 0
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Errorf("log line is not JSON: %q", sc.Text())
+		}
+		lines++
+	}
+	if !strings.Contains(out.String(), `"msg":"consumer stopped"`) || lines < 3 {
+		t.Errorf("log lacks the shutdown line or is short (%d lines):\n%s", lines, out.String())
+	}
+	if _, err := net.Dial("tcp", admin); err == nil {
+		t.Errorf("admin listener %s still accepts after run returned", admin)
+	}
+}
+
+// waitTopic waits until topic exists with the given partitions.
+func waitTopic(t *testing.T, cl *kgo.Client, topic string, partitions int) {
+	t.Helper()
+	adm := kadm.NewClient(cl)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		md, err := adm.Metadata(context.Background(), topic)
+		if err == nil {
+			if td, ok := md.Topics[topic]; ok && td.Err == nil && len(td.Partitions) == partitions {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s with %d partitions did not appear: %v", topic, partitions, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
