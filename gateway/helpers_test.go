@@ -65,6 +65,10 @@ func testConfig(upstreamURL string) Config {
 		Routes:        []Route{{Name: "all", PathPrefix: "/", Upstream: "app"}},
 		AdminListen:   "127.0.0.1:0",
 		Listen:        "127.0.0.1:0",
+		// Generous: under -race on two busy cores a 25ms store call can
+		// miss and fail open, and most tests read the store's answers.
+		// Tests of the deadline set their own.
+		StoreDeadline: time.Second,
 	}
 }
 
