@@ -247,44 +247,69 @@ func (dt *Detector) stamp(hot []HotKey, nats []NATIP, now time.Time) {
 }
 
 func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, error) {
-	h := dt.cfg.Hot
-	from, to, span := window(now, h.Window)
-	total, err := dt.d.Reader.TotalRequests(ctx, from, to)
-	if err != nil {
-		return nil, err
-	}
-	keys, err := dt.d.Reader.KeyTraffic(ctx, from, to, h.Threshold(total, span), 4*h.MaxKeys)
-	if err != nil {
-		return nil, err
-	}
 	split := map[string]bool{}
 	for k, s := range live.Splits {
 		if now.Before(s.Expires) {
 			split[k] = true
 		}
 	}
-	return DetectHotKeys(h, keys, total, span, split), nil
+	from, to, span := window(now, dt.cfg.Hot.Window)
+	return dt.d.Reader.HotKeys(ctx, dt.cfg.Hot, from, to, span, split)
 }
 
 func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Directives) ([]NATIP, error) {
-	n := dt.cfg.NAT
-	from, to, _ := window(now, n.Window)
-	cool := func(v int64) int64 { return int64(math.Floor(float64(v) * n.CoolRatio)) }
-	rows, err := dt.d.Reader.IPTraffic(ctx, NATQuery{
-		From: from, To: to,
-		MinRequests: cool(n.MinRequests), MinKeys: cool(n.MinDistinctKeys), MinUserAgents: cool(n.MinDistinctUserAgents),
-		Limit: 2 * n.MaxIPs,
-	})
-	if err != nil {
-		return nil, err
-	}
 	flagged := map[string]bool{}
 	for k, d := range live.NATs {
 		if now.Before(d.Expires) {
 			flagged[k] = true
 		}
 	}
-	return DetectNATs(n, rows, flagged), nil
+	from, to, _ := window(now, dt.cfg.NAT.Window)
+	return dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, flagged)
+}
+
+// HotKeys runs the hot-key detector over [from, to), whose rate divides
+// by span (to - from when zero); split names the keys split now (see
+// DetectHotKeys).
+func (r *Reader) HotKeys(ctx context.Context, cfg HotConfig, from, to time.Time, span time.Duration, split map[string]bool) ([]HotKey, error) {
+	if err := (Range{From: from, To: to}).validate(); err != nil {
+		return nil, err
+	}
+	if span <= 0 {
+		span = to.Sub(from)
+	}
+	total, err := r.TotalRequests(ctx, from, to)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := r.KeyTraffic(ctx, from, to, cfg.Threshold(total, span), 4*cfg.MaxKeys)
+	if err != nil {
+		return nil, err
+	}
+	return DetectHotKeys(cfg, keys, total, span, split), nil
+}
+
+// NATIPs runs the NAT detector over [from, to); flagged names the IP keys
+// under a NAT directive now (see DetectNATs).
+func (r *Reader) NATIPs(ctx context.Context, cfg NATConfig, from, to time.Time, flagged map[string]bool) ([]NATIP, error) {
+	if err := (Range{From: from, To: to}).validate(); err != nil {
+		return nil, err
+	}
+	cool := func(v int64) int64 {
+		if v <= 0 {
+			return v // a test turned off stays off
+		}
+		return max(1, int64(math.Floor(float64(v)*cfg.CoolRatio)))
+	}
+	rows, err := r.IPTraffic(ctx, NATQuery{
+		From: from, To: to,
+		MinRequests: cool(cfg.MinRequests), MinKeys: cool(cfg.MinDistinctKeys), MinUserAgents: cool(cfg.MinDistinctUserAgents),
+		Limit: 2 * cfg.MaxIPs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return DetectNATs(cfg, rows, flagged), nil
 }
 
 // splitsCurrent says whether the live splits already say what next says:

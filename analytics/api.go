@@ -1,0 +1,376 @@
+package analytics
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed dashboard.html
+var dashboardHTML []byte
+
+// dashboardCSP allows only the page's own inline script and style (by
+// hash) and requests to its own origin: no CDN, nothing else.
+var dashboardCSP = func() string {
+	hashes := func(tag string) string {
+		re := regexp.MustCompile(`(?s)<` + tag + `>(.*?)</` + tag + `>`)
+		var out []string
+		for _, m := range re.FindAllSubmatch(dashboardHTML, -1) {
+			sum := sha256.Sum256(m[1])
+			out = append(out, "'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'")
+		}
+		return strings.Join(out, " ")
+	}
+	return "default-src 'none'; script-src " + hashes("script") + "; style-src " + hashes("style") +
+		"; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+}()
+
+// MinTokenLen is the shortest API token accepted.
+const MinTokenLen = 16
+
+// ErrBadToken is returned by NewAPI for a missing or short token.
+var ErrBadToken = errors.New("analytics: api token must be at least 16 characters")
+
+// API serves the analysts' HTTP JSON API and the dashboard page. Every
+// route but /healthz needs the token: as "Authorization: Bearer <token>",
+// or, for the page in a browser, opened once as /?token=<token>, which
+// sets an HttpOnly, SameSite=Strict session cookie and redirects to /.
+type API struct {
+	reader *Reader
+	det    *Detector
+	token  string
+	cookie string // the session cookie's value, derived from the token
+	now    func() time.Time
+	log    *slog.Logger
+}
+
+// CookieName is the dashboard's session cookie.
+const CookieName = "edgelimit_analytics"
+
+// NewAPI returns the API over reader; det (optional) supplies the current
+// hot keys, NAT IPs and alerts. now and log default to time.Now and
+// slog.Default().
+func NewAPI(reader *Reader, det *Detector, token string, now func() time.Time, log *slog.Logger) (*API, error) {
+	if len(token) < MinTokenLen {
+		return nil, ErrBadToken
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	sum := sha256.Sum256([]byte("edgelimit-analytics-session\x00" + token))
+	return &API{reader: reader, det: det, token: token, cookie: hex.EncodeToString(sum[:]), now: now, log: log}, nil
+}
+
+// Handler returns the API's routes.
+func (a *API) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /{$}", a.dashboard)
+	mux.Handle("GET /api/trends", a.auth(a.trends))
+	mux.Handle("GET /api/top-keys", a.auth(a.topKeys))
+	mux.Handle("GET /api/fail-minutes", a.auth(a.failMinutes))
+	mux.Handle("GET /api/store-health", a.auth(a.storeHealth))
+	mux.Handle("GET /api/hot-keys", a.auth(a.hotKeys))
+	mux.Handle("GET /api/nat-ips", a.auth(a.natIPs))
+	mux.Handle("GET /api/alerts", a.auth(a.alerts))
+	mux.Handle("GET /api/status", a.auth(a.status))
+	return mux
+}
+
+// authorized checks the bearer token or the session cookie, in constant
+// time.
+func (a *API) authorized(r *http.Request) bool {
+	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1
+	}
+	if c, err := r.Cookie(CookieName); err == nil {
+		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(a.cookie)) == 1
+	}
+	return false
+}
+
+func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong token"})
+			return
+		}
+		if err := h(w, r); err != nil {
+			if errors.Is(err, ErrBadQuery) {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				return
+			}
+			a.log.Error("analytics api", "path", r.URL.Path, "err", err)
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "query failed; see the analytics log"})
+		}
+	})
+}
+
+func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
+	if tok := r.URL.Query().Get("token"); tok != "" {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
+			http.Error(w, "wrong token", http.StatusUnauthorized)
+			return
+		}
+		http.SetCookie(w, &http.Cookie{
+			Name: CookieName, Value: a.cookie, Path: "/", HttpOnly: true,
+			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		})
+		http.Redirect(w, r, "/", http.StatusSeeOther) // the token leaves the address bar
+		return
+	}
+	if !a.authorized(r) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintln(w, "edgelimit analytics: open /?token=<token> once to sign in.")
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Content-Security-Policy", dashboardCSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	w.Write(dashboardHTML)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// rangeOf reads from (default 1h ago), to (default now) and the filters.
+func (a *API) rangeOf(r *http.Request) (Range, error) {
+	q := r.URL.Query()
+	now := a.now().UTC()
+	from, err := ParseTime(q.Get("from"), now, now.Add(-time.Hour))
+	if err != nil {
+		return Range{}, err
+	}
+	to, err := ParseTime(q.Get("to"), now, now)
+	if err != nil {
+		return Range{}, err
+	}
+	rg := Range{From: from, To: to, Rule: q.Get("rule"), Route: q.Get("route"), Plan: q.Get("plan"),
+		Gateway: q.Get("gateway"), KeyID: q.Get("key")}
+	return rg, rg.validate()
+}
+
+func bucketOf(r *http.Request, rg Range) string {
+	if b := r.URL.Query().Get("bucket"); b != "" && b != "auto" {
+		return b
+	}
+	return AutoBucket(rg.From, rg.To)
+}
+
+func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
+	s := r.URL.Query().Get(name)
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%w: %s %q: want an integer in [%d, %d]", ErrBadQuery, name, s, lo, hi)
+	}
+	return n, nil
+}
+
+// TrendsResponse is GET /api/trends' body.
+type TrendsResponse struct {
+	From   time.Time    `json:"from"`
+	To     time.Time    `json:"to"`
+	Bucket string       `json:"bucket"`
+	By     string       `json:"by"`
+	Points []TrendPoint `json:"points"`
+}
+
+func (a *API) trends(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	top, err := intParam(r, "top", 10, 0, 1000)
+	if err != nil {
+		return err
+	}
+	q := TrendQuery{Range: rg, Bucket: bucketOf(r, rg), By: r.URL.Query().Get("by"), Top: top}
+	pts, err := a.reader.Trends(r.Context(), q)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, TrendsResponse{From: rg.From, To: rg.To, Bucket: q.Bucket, By: q.By, Points: nonNil(pts)})
+	return nil
+}
+
+func (a *API) topKeys(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(r, "limit", 20, 1, 10000)
+	if err != nil {
+		return err
+	}
+	keys, err := a.reader.TopKeys(r.Context(), rg, limit)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "keys": nonNil(keys)})
+	return nil
+}
+
+func (a *API) failMinutes(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	ms, err := a.reader.FailMinutes(r.Context(), rg)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "minutes": nonNil(ms)})
+	return nil
+}
+
+func (a *API) storeHealth(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	b := bucketOf(r, rg)
+	gh, err := a.reader.StoreHealth(r.Context(), rg, b)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "bucket": b, "points": nonNil(gh)})
+	return nil
+}
+
+// hotKeys answers the detector's current hot keys; with ?key=ID, that
+// key's history per bucket and gateway instead.
+func (a *API) hotKeys(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	if rg.KeyID != "" {
+		b := bucketOf(r, rg)
+		h, err := a.reader.KeyHistory(r.Context(), rg, b)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"key_id": rg.KeyID, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)})
+		return nil
+	}
+	hot, at, err := current(a, r, func(rep Report) []HotKey { return rep.HotKeys }, func(cfg Config) ([]HotKey, error) {
+		return a.reader.HotKeys(r.Context(), cfg.Hot, rg.From, rg.To, 0, nil)
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"at": at, "hot_keys": nonNil(hot)})
+	return nil
+}
+
+// natIPs answers the detector's current NAT IPs; with ?ip=ADDR, that
+// address's history per bucket instead.
+func (a *API) natIPs(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	if ip := r.URL.Query().Get("ip"); ip != "" {
+		b := bucketOf(r, rg)
+		h, err := a.reader.IPHistory(r.Context(), rg, ip, b)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"ip": ip, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)})
+		return nil
+	}
+	nats, at, err := current(a, r, func(rep Report) []NATIP { return rep.NATIPs }, func(cfg Config) ([]NATIP, error) {
+		return a.reader.NATIPs(r.Context(), cfg.NAT, rg.From, rg.To, nil)
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"at": at, "nat_ips": nonNil(nats)})
+	return nil
+}
+
+// current returns the detector's last findings, or, without a detector
+// (or before its first run) or when the request names a range, runs the
+// detector's query over that range without writing anything.
+func current[T any](a *API, r *http.Request, last func(Report) []T, adhoc func(Config) ([]T, error)) ([]T, time.Time, error) {
+	q := r.URL.Query()
+	if a.det != nil && q.Get("from") == "" && q.Get("to") == "" {
+		if rep := a.det.Last(); !rep.At.IsZero() {
+			return last(rep), rep.At, nil
+		}
+	}
+	cfg := Config{}.WithDefaults()
+	if a.det != nil {
+		cfg = a.det.Config()
+	}
+	out, err := adhoc(cfg)
+	return out, a.now().UTC(), err
+}
+
+func (a *API) alerts(w http.ResponseWriter, r *http.Request) error {
+	var rep Report
+	if a.det != nil {
+		rep = a.det.Last()
+	}
+	var firing []Alert
+	for _, al := range rep.Alerts {
+		if al.Firing {
+			firing = append(firing, al)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"at": rep.At, "firing": nonNil(firing), "evaluated": nonNil(rep.Alerts)})
+	return nil
+}
+
+func (a *API) status(w http.ResponseWriter, r *http.Request) error {
+	if a.det == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"detector": false})
+		return nil
+	}
+	rep := a.det.Last()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"detector": true, "last_run": rep.At, "duration_ms": rep.Duration.Milliseconds(),
+		"hot_keys": len(rep.HotKeys), "nat_ips": len(rep.NATIPs), "errors": nonNil(rep.Errors),
+		"splits_written": rep.SplitsWritten, "nats_written": rep.NATsWritten,
+	})
+	return nil
+}
+
+// nonNil makes empty lists encode as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

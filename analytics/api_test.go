@@ -1,0 +1,263 @@
+package analytics_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+const testToken = "test-token-0123456789abcdef"
+
+// seededAPI seeds a fleet, runs a detector over it once (at the fleet's
+// clock) and serves the API on a real loopback listener.
+func seededAPI(t *testing.T) (*httptest.Server, time.Time) {
+	t.Helper()
+	conn := mustDatabase(t)
+	now := fleetClock()
+	f, _, _ := seededFleet(now)
+	mustInsert(t, conn, f.Rows())
+	reader := analytics.NewReader(conn)
+	det, err := analytics.NewDetector(analytics.Config{Hot: analytics.HotConfig{MinRate: 20}}, analytics.Deps{
+		Reader: reader, Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := det.RunOnce(context.Background()); len(rep.Errors) > 0 || len(rep.HotKeys) != 1 {
+		t.Fatalf("detector run = %+v", rep)
+	}
+	api, err := analytics.NewAPI(reader, det, testToken, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	return srv, now
+}
+
+func get(t *testing.T, c *http.Client, u, token string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func TestAPIToken(t *testing.T) {
+	if _, err := analytics.NewAPI(nil, nil, "short", nil, nil); !errors.Is(err, analytics.ErrBadToken) {
+		t.Errorf("NewAPI with a short token = %v, want ErrBadToken", err)
+	}
+	api, err := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	c := srv.Client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	for _, path := range []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys", "/api/nat-ips", "/api/alerts", "/api/status", "/"} {
+		for name, tok := range map[string]string{"missing": "", "wrong": testToken + "x", "prefix": testToken[:16]} {
+			resp, body := get(t, c, srv.URL+path, tok)
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("GET %s with a %s token = %d %s, want 401", path, name, resp.StatusCode, body)
+			}
+		}
+	}
+	// The token is never read from an API URL.
+	if resp, _ := get(t, c, srv.URL+"/api/status?token="+testToken, ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /api/status?token= = %d, want 401", resp.StatusCode)
+	}
+	if resp, body := get(t, c, srv.URL+"/api/status", testToken); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"detector": false`) {
+		t.Errorf("GET /api/status with the token = %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := get(t, c, srv.URL+"/healthz", ""); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /healthz = %d, want 200 without a token", resp.StatusCode)
+	}
+
+	// The page: a wrong ?token is refused; the right one sets a session
+	// cookie and redirects to a clean address; the cookie opens the page
+	// and the API.
+	if resp, _ := get(t, c, srv.URL+"/?token=nope-nope-nope-nope", ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /?token=wrong = %d, want 401", resp.StatusCode)
+	}
+	resp, _ := get(t, c, srv.URL+"/?token="+url.QueryEscape(testToken), "")
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("GET /?token= = %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	var session *http.Cookie
+	for _, ck := range resp.Cookies() {
+		if ck.Name == analytics.CookieName {
+			session = ck
+		}
+	}
+	if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode || strings.Contains(session.Value, testToken) {
+		t.Fatalf("session cookie = %+v, want HttpOnly, SameSite=Strict, not the token itself", session)
+	}
+	jar, _ := cookiejar.New(nil)
+	u, _ := url.Parse(srv.URL)
+	jar.SetCookies(u, []*http.Cookie{session})
+	c.Jar = jar
+	resp, body := get(t, c, srv.URL+"/", "")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `id="chart-trends"`) {
+		t.Fatalf("GET / with the cookie = %d", resp.StatusCode)
+	}
+	csp := resp.Header.Get("Content-Security-Policy")
+	if !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "script-src 'sha256-") || strings.Contains(csp, "unsafe-inline") {
+		t.Errorf("dashboard CSP = %q, want default-src 'none' and hashed scripts", csp)
+	}
+	if resp, _ := get(t, c, srv.URL+"/api/alerts", ""); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /api/alerts with the cookie = %d, want 200", resp.StatusCode)
+	}
+	jar.SetCookies(u, []*http.Cookie{{Name: analytics.CookieName, Value: session.Value + "0"}})
+	if resp, _ := get(t, c, srv.URL+"/api/alerts", ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /api/alerts with a forged cookie = %d, want 401", resp.StatusCode)
+	}
+}
+
+func TestAPIOnSeededFleet(t *testing.T) {
+	srv, now := seededAPI(t)
+	c := srv.Client()
+	from := now.Add(-15 * time.Minute).Format(time.RFC3339)
+	to := now.Add(time.Minute).Format(time.RFC3339)
+	q := "?from=" + url.QueryEscape(from) + "&to=" + url.QueryEscape(to)
+
+	resp, body := get(t, c, srv.URL+"/api/trends"+q+"&by=gateway&bucket=minute", testToken)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("trends = %d %s", resp.StatusCode, body)
+	}
+	var tr analytics.TrendsResponse
+	if err := json.Unmarshal(body, &tr); err != nil {
+		t.Fatal(err)
+	}
+	gws := map[string]int64{}
+	for _, p := range tr.Points {
+		gws[p.Series] += p.Denied
+	}
+	if tr.Bucket != "minute" || tr.By != "gateway" || len(gws) != 3 || gws["gw-a"] <= gws["gw-c"] {
+		t.Errorf("trends by gateway: bucket %q by %q denied %v; want 3 gateways, gw-a (3/4 of hot-1) over gw-c", tr.Bucket, tr.By, gws)
+	}
+
+	var top struct {
+		Keys []analytics.KeyRejections `json:"keys"`
+	}
+	resp, body = get(t, c, srv.URL+"/api/top-keys"+q+"&limit=3", testToken)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &top) != nil || len(top.Keys) != 3 || top.Keys[0].KeyID != "hot-1" {
+		t.Errorf("top-keys = %d %s", resp.StatusCode, body)
+	}
+
+	var hot struct {
+		HotKeys []analytics.HotKey `json:"hot_keys"`
+	}
+	resp, body = get(t, c, srv.URL+"/api/hot-keys", testToken)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &hot) != nil || len(hot.HotKeys) != 1 || hot.HotKeys[0].KeyID != "hot-1" {
+		t.Errorf("hot-keys = %d %s", resp.StatusCode, body)
+	}
+	var hist struct {
+		History []analytics.KeyPoint `json:"history"`
+	}
+	resp, body = get(t, c, srv.URL+"/api/hot-keys"+q+"&key=hot-1", testToken)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &hist) != nil || len(hist.History) == 0 {
+		t.Errorf("hot-keys history = %d %s", resp.StatusCode, body)
+	}
+	var nat struct {
+		NATIPs []analytics.NATIP `json:"nat_ips"`
+	}
+	resp, body = get(t, c, srv.URL+"/api/nat-ips", testToken)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &nat) != nil || len(nat.NATIPs) != 3 {
+		t.Errorf("nat-ips = %d %s", resp.StatusCode, body)
+	}
+	var fm struct {
+		Minutes []analytics.FailMinute `json:"minutes"`
+	}
+	resp, body = get(t, c, srv.URL+"/api/fail-minutes"+q, testToken)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &fm) != nil || len(fm.Minutes) != 2 {
+		t.Errorf("fail-minutes = %d %s", resp.StatusCode, body)
+	}
+
+	for _, bad := range []string{
+		q + "&bucket=week", q + "&by=client_ip", q + "&top=-1", "?from=yesterday",
+		"?from=" + url.QueryEscape(to) + "&to=" + url.QueryEscape(from), "?from=-500d&bucket=day",
+	} {
+		if resp, body := get(t, c, srv.URL+"/api/trends"+bad, testToken); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "error") {
+			t.Errorf("trends%s = %d %.200s, want 400", bad, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestDashboardInChromium loads the dashboard in headless Chromium against
+// the seeded fleet and reads the rendered DOM: every chart drew data, the
+// top-keys chart names the planted hot key, the tables list the hot key
+// and the NAT addresses.
+func TestDashboardInChromium(t *testing.T) {
+	chromium := testenv.Chromium(t)
+	srv, _ := seededAPI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
+		"--virtual-time-budget=20000", "--dump-dom", srv.URL+"/?token="+url.QueryEscape(testToken))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	dom := string(out)
+	if !strings.Contains(dom, `data-state="ready"`) {
+		t.Fatalf("dashboard did not reach ready:\n%.3000s", dom)
+	}
+	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
+		m := regexp.MustCompile(`<svg id="` + chart + `"[^>]*data-points="(\d+)"`).FindStringSubmatch(dom)
+		if m == nil {
+			t.Errorf("%s: no data-points attribute: not rendered", chart)
+			continue
+		}
+		if n, _ := strconv.Atoi(m[1]); n == 0 {
+			t.Errorf("%s rendered no points", chart)
+		}
+	}
+	if n := strings.Count(dom, `class="line"`); n < 5 {
+		t.Errorf("dashboard drew %d lines, want one per series of 5 line charts at least", n)
+	}
+	// EDGELIMIT_DASHBOARD_SCREENSHOT=file.png keeps a picture for humans.
+	if png := os.Getenv("EDGELIMIT_DASHBOARD_SCREENSHOT"); png != "" {
+		shot := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+			"--user-data-dir="+t.TempDir(), "--window-size=1400,1900", "--virtual-time-budget=20000",
+			"--screenshot="+png, srv.URL+"/?token="+url.QueryEscape(testToken))
+		if out, err := shot.CombinedOutput(); err != nil {
+			t.Errorf("screenshot: %v\n%s", err, out)
+		}
+	}
+	for _, want := range []string{`data-key="hot-1"`, "<td>hot-1</td>", "<td>203.0.113.9</td>", "<td>2001:db8:aa:1::/64</td>", "gw-c open"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("dashboard lacks %s", want)
+		}
+	}
+}
