@@ -275,11 +275,17 @@ func waitFor(tb testing.TB, what string, timeout time.Duration, cond func() bool
 // count runs a query returning one UInt64.
 func count(tb testing.TB, ch driver.Conn, query string, args ...any) uint64 {
 	tb.Helper()
-	var n uint64
-	if err := ch.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+	n, err := tryCount(ch, query, args...)
+	if err != nil {
 		tb.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+func tryCount(ch driver.Conn, query string, args ...any) (uint64, error) {
+	var n uint64
+	err := ch.QueryRow(context.Background(), query, args...).Scan(&n)
+	return n, err
 }
 
 // metric reads a counter or gauge from reg, summed over its labels.

@@ -1,0 +1,68 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// TestClickHouseOutage stops a private ClickHouse under a running consumer:
+// it stops committing and retries, and once the server is back it stores
+// everything, once.
+func TestClickHouseOutage(t *testing.T) {
+	srv := testenv.Private(t, "clickhouse")
+	ch, _ := newDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR"))
+	kb := backends(t, 2)
+	b := kb[len(kb)-1] // the real broker when there is one
+	cfg := b.config()
+	ds := decisions(6000)
+
+	produce(t, b.brokers, b.topic, ds[:2000])
+	r := start(t, cfg, ch, nil)
+	waitFor(t, "the first 2000 rows", 60*time.Second, func() bool {
+		return count(t, ch, "SELECT count() FROM decisions") == 2000
+	})
+	waitFor(t, "the first 2000 committed", 30*time.Second, func() bool {
+		var sum int64
+		for _, o := range committed(t, b.brokers, cfg.Group, cfg.Topic) {
+			sum += o
+		}
+		return sum == 2000
+	})
+
+	srv.Halt(t)
+	produce(t, b.brokers, b.topic, ds[2000:])
+	waitFor(t, "insert retries while ClickHouse is down", 30*time.Second, func() bool {
+		// The first attempt fails inserting, the next ones checking what
+		// ClickHouse may have stored.
+		return metric(t, r.reg, "edgelimit_consumer_retries_total", "stage", stageInsert) >= 1 &&
+			metric(t, r.reg, "edgelimit_consumer_retries_total", "stage", stageDedupe) >= 1
+	})
+	var sum int64
+	for _, o := range committed(t, b.brokers, cfg.Group, cfg.Topic) {
+		sum += o
+	}
+	if sum != 2000 {
+		t.Errorf("committed %d records while ClickHouse was down, want still 2000", sum)
+	}
+	waitFor(t, "lag to show the backlog", 30*time.Second, func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_lag") >= 2000
+	})
+
+	srv.Resume(t)
+	waitFor(t, "all 6000 rows after ClickHouse returned", 90*time.Second, func() bool {
+		n, err := tryCount(ch, "SELECT count() FROM decisions")
+		return err == nil && n >= 6000
+	})
+	r.stop()
+	if got := count(t, ch, "SELECT count() FROM decisions"); got != 6000 {
+		t.Errorf("count() = %d, want 6000", got)
+	}
+	if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != 6000 {
+		t.Errorf("uniqExact(event_id) = %d, want 6000", got)
+	}
+	if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != 6000 {
+		t.Errorf("rollup requests = %d, want 6000", got)
+	}
+}

@@ -1,0 +1,151 @@
+package publish
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// TestRealKafkaOutage stops a private Kafka broker while gateways publish
+// at a steady rate: Publish keeps returning, the buffer fills to its bound,
+// the overflow is counted, and once the broker is back every event is
+// either in the topic or counted as dropped.
+func TestRealKafkaOutage(t *testing.T) {
+	srv := testenv.Private(t, "kafka")
+	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	createTopic(t, brokers, "decisions", 3)
+
+	reg := prometheus.NewRegistry()
+	const bound = 2000
+	p, err := New(Config{Brokers: brokers, MaxBuffered: bound}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Load: 4 publishers, 2000 events/s in all, for the whole test.
+	var (
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+		slowest atomic.Int64 // longest single Publish call, ns
+		i       atomic.Int64
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(2 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				d := decision(int(i.Add(1)))
+				start := time.Now()
+				p.Publish(d)
+				if el := time.Since(start).Nanoseconds(); el > slowest.Load() {
+					slowest.Store(el)
+				}
+			}
+		}()
+	}
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopLoad)
+
+	waitFor(t, "events to flow before the outage", 30*time.Second, func() bool {
+		return readMetrics(t, reg).published >= 500
+	})
+	srv.Halt(t)
+	haltedAt := p.Attempted()
+	waitFor(t, "the buffer to fill and drops to start", 60*time.Second, func() bool {
+		m := readMetrics(t, reg)
+		return m.buffered >= bound-10 && m.dropped[ReasonBufferFull] > 0
+	})
+	if m := readMetrics(t, reg); m.buffered > bound {
+		t.Errorf("buffered = %v, over the bound %d", m.buffered, bound)
+	}
+	t.Logf("outage: %d events attempted while down so far; slowest Publish %v",
+		p.Attempted()-haltedAt, time.Duration(slowest.Load()))
+
+	srv.Resume(t)
+	waitFor(t, "the backlog to drain after the broker returned", 60*time.Second, func() bool {
+		m := readMetrics(t, reg)
+		return m.buffered < bound/4 && m.published > float64(haltedAt)
+	})
+	stopLoad()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	m := readMetrics(t, reg)
+	attempted := float64(p.Attempted())
+	if m.published+m.totalDropped() != attempted {
+		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
+	}
+	if m.dropped[ReasonBufferFull] == 0 {
+		t.Errorf("no buffer_full drops during the outage: %v", m.dropped)
+	}
+	// Exactly the published events are in the topic: idempotent retries
+	// across the outage wrote none twice.
+	if got := topicSize(t, brokers, "decisions"); got != int64(m.published) {
+		t.Errorf("topic holds %d records, published = %v", got, m.published)
+	}
+	t.Logf("attempted %v, published %v, dropped %v, slowest Publish %v", attempted, m.published, m.dropped, time.Duration(slowest.Load()))
+}
+
+func createTopic(t *testing.T, brokers []string, topic string, partitions int32) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+}
+
+// topicSize is the number of records in topic (end minus start offsets).
+func topicSize(t *testing.T, brokers []string, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		s, _ := starts.Lookup(o.Topic, o.Partition)
+		n += o.Offset - s.Offset
+	})
+	return n
+}
