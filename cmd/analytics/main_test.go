@@ -1,0 +1,509 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// env is a getenv over a map.
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "analytics.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfig(t *testing.T) {
+	file := writeFile(t, `
+clickhouse: {addr: "file-ch:9000", password: "chpass"}
+redis: {addr: "file-redis:6379", prefix: edge}
+token: "file-token-0123456789"
+interval: 2s
+hot: {min_rate: 50, ttl: 90s}
+nat: {min_distinct_keys: 5}
+alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
+`)
+	fc, err := loadConfig(file, env(map[string]string{
+		"EDGELIMIT_CLICKHOUSE_ADDR":   "env-ch:9000",
+		"EDGELIMIT_ANALYTICS_TOKEN":   "env-token-0123456789",
+		"EDGELIMIT_ALERT_WEBHOOK_URL": "https://hooks.example/secret-path",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fc.analyticsConfig().WithDefaults()
+	switch {
+	case fc.ClickHouse.Addr != "env-ch:9000":
+		t.Errorf("clickhouse addr = %q, want the environment's", fc.ClickHouse.Addr)
+	case fc.Redis.Addr != "file-redis:6379" || fc.Redis.Prefix != "edge":
+		t.Errorf("redis = %+v, want the file's", fc.Redis)
+	case fc.Token != "env-token-0123456789":
+		t.Errorf("token not taken from the environment")
+	case fc.Listen != "127.0.0.1:9092":
+		t.Errorf("listen default = %q, want loopback 127.0.0.1:9092", fc.Listen)
+	case cfg.Interval != 2*time.Second || cfg.Hot.MinRate != 50 || cfg.Hot.TTL != 90*time.Second || cfg.Hot.MinShare != 0.2:
+		t.Errorf("analytics config = %+v", cfg)
+	case cfg.NAT.MinDistinctKeys != 5 || cfg.NAT.MinDistinctUserAgents != 20:
+		t.Errorf("nat config = %+v", cfg.NAT)
+	case cfg.Alerts.AlertmanagerURL != "http://am:9093" || cfg.Alerts.WebhookURL != "https://hooks.example/secret-path" || cfg.Alerts.Labels["cluster"] != "c1":
+		t.Errorf("alerts config = %+v", cfg.Alerts)
+	}
+	if err := fc.validateServe(); err != nil {
+		t.Errorf("validateServe: %v", err)
+	}
+
+	// check prints the effective configuration with every secret redacted.
+	var out bytes.Buffer
+	err = run(context.Background(), []string{"check", "-config", file}, env(map[string]string{
+		"EDGELIMIT_ANALYTICS_TOKEN": "env-token-0123456789", "EDGELIMIT_ALERT_WEBHOOK_URL": "https://hooks.example/secret-path",
+	}), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range []string{"chpass", "token-0123456789", "secret-path"} {
+		if strings.Contains(out.String(), leak) {
+			t.Errorf("check printed the secret %q:\n%s", leak, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "REDACTED") || !strings.Contains(out.String(), "min_rate: 50") {
+		t.Errorf("check output:\n%s", out.String())
+	}
+
+	for name, tc := range map[string]struct {
+		file string
+		env  map[string]string
+		want string
+	}{
+		"no clickhouse":    {"", nil, "clickhouse.addr"},
+		"misspelt field":   {"clickhose: {addr: x:1}\n", nil, "clickhose"},
+		"bad threshold":    {"clickhouse: {addr: x:1}\nhot: {min_share: 3}\n", nil, "min share"},
+		"both redis":       {"clickhouse: {addr: x:1}\n", map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, "not both"},
+		"braces in prefix": {"clickhouse: {addr: x:1}\nredis: {prefix: 'a{b}'}\n", nil, "braces"},
+		"bad listen":       {"clickhouse: {addr: x:1}\nlisten: nowhere\n", nil, "listen"},
+		"bad alertmanager": {"clickhouse: {addr: x:1}\nalerts: {alertmanager_url: 'am:9093'}\n", nil, "alertmanager url"},
+		"bad log level":    {"clickhouse: {addr: x:1}\nlog_level: loud\n", nil, "log_level"},
+	} {
+		p := ""
+		if tc.file != "" {
+			p = writeFile(t, tc.file)
+		}
+		if _, err := loadConfig(p, env(tc.env)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: loadConfig error = %v, want one about %q", name, err, tc.want)
+		}
+	}
+	// serve needs a token and, unless dry_run, Redis.
+	fc, _ = loadConfig(writeFile(t, "clickhouse: {addr: x:1}\n"), env(nil))
+	if err := fc.validateServe(); err == nil || !strings.Contains(err.Error(), "token") || !strings.Contains(err.Error(), "redis") {
+		t.Errorf("validateServe without token and redis = %v", err)
+	}
+	fc.DryRun, fc.Token = true, "0123456789abcdef"
+	if err := fc.validateServe(); err != nil {
+		t.Errorf("validateServe dry run with a token = %v", err)
+	}
+	if err := run(context.Background(), []string{"frobnicate"}, env(nil), io.Discard); err == nil {
+		t.Error("run(frobnicate) = nil, want an error")
+	}
+}
+
+// database creates a migrated ClickHouse database for the test and returns
+// a connection and its name.
+func database(t *testing.T) (driver.Conn, string, string) {
+	t.Helper()
+	addr := testenv.ClickHouseAddr(t)
+	open := func(db string) driver.Conn {
+		c, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Auth: clickhouse.Auth{Database: db, Username: "default"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	db := fmt.Sprintf("analytics_cmd_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
+	root := open("default")
+	ctx := context.Background()
+	if err := root.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+	conn := open(db)
+	if err := consumer.Migrate(ctx, conn, consumer.Retention{}); err != nil {
+		t.Fatal(err)
+	}
+	return conn, addr, db
+}
+
+func fleet(now time.Time) analyticstest.Fleet {
+	return analyticstest.Fleet{
+		Now: now, Window: 10 * time.Minute, Gateways: []string{"gw-a", "gw-b", "gw-c"},
+		Keys: 200, PerKeyRate: 0.05, Seed: 7,
+		Hot:     []analyticstest.HotKey{{KeyID: "hot-1", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}},
+		NAT:     []analyticstest.NATAddr{{IP: "203.0.113.9", Clients: 40, Requests: 800}, {IP: "198.51.100.7", Clients: 25, Requests: 500}},
+		Outages: []analyticstest.Outage{{Gateway: "gw-c", From: now.Add(-5 * time.Minute).Truncate(time.Minute), For: time.Minute, Share: 0.5, Mode: "fail_closed"}},
+	}
+}
+
+func TestQueryCommands(t *testing.T) {
+	conn, addr, db := database(t)
+	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
+	rows := fleet(now).Rows()
+	if err := analyticstest.Insert(context.Background(), conn, rows); err != nil {
+		t.Fatal(err)
+	}
+	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
+	from, to := now.Add(-15*time.Minute).Format(time.RFC3339), now.Add(time.Minute).Format(time.RFC3339)
+	cli := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := run(context.Background(), args, getenv, &out); err != nil {
+			t.Fatalf("analytics %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		}
+		return out.String()
+	}
+
+	// trends, three formats, the same numbers.
+	args := []string{"trends", "-from", from, "-to", to, "-by", "gateway", "-bucket", "minute"}
+	var denied, requests int64
+	for _, d := range rows {
+		requests++
+		if !d.Allowed {
+			denied++
+		}
+	}
+	recs, err := csv.NewReader(strings.NewReader(cli(append(args, "-format", "csv")...))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(recs[0], ","); got != "bucket,gateway,requests,denied,ratio,shadow,fail_open,fail_closed" {
+		t.Errorf("trends csv header = %q", got)
+	}
+	var csvReq, csvDen int64
+	for _, r := range recs[1:] {
+		a, _ := strconv.ParseInt(r[2], 10, 64)
+		b, _ := strconv.ParseInt(r[3], 10, 64)
+		csvReq, csvDen = csvReq+a, csvDen+b
+		if _, err := time.Parse(time.RFC3339, r[0]); err != nil {
+			t.Errorf("trends csv bucket %q: %v", r[0], err)
+		}
+	}
+	if csvReq != requests || csvDen != denied {
+		t.Errorf("trends csv sums %d requests, %d denied; want %d, %d", csvReq, csvDen, requests, denied)
+	}
+	var pts []analytics.TrendPoint
+	if err := json.Unmarshal([]byte(cli(append(args, "-format", "json")...)), &pts); err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != len(recs)-1 {
+		t.Errorf("trends json has %d points, csv %d", len(pts), len(recs)-1)
+	}
+	tbl := strings.Split(strings.TrimSpace(cli(args...)), "\n")
+	if len(tbl) != len(recs) || !strings.HasPrefix(tbl[0], "bucket") || len(strings.Fields(tbl[1])) != 8 {
+		t.Errorf("trends table has %d lines (want %d), first %q %q", len(tbl), len(recs), tbl[0], tbl[1])
+	}
+
+	var keys []analytics.KeyRejections
+	if err := json.Unmarshal([]byte(cli("top-keys", "-from", from, "-to", to, "-limit", "3", "-format", "json")), &keys); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 3 || keys[0].KeyID != "hot-1" {
+		t.Errorf("top-keys = %+v, want 3 keys, hot-1 first", keys)
+	}
+	if out := cli("hot-keys", "-from", now.Add(-time.Minute).Truncate(time.Minute).Format(time.RFC3339), "-to", now.Format(time.RFC3339)); !strings.Contains(out, "hot-1") || !strings.Contains(out, "gw-a=0.7") {
+		t.Errorf("hot-keys table:\n%s", out)
+	}
+	if out := cli("hot-keys", "-key", "hot-1", "-from", from, "-to", to, "-format", "csv"); !strings.HasPrefix(out, "bucket,gateway,requests,denied\n") || !strings.Contains(out, ",gw-b,") {
+		t.Errorf("hot-keys -key history:\n%s", out)
+	}
+	nat, err := csv.NewReader(strings.NewReader(cli("nat-ips", "-from", from, "-to", to, "-format", "csv"))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nat) != 3 || nat[1][1] != "ip:203.0.113.9" || nat[2][1] != "ip:198.51.100.7" {
+		t.Errorf("nat-ips csv = %v, want the two planted addresses", nat)
+	}
+	if out := cli("nat-ips", "-ip", "203.0.113.9", "-from", from, "-to", to, "-bucket", "hour", "-format", "json"); !strings.Contains(out, `"distinct_keys": 40`) {
+		t.Errorf("nat-ips -ip history:\n%s", out)
+	}
+	if out := cli("fail-minutes", "-from", from, "-to", to, "-format", "csv"); strings.Count(out, "\n") != 2 || !strings.Contains(out, ",gw-c,") {
+		t.Errorf("fail-minutes:\n%s", out)
+	}
+	if out := cli("store-health", "-from", from, "-to", to, "-gateway", "gw-c", "-format", "csv"); strings.Contains(out, "gw-a") || !strings.Contains(out, "gw-c") {
+		t.Errorf("store-health -gateway gw-c:\n%s", out)
+	}
+	if out := cli("trends", "-from", from, "-to", to, "-route", "/nowhere", "-format", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("empty trends json = %q, want []", out)
+	}
+
+	for _, bad := range [][]string{
+		{"trends", "-format", "xml"},
+		{"trends", "-bucket", "week"},
+		{"trends", "-by", "ip"},
+		{"trends", "-from", "last tuesday"},
+		{"nat-ips", "-ip", "not-an-ip"},
+		{"trends", "extra"},
+	} {
+		if err := run(context.Background(), bad, getenv, io.Discard); err == nil {
+			t.Errorf("analytics %s = nil error, want one", strings.Join(bad, " "))
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's log and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// amAlerts returns the active alerts in Alertmanager carrying label run=id.
+func amAlerts(t *testing.T, am, id string) []map[string]any {
+	t.Helper()
+	resp, err := http.Get(am + "/api/v2/alerts?filter=" + url.QueryEscape(`run="`+id+`"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func alertNames(as []map[string]any) []string {
+	var names []string
+	for _, a := range as {
+		if l, ok := a["labels"].(map[string]any); ok {
+			names = append(names, fmt.Sprint(l["alertname"]))
+		}
+	}
+	return names
+}
+
+// TestServe runs "analytics serve" against real ClickHouse, Redis and
+// Alertmanager: a key turning hot gets a split that a gateway's
+// limiter.Watcher loads; a fail-open spike reaches Alertmanager and
+// resolves when it subsides; the API and dashboard need the token; SIGTERM
+// (ctx) stops it in order.
+func TestServe(t *testing.T) {
+	conn, chAddr, db := database(t)
+	redisAddr := testenv.RedisAddr(t)
+	am := testenv.AlertmanagerURL(t)
+	now := time.Now().UTC()
+	base := fleet(now)
+	base.Hot = nil
+	base.Outages = nil
+	ctx := context.Background()
+	if err := analyticstest.Insert(ctx, conn, base.Rows()); err != nil {
+		t.Fatal(err)
+	}
+
+	listen := freeAddr(t)
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix := "analytics-serve-" + run
+	token := "serve-token-" + run + "-0123456789"
+	file := writeFile(t, fmt.Sprintf(`
+listen: %q
+interval: 1s
+redis: {prefix: %q}
+hot: {min_rate: 20, min_share: -1}
+alerts:
+  window: 1m
+  store_unavailable_ratio: 0.2
+  fail_open_ratio: 0.2
+  labels: {run: %q}
+`, listen, prefix, run))
+	var logs syncBuffer
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- runCmd(sctx, []string{"serve", "-config", file}, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR": chAddr, "EDGELIMIT_CLICKHOUSE_DATABASE": db, "EDGELIMIT_REDIS_ADDR": redisAddr,
+			"EDGELIMIT_ANALYTICS_TOKEN": token, "EDGELIMIT_ALERTMANAGER_URL": am,
+		}), &logs)
+	}()
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+			<-done
+		}
+	}()
+	base0 := "http://" + listen
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(base0 + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not come up: %v\n%s", err, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The API wants the token.
+	for tok, want := range map[string]int{"": 401, "wrong-token-0123456789": 401, token: 200} {
+		req, _ := http.NewRequest(http.MethodGet, base0+"/api/status", nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET /api/status with token %q = %d, want %d", tok, resp.StatusCode, want)
+		}
+	}
+
+	// A key turns hot: its decisions land in ClickHouse (as the consumer
+	// would write them), and a gateway's watcher, polling every second,
+	// must apply the split.
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	w := limiter.NewWatcher(limiter.NewDirectiveStore(rdb, prefix), time.Second)
+	wctx, wstop := context.WithCancel(ctx)
+	defer wstop()
+	go w.Run(wctx)
+	hotAt := time.Now()
+	hot := analyticstest.Fleet{Now: hotAt, Window: time.Minute, Gateways: base.Gateways, Seed: 9,
+		Hot: []analyticstest.HotKey{{KeyID: "hot-1", Rate: 100, For: 30 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}}}
+	if err := analyticstest.Insert(ctx, conn, hot.Rows()); err != nil {
+		t.Fatal(err)
+	}
+	key := analytics.DirectiveKey("api_key", "hot-1")
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		if s, ok := w.Current().Splits[key]; ok {
+			t.Logf("hot key to split applied by a watcher: %.1fs (shares %v)", time.Since(hotAt).Seconds(), s.Shares)
+			if s.Shares["gw-a"] < 0.65 || s.Shares["gw-a"] > 0.85 {
+				t.Errorf("split shares = %v, want gw-a about 0.75", s.Shares)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no split for %s within 20s\n%s", key, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// A fail-open spike: the fleet alert reaches Alertmanager.
+	spikeAt := time.Now()
+	var spike []analyticstest.Decision
+	for i := 0; i < 4000; i++ {
+		spike = append(spike, analyticstest.Decision{
+			Time: spikeAt.Add(-time.Duration(i) * time.Millisecond), Gateway: "gw-c", KeyID: "key-" + strconv.Itoa(i%50),
+			KeyKind: "api_key", ClientIP: "10.0.0.1", Route: "/v1/search", Plan: "free", Allowed: true,
+			StoreStatus: "unavailable", Mode: "fail_open",
+		})
+	}
+	if err := analyticstest.Insert(ctx, conn, spike); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		names := alertNames(amAlerts(t, am, run))
+		if strings.Contains(strings.Join(names, ","), analytics.AlertFailOpen) {
+			t.Logf("fail-open spike to alert in Alertmanager: %.1fs (%v)", time.Since(spikeAt).Seconds(), names)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fail-open alert not in Alertmanager within 30s (have %v)\n%s", names, logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The store comes back: healthy decisions bring the ratio under the
+	// threshold, and the alert resolves in Alertmanager.
+	healthy := analyticstest.Fleet{Now: time.Now(), Window: 5 * time.Second, Gateways: base.Gateways, Keys: 2000, PerKeyRate: 3, Seed: 11}
+	if err := analyticstest.Insert(ctx, conn, healthy.Rows()); err != nil {
+		t.Fatal(err)
+	}
+	resolveAt := time.Now()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		names := alertNames(amAlerts(t, am, run))
+		if len(names) == 0 {
+			t.Logf("recovery to alert resolved in Alertmanager: %.1fs", time.Since(resolveAt).Seconds())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alerts %v not resolved within 30s\n%s", names, logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	resp, err := http.Get(base0 + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `edgelimit_analytics_runs_total{result="ok"}`) || !strings.Contains(string(body), `edgelimit_analytics_directive_writes_total{kind="split"}`) {
+		t.Errorf("/metrics lacks the analytics series")
+	}
+
+	stop()
+	select {
+	case err := <-done:
+		stopped = true
+		if err != nil {
+			t.Errorf("serve returned %v after ctx ended", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop within 15s of ctx ending")
+	}
+	if !strings.Contains(logs.String(), "analytics stopped") {
+		t.Errorf("serve log lacks the stop line:\n%s", logs.String())
+	}
+}
+
+// runCmd is run, named apart from the test's run label.
+var runCmd = run
