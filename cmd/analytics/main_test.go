@@ -21,6 +21,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -507,3 +509,22 @@ alerts:
 
 // runCmd is run, named apart from the test's run label.
 var runCmd = run
+
+// TestExampleConfig keeps deploy/analytics.example.yaml valid.
+func TestExampleConfig(t *testing.T) {
+	fc, err := loadConfig(filepath.Join("..", "..", "deploy", "analytics.example.yaml"), env(map[string]string{
+		"EDGELIMIT_ANALYTICS_TOKEN": "example-token-0123456789",
+	}))
+	if err != nil {
+		t.Fatalf("example config: %v", err)
+	}
+	if err := fc.validateServe(); err != nil {
+		t.Errorf("example config cannot serve: %v", err)
+	}
+	// The example spells out the defaults; a drift means one of them changed.
+	diff := cmp.Diff(analytics.Config{}.WithDefaults(), fc.analyticsConfig().WithDefaults(),
+		cmpopts.IgnoreFields(analytics.AlertConfig{}, "AlertmanagerURL", "Labels"))
+	if diff != "" {
+		t.Errorf("example config's thresholds differ from the defaults (-defaults +example):\n%s", diff)
+	}
+}
