@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -36,7 +37,7 @@ func TestAlertRules(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 8 rules found"},
+		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 9 rules found"},
 		{"rules unit tests", promtool, []string{"test", "rules", "alerts_test.yml"}, "SUCCESS"},
 		{"prometheus config", promtool, []string{"check", "config", "prometheus.yml"}, "is valid prometheus config"},
 		{"alertmanager config", "amtool", []string{"check-config", "alertmanager.yml"}, "SUCCESS"},
@@ -56,5 +57,47 @@ func TestAlertRules(t *testing.T) {
 				t.Errorf("%s %s printed no %q:\n%s", filepath.Base(bin), strings.Join(tc.args, " "), tc.want, out)
 			}
 		})
+	}
+}
+
+// TestAlertRulesNameRealMetrics keeps the rules in step with the code: every
+// edgelimit_* series an alert reads must be registered by the gateway, its
+// publisher or the consumer (a renamed metric would silence an alert).
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	rules, err := os.ReadFile(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src strings.Builder
+	for _, glob := range []string{"../gateway/*.go", "../gateway/publish/*.go", "../consumer/*.go"} {
+		files, _ := filepath.Glob(glob)
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src.Write(b)
+		}
+	}
+	code := src.String()
+	names := map[string]bool{}
+	for _, m := range regexp.MustCompile(`edgelimit_[a-z_]+`).FindAllString(string(rules), -1) {
+		names[m] = true
+	}
+	if len(names) < 8 {
+		t.Fatalf("found only %d metric names in alerts.yml: %v", len(names), names)
+	}
+	for m := range names {
+		// The gateway's names are built from the namespace const.
+		gw, isGateway := strings.CutPrefix(m, "edgelimit_gateway_")
+		switch {
+		case isGateway && strings.Contains(code, `"`+gw+`"`) && strings.Contains(code, `"edgelimit_gateway"`):
+		case strings.Contains(code, `"`+m+`"`):
+		default:
+			t.Errorf("alerts.yml reads %s, which no gateway, publish or consumer code registers", m)
+		}
 	}
 }
