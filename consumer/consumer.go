@@ -424,6 +424,9 @@ const (
 func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Every step is bounded: while mu is held, a rebalance waits.
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	defer cancel()
 
 	var dead []*kgo.Record
 	for _, p := range c.parts {
@@ -669,6 +672,8 @@ func (c *Consumer) maxStoredOffsets(ctx context.Context) (map[int32]int64, error
 func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	defer cancel()
 	ids := revoked[c.cfg.Topic]
 	if err := c.commit(ctx, ids); err != nil {
 		c.m.retries.WithLabelValues(stageCommit).Inc()

@@ -22,7 +22,7 @@ import (
 func TestRealKafkaOutage(t *testing.T) {
 	srv := testenv.Private(t, "kafka")
 	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
-	createTopic(t, brokers, "decisions", 3)
+	createTopicB(t, brokers, "decisions", 3)
 
 	reg := prometheus.NewRegistry()
 	const bound = 2000
@@ -103,24 +103,6 @@ func TestRealKafkaOutage(t *testing.T) {
 		t.Errorf("topic holds %d records, published = %v", got, m.published)
 	}
 	t.Logf("attempted %v, published %v, dropped %v, slowest Publish %v", attempted, m.published, m.dropped, time.Duration(slowest.Load()))
-}
-
-func createTopic(t *testing.T, brokers []string, topic string, partitions int32) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topic)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
 }
 
 // topicSize is the number of records in topic (end minus start offsets).

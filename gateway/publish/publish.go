@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -142,6 +143,9 @@ type Publisher struct {
 	log   *slog.Logger
 	now   func() time.Time
 
+	promiseFn func(*kgo.Record, error) // p.promise, bound once
+	records   sync.Pool                 // *kgo.Record with a Value buffer, reused after their promise
+
 	published prometheus.Counter
 	dropped   map[string]prometheus.Counter
 	attempted atomic.Int64
@@ -210,6 +214,8 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 		}),
 		dropped: make(map[string]prometheus.Counter, len(reasons)),
 	}
+	p.promiseFn = p.promise
+	p.records.New = func() any { return &kgo.Record{Value: make([]byte, 0, 192)} }
 	droppedVec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgelimit_events_dropped_total",
 		Help: "Decision events not published, by reason: buffer_full, broker_error, encode_error, closed.",
@@ -241,18 +247,22 @@ func (p *Publisher) Publish(d event.Decision) {
 		p.dropped[ReasonClosed].Inc()
 		return
 	}
-	b, err := event.Encode(d)
+	r := p.records.Get().(*kgo.Record)
+	b, err := event.AppendEncode(r.Value[:0], d)
 	if err != nil {
+		p.records.Put(r)
 		p.dropped[ReasonEncodeError].Inc()
 		p.maybeLog("drop undecodable decision event", err)
 		return
 	}
-	p.cl.TryProduce(context.Background(), &kgo.Record{Topic: p.topic, Value: b}, p.promise)
+	*r = kgo.Record{Topic: p.topic, Value: b}
+	p.cl.TryProduce(context.Background(), r, p.promiseFn)
 }
 
 // promise runs once per event, serially, when Kafka answered or the event
 // failed. It must not block.
-func (p *Publisher) promise(_ *kgo.Record, err error) {
+func (p *Publisher) promise(r *kgo.Record, err error) {
+	defer p.recycle(r)
 	switch {
 	case err == nil:
 		p.published.Inc()
@@ -264,6 +274,16 @@ func (p *Publisher) promise(_ *kgo.Record, err error) {
 		p.dropped[ReasonBrokerError].Inc()
 		p.maybeLog("drop decision event", err)
 	}
+}
+
+// recycle returns r to the pool: franz-go no longer touches a record once
+// its promise has returned.
+func (p *Publisher) recycle(r *kgo.Record) {
+	if cap(r.Value) > 4096 {
+		return // keep the pool's buffers small
+	}
+	*r = kgo.Record{Value: r.Value[:0]}
+	p.records.Put(r)
 }
 
 // maybeLog logs at most one line per logEvery.
