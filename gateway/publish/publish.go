@@ -144,7 +144,7 @@ type Publisher struct {
 	now   func() time.Time
 
 	promiseFn func(*kgo.Record, error) // p.promise, bound once
-	records   sync.Pool                 // *kgo.Record with a Value buffer, reused after their promise
+	records   sync.Pool                // *kgo.Record with a Value buffer, reused after their promise
 
 	published prometheus.Counter
 	dropped   map[string]prometheus.Counter
