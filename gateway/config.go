@@ -195,6 +195,9 @@ type Route struct {
 	Plan string `yaml:"plan"`
 	// Cost is how many units one request uses; default 1.
 	Cost int64 `yaml:"cost"`
+	// Exempt routes are proxied without any limit check (no limiter call,
+	// no rate-limit headers, no event), e.g. health checks.
+	Exempt bool `yaml:"exempt"`
 }
 
 // Upstream is a service behind the gateway.

@@ -352,6 +352,10 @@ func (g *Gateway) handle(c echo.Context) error {
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", st.cfg.MaxBodyBytes)})
 		return nil
 	}
+	if rt.Exempt {
+		g.proxy(w, r, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
+		return nil
+	}
 	id, ierr := st.identify(r)
 	if ierr != identified {
 		g.refuse(w, ierr)
@@ -375,13 +379,18 @@ func (g *Gateway) handle(c echo.Context) error {
 		g.deny(w, v, st)
 		return nil
 	}
-	info := &proxyInfo{route: rt.Name, peerTrusted: id.peerTrusted, userHeader: st.cfg.UserHeader}
+	g.proxy(w, r, rt, st, id.peerTrusted)
+	return nil
+}
+
+// proxy sends an allowed request upstream, its body bounded.
+func (g *Gateway) proxy(w *echo.Response, r *http.Request, rt *route, st *state, peerTrusted bool) {
+	info := &proxyInfo{route: rt.Name, peerTrusted: peerTrusted, userHeader: st.cfg.UserHeader}
 	if r.Body != nil && r.Body != http.NoBody {
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
 		r.Body = info.body
 	}
 	rt.upstream.serve(w, r, info)
-	return nil
 }
 
 func (g *Gateway) deny(w http.ResponseWriter, v verdict, st *state) {

@@ -321,8 +321,16 @@ func TestRoutesAndCost(t *testing.T) {
 		{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
 		{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
 		{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
+		{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
 	}
 	gw := startGateway(t, cfg, Options{Store: lim})
+
+	// An exempt route is proxied without a check: no headers, no cost.
+	for range 3 {
+		if r := get(t, gw.URL+"/healthz"); r.status != 200 || r.header.Get("RateLimit-Policy") != "" {
+			t.Errorf("exempt route: %d policy %q, want 200 and no rate-limit headers", r.status, r.header.Get("RateLimit-Policy"))
+		}
+	}
 
 	// POST /v1/export costs 4 of the 10.
 	if r := do(t, http.MethodPost, gw.URL+"/v1/export/x", nil); r.status != 200 || r.header.Get("X-RateLimit-Remaining") != "6" {

@@ -1,0 +1,342 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+const benchKeys = 100_000
+
+// benchConfig has the 3-rule plan of the benchmark; hot keys get
+// limits no run reaches, so every request goes to the store.
+func benchConfig(upstream string) Config {
+	return Config{
+		Plans: map[string]Plan{
+			"bench": {Rules: []Rule{
+				{Name: "minute", Limit: 100, Period: time.Minute},
+				{Name: "hour", Limit: 5000, Period: time.Hour},
+				{Name: "day", Limit: 50000, Period: 24 * time.Hour},
+			}},
+			"hot": {Rules: []Rule{
+				{Name: "minute", Limit: 1 << 31, Period: time.Minute},
+				{Name: "hour", Limit: 1 << 31, Period: time.Hour},
+				{Name: "day", Limit: 1 << 31, Period: 24 * time.Hour},
+			}},
+		},
+		AnonymousPlan:  "bench",
+		APIKeys:        []APIKey{{ID: "hot", SHA256: sha("hot-key"), Plan: "hot"}},
+		TrustedProxies: []string{"127.0.0.1"},
+		Upstreams:      map[string]Upstream{"app": {URL: upstream}},
+		Routes: []Route{
+			{Name: "limited", PathPrefix: "/", Upstream: "app"},
+			{Name: "off", PathPrefix: "/off", Upstream: "app", Exempt: true},
+		},
+		// A closed-loop benchmark saturates both cores, and then a Redis
+		// call now and then waits tens of milliseconds for a CPU; failing
+		// open would make the limiter look cheaper than it is.
+		StoreDeadline: time.Second,
+	}
+}
+
+func benchIPs() []string {
+	ips := make([]string, benchKeys)
+	for i := range ips {
+		ips[i] = fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255)
+	}
+	return ips
+}
+
+func benchRedis(b *testing.B) checker {
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(b), ContextTimeoutEnabled: true, PoolSize: 64})
+	b.Cleanup(func() { _ = rdb.Close() })
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwbench" + randHex(4)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := lim.Load(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return lim
+}
+
+// latencies collects per-request durations from parallel goroutines.
+type latencies struct {
+	mu  sync.Mutex
+	all []time.Duration
+}
+
+func (l *latencies) add(d []time.Duration) {
+	l.mu.Lock()
+	l.all = append(l.all, d...)
+	l.mu.Unlock()
+}
+
+func (l *latencies) report(b *testing.B) {
+	if len(l.all) == 0 {
+		return
+	}
+	slices.Sort(l.all)
+	q := func(p float64) float64 { return float64(l.all[int(p*float64(len(l.all)-1))].Microseconds()) }
+	b.ReportMetric(q(0.50), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+}
+
+// BenchmarkGateway sends requests through a started gateway to a trivial
+// upstream over loopback HTTP: the limiter off (an exempt route), the
+// in-memory store, and Redis with 100k random keys or one hot key.
+func BenchmarkGateway(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	b.Cleanup(up.Close)
+	ips := benchIPs()
+	cases := []struct {
+		name  string
+		store func(*testing.B) checker
+		path  string
+		hot   bool
+	}{
+		{"limiter=off", nil, "/off", false},
+		{"limiter=memory/keys=random", nil, "/", false},
+		{"limiter=redis/keys=random", benchRedis, "/", false},
+		{"limiter=redis/keys=hot", benchRedis, "/", true},
+	}
+	for _, bc := range cases {
+		b.Run(bc.name, func(b *testing.B) {
+			var opts Options
+			if bc.store != nil {
+				opts.Store = bc.store(b)
+			}
+			gw := startGateway(b, benchConfig(up.URL), opts)
+			cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+			b.Cleanup(cl.CloseIdleConnections)
+			var lat latencies
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var mine []time.Duration
+				for pb.Next() {
+					req, _ := http.NewRequest(http.MethodGet, gw.URL+bc.path, nil)
+					if bc.hot {
+						req.Header.Set("X-API-Key", "hot-key")
+					} else {
+						req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
+					}
+					start := time.Now()
+					resp, err := cl.Do(req)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					mine = append(mine, time.Since(start))
+					if resp.StatusCode != http.StatusOK {
+						b.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+				lat.add(mine)
+			})
+			b.StopTimer()
+			lat.report(b)
+			if n := counter(b, gw.m.failOpen); n > 0 {
+				b.Errorf("%v requests failed open (store deadline missed)", n)
+			}
+		})
+	}
+}
+
+// BenchmarkCheck measures the limit check alone, in process: identify,
+// one limiter call, the verdict; no HTTP.
+func BenchmarkCheck(b *testing.B) {
+	ips := benchIPs()
+	for _, bc := range []struct {
+		name  string
+		store func(*testing.B) checker
+		hot   bool
+	}{
+		{"store=memory/keys=random", nil, false},
+		{"store=redis/keys=random", benchRedis, false},
+		{"store=redis/keys=hot", benchRedis, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var opts Options
+			if bc.store != nil {
+				opts.Store = bc.store(b)
+			}
+			gw := startGateway(b, benchConfig("http://127.0.0.1:1"), opts)
+			st := gw.st.Load()
+			hot := st.plans["hot"]
+			var lat latencies
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var mine []time.Duration
+				ctx := context.Background()
+				for pb.Next() {
+					l := limits{key: ipKey(ips[rand.IntN(len(ips))]), plan: st.anonymous}
+					if bc.hot {
+						l = limits{key: "k:hot", plan: hot}
+					}
+					start := time.Now()
+					v := gw.decide(ctx, st, l, 1)
+					mine = append(mine, time.Since(start))
+					if !v.allowed || v.mode != 0 {
+						b.Errorf("verdict %+v", v)
+						return
+					}
+				}
+				lat.add(mine)
+			})
+			b.StopTimer()
+			lat.report(b)
+		})
+	}
+}
+
+// timedStore records how long each limiter call takes.
+type timedStore struct {
+	next checker
+	mu   sync.Mutex
+	took []time.Duration
+}
+
+func (t *timedStore) Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	start := time.Now()
+	d, err := t.next.Allow(ctx, key, rules, cost)
+	took := time.Since(start)
+	t.mu.Lock()
+	t.took = append(t.took, took)
+	t.mu.Unlock()
+	return d, err
+}
+
+func (t *timedStore) reset() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := t.took
+	t.took = nil
+	return out
+}
+
+// BenchmarkGatewayHalfLoad finds the gateway's closed-loop throughput on
+// Redis, then sends b.N requests open-loop at half of it, and reports the
+// in-process latency of the check itself (check-p99-µs; target < 1ms) and
+// of whole requests.
+func BenchmarkGatewayHalfLoad(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	b.Cleanup(up.Close)
+	ips := benchIPs()
+	for _, hot := range []bool{false, true} {
+		name := "keys=random"
+		if hot {
+			name = "keys=hot"
+		}
+		b.Run(name, func(b *testing.B) {
+			ts := &timedStore{next: benchRedis(b)}
+			cfg := benchConfig(up.URL)
+			cfg.StoreDeadline = DefaultStoreDeadline // as deployed
+			gw := startGateway(b, cfg, Options{Store: ts})
+			cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+			b.Cleanup(cl.CloseIdleConnections)
+			send := func() (time.Duration, error) {
+				req, _ := http.NewRequest(http.MethodGet, gw.URL+"/", nil)
+				if hot {
+					req.Header.Set("X-API-Key", "hot-key")
+				} else {
+					req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
+				}
+				start := time.Now()
+				resp, err := cl.Do(req)
+				if err != nil {
+					return 0, err
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return 0, fmt.Errorf("status %d", resp.StatusCode)
+				}
+				return time.Since(start), nil
+			}
+
+			// Calibrate: closed loop, 32 workers, one second.
+			var done sync.WaitGroup
+			var n sync.Map
+			stop := time.Now().Add(time.Second)
+			for w := range 32 {
+				done.Go(func() {
+					c := 0
+					for time.Now().Before(stop) {
+						if _, err := send(); err != nil {
+							b.Error(err)
+							return
+						}
+						c++
+					}
+					n.Store(w, c)
+				})
+			}
+			done.Wait()
+			total := 0
+			n.Range(func(_, v any) bool { total += v.(int); return true })
+			rate := float64(total) / 2 // half of the maximum, per second
+			ts.reset()
+
+			// Open loop at half load: request i is due at start + i/rate,
+			// whether or not earlier ones came back; 128 workers send them
+			// and latency counts from the due time, queueing included.
+			var lat latencies
+			var reqs sync.WaitGroup
+			due := make(chan time.Time, 1024)
+			for range 128 {
+				reqs.Go(func() {
+					var mine []time.Duration
+					for at := range due {
+						if _, err := send(); err != nil {
+							b.Error(err)
+							continue
+						}
+						mine = append(mine, time.Since(at))
+					}
+					lat.add(mine)
+				})
+			}
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+				if d := time.Until(at); d > 0 {
+					time.Sleep(d) // pacing the load, not waiting for a condition
+				}
+				due <- at
+			}
+			close(due)
+			reqs.Wait()
+			b.StopTimer()
+			lat.report(b)
+			checks := ts.reset()
+			slices.Sort(checks)
+			if len(checks) > 0 {
+				b.ReportMetric(float64(checks[len(checks)/2].Microseconds()), "check-p50-µs")
+				b.ReportMetric(float64(checks[len(checks)*99/100].Microseconds()), "check-p99-µs")
+			}
+			b.ReportMetric(rate, "rps")
+			b.ReportMetric(2*rate, "max-rps")
+			b.ReportMetric(counter(b, gw.m.failOpen), "fail-open")
+		})
+	}
+}
