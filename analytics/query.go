@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -325,8 +324,9 @@ type TrendQuery struct {
 	// By splits the trend: rule, route, plan, gateway, key, or "" (one
 	// series).
 	By string
-	// Top keeps the Top series with the most rejections and sums the rest
-	// into one series named "(other)"; 0 keeps all.
+	// Top keeps the Top series with the most rejections (then requests)
+	// and sums the rest into one series named "(other)"; 0 keeps all, and
+	// is refused for a split by key (use Top or TopKeys).
 	Top int
 }
 
@@ -338,8 +338,11 @@ func (q TrendQuery) Validate() error {
 	if !slices.Contains([]string{DimNone, DimRule, DimRoute, DimPlan, DimGateway, DimKey}, q.By) {
 		return fmt.Errorf("%w: by %q: want rule, route, plan, gateway or key", ErrBadQuery, q.By)
 	}
-	if q.Top < 0 {
-		return fmt.Errorf("%w: top %d negative", ErrBadQuery, q.Top)
+	if q.Top < 0 || q.Top > 1000 {
+		return fmt.Errorf("%w: top %d outside [0, 1000]", ErrBadQuery, q.Top)
+	}
+	if q.By == DimKey && q.Top == 0 {
+		return fmt.Errorf("%w: a split by key needs top (at most 1000 series)", ErrBadQuery)
 	}
 	return nil
 }
@@ -365,7 +368,8 @@ func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error)
 	if err := q.Validate(); err != nil {
 		return nil, err
 	}
-	args := append(q.Range.args(), clickhouse.Named("bucket", q.Bucket), clickhouse.Named("by", q.By))
+	args := append(q.Range.args(), clickhouse.Named("bucket", q.Bucket), clickhouse.Named("by", q.By),
+		clickhouse.Named("top", q.Top), clickhouse.Named("top_limit", max(1, q.Top)))
 	rows, err := r.ch.Query(ctx, qTrends, args...)
 	if err != nil {
 		return nil, fmt.Errorf("query trends: %w", err)
@@ -383,62 +387,10 @@ func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error)
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read trends: %w", err)
 	}
-	return TopSeries(out, q.Top), nil
+	return withRatios(out), nil
 }
 
-// TopSeries keeps the top series by rejections (then requests) and sums the
-// others into OtherSeries per bucket; it fills in every point's Ratio.
-// top 0 keeps every series.
-func TopSeries(points []TrendPoint, top int) []TrendPoint {
-	if top > 0 {
-		type total struct{ denied, requests int64 }
-		totals := map[string]total{}
-		for _, p := range points {
-			t := totals[p.Series]
-			totals[p.Series] = total{t.denied + p.Denied, t.requests + p.Requests}
-		}
-		if len(totals) > top {
-			names := make([]string, 0, len(totals))
-			for s := range totals {
-				names = append(names, s)
-			}
-			slices.SortFunc(names, func(a, b string) int {
-				ta, tb := totals[a], totals[b]
-				if ta.denied != tb.denied {
-					return int(min(1, max(-1, tb.denied-ta.denied)))
-				}
-				if ta.requests != tb.requests {
-					return int(min(1, max(-1, tb.requests-ta.requests)))
-				}
-				return strings.Compare(a, b)
-			})
-			keep := map[string]bool{}
-			for _, s := range names[:top] {
-				keep[s] = true
-			}
-			var out []TrendPoint
-			other := map[time.Time]int{} // bucket → index in out
-			for _, p := range points {
-				if keep[p.Series] {
-					out = append(out, p)
-					continue
-				}
-				i, ok := other[p.Bucket]
-				if !ok {
-					i = len(out)
-					other[p.Bucket] = i
-					out = append(out, TrendPoint{Bucket: p.Bucket, Series: OtherSeries})
-				}
-				o := &out[i]
-				o.Requests += p.Requests
-				o.Denied += p.Denied
-				o.Shadow += p.Shadow
-				o.FailOpen += p.FailOpen
-				o.FailClosed += p.FailClosed
-			}
-			points = out
-		}
-	}
+func withRatios(points []TrendPoint) []TrendPoint {
 	for i := range points {
 		if points[i].Requests > 0 {
 			points[i].Ratio = float64(points[i].Denied) / float64(points[i].Requests)

@@ -248,12 +248,13 @@ func TestReaderOnSeededFleet(t *testing.T) {
 
 	t.Run("bad queries", func(t *testing.T) {
 		for name, q := range map[string]analytics.TrendQuery{
-			"empty range":    {Range: analytics.Range{From: to, To: from}, Bucket: "minute"},
-			"bad bucket":     {Range: analytics.Range{From: from, To: to}, Bucket: "week"},
-			"bad dimension":  {Range: analytics.Range{From: from, To: to}, Bucket: "minute", By: "client_ip; DROP"},
-			"too many":       {Range: analytics.Range{From: from.Add(-300 * 24 * time.Hour), To: to}, Bucket: "minute"},
-			"negative top":   {Range: analytics.Range{From: from, To: to}, Bucket: "day", Top: -1},
-			"too long range": {Range: analytics.Range{From: from.Add(-500 * 24 * time.Hour), To: to}, Bucket: "day"},
+			"empty range":     {Range: analytics.Range{From: to, To: from}, Bucket: "minute"},
+			"bad bucket":      {Range: analytics.Range{From: from, To: to}, Bucket: "week"},
+			"bad dimension":   {Range: analytics.Range{From: from, To: to}, Bucket: "minute", By: "client_ip; DROP"},
+			"too many":        {Range: analytics.Range{From: from.Add(-300 * 24 * time.Hour), To: to}, Bucket: "minute"},
+			"negative top":    {Range: analytics.Range{From: from, To: to}, Bucket: "day", Top: -1},
+			"key without top": {Range: analytics.Range{From: from, To: to}, Bucket: "day", By: "key"},
+			"too long range":  {Range: analytics.Range{From: from.Add(-500 * 24 * time.Hour), To: to}, Bucket: "day"},
 		} {
 			if _, err := r.Trends(ctx, q); !errors.Is(err, analytics.ErrBadQuery) {
 				t.Errorf("Trends(%s) error = %v, want ErrBadQuery", name, err)
