@@ -108,7 +108,8 @@ const demoHotKey = "demo-key-hot"
 // carrying many user agents, as NATs do.
 func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("traffic", flag.ContinueOnError)
-	gw := fs.String("gateway", "http://127.0.0.1:8080", "gateway base URL")
+	gws := fs.String("gateway", "http://127.0.0.1:8080", "gateway base URLs, comma separated")
+	weights := fs.String("weights", "", "relative traffic per gateway, comma separated (default even), e.g. 3,1 for uneven load balancing")
 	duration := fs.Duration("duration", 2*time.Minute, "how long to send")
 	rate := fs.Int("rate", 200, "requests per second, all clients together")
 	if err := fs.Parse(args); err != nil {
@@ -117,13 +118,44 @@ func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 	if *rate <= 0 || *duration <= 0 {
 		return errors.New("traffic: -rate and -duration must be positive")
 	}
+	targets := strings.Split(*gws, ",")
+	weight := make([]int, len(targets))
+	total := 0
+	for i := range targets {
+		weight[i] = 1
+		if *weights != "" {
+			ws := strings.Split(*weights, ",")
+			if len(ws) != len(targets) {
+				return fmt.Errorf("traffic: %d weights for %d gateways", len(ws), len(targets))
+			}
+			n, err := strconv.Atoi(ws[i])
+			if err != nil || n < 0 {
+				return fmt.Errorf("traffic: bad weight %q", ws[i])
+			}
+			weight[i] = n
+		}
+		total += weight[i]
+	}
+	if total == 0 {
+		return errors.New("traffic: weights sum to zero")
+	}
+	gateway := func(r *rand.Rand) string {
+		x := r.IntN(total)
+		for i, w := range weight {
+			if x < w {
+				return targets[i]
+			}
+			x -= w
+		}
+		return targets[0]
+	}
 	ctx, cancel := context.WithTimeout(ctx, *duration)
 	defer cancel()
 	client := &http.Client{Timeout: 5 * time.Second}
 	var sent, allowed, denied, failed atomic.Int64
 	natIPs := []string{"198.51.100.10", "198.51.100.11", "203.0.113.50"}
 	pick := func(r *rand.Rand) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, *gw+"/api/items", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateway(r)+"/api/items", nil)
 		switch x := r.IntN(100); {
 		case x < 40: // the hot key
 			req.Header.Set("X-API-Key", demoHotKey)

@@ -1,0 +1,60 @@
+package edgelimit_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+)
+
+// TestComposeFile validates docker-compose.yml against the Compose
+// specification (no Docker engine runs here) and checks what users rely
+// on: every service, a healthcheck each so `up --wait` works, ports on
+// loopback only, and config files that exist in the repository.
+func TestComposeFile(t *testing.T) {
+	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("edgelimit"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatalf("docker-compose.yml is not valid Compose: %v", err)
+	}
+	want := []string{"redis", "kafka", "clickhouse", "gateway", "consumer", "analytics", "prometheus", "alertmanager"}
+	for _, name := range want {
+		s, ok := p.Services[name]
+		if !ok {
+			t.Errorf("service %q missing", name)
+			continue
+		}
+		if s.HealthCheck == nil || len(s.HealthCheck.Test) == 0 {
+			t.Errorf("service %q has no healthcheck; docker compose up --wait needs one", name)
+		}
+	}
+	for name, s := range p.Services {
+		for _, port := range s.Ports {
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("service %q publishes %s on %q, want 127.0.0.1", name, port.Published, port.HostIP)
+			}
+		}
+		// Config files named on the command line come from deploy/, which
+		// the image copies to /etc/edgelimit.
+		for _, arg := range s.Command {
+			if rel, ok := strings.CutPrefix(arg, "/etc/edgelimit/"); ok {
+				if _, err := os.Stat(filepath.Join("deploy", rel)); err != nil {
+					t.Errorf("service %q uses %s, but deploy/%s does not exist", name, arg, rel)
+				}
+			}
+		}
+		for _, v := range s.Volumes {
+			if v.Type == "bind" {
+				if _, err := os.Stat(v.Source); err != nil {
+					t.Errorf("service %q mounts %s, which does not exist", name, v.Source)
+				}
+			}
+		}
+	}
+}
