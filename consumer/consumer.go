@@ -308,6 +308,9 @@ func (c *Consumer) poll(ctx context.Context) {
 			})
 			c.buffer(fetches)
 		}
+		if ctx.Err() != nil {
+			return // Run's final flush, with its own deadline, stores the rest
+		}
 
 		c.mu.Lock()
 		full := c.pending >= c.cfg.BatchSize
@@ -477,7 +480,10 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 			p.hasEnd = false
 		}
 	}
-	if err := c.commit(ctx, nil); err != nil {
+	// A commit is quick and worth finishing even when Run is stopping.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.InsertTimeout)
+	defer ccancel()
+	if err := c.commit(cctx, nil); err != nil {
 		// Not fatal: ClickHouse holds the rows, so a restart resumes past
 		// them anyway; the next flush or the revocation commits again.
 		c.m.retries.WithLabelValues(stageCommit).Inc()
