@@ -9,7 +9,7 @@ import (
 
 // TestClickHouseOutage stops a private ClickHouse under a running consumer:
 // it stops committing and retries, and once the server is back it stores
-// everything, once.
+// everything, once. Then it stops ClickHouse before a consumer starts.
 func TestClickHouseOutage(t *testing.T) {
 	srv := testenv.Private(t, "clickhouse")
 	ch, _ := newDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR"))
@@ -59,10 +59,29 @@ func TestClickHouseOutage(t *testing.T) {
 	if got := count(t, ch, "SELECT count() FROM decisions"); got != 6000 {
 		t.Errorf("count() = %d, want 6000", got)
 	}
-	if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != 6000 {
-		t.Errorf("uniqExact(event_id) = %d, want 6000", got)
+
+	// A consumer that starts while ClickHouse is down cannot know where
+	// to resume: it waits, retrying, and then starts at the right place.
+	srv.Halt(t)
+	more := decisions(1000)
+	produce(t, b.brokers, b.topic, more)
+	r2 := start(t, cfg, ch, nil)
+	waitFor(t, "resume retries while ClickHouse is down", 30*time.Second, func() bool {
+		return metric(t, r2.reg, "edgelimit_consumer_retries_total", "stage", stageResume) >= 1
+	})
+	srv.Resume(t)
+	waitFor(t, "all 7000 rows", 90*time.Second, func() bool {
+		n, err := tryCount(ch, "SELECT count() FROM decisions")
+		return err == nil && n >= 7000
+	})
+	r2.stop()
+	if got := count(t, ch, "SELECT count() FROM decisions"); got != 7000 {
+		t.Errorf("count() = %d, want 7000", got)
 	}
-	if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != 6000 {
-		t.Errorf("rollup requests = %d, want 6000", got)
+	if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != 7000 {
+		t.Errorf("uniqExact(event_id) = %d, want 7000", got)
+	}
+	if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != 7000 {
+		t.Errorf("rollup requests = %d, want 7000", got)
 	}
 }
