@@ -29,6 +29,13 @@ func (c circuit) String() string {
 // failures it opens for `open`, then lets one call through as a probe; the
 // probe's success closes it, its failure opens it again. So no request waits
 // on a dead store, and enforcement resumes by itself when the store returns.
+//
+// Consecutive means in sequence, not merely in a row of reports: a failure
+// counts only if its call started after the last counted failure was seen.
+// One stall of the store (or of this process: a GC pause, a starved CPU)
+// times out every call in flight at once; counted as many failures, it would
+// open the circuit and fail open for a whole interval. Counted as one, the
+// circuit opens only when failures persist for `failures` rounds.
 type breaker struct {
 	onChange func(from, to circuit)
 
@@ -37,6 +44,7 @@ type breaker struct {
 	open     time.Duration
 	state    circuit
 	fails    int
+	lastFail time.Time // when the last counted failure was seen
 	until    time.Time // end of the open interval
 }
 
@@ -80,12 +88,21 @@ func (b *breaker) success() {
 	}
 }
 
-// failure reports a store call that failed.
-func (b *breaker) failure(now time.Time) {
+// failure reports a store call that started at start and failed at now.
+func (b *breaker) failure(start, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.state == circuitHalfOpen {
+		b.until = now.Add(b.open)
+		b.set(circuitOpen)
+		return
+	}
+	if b.state != circuitClosed || (b.fails > 0 && !start.After(b.lastFail)) {
+		return // already open, or in flight when the last failure was seen
+	}
 	b.fails++
-	if b.state == circuitHalfOpen || (b.state == circuitClosed && b.fails >= b.failures) {
+	b.lastFail = now
+	if b.fails >= b.failures {
 		b.until = now.Add(b.open)
 		b.set(circuitOpen)
 	}

@@ -82,9 +82,9 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		g.breaker.abandon(probe)
 		return verdict{err: err}
 	}
-	g.breaker.failure(g.now())
+	g.breaker.failure(start, g.now())
 	status, reason := event.StoreUnavailable, "error"
-	if errors.Is(err, context.DeadlineExceeded) {
+	if isTimeout(err) {
 		status, reason = event.StoreTimeout, "timeout"
 	}
 	g.m.checkLatency.WithLabelValues("shared", reason).Observe(lat.Seconds())

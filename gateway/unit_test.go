@@ -20,18 +20,23 @@ func TestBreaker(t *testing.T) {
 	var changes []string
 	b := newBreaker(3, time.Second, func(from, to circuit) { changes = append(changes, from.String()+">"+to.String()) })
 	allow := func() (bool, bool) { return b.allow(now) }
+	// fail reports a call that started after everything before it ended.
+	fail := func() {
+		now = now.Add(time.Millisecond)
+		start := now
+		now = now.Add(25 * time.Millisecond)
+		b.failure(start, now)
+	}
 
-	for range 2 {
-		b.failure(now)
-	}
+	fail()
+	fail()
 	b.success() // resets the count: failures must be consecutive
-	for range 2 {
-		b.failure(now)
-	}
+	fail()
+	fail()
 	if ok, _ := allow(); !ok {
 		t.Fatalf("open after 2 consecutive failures, want closed until 3")
 	}
-	b.failure(now)
+	fail()
 	if ok, _ := allow(); ok {
 		t.Fatalf("closed after 3 failures")
 	}
@@ -46,7 +51,7 @@ func TestBreaker(t *testing.T) {
 	if ok, _ := allow(); ok {
 		t.Errorf("a second caller got through while the probe is in flight")
 	}
-	b.failure(now) // the probe failed: open again
+	b.failure(now, now) // the probe failed: open again
 	if ok, _ := allow(); ok {
 		t.Errorf("closed after a failed probe")
 	}
@@ -64,6 +69,28 @@ func TestBreaker(t *testing.T) {
 	want := []string{"closed>open", "open>half_open", "half_open>open", "open>half_open", "half_open>open", "open>half_open", "half_open>closed"}
 	if diff := cmp.Diff(want, changes); diff != "" {
 		t.Errorf("transitions (-want +got):\n%s", diff)
+	}
+}
+
+// TestBreakerOneStall: one stall times out every call in flight at once;
+// it counts as one failure, not as many.
+func TestBreakerOneStall(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newBreaker(3, time.Second, nil)
+	for i := range 50 {
+		b.failure(t0.Add(time.Duration(i)*time.Microsecond), t0.Add(25*time.Millisecond+time.Duration(i)*time.Microsecond))
+	}
+	if c := b.current(); c != circuitClosed {
+		t.Fatalf("50 calls timed out by one stall opened the circuit")
+	}
+	// Calls started after the stall was seen, failing too: a second and a
+	// third round open it.
+	for round := 1; round <= 2; round++ {
+		start := t0.Add(time.Duration(round) * 30 * time.Millisecond)
+		b.failure(start, start.Add(25*time.Millisecond))
+	}
+	if c := b.current(); c != circuitOpen {
+		t.Errorf("three rounds of failures: circuit %v, want open", c)
 	}
 }
 
