@@ -17,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -384,5 +388,73 @@ func TestReloadAndShutdown(t *testing.T) {
 	}
 	if r.logs.find("gateway stopped") == nil {
 		t.Errorf("no stop log line")
+	}
+}
+
+// TestEventsToKafka runs the gateway against the real Kafka broker and
+// reads its decision events back.
+func TestEventsToKafka(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 2, up.URL, false)
+	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
+	// Topics are created by deployment, not by the first event (franz-go
+	// gives up on an unknown topic after a few retries).
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	adm.Close()
+	r := start(t, []string{"-config", path}, env(map[string]string{
+		"EDGELIMIT_KAFKA_BROKERS":   strings.Join(brokers, ","),
+		"EDGELIMIT_KAFKA_TOPIC":     topic,
+		"EDGELIMIT_KEY_HASH_SECRET": "s",
+		"EDGELIMIT_GATEWAY_ID":      "gw-kafka",
+	}))
+	for range 3 {
+		httpGet(t, r.addr+"/x")
+	}
+	waitFor(t, "3 events published", func() bool {
+		return metric(t, r.admin, "edgelimit_events_published_total") == "3"
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []event.Decision
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(got) < 3 && ctx.Err() == nil {
+		fetches := cl.PollFetches(ctx)
+		fetches.EachRecord(func(rec *kgo.Record) {
+			d, err := event.Decode(rec.Value)
+			if err != nil {
+				t.Errorf("decode: %v", err)
+				return
+			}
+			got = append(got, d)
+		})
+	}
+	if len(got) != 3 {
+		t.Fatalf("read %d events, want 3", len(got))
+	}
+	allowed := 0
+	for _, d := range got {
+		if d.GatewayID != "gw-kafka" || d.Route != "all" || d.KeyKind != event.KindIP || d.ClientIP != "127.0.0.1" || d.KeyID == "" {
+			t.Errorf("event %+v", d)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Errorf("%d allowed events, want 2 (limit 2, 3 requests)", allowed)
 	}
 }
