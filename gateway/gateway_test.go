@@ -15,6 +15,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 func TestHeadersAllowedAndDenied(t *testing.T) {
@@ -578,5 +582,37 @@ func TestNoRoute(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("dot-dot path: %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestRedisCluster runs the gateway on the Redis Cluster: all rules of a key
+// share one slot, so one script call checks them.
+func TestRedisCluster(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwcluster" + randHex(4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	cfg.Plans["free"] = Plan{Rules: []Rule{
+		{Name: "minute", Limit: 2, Period: time.Minute},
+		{Name: "hour", Limit: 100, Period: time.Hour},
+		{Name: "day", Limit: 1000, Period: 24 * time.Hour, Algorithm: "sliding_window"},
+	}}
+	gw := startGateway(t, cfg, Options{Store: lim})
+	for c := range 20 { // clients spread over the cluster's slots
+		ip := fmt.Sprintf("198.18.0.%d", c+1)
+		for i := range 3 {
+			r := get(t, gw.URL+"/", "X-Forwarded-For", ip)
+			if want := i < 2; (r.status == http.StatusOK) != want {
+				t.Fatalf("client %s request %d: status %d (%s)", ip, i, r.status, r.body)
+			}
+		}
+	}
+	if n := counter(t, gw.m.failOpen); n != 0 {
+		t.Errorf("%v requests failed open on the cluster", n)
 	}
 }
