@@ -31,6 +31,11 @@ type HotConfig struct {
 	// per minute, so the rate covers the minute holding now-Window up to
 	// now. Default 1m.
 	Window time.Duration
+	// MinSpan is the shortest time a rate is measured over: a key that
+	// appeared within the window is measured since its first minute, but
+	// never over less than MinSpan, so a short burst is not a rate. At most
+	// Window. Default 15s.
+	MinSpan time.Duration
 	// MinRate is the request rate (per second) that makes a key hot on its
 	// own. Default 100.
 	MinRate float64
@@ -140,6 +145,7 @@ func (c Config) WithDefaults() Config {
 	setDur(&c.Interval, 5*time.Second)
 	h := &c.Hot
 	setDur(&h.Window, time.Minute)
+	setDur(&h.MinSpan, min(15*time.Second, h.Window))
 	setF(&h.MinRate, 100)
 	setF(&h.MinShare, 0.2)
 	setF(&h.ShareMinRate, 10)
@@ -211,6 +217,8 @@ func (h HotConfig) validate() error {
 	switch {
 	case h.Window < time.Second || h.Window > 24*time.Hour:
 		return fmt.Errorf("%w: hot window %v outside [1s, 24h]", ErrBadWindow, h.Window)
+	case h.MinSpan < time.Second || h.MinSpan > h.Window:
+		return fmt.Errorf("%w: hot min span %v outside [1s, window %v]", ErrBadWindow, h.MinSpan, h.Window)
 	case h.TTL < time.Second:
 		return fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL)
 	case !(h.MinRate > 0):

@@ -156,13 +156,18 @@ func (r *Reader) KeyTraffic(ctx context.Context, from, to time.Time, minRequests
 	for rows.Next() {
 		var id, kind, gw string
 		var n int64
-		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
+		var first time.Time
+		if err := rows.Scan(&id, &kind, &gw, &n, &first); err != nil {
 			return nil, fmt.Errorf("scan hot keys: %w", err)
 		}
 		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
-			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
+			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}, First: first.UTC()})
 		}
-		out[len(out)-1].Gateways[gw] += n
+		k := &out[len(out)-1]
+		k.Gateways[gw] += n
+		if first.Before(k.First) {
+			k.First = first.UTC()
+		}
 	}
 	return out, rows.Err()
 }

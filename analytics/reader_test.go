@@ -284,11 +284,11 @@ func TestDetectorsOnSeededFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := r.KeyTraffic(ctx, hotFrom, f.Now.Add(time.Minute), cfg.Hot.Threshold(total, span), 4*cfg.Hot.MaxKeys)
+	keys, err := r.KeyTraffic(ctx, hotFrom, f.Now.Add(time.Minute), cfg.Hot.Threshold(total, cfg.Hot.MinSpan), 4*cfg.Hot.MaxKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hot := analytics.DetectHotKeys(cfg.Hot, keys, total, span, nil)
+	hot := analytics.DetectHotKeys(cfg.Hot, keys, total, f.Now, span, nil)
 	var gotHot []string
 	for _, h := range hot {
 		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))

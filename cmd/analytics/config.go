@@ -66,6 +66,7 @@ type redisConfig struct {
 type hotConfig struct {
 	Disabled        bool          `yaml:"disabled"`
 	Window          time.Duration `yaml:"window"`
+	MinSpan         time.Duration `yaml:"min_span"`
 	MinRate         float64       `yaml:"min_rate"`
 	MinShare        float64       `yaml:"min_share"`
 	ShareMinRate    float64       `yaml:"share_min_rate"`
@@ -244,7 +245,7 @@ func (fc fileConfig) analyticsConfig() analytics.Config {
 	return analytics.Config{
 		Interval: fc.Interval,
 		Hot: analytics.HotConfig{
-			Disabled: h.Disabled, Window: h.Window, MinRate: h.MinRate, MinShare: h.MinShare,
+			Disabled: h.Disabled, Window: h.Window, MinSpan: h.MinSpan, MinRate: h.MinRate, MinShare: h.MinShare,
 			ShareMinRate: h.ShareMinRate, CoolRatio: h.CoolRatio, MinGateways: h.MinGateways,
 			MinGatewayShare: h.MinGatewayShare, TTL: h.TTL, MaxKeys: h.MaxKeys,
 		},
