@@ -1,0 +1,97 @@
+package analytics_test
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// TestSplitSharesKeepTheLimit checks that a split sized from observed
+// traffic keeps a hot key's limit under uneven load balancing. Two
+// gateways see the key 3:1 at 1.2× its limit; each checks its own Redis
+// bucket holding its share, as the gateways do through limiter.Directives.
+// With shares from DetectHotKeys (observed 3:1) the total admitted must stay
+// within ±5 % of the limit; an even split, for contrast, starves the busy
+// gateway and admits visibly less.
+func TestSplitSharesKeepTheLimit(t *testing.T) {
+	rdb, prefix := mustRedis(t)
+	t.Parallel()
+	ctx := context.Background()
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 100 // per second
+	rules := []limiter.Rule{{Name: "second", Limit: limit, Period: time.Second, Burst: 10}}
+	demand := map[string]float64{"gw-a": 0.9 * limit, "gw-b": 0.3 * limit} // 3:1, 1.2× the limit
+
+	// The detector sees the key's traffic 3:1 and sizes the split from it.
+	cfg := analytics.Config{}.WithDefaults().Hot
+	hot := analytics.DetectHotKeys(cfg, []analytics.KeyTraffic{{KeyID: "observed", KeyKind: "api_key",
+		Gateways: map[string]int64{"gw-a": 5400, "gw-b": 1800}}}, 7200, time.Now(), time.Minute, nil)
+	if len(hot) != 1 {
+		t.Fatalf("DetectHotKeys = %+v, want the key", hot)
+	}
+	now := time.Now()
+	splits := analytics.SplitDirectives(hot, now, time.Minute)
+	splits = append(splits, limiter.SplitDirective{Key: "api_key:even", Shares: map[string]float64{"gw-a": 0.5, "gw-b": 0.5}, Expires: now.Add(time.Minute)})
+	store := limiter.NewDirectiveStore(rdb, prefix)
+	if err := store.WriteSplits(ctx, splits); err != nil {
+		t.Fatal(err)
+	}
+	w := limiter.NewWatcher(store, time.Hour)
+	w.Refresh(ctx)
+
+	const run = 8 * time.Second
+	admitted := map[string]*atomic.Int64{"api_key:observed": {}, "api_key:even": {}}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for key := range admitted {
+		for gw, rate := range demand {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k, rs, ok := w.Current().Split(key, gw, rules, time.Now())
+				if !ok {
+					t.Errorf("%s on %s: split not applied", key, gw)
+					return
+				}
+				every := time.Duration(float64(time.Second) / rate)
+				for i := 0; ; i++ {
+					at := start.Add(time.Duration(i) * every)
+					if at.Sub(start) >= run {
+						return
+					}
+					time.Sleep(time.Until(at))
+					d, err := lim.Allow(ctx, k, rs, 1)
+					if err != nil {
+						t.Errorf("allow: %v", err)
+						return
+					}
+					if d.Allowed {
+						admitted[key].Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	// The limit over the run, plus the buckets' initial burst.
+	want := float64(limit)*run.Seconds() + float64(rules[0].Burst)
+	got := float64(admitted["api_key:observed"].Load())
+	even := float64(admitted["api_key:even"].Load())
+	t.Logf("3:1 load at 1.2× the limit for %v: observed-share split admitted %.0f (%.1f%% of the limit), even split %.0f (%.1f%%); shares %v",
+		run, got, 100*got/want, even, 100*even/want, hot[0].Shares)
+	if math.Abs(got-want) > 0.05*want {
+		t.Errorf("split sized from traffic admitted %.0f, want %.0f ± 5%%", got, want)
+	}
+	if even > 0.92*want {
+		t.Errorf("even split admitted %.0f of %.0f: the 3:1 load should starve the busy gateway", even, want)
+	}
+}
