@@ -159,9 +159,10 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 			bad(http.StatusBadRequest, probBadRequest, "Unknown plan "+strconv.Quote(req.Plan)+".")
 			return
 		}
-		l.plan = p
+		l.plan, l.rules = p, p.rules
 		l.key = id.key + "|p:" + req.Plan
 	}
+	g.applyDirectives(id, &l)
 	cost := req.Cost
 	if cost == 0 {
 		cost = 1

@@ -41,16 +41,18 @@ type verdict struct {
 // store deadline and guarded by the circuit breaker; when the shared store
 // fails, the failure policy decides.
 func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) verdict {
-	p := l.plan
+	if l.rules == nil {
+		l.rules = l.plan.rules
+	}
 	start := g.now()
 	if !g.shared {
-		d, err := g.store.Allow(ctx, l.key, p.rules, cost)
+		d, err := g.store.Allow(ctx, l.key, l.rules, cost)
 		lat := g.now().Sub(start)
 		g.m.checkLatency.WithLabelValues("local", "ok").Observe(lat.Seconds())
 		if err != nil {
 			return verdict{err: err}
 		}
-		return enforced(d, p.rules, event.StoreOK, lat)
+		return enforced(d, l.rules, event.StoreOK, lat)
 	}
 	ok, probe := g.breaker.allow(start)
 	if !ok {
@@ -58,7 +60,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		return g.fallback(ctx, l, cost, event.StoreUnavailable, start)
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.StoreDeadline)
-	d, err := g.store.Allow(cctx, l.key, p.rules, cost)
+	d, err := g.store.Allow(cctx, l.key, l.rules, cost)
 	cancel()
 	lat := g.now().Sub(start)
 	if err == nil {
@@ -72,7 +74,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 			status = event.StoreLocalCache
 		}
 		g.m.checkLatency.WithLabelValues("shared", "ok").Observe(lat.Seconds())
-		return enforced(d, p.rules, status, lat)
+		return enforced(d, l.rules, status, lat)
 	}
 	if ctx.Err() != nil {
 		g.breaker.abandon(probe)
@@ -112,8 +114,11 @@ func enforced(d limiter.Decision, rules []limiter.Rule, status event.StoreStatus
 // otherwise rules that fail locally are checked at this gateway's share in
 // memory; rules that fail open are skipped.
 func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status event.StoreStatus, now time.Time) verdict {
+	if l.rules == nil {
+		l.rules = l.plan.rules
+	}
 	p := l.plan
-	v := verdict{rules: p.rules, store: status}
+	v := verdict{rules: l.rules, store: status}
 	switch {
 	case p.closed:
 		v.mode = event.ModeFailClosed

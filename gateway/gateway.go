@@ -41,6 +41,9 @@ type Options struct {
 	// Now is the clock for the breaker, the local store and events;
 	// default time.Now.
 	Now func() time.Time
+	// Directives are analytics' split and NAT directives, refreshed in the
+	// background (a *limiter.Watcher); nil: none.
+	Directives directiveSource
 }
 
 // Gateway serves traffic under one configuration at a time; Reload swaps
@@ -66,6 +69,9 @@ type Gateway struct {
 	upstreams map[upstreamKey]*upstream
 
 	handler http.Handler
+
+	directives        directiveSource
+	directivesApplied *prometheus.CounterVec
 }
 
 type upstreamKey struct {
@@ -102,6 +108,8 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		g.pub = nil
 	}
 	g.m = newMetrics(opts.Registry)
+	g.directives = opts.Directives
+	g.directivesApplied = newDirectivesApplied(opts.Registry)
 	g.local = limiter.NewMemory(opts.Now, cfg.LocalMaxKeys)
 	g.store, g.shared = opts.Store, !isNil(opts.Store)
 	if !g.shared {
@@ -362,6 +370,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	l := st.limitsFor(id, rt)
+	g.applyDirectives(id, &l)
 	v := g.decide(r.Context(), st, l, rt.Cost)
 	g.publish(id, rt.Name, r.Method, l.plan.name, rt.Cost, r.UserAgent(), v)
 	if v.canceled {

@@ -213,6 +213,8 @@ func (rt *route) matchPath(p string) bool {
 type limits struct {
 	key  string
 	plan *plan
+	// rules are the plan's rules as directives leave them.
+	rules []limiter.Rule
 }
 
 // limitsFor computes the limiter key and the effective rules of a request.
@@ -225,5 +227,6 @@ func (st *state) limitsFor(id identity, rt *route) limits {
 		l.plan = rt.plan
 		l.key = id.key + "|r:" + rt.Name
 	}
+	l.rules = l.plan.rules
 	return l
 }

@@ -111,6 +111,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if ev.pub != nil {
 		opts.Publisher = ev.pub
 	}
+	// Analytics' split and NAT directives: polled in the background (one
+	// small GET a second), so the request path reads them from memory.
+	var watcher *limiter.Watcher
+	if st.rdb != nil {
+		watcher = limiter.NewWatcher(limiter.NewDirectiveStore(st.rdb, fc.Redis.Prefix), time.Second)
+		lastErr := false
+		watcher.OnLoad = func(d *limiter.Directives, bad int, err error) {
+			switch {
+			case err != nil && !lastErr:
+				log.Warn("directives: refresh failed; keeping the last set until it expires", "error", err.Error())
+			case err == nil:
+				log.Info("directives loaded", "version", d.Version, "splits", len(d.Splits), "nats", len(d.NATs), "malformed", bad)
+			}
+			lastErr = err != nil
+		}
+		opts.Directives = watcher
+	}
 	gw, err := gateway.New(fc.Config, opts)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errConfig, err)
@@ -133,6 +150,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serve(srv, ln) })
 	g.Go(func() error { return serve(admin, aln) })
+	if watcher != nil {
+		g.Go(func() error { watcher.Run(gctx); return nil })
+	}
 	g.Go(func() error {
 		cur := fc
 		for {

@@ -1,0 +1,56 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// directiveSource hands out the directives in force, e.g. a
+// *limiter.Watcher that analytics' writes reach in the background. The
+// request path only reads memory.
+type directiveSource interface {
+	Current() *limiter.Directives
+}
+
+// applyDirectives adjusts the limits of one request to the directives in
+// force: a NAT-shared IP gets its IP-keyed limit raised; a hot key under a
+// split is checked in this gateway's own bucket with this gateway's share
+// of every rule. Analytics names keys as "<kind>:<key id>", the key id
+// being the HMAC the decision events carry.
+func (g *Gateway) applyDirectives(id identity, l *limits) {
+	if g.directives == nil {
+		return
+	}
+	d := g.directives.Current()
+	if d == nil || (len(d.Splits) == 0 && len(d.NATs) == 0) {
+		return
+	}
+	now := g.now()
+	if id.kind == event.KindIP && len(d.NATs) > 0 {
+		if rules, ok := d.NAT(id.key, l.rules, now); ok {
+			l.rules = rules
+			g.directivesApplied.WithLabelValues("nat").Inc()
+		}
+	}
+	if len(d.Splits) > 0 {
+		if _, rules, ok := d.Split(kindName(id.kind)+":"+g.keys.id(id.key), g.gatewayID, l.rules, now); ok {
+			l.key += "/gw:" + g.gatewayID
+			l.rules = rules
+			g.directivesApplied.WithLabelValues("split").Inc()
+		}
+	}
+}
+
+func newDirectivesApplied(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "edgelimit_gateway", Name: "directives_applied_total",
+		Help: "Requests whose limits a directive changed, by kind (split, nat).",
+	}, []string{"kind"})
+	reg.MustRegister(c)
+	for _, k := range []string{"split", "nat"} {
+		c.WithLabelValues(k)
+	}
+	return c
+}
