@@ -34,7 +34,9 @@ func TestConfigValidate(t *testing.T) {
 		{"duplicate rule", func(c *Config) {
 			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second}, {Name: "a", Limit: 2, Period: time.Second}}}
 		}, "duplicate rule \"a\""},
-		{"bad algorithm", func(c *Config) { c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second, Algorithm: "leaky"}}} }, "unknown algorithm"},
+		{"bad algorithm", func(c *Config) {
+			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second, Algorithm: "leaky"}}}
+		}, "unknown algorithm"},
 		{"bad rule policy", func(c *Config) {
 			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second, FailurePolicy: "maybe"}}}
 		}, "plans.x.rules[0].failure_policy"},
@@ -44,8 +46,12 @@ func TestConfigValidate(t *testing.T) {
 		{"bad unknown key", func(c *Config) { c.UnknownKey = "ignore" }, "unknown_key: \"ignore\""},
 		{"short sha", func(c *Config) { c.APIKeys[0].SHA256 = "abc" }, "api_keys[0].sha256: want 64 hex digits"},
 		{"raw key instead of hash", func(c *Config) { c.APIKeys[0].SHA256 = strings.Repeat("z", 64) }, "api_keys[0].sha256"},
-		{"duplicate key", func(c *Config) { c.APIKeys = append(c.APIKeys, APIKey{ID: "b", SHA256: strings.Repeat("AB", 32), Plan: "free"}) }, "api_keys[1].sha256: same key as api_keys[0]"},
-		{"duplicate key id", func(c *Config) { c.APIKeys = append(c.APIKeys, APIKey{ID: "acme", SHA256: strings.Repeat("cd", 32), Plan: "free"}) }, "api_keys[1].id"},
+		{"duplicate key", func(c *Config) {
+			c.APIKeys = append(c.APIKeys, APIKey{ID: "b", SHA256: strings.Repeat("AB", 32), Plan: "free"})
+		}, "api_keys[1].sha256: same key as api_keys[0]"},
+		{"duplicate key id", func(c *Config) {
+			c.APIKeys = append(c.APIKeys, APIKey{ID: "acme", SHA256: strings.Repeat("cd", 32), Plan: "free"})
+		}, "api_keys[1].id"},
 		{"key without plan", func(c *Config) { c.APIKeys[0].Plan = "" }, "api_keys[0].plan: a plan is needed"},
 		{"override of unknown rule", func(c *Config) { c.APIKeys[0].Overrides = map[string]Override{"hour": {Limit: 1}} }, "api_keys[0].overrides.hour: plan \"pro\" has no rule"},
 		{"override makes rule invalid", func(c *Config) { c.APIKeys[0].Overrides = map[string]Override{"minute": {Limit: -1}} }, "api_keys[0].overrides.minute"},
@@ -57,7 +63,9 @@ func TestConfigValidate(t *testing.T) {
 		{"unknown route plan", func(c *Config) { c.Routes[0].Plan = "gold" }, "routes[0].plan"},
 		{"negative cost", func(c *Config) { c.Routes[0].Cost = -1 }, "routes[0].cost"},
 		{"bad method", func(c *Config) { c.Routes[1].Methods = []string{"PO ST"} }, "routes[1].methods"},
-		{"duplicate route", func(c *Config) { c.Routes = append(c.Routes, Route{Name: "again", PathPrefix: "/v1/export/", Methods: []string{"post"}, Upstream: "app"}) }, "routes[2]: same path prefix and method as routes[1]"},
+		{"duplicate route", func(c *Config) {
+			c.Routes = append(c.Routes, Route{Name: "again", PathPrefix: "/v1/export/", Methods: []string{"post"}, Upstream: "app"})
+		}, "routes[2]: same path prefix and method as routes[1]"},
 		{"duplicate route name", func(c *Config) { c.Routes[1].Name = "/" }, "routes[1].name"},
 		{"route name with brace", func(c *Config) { c.Routes[1].Name = "a{b}" }, "routes[1].name"},
 		{"upstream scheme", func(c *Config) { c.Upstreams["app"] = Upstream{URL: "ftp://x"} }, "upstreams.app.url"},
