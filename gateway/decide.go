@@ -48,7 +48,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 	if !g.shared {
 		d, err := g.store.Allow(ctx, l.key, l.rules, cost)
 		lat := g.now().Sub(start)
-		g.m.checkLatency.WithLabelValues("local", "ok").Observe(lat.Seconds())
+		g.m.localOK.Observe(lat.Seconds())
 		if err != nil {
 			return verdict{err: err}
 		}
@@ -73,7 +73,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		if d.Cached {
 			status = event.StoreLocalCache
 		}
-		g.m.checkLatency.WithLabelValues("shared", "ok").Observe(lat.Seconds())
+		g.m.sharedOK.Observe(lat.Seconds())
 		return enforced(d, l.rules, status, lat)
 	}
 	if ctx.Err() != nil {
@@ -127,7 +127,7 @@ func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status eve
 	case len(p.local) > 0:
 		start := g.now()
 		d, err := g.local.Allow(ctx, l.key, p.local, cost)
-		g.m.checkLatency.WithLabelValues("local", "ok").Observe(g.now().Sub(start).Seconds())
+		g.m.localOK.Observe(g.now().Sub(start).Seconds())
 		if err != nil {
 			return verdict{err: err}
 		}

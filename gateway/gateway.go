@@ -245,6 +245,10 @@ func (g *Gateway) Ready(ctx context.Context) error {
 func (g *Gateway) Reload(cfg Config) error {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
+	if err := cfg.Validate(); err != nil {
+		g.ReloadFailed(err)
+		return err
+	}
 	st, err := compile(cfg, g.upstreamsFor(cfg))
 	if err != nil {
 		g.ReloadFailed(err)
@@ -345,6 +349,10 @@ func (g *Gateway) handle(c echo.Context) error {
 	r, w := c.Request(), c.Response()
 	if st.cfg.CheckPath != "-" && r.URL.Path == st.cfg.CheckPath && r.Method == http.MethodPost {
 		g.serveCheck(w, r, st)
+		return nil
+	}
+	if r.Method == http.MethodConnect {
+		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusMethodNotAllowed, Detail: "This gateway does not tunnel."})
 		return nil
 	}
 	rt := st.match(r.Method, r.URL.Path)

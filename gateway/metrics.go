@@ -11,7 +11,9 @@ type metrics struct {
 	storeUnavailable *prometheus.CounterVec   // reason
 	failOpen         prometheus.Counter       //
 	failClosed       prometheus.Counter       //
-	checkLatency     *prometheus.HistogramVec // store
+	checkLatency     *prometheus.HistogramVec // store, status
+	sharedOK         prometheus.Observer      // checkLatency of successful shared calls, resolved once
+	localOK          prometheus.Observer      // checkLatency of local calls
 	circuitState     prometheus.Gauge         //
 	circuitOpens     prometheus.Counter       //
 	requests         *prometheus.CounterVec   // route, code
@@ -72,6 +74,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.decisions, m.storeUnavailable, m.failOpen, m.failClosed, m.checkLatency,
 		m.circuitState, m.circuitOpens, m.requests, m.upstreamErrors, m.rejected, m.reloads)
+	m.sharedOK = m.checkLatency.WithLabelValues("shared", "ok")
+	m.localOK = m.checkLatency.WithLabelValues("local", "ok")
 	for _, r := range []string{"error", "timeout", "circuit_open"} {
 		m.storeUnavailable.WithLabelValues(r)
 	}

@@ -367,3 +367,37 @@ func TestAdminEndpoints(t *testing.T) {
 		t.Errorf("Ready() while draining = nil")
 	}
 }
+
+func TestReload(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	gw := startGateway(t, cfg, Options{})
+	before := gw.st.Load()
+
+	bad := cfg
+	bad.AnonymousPlan = "gold"
+	if err := gw.Reload(bad); err == nil {
+		t.Fatalf("Reload(invalid) = nil")
+	}
+	if gw.st.Load() != before || counter(t, gw.m.reloads.WithLabelValues("failed")) != 1 {
+		t.Errorf("an invalid reload replaced the config or was not counted")
+	}
+
+	next := cfg
+	next.Plans = map[string]Plan{"free": {Rules: []Rule{{Name: "minute", Limit: 7, Period: time.Minute}}}}
+	if err := gw.Reload(next); err != nil {
+		t.Fatalf("Reload(valid) = %v", err)
+	}
+	if r := get(t, gw.URL+"/"); r.header.Get("X-RateLimit-Limit") != "7" {
+		t.Errorf("after reload: limit %q, want 7", r.header.Get("X-RateLimit-Limit"))
+	}
+	if after := gw.st.Load(); after.routes[0].upstream != before.routes[0].upstream {
+		t.Errorf("an unchanged upstream was rebuilt, dropping its connections")
+	}
+	if counter(t, gw.m.reloads.WithLabelValues("ok")) != 1 {
+		t.Errorf("reload not counted")
+	}
+	if r := do(t, http.MethodConnect, gw.URL+"/", nil); r.status != http.StatusMethodNotAllowed {
+		t.Errorf("CONNECT: %d, want 405", r.status)
+	}
+}
