@@ -2,6 +2,8 @@ package edgelimit_test
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -162,4 +164,9 @@ func processesMentioning(t *testing.T, dir string) []string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return left
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

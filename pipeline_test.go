@@ -1,0 +1,183 @@
+package edgelimit_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/publish"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// TestRequestsBecomeRows: N requests through a started gateway on real
+// Redis become exactly N rows in a real ClickHouse, through a real Kafka
+// broker and the consumer, and the rollups agree with the raw table and
+// with what the clients saw.
+func TestRequestsBecomeRows(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	brokers := testenv.KafkaBrokers(t)
+	chAddr := testenv.ClickHouseAddr(t)
+	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
+	topic, db := "pipeline-"+suffix, "edgelimit_pipeline_"+suffix
+
+	admin, err := clickhouse.Open(&clickhouse.Options{Addr: []string{chAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+	ch, err := clickhouse.Open(&clickhouse.Options{Addr: []string{chAddr}, Auth: clickhouse.Auth{Database: db, Username: "default"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := consumer.Migrate(ctx, ch, consumer.Retention{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Topics belong to whoever runs Kafka; the gateway does not create them.
+	kcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kadm.NewClient(kcl).CreateTopics(ctx, 4, 1, nil, topic, topic+"-dlq"); err != nil {
+		t.Fatal(err)
+	}
+	kcl.Close()
+
+	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	defer rdb.Close()
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "pipe" + suffix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer upstream.Close()
+	cfg := gateway.Config{
+		GatewayID:     "pipeline-gw",
+		Listen:        "127.0.0.1:0",
+		AdminListen:   "127.0.0.1:0",
+		KeyHashSecret: "pipeline-secret",
+		StoreDeadline: time.Second, // -race on two cores: keep every answer the store's
+		Plans: map[string]gateway.Plan{
+			"anon": {Rules: []gateway.Rule{{Name: "hour", Limit: 60, Period: time.Hour}}},
+			"paid": {Rules: []gateway.Rule{{Name: "minute", Limit: 100, Period: time.Minute, Burst: 20}, {Name: "day", Limit: 1000, Period: 24 * time.Hour}}},
+		},
+		AnonymousPlan: "anon",
+		APIKeys:       []gateway.APIKey{{ID: "acme", SHA256: "1d5e8a8f6a5f0ba30a6a1bb3ee2ad0d3dc6a2b7c81a0dbd9bb7f2f2d2b0e5a0e", Plan: "paid"}},
+		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
+		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
+	}
+	cfg.APIKeys[0].SHA256 = sha256Hex("acme-key")
+	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Publisher: pub, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := gw.Server()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	cons, err := consumer.New(consumer.Config{Brokers: brokers, Topic: topic, Group: "pipeline-" + suffix, DeadLetterTopic: topic + "-dlq", BatchWait: 200 * time.Millisecond}, ch, prometheus.NewRegistry(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consDone := make(chan error, 1)
+	go func() { consDone <- cons.Run(ctx) }()
+
+	const n = 400
+	allowed := 0
+	for i := range n {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/item", nil)
+		if i%2 == 0 {
+			req.Header.Set("X-API-Key", "acme-key")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			allowed++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	if allowed == 0 || allowed == n {
+		t.Fatalf("allowed %d of %d: the limits did not bite", allowed, n)
+	}
+	flushCtx, flushCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer flushCancel()
+	if err := pub.Close(flushCtx); err != nil {
+		t.Fatalf("flush events: %v", err)
+	}
+
+	var rows uint64
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if err := ch.QueryRow(ctx, "SELECT count() FROM decisions").Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if rows >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var uniq, rawAllowed uint64
+	if err := ch.QueryRow(ctx, "SELECT uniqExact(event_id), sum(allowed) FROM decisions").Scan(&uniq, &rawAllowed); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n || uniq != n || rawAllowed != uint64(allowed) {
+		t.Fatalf("ClickHouse has %d rows, %d unique events, %d allowed; want %d, %d, %d", rows, uniq, rawAllowed, n, n, allowed)
+	}
+	var keyReq, keyAllowed uint64
+	if err := ch.QueryRow(ctx, "SELECT sum(requests), sum(allowed_requests) FROM decisions_by_key_1m").Scan(&keyReq, &keyAllowed); err != nil {
+		t.Fatal(err)
+	}
+	var gwReq uint64
+	if err := ch.QueryRow(ctx, "SELECT countMerge(requests) FROM decisions_by_gateway_1m WHERE gateway_id = 'pipeline-gw'").Scan(&gwReq); err != nil {
+		t.Fatal(err)
+	}
+	var ipReq uint64
+	if err := ch.QueryRow(ctx, "SELECT countMerge(requests) FROM decisions_by_ip_1m").Scan(&ipReq); err != nil {
+		t.Fatal(err)
+	}
+	if keyReq != n || keyAllowed != uint64(allowed) || gwReq != n || ipReq != n {
+		t.Errorf("rollups: by key %d requests (%d allowed), by gateway %d, by IP %d; want %d (%d allowed) each", keyReq, keyAllowed, gwReq, ipReq, n, allowed)
+	}
+	cancel()
+	if err := <-consDone; err != nil && ctx.Err() == nil {
+		t.Errorf("consumer: %v", err)
+	}
+}
