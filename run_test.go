@@ -2,9 +2,9 @@ package edgelimit_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
