@@ -334,6 +334,10 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if strings.ContainsAny(c.GatewayID, "{}\" \t\r\n") || len(c.GatewayID) > 128 {
+		// It becomes part of limiter keys under split directives.
+		bad("gateway_id", "%q may not hold braces, quotes or spaces, and is at most 128 bytes", c.GatewayID)
+	}
 	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
 		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)
 	}

@@ -81,6 +81,8 @@ func TestConfigValidate(t *testing.T) {
 		{"body limit", func(c *Config) { c.MaxBodyBytes = -1 }, "max_body_bytes"},
 		{"check path", func(c *Config) { c.CheckPath = "check" }, "check_path"},
 		{"check disabled", func(c *Config) { c.CheckPath = "-" }, ""},
+		{"gateway id with brace", func(c *Config) { c.GatewayID = "gw{1}" }, "gateway_id"},
+		{"gateway id", func(c *Config) { c.GatewayID = "gw-1.eu" }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
