@@ -144,15 +144,9 @@ func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status eve
 	return v
 }
 
-func isInputError(err error) bool {
-	for _, e := range []error{limiter.ErrEmptyKey, limiter.ErrKeyTooLong, limiter.ErrNoRules,
-		limiter.ErrTooManyRules, limiter.ErrInvalidRule, limiter.ErrInvalidCost} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
+// isInputError tells the limiter refusing its input (a bug here) from the
+// store failing (the failure policy's business).
+func isInputError(err error) bool { return errors.Is(err, limiter.ErrInput) }
 
 // count records a verdict in the decision metrics.
 func (g *Gateway) count(v verdict) {

@@ -107,7 +107,11 @@ type call struct {
 	done chan struct{}
 }
 
-// New returns a limiter on the given client. Close stops it.
+// New returns a limiter on the given client. It starts no goroutine of its
+// own: senders live only while checks are waiting, so there is nothing to
+// stop. Configure the client with MaxRetries -1: a check retried after a
+// write timeout may have run once already and would consume twice; the
+// caller's failure policy is the right place to handle the error.
 func New(rdb rediser, cfg Config) (*Redis, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -35,8 +35,10 @@ const (
 	maxPeriod = 400 * 24 * time.Hour
 )
 
-// Errors returned for bad input. They wrap into messages naming the offender.
+// Errors returned for bad input. Each wraps ErrInput as well, so callers
+// can tell a caller's mistake from a store failure with one errors.Is.
 var (
+	ErrInput         = errors.New("limiter: bad input")
 	ErrEmptyKey      = errors.New("limiter: empty key")
 	ErrKeyTooLong    = errors.New("limiter: key too long")
 	ErrNoRules       = errors.New("limiter: no rules")
@@ -107,8 +109,15 @@ func (r Rule) Validate() error {
 	return nil
 }
 
-// validate checks one Allow call's input.
+// validate checks one Allow call's input; its errors wrap ErrInput.
 func validate(key string, rules []Rule, cost int64) error {
+	if err := check(key, rules, cost); err != nil {
+		return fmt.Errorf("%w: %w", ErrInput, err)
+	}
+	return nil
+}
+
+func check(key string, rules []Rule, cost int64) error {
 	switch {
 	case key == "":
 		return ErrEmptyKey

@@ -36,7 +36,11 @@ func TestValidate(t *testing.T) {
 	}
 	stores := map[string]allower{"memory": NewMemory(nil, 0)}
 	for _, tt := range tests {
-		if got := validate(tt.key, tt.rules, tt.cost); !errors.Is(got, tt.want) {
+		got := validate(tt.key, tt.rules, tt.cost)
+		if tt.want != nil && !errors.Is(got, ErrInput) {
+			t.Errorf("%s: validate() = %v, want it to wrap ErrInput", tt.name, got)
+		}
+		if !errors.Is(got, tt.want) {
 			t.Errorf("%s: validate() = %v, want %v", tt.name, got, tt.want)
 		}
 		for sname, s := range stores {

@@ -20,6 +20,9 @@ redis-benchmark -h "$host" -p "$port" -P 16 -c 64 -n "${CEILING_N:-500000}" -r 1
 	1 0 100 60000000 100 0 0 5000 3600000000 5000 0 0 50000 86400000000 50000 0 |
 	tr '\r' '\n' | tail -n 1 | sed 's/.*: \([0-9.]* requests per second.*\)/\1/'
 
+echo "== gateway through wrk (gateway/testdata/wrk/run.sh): limiter off, random keys, hot key"
+gateway/testdata/wrk/run.sh
+
 for pkg in gateway consumer; do
 	if ls "$pkg"/*_test.go >/dev/null 2>&1; then
 		echo "== $pkg (go test -bench . -benchtime $BENCHTIME ./$pkg/...)"
