@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
@@ -46,7 +47,9 @@ func TestRequestsBecomeRows(t *testing.T) {
 	if err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+	if os.Getenv("EDGELIMIT_KEEP_TEST_DB") == "" {
+		t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+	}
 	ch, err := clickhouse.Open(&clickhouse.Options{Addr: []string{chAddr}, Auth: clickhouse.Auth{Database: db, Username: "default"}})
 	if err != nil {
 		t.Fatal(err)
@@ -143,35 +146,31 @@ func TestRequestsBecomeRows(t *testing.T) {
 		t.Fatalf("flush events: %v", err)
 	}
 
-	var rows uint64
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if err := ch.QueryRow(ctx, "SELECT count() FROM decisions").Scan(&rows); err != nil {
-			t.Fatal(err)
+	// An INSERT makes its raw rows visible before its materialized views
+	// have written the rollups, so wait for all of them, then compare.
+	var rows, uniq, rawAllowed, keyReq, keyAllowed, gwReq, ipReq uint64
+	read := func() {
+		t.Helper()
+		for _, q := range []struct {
+			sql  string
+			dest []any
+		}{
+			{"SELECT count(), uniqExact(event_id), sum(allowed) FROM decisions", []any{&rows, &uniq, &rawAllowed}},
+			{"SELECT sum(requests), sum(allowed_requests) FROM decisions_by_key_1m", []any{&keyReq, &keyAllowed}},
+			{"SELECT countMerge(requests) FROM decisions_by_gateway_1m WHERE gateway_id = 'pipeline-gw'", []any{&gwReq}},
+			{"SELECT countMerge(requests) FROM decisions_by_ip_1m", []any{&ipReq}},
+		} {
+			if err := ch.QueryRow(ctx, q.sql).Scan(q.dest...); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if rows >= n || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	var uniq, rawAllowed uint64
-	if err := ch.QueryRow(ctx, "SELECT uniqExact(event_id), sum(allowed) FROM decisions").Scan(&uniq, &rawAllowed); err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(60 * time.Second)
+	for read(); (rows < n || keyReq < n || gwReq < n || ipReq < n) && time.Now().Before(deadline); read() {
+		time.Sleep(100 * time.Millisecond)
 	}
 	if rows != n || uniq != n || rawAllowed != uint64(allowed) {
 		t.Fatalf("ClickHouse has %d rows, %d unique events, %d allowed; want %d, %d, %d", rows, uniq, rawAllowed, n, n, allowed)
-	}
-	var keyReq, keyAllowed uint64
-	if err := ch.QueryRow(ctx, "SELECT sum(requests), sum(allowed_requests) FROM decisions_by_key_1m").Scan(&keyReq, &keyAllowed); err != nil {
-		t.Fatal(err)
-	}
-	var gwReq uint64
-	if err := ch.QueryRow(ctx, "SELECT countMerge(requests) FROM decisions_by_gateway_1m WHERE gateway_id = 'pipeline-gw'").Scan(&gwReq); err != nil {
-		t.Fatal(err)
-	}
-	var ipReq uint64
-	if err := ch.QueryRow(ctx, "SELECT countMerge(requests) FROM decisions_by_ip_1m").Scan(&ipReq); err != nil {
-		t.Fatal(err)
 	}
 	if keyReq != n || keyAllowed != uint64(allowed) || gwReq != n || ipReq != n {
 		t.Errorf("rollups: by key %d requests (%d allowed), by gateway %d, by IP %d; want %d (%d allowed) each", keyReq, keyAllowed, gwReq, ipReq, n, allowed)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -13,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -103,21 +108,26 @@ func BenchmarkGateway(b *testing.B) {
 	b.Cleanup(up.Close)
 	ips := benchIPs()
 	cases := []struct {
-		name  string
-		store func(*testing.B) checker
-		path  string
-		hot   bool
+		name   string
+		store  func(*testing.B) checker
+		path   string
+		hot    bool
+		events bool
 	}{
-		{"limiter=off", nil, "/off", false},
-		{"limiter=memory/keys=random", nil, "/", false},
-		{"limiter=redis/keys=random", benchRedis, "/", false},
-		{"limiter=redis/keys=hot", benchRedis, "/", true},
+		{"limiter=off", nil, "/off", false, false},
+		{"limiter=memory/keys=random", nil, "/", false, false},
+		{"limiter=redis/keys=random", benchRedis, "/", false, false},
+		{"limiter=redis/keys=random/events=kafka", benchRedis, "/", false, true},
+		{"limiter=redis/keys=hot", benchRedis, "/", true, false},
 	}
 	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
 			var opts Options
 			if bc.store != nil {
 				opts.Store = bc.store(b)
+			}
+			if bc.events {
+				opts.Publisher = benchPublisher(b)
 			}
 			gw := startGateway(b, benchConfig(up.URL), opts)
 			cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
@@ -342,4 +352,30 @@ func calibrate(b *testing.B, send func() error) float64 {
 	}
 	done.Wait()
 	return float64(total.Load()) / time.Since(start).Seconds()
+}
+
+// benchPublisher publishes to a fresh topic on the real Kafka broker, so
+// the events=kafka case prices publishing against the same run's cases.
+func benchPublisher(b *testing.B) *publish.Publisher {
+	brokers := testenv.KafkaBrokers(b)
+	topic := "bench-" + randHex(6)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, err = kadm.NewClient(cl).CreateTopics(context.Background(), 4, 1, nil, topic)
+	cl.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic}, prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pub.Close(ctx)
+	})
+	return pub
 }
