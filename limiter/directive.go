@@ -165,38 +165,35 @@ func (s *DirectiveStore) key(name string) string { return s.prefix + ":{directiv
 // WriteSplits replaces the split directives with ds (pruning the rest) and
 // bumps the version, atomically.
 func (s *DirectiveStore) WriteSplits(ctx context.Context, ds []SplitDirective) error {
-	fields := make(map[string]string, len(ds))
-	var latest time.Time
-	for _, d := range ds {
-		if err := d.Validate(); err != nil {
-			return err
-		}
-		b, err := json.Marshal(d)
-		if err != nil {
-			return fmt.Errorf("encode split directive: %w", err)
-		}
-		fields[d.Key] = string(b)
-		latest = later(latest, d.Expires)
-	}
-	return s.replace(ctx, "split", fields, latest)
+	return writeAll(ctx, s, "split", ds, func(d SplitDirective) (string, time.Time, error) {
+		return d.Key, d.Expires, d.Validate()
+	})
 }
 
 // WriteNATs replaces the NAT directives with ds and bumps the version.
 func (s *DirectiveStore) WriteNATs(ctx context.Context, ds []NATDirective) error {
+	return writeAll(ctx, s, "nat", ds, func(d NATDirective) (string, time.Time, error) {
+		return d.Key, d.Expires, d.Validate()
+	})
+}
+
+// writeAll validates and encodes ds, then replaces the set called name.
+func writeAll[T any](ctx context.Context, s *DirectiveStore, name string, ds []T, meta func(T) (string, time.Time, error)) error {
 	fields := make(map[string]string, len(ds))
 	var latest time.Time
 	for _, d := range ds {
-		if err := d.Validate(); err != nil {
+		key, expires, err := meta(d)
+		if err != nil {
 			return err
 		}
 		b, err := json.Marshal(d)
 		if err != nil {
-			return fmt.Errorf("encode nat directive: %w", err)
+			return fmt.Errorf("encode %s directive: %w", name, err)
 		}
-		fields[d.Key] = string(b)
-		latest = later(latest, d.Expires)
+		fields[key] = string(b)
+		latest = later(latest, expires)
 	}
-	return s.replace(ctx, "nat", fields, latest)
+	return s.replace(ctx, name, fields, latest)
 }
 
 func later(a, b time.Time) time.Time {
