@@ -31,10 +31,11 @@ type HotConfig struct {
 	// per minute, so the rate covers the minute holding now-Window up to
 	// now. Default 1m.
 	Window time.Duration
-	// MinSpan is the shortest time a rate is measured over: a key that
-	// appeared within the window is measured since its first minute, but
-	// never over less than MinSpan, so a short burst is not a rate. At most
-	// Window. Default 15s.
+	// MinSpan is the recent span a key's rate is also measured over, to
+	// the second (the rollups have minutes): a key is hot when its rate
+	// over the window or over the last MinSpan reaches the threshold, so a
+	// key that turns hot is found within seconds. At most Window.
+	// Default 15s.
 	MinSpan time.Duration
 	// MinRate is the request rate (per second) that makes a key hot on its
 	// own. Default 100.

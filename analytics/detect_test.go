@@ -55,8 +55,7 @@ func TestShares(t *testing.T) {
 func TestDetectHotKeys(t *testing.T) {
 	cfg := defaults().Hot // 100/s, or 20 % of traffic at 10/s or more
 	span := time.Minute
-	now := time.Date(2026, 11, 29, 12, 0, 40, 0, time.UTC)
-	since := func(k KeyTraffic, first time.Time) KeyTraffic { k.First = first; return k }
+	recent := func(k KeyTraffic, n int64) KeyTraffic { k.Recent = n; return k }
 	k := func(id string, gws map[string]int64) KeyTraffic {
 		return KeyTraffic{KeyID: id, KeyKind: "api_key", Gateways: gws}
 	}
@@ -119,25 +118,18 @@ func TestDetectHotKeys(t *testing.T) {
 			split: map[string]bool{"api_key:was-hot": true},
 		},
 		{
-			// 4,500 requests since 12:00:00, 40s ago: 75/s over the 60s
-			// window (not hot, see the next case but one), 112.5/s since
-			// the key appeared (hot).
-			name:  "new key measured since it appeared",
-			keys:  []KeyTraffic{since(k("new", map[string]int64{"gw-a": 3000, "gw-b": 1500}), now.Truncate(time.Minute))},
+			// 4,500 requests in the window: 75/s over its 60s, but 1,800 of
+			// them in the last 15s: 120/s, hot within seconds.
+			name:  "turned hot within the window",
+			keys:  []KeyTraffic{recent(k("new", map[string]int64{"gw-a": 3000, "gw-b": 1500}), 1800)},
 			total: 1000000,
-			want: []HotKey{{KeyID: "new", KeyKind: "api_key", Requests: 4500, Rate: 112.5, Share: 0.0045, Reason: "rate",
+			want: []HotKey{{KeyID: "new", KeyKind: "api_key", Requests: 4500, Rate: 120, Share: 0.0045, Reason: "rate",
 				Gateways: map[string]int64{"gw-a": 3000, "gw-b": 1500}, Shares: map[string]float64{"gw-a": 2.0 / 3, "gw-b": 1.0 / 3}}},
 		},
 		{
-			// A burst in the minute's first seconds is measured over MinSpan
-			// (15s), not over the 2s it has existed.
-			name:  "short burst is not a rate",
-			keys:  []KeyTraffic{since(k("burst", map[string]int64{"gw-a": 400, "gw-b": 400}), now.Add(-2*time.Second))},
-			total: 1000000,
-		},
-		{
-			name:  "key present from the window's start: whole span",
-			keys:  []KeyTraffic{since(k("old", map[string]int64{"gw-a": 3000, "gw-b": 1500}), now.Add(-span))},
+			// 1,400 in the last 15s is 93/s: not a rate of 100.
+			name:  "recent rate under the threshold",
+			keys:  []KeyTraffic{recent(k("warm", map[string]int64{"gw-a": 3000, "gw-b": 1500}), 1400)},
 			total: 1000000,
 		},
 		{
@@ -148,7 +140,7 @@ func TestDetectHotKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := DetectHotKeys(cfg, tt.keys, tt.total, now, span, tt.split)
+			got := DetectHotKeys(cfg, tt.keys, tt.total, span, tt.split)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
 				t.Errorf("DetectHotKeys mismatch (-want +got):\n%s", diff)
 			}
@@ -163,7 +155,7 @@ func TestDetectHotKeysOrderAndCap(t *testing.T) {
 	for i, n := range []int64{7000, 9000, 8000, 100} {
 		keys = append(keys, KeyTraffic{KeyID: string(rune('a' + i)), KeyKind: "ip", Gateways: map[string]int64{"g1": n, "g2": n}})
 	}
-	got := DetectHotKeys(cfg, keys, 1e7, time.Now(), time.Minute, nil)
+	got := DetectHotKeys(cfg, keys, 1e7, time.Minute, nil)
 	var ids []string
 	for _, h := range got {
 		ids = append(ids, h.KeyID)
@@ -172,7 +164,7 @@ func TestDetectHotKeysOrderAndCap(t *testing.T) {
 		t.Errorf("DetectHotKeys ids = %v, want %v (hottest first, capped at 2)", ids, want)
 	}
 	cfg.Disabled = true
-	if got := DetectHotKeys(cfg, keys, 1e7, time.Now(), time.Minute, nil); got != nil {
+	if got := DetectHotKeys(cfg, keys, 1e7, time.Minute, nil); got != nil {
 		t.Errorf("DetectHotKeys(disabled) = %v, want nil", got)
 	}
 }

@@ -268,9 +268,9 @@ func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Dire
 	return dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, flagged)
 }
 
-// HotKeys runs the hot-key detector over the window that starts at from
-// and ends now, span later (span zero: to - from, now = to); rows are read
-// from [from, to). split names the keys split now (see DetectHotKeys).
+// HotKeys runs the hot-key detector over [from, to), whose rate divides
+// by span (to - from when zero); the recent rate covers the MinSpan before
+// from+span. split names the keys split now (see DetectHotKeys).
 func (r *Reader) HotKeys(ctx context.Context, cfg HotConfig, from, to time.Time, span time.Duration, split map[string]bool) ([]HotKey, error) {
 	if err := (Range{From: from, To: to}).validate(); err != nil {
 		return nil, err
@@ -283,12 +283,27 @@ func (r *Reader) HotKeys(ctx context.Context, cfg HotConfig, from, to time.Time,
 		return nil, err
 	}
 	// Candidates: enough requests to be hot over the shortest span a rate
-	// can be measured over.
-	keys, err := r.KeyTraffic(ctx, from, to, cfg.Threshold(total, min(span, cfg.MinSpan)), 4*cfg.MaxKeys)
+	// is measured over.
+	minRequests := cfg.Threshold(total, min(span, cfg.MinSpan))
+	keys, err := r.KeyTraffic(ctx, from, to, minRequests, 4*cfg.MaxKeys)
 	if err != nil {
 		return nil, err
 	}
-	return DetectHotKeys(cfg, keys, total, from.Add(span), span, split), nil
+	if cfg.MinSpan > 0 && len(keys) > 0 {
+		recent, err := r.RecentKeyTraffic(ctx, from, to, from.Add(span).Add(-cfg.MinSpan), minRequests, 4*cfg.MaxKeys)
+		if err != nil {
+			return nil, err
+		}
+		type id struct{ key, kind string }
+		n := make(map[id]int64, len(recent))
+		for _, k := range recent {
+			n[id{k.KeyID, k.KeyKind}] = k.Requests()
+		}
+		for i := range keys {
+			keys[i].Recent = n[id{keys[i].KeyID, keys[i].KeyKind}]
+		}
+	}
+	return DetectHotKeys(cfg, keys, total, span, split), nil
 }
 
 // NATIPs runs the NAT detector over [from, to); flagged names the IP keys

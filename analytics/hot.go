@@ -16,9 +16,9 @@ type KeyTraffic struct {
 	KeyKind string
 	// Gateways maps gateway id to the key's requests there.
 	Gateways map[string]int64
-	// First is the start of the first minute the key appears in within the
-	// window (zero: unknown, the whole window).
-	First time.Time
+	// Recent is the key's requests in the last MinSpan, to the second
+	// (zero: not measured).
+	Recent int64
 }
 
 // Requests is the key's requests at all gateways.
@@ -66,28 +66,27 @@ func (h HotConfig) Threshold(total int64, span time.Duration) int64 {
 }
 
 // DetectHotKeys returns the hot keys among keys, hottest first. total is
-// all requests in the window; the window ends at now and spans span (the
-// rate's denominator). A key that first appears within the window has its
-// rate measured since its first minute (at least MinSpan), so a key that
-// turns hot is found in seconds rather than once it has filled the window.
-// split names the keys whose split is in force now: they stay hot until
-// they fall under CoolRatio × the threshold.
-func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, now time.Time, span time.Duration, split map[string]bool) []HotKey {
+// all requests in the window and span its length, the rate's denominator.
+// A key's rate is the larger of its rate over the window and its rate over
+// the last MinSpan (KeyTraffic.Recent), so a key that turns hot is found in
+// seconds rather than once it has filled the window. split names the keys
+// whose split is in force now: they stay hot until they fall under
+// CoolRatio × the threshold.
+func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Duration, split map[string]bool) []HotKey {
 	if cfg.Disabled || span <= 0 {
 		return nil
 	}
-	start := now.Add(-span)
 	var hot []HotKey
 	for _, k := range keys {
 		n := k.Requests()
 		if n <= 0 {
 			continue
 		}
-		ks := span
-		if k.First.After(start) {
-			ks = min(span, max(cfg.MinSpan, now.Sub(k.First)))
+		rate := float64(n) / span.Seconds()
+		if cfg.MinSpan > 0 {
+			rate = max(rate, float64(k.Recent)/cfg.MinSpan.Seconds())
 		}
-		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: float64(n) / ks.Seconds(), Gateways: k.Gateways}
+		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways}
 		if total > 0 {
 			h.Share = float64(n) / float64(total)
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -40,11 +42,13 @@ func eventKeyID(secret, key string) string {
 // TestPipelineDetection sends synthetic traffic through the real pipeline
 // — three gateways on a shared Redis, publishing to a real Kafka broker,
 // the consumer writing to a real ClickHouse — with a planted hot key (3:1
-// across two gateways) and planted NAT addresses among ordinary clients.
-// The detector, running on its schedule, must flag exactly those (it
-// reports precision and recall), and every gateway's directive watcher
-// must load the split; it reports how long that took from the key turning
-// hot.
+// across two gateways, at 1.2× its limit) and planted NAT addresses among
+// ordinary clients. The detector, on its schedule, must flag exactly those
+// (it reports precision and recall); every gateway must apply the split
+// (it reports how long that took from the key turning hot); with the split
+// in force the total admitted for the key must stay within ±5 % of its
+// limit; and when the key cools the split must go and the gateways return
+// to the shared bucket.
 func TestPipelineDetection(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	conn := mustDatabase(t)
@@ -106,8 +110,21 @@ func TestPipelineDetection(t *testing.T) {
 		}
 	}
 	addKey("hot")
-	gateways := map[string]string{} // id → traffic URL
-	for _, id := range []string{"gw-a", "gw-b", "gw-c"} {
+	keys[len(keys)-1].Plan = "hot"
+	gwIDs := []string{"gw-a", "gw-b", "gw-c"}
+	store := limiter.NewDirectiveStore(rdb, prefix)
+	watchers := map[string]*limiter.Watcher{}
+	for _, id := range gwIDs {
+		w := limiter.NewWatcher(store, time.Second)
+		watchers[id] = w
+		wg.Add(1)
+		go func() { defer wg.Done(); w.Run(ctx) }()
+	}
+	const hotLimit = 20                             // per second
+	gateways := map[string]string{}                 // id → traffic URL
+	registries := map[string]*prometheus.Registry{} // id → its metrics
+	for _, id := range gwIDs {
+		registries[id] = prometheus.NewRegistry()
 		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
@@ -118,8 +135,11 @@ func TestPipelineDetection(t *testing.T) {
 		}
 		defer pub.Close(context.Background())
 		gw, err := gateway.New(gateway.Config{
-			GatewayID:      id,
-			Plans:          map[string]gateway.Plan{"free": {Rules: []gateway.Rule{{Name: "minute", Limit: 100000, Period: time.Minute}}}},
+			GatewayID: id,
+			Plans: map[string]gateway.Plan{
+				"free": {Rules: []gateway.Rule{{Name: "minute", Limit: 100000, Period: time.Minute}}},
+				"hot":  {Rules: []gateway.Rule{{Name: "second", Limit: hotLimit, Period: time.Second}}},
+			},
 			APIKeys:        keys,
 			Upstreams:      map[string]gateway.Upstream{"app": {URL: up.URL}},
 			Routes:         []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
@@ -127,7 +147,7 @@ func TestPipelineDetection(t *testing.T) {
 			KeyHashSecret:  secret,
 			StoreDeadline:  time.Second,
 			Listen:         "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet})
+		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet, Directives: watchers[id], Registry: registries[id]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +157,7 @@ func TestPipelineDetection(t *testing.T) {
 		gateways[id] = s.URL
 	}
 	client := &http.Client{Timeout: 5 * time.Second}
-	send := func(gw, key, ip, ua string) {
+	send := func(gw, key, ip, ua string) int {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateways[gw]+"/v1/items", nil)
 		req.Header.Set("X-API-Key", raw[key])
 		req.Header.Set("X-Forwarded-For", ip)
@@ -147,15 +167,15 @@ func TestPipelineDetection(t *testing.T) {
 			if ctx.Err() == nil {
 				t.Errorf("request: %v", err)
 			}
-			return
+			return 0
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode != http.StatusOK && (key != "hot" || resp.StatusCode != http.StatusTooManyRequests) {
 			t.Errorf("request as %s on %s: %d", key, gw, resp.StatusCode)
 		}
+		return resp.StatusCode
 	}
-	gwIDs := []string{"gw-a", "gw-b", "gw-c"}
 
 	// Ordinary traffic and the NAT addresses first: 60 keys, each from an
 	// address of its own (every third shared by two keys), 6 requests each;
@@ -183,11 +203,11 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	load.Wait()
 
-	// The detector, on its schedule, and a directive watcher per gateway.
-	store := limiter.NewDirectiveStore(rdb, prefix)
+	// The detector, on its schedule. A 20s window (10s at least) lets the
+	// key cool within the test.
 	det, err := analytics.NewDetector(analytics.Config{
 		Interval: time.Second,
-		Hot:      analytics.HotConfig{MinRate: 8, MinShare: -1},
+		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
 		NAT:      analytics.NATConfig{MinDistinctKeys: 10, MinDistinctUserAgents: 10, MinRequests: 50},
 	}, analytics.Deps{Reader: analytics.NewReader(conn), Directives: store, Log: quiet})
 	if err != nil {
@@ -195,33 +215,38 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); det.Run(ctx) }()
-	watchers := map[string]*limiter.Watcher{}
-	for _, id := range gwIDs {
-		w := limiter.NewWatcher(store, time.Second)
-		watchers[id] = w
-		wg.Add(1)
-		go func() { defer wg.Done(); w.Run(ctx) }()
-	}
 
-	// The key turns hot: 3:1 across gw-a and gw-b, 40 requests a second.
+	// The key turns hot: 3:1 across gw-a and gw-b at 1.2× its limit.
+	type answer struct {
+		at     time.Time
+		gw     string
+		status int
+	}
+	var mu sync.Mutex
+	var answers []answer
 	hotKey := analytics.DirectiveKey("api_key", eventKeyID(secret, "k:hot"))
 	hotAt := time.Now()
 	hotCtx, hotStop := context.WithCancel(ctx)
 	defer hotStop()
 	var hotWG sync.WaitGroup
-	for g, every := range map[string]time.Duration{"gw-a": 33 * time.Millisecond, "gw-b": 100 * time.Millisecond} {
+	for g, rate := range map[string]float64{"gw-a": 0.9 * hotLimit, "gw-b": 0.3 * hotLimit} {
 		hotWG.Add(1)
 		go func() {
 			defer hotWG.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-hotCtx.Done():
-					return
-				case <-tick.C:
-					send(g, "hot", "10.9.9.9", "loadgen")
-				}
+			// Requests leave on schedule, each on its own goroutine, so a
+			// slow answer under -race does not thin the load.
+			every := time.Duration(float64(time.Second) / rate)
+			for i := 0; hotCtx.Err() == nil; i++ {
+				time.Sleep(time.Until(hotAt.Add(time.Duration(i) * every)))
+				hotWG.Add(1)
+				go func() {
+					defer hotWG.Done()
+					sent := time.Now()
+					st := send(g, "hot", "10.9.9.9", "loadgen")
+					mu.Lock()
+					answers = append(answers, answer{sent, g, st})
+					mu.Unlock()
+				}()
 			}
 		}()
 	}
@@ -233,7 +258,36 @@ func TestPipelineDetection(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("key turned hot → split loaded by all 3 gateways' watchers: %.1fs", time.Since(hotAt).Seconds())
+	applied := time.Now()
+	t.Logf("key turned hot → split applied by all 3 gateways: %.1fs", applied.Sub(hotAt).Seconds())
+	var gotHot []string
+	for _, h := range det.Last().HotKeys {
+		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))
+	}
+
+	// With the split in force, the key's admitted total over 8s must be
+	// its limit's, within 5 %, though the load is uneven. Each gateway's
+	// bucket starts full (its share of the burst) and drains at 20 % of
+	// its refill: measure from 6s on, once both are down to their refill.
+	const measure = 8 * time.Second
+	m0 := applied.Add(6 * time.Second)
+	time.Sleep(time.Until(m0.Add(measure + 500*time.Millisecond)))
+	mu.Lock()
+	admitted := map[string]int{}
+	total := 0
+	for _, a := range answers {
+		if !a.at.Before(m0) && a.at.Before(m0.Add(measure)) && a.status == http.StatusOK {
+			admitted[a.gw]++
+			total++
+		}
+	}
+	mu.Unlock()
+	want := hotLimit * measure.Seconds()
+	t.Logf("split in force, 3:1 load at 1.2× the limit: %d admitted in %v (%.1f%% of the limit; gw-a %d, gw-b %d)",
+		total, measure, 100*float64(total)/want, admitted["gw-a"], admitted["gw-b"])
+	if math.Abs(float64(total)-want) > 0.05*want {
+		t.Errorf("admitted %d for the hot key in %v, want %.0f ± 5%%", total, measure, want)
+	}
 	hotStop()
 	hotWG.Wait()
 
@@ -251,10 +305,7 @@ func TestPipelineDetection(t *testing.T) {
 		return len(det.Last().NATIPs) >= len(wantNAT)
 	})
 	rep := det.Last()
-	var gotHot, gotNAT []string
-	for _, h := range rep.HotKeys {
-		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))
-	}
+	var gotNAT []string
 	for _, n := range rep.NATIPs {
 		gotNAT = append(gotNAT, n.Key)
 	}
@@ -275,4 +326,47 @@ func TestPipelineDetection(t *testing.T) {
 			t.Errorf("gw-c's watcher lacks the NAT directive for %s (has %v)", k, slices.Sorted(maps.Keys(d.NATs)))
 		}
 	}
+
+	// The key cools: the split goes from every gateway, and the key is
+	// checked in the shared bucket again (no more split applications).
+	waitFor(t, 150*time.Second, "the split to be lifted from every gateway", func() bool {
+		for _, w := range watchers {
+			if _, ok := w.Current().Splits[hotKey]; ok {
+				return false
+			}
+		}
+		return true
+	})
+	before := splitsApplied(t, registries["gw-a"])
+	for range 3 {
+		if st := send("gw-a", "hot", "10.9.9.9", "loadgen"); st != http.StatusOK {
+			t.Errorf("cooled hot key refused: %d", st)
+		}
+	}
+	if after := splitsApplied(t, registries["gw-a"]); after != before || before == 0 {
+		t.Errorf("split applications on gw-a went %v → %v after the key cooled; want some before, none after", before, after)
+	}
+}
+
+// splitsApplied reads a gateway's edgelimit_gateway_directives_applied_total{kind="split"}.
+func splitsApplied(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgelimit_gateway_directives_applied_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == "split" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatal("no edgelimit_gateway_directives_applied_total{kind=\"split\"}")
+	return 0
 }

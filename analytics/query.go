@@ -26,6 +26,7 @@ func mustSQL(name string) string {
 var (
 	qTotalRequests = mustSQL("total_requests")
 	qHotKeys       = mustSQL("hot_keys")
+	qHotKeysRecent = mustSQL("hot_keys_recent")
 	qNATIPs        = mustSQL("nat_ips")
 	qGatewayHealth = mustSQL("gateway_health")
 	qStoreHealth   = mustSQL("store_health")
@@ -156,18 +157,41 @@ func (r *Reader) KeyTraffic(ctx context.Context, from, to time.Time, minRequests
 	for rows.Next() {
 		var id, kind, gw string
 		var n int64
-		var first time.Time
-		if err := rows.Scan(&id, &kind, &gw, &n, &first); err != nil {
+		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
 			return nil, fmt.Errorf("scan hot keys: %w", err)
 		}
 		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
-			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}, First: first.UTC()})
+			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
 		}
-		k := &out[len(out)-1]
-		k.Gateways[gw] += n
-		if first.Before(k.First) {
-			k.First = first.UTC()
+		out[len(out)-1].Gateways[gw] += n
+	}
+	return out, rows.Err()
+}
+
+// RecentKeyTraffic returns, for the keys with at least minRequests
+// decisions in the rollup's [from, to) (at most limit of them), their
+// decisions per gateway since recent, to the second, from the raw table.
+func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Time, minRequests int64, limit int) ([]KeyTraffic, error) {
+	args := append(Range{From: from, To: to}.args(),
+		clickhouse.Named("recent", recent.UTC().Truncate(time.Second)),
+		clickhouse.Named("min_requests", max(1, minRequests)),
+		clickhouse.Named("limit", max(1, limit)))
+	rows, err := r.ch.Query(ctx, qHotKeysRecent, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query recent key traffic: %w", err)
+	}
+	defer rows.Close()
+	var out []KeyTraffic
+	for rows.Next() {
+		var id, kind, gw string
+		var n int64
+		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
+			return nil, fmt.Errorf("scan recent key traffic: %w", err)
 		}
+		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
+			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
+		}
+		out[len(out)-1].Gateways[gw] += n
 	}
 	return out, rows.Err()
 }

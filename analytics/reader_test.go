@@ -288,7 +288,7 @@ func TestDetectorsOnSeededFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hot := analytics.DetectHotKeys(cfg.Hot, keys, total, f.Now, span, nil)
+	hot := analytics.DetectHotKeys(cfg.Hot, keys, total, span, nil)
 	var gotHot []string
 	for _, h := range hot {
 		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))

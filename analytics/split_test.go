@@ -34,7 +34,7 @@ func TestSplitSharesKeepTheLimit(t *testing.T) {
 	// The detector sees the key's traffic 3:1 and sizes the split from it.
 	cfg := analytics.Config{}.WithDefaults().Hot
 	hot := analytics.DetectHotKeys(cfg, []analytics.KeyTraffic{{KeyID: "observed", KeyKind: "api_key",
-		Gateways: map[string]int64{"gw-a": 5400, "gw-b": 1800}}}, 7200, time.Now(), time.Minute, nil)
+		Gateways: map[string]int64{"gw-a": 5400, "gw-b": 1800}}}, 7200, time.Minute, nil)
 	if len(hot) != 1 {
 		t.Fatalf("DetectHotKeys = %+v, want the key", hot)
 	}

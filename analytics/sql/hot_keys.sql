@@ -1,12 +1,11 @@
 -- hot_keys: the keys with at least @min_requests decisions in [@from, @to),
--- at most @limit of them (busiest first), with their decisions per gateway
--- and the first minute they appear in: the hot-key detector's input.
+-- at most @limit of them (busiest first), with their decisions per gateway:
+-- the hot-key detector's input.
 SELECT
     key_id,
     key_kind,
     gateway_id,
-    toInt64(sum(requests)) AS requests,
-    min(minute) AS first_minute
+    toInt64(sum(requests)) AS requests
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
   AND (key_id, key_kind) IN (

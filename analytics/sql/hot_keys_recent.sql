@@ -1,0 +1,24 @@
+-- hot_keys_recent: the decisions per gateway since @recent (to the second)
+-- of the keys that had at least @min_requests in the rollup's [@from, @to),
+-- at most @limit of them. The one query that reads the raw table: the
+-- rollups have minutes, and a key that turns hot must be found in seconds.
+-- It stays cheap because the raw table is ordered by (key_id, time): only
+-- the few candidates' last seconds are read.
+SELECT
+    key_id,
+    key_kind,
+    gateway_id,
+    toInt64(count()) AS requests
+FROM decisions
+WHERE key_id IN (
+    SELECT key_id
+    FROM decisions_by_key_1m
+    WHERE minute >= @from AND minute < @to
+    GROUP BY key_id
+    HAVING sum(requests) >= @min_requests
+    ORDER BY sum(requests) DESC, key_id
+    LIMIT @limit
+  )
+  AND time >= @recent AND time < @to
+GROUP BY key_id, key_kind, gateway_id
+ORDER BY key_id, key_kind, gateway_id
