@@ -23,8 +23,10 @@
 // EDGELIMIT_ANALYTICS_TOKEN, EDGELIMIT_ANALYTICS_LISTEN, EDGELIMIT_ALERTMANAGER_URL,
 // EDGELIMIT_ALERT_WEBHOOK_URL, EDGELIMIT_LOG_LEVEL.
 //
-// serve stops on SIGTERM or SIGINT in order: the HTTP server drains, the
-// detector finishes its run, then Redis and ClickHouse close.
+// serve also answers /metrics, /healthz and /readyz (ClickHouse reachable)
+// without the token. It stops on SIGTERM or SIGINT in order: the HTTP
+// server drains, the detector finishes its run, then Redis and ClickHouse
+// close.
 package main
 
 import (
@@ -200,6 +202,16 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Ready when ClickHouse answers: every query and detector run needs it.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ch.Ping(pctx); err != nil {
+			http.Error(w, "not ready: clickhouse: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
 	mux.Handle("/", api.Handler())
 	ln, err := net.Listen("tcp", fc.Listen)
 	if err != nil {

@@ -389,6 +389,12 @@ alerts:
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	if resp, err := http.Get(base0 + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /readyz = %v, %v; want 200 with ClickHouse up", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
 	// The API wants the token.
 	for tok, want := range map[string]int{"": 401, "wrong-token-0123456789": 401, token: 200} {
 		req, _ := http.NewRequest(http.MethodGet, base0+"/api/status", nil)
