@@ -23,6 +23,9 @@ redis-benchmark -h "$host" -p "$port" -P 16 -c 64 -n "${CEILING_N:-500000}" -r 1
 echo "== gateway through wrk (gateway/testdata/wrk/run.sh): limiter off, random keys, hot key"
 gateway/testdata/wrk/run.sh
 
+echo "== analytics: trend queries over 10M events (seeds ClickHouse, ~1 min)"
+go test -run '^$' -bench TrendQueries -benchtime 10x ./analytics/
+
 for pkg in gateway consumer; do
 	if ls "$pkg"/*_test.go >/dev/null 2>&1; then
 		echo "== $pkg (go test -bench . -benchtime $BENCHTIME ./$pkg/...)"
