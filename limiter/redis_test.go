@@ -290,3 +290,42 @@ func TestParseReply(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchingOnlyUnderLoad: a lone check goes out at once in a round trip
+// of its own (no waiting to fill a batch); concurrent checks share them.
+func TestBatchingOnlyUnderLoad(t *testing.T) {
+	rdb := mustRedis(t)
+	rules := []Rule{{Name: "r", Limit: 1000, Period: time.Second}}
+	seq := mustLimiter(t, rdb, Config{DenyCache: -1})
+	// Loaded ahead, so no NOSCRIPT retry adds a round trip below.
+	if err := seq.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := seq.Allow(context.Background(), uniqueKey(t), rules, 1); err != nil {
+			t.Fatal(err)
+		}
+		if st := seq.Stats(); st.Pipelines != int64(i+1) {
+			t.Fatalf("after %d sequential checks, Stats() = %+v: want one round trip each", i+1, st)
+		}
+	}
+	// Two senders for 64 callers: most checks must ride shared pipelines.
+	conc := mustLimiter(t, rdb, Config{DenyCache: -1, Senders: 2})
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 20 {
+				if _, err := conc.Allow(context.Background(), uniqueKey(t), rules, 1); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := conc.Stats()
+	t.Logf("64 callers × 20 checks: %+v", st)
+	if st.Checks != 64*20 || st.Pipelines*2 > st.Checks {
+		t.Errorf("Stats() = %+v: want %d checks in under half as many round trips", st, 64*20)
+	}
+}
