@@ -4,10 +4,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/cli"
+	"gopkg.in/yaml.v3"
 )
 
 // TestComposeFile validates docker-compose.yml against the Compose
@@ -50,11 +52,49 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 		for _, v := range s.Volumes {
+			if v.Type == "bind" && strings.HasSuffix(v.Source, "deploy/prometheus") {
+				checkScrapeTargets(t, p.ServiceNames())
+			}
 			if v.Type == "bind" {
 				if _, err := os.Stat(v.Source); err != nil {
 					t.Errorf("service %q mounts %s, which does not exist", name, v.Source)
 				}
 			}
 		}
+	}
+}
+
+// checkScrapeTargets: the Prometheus config the compose file mounts scrapes
+// services that exist in it, so the alerts have data.
+func checkScrapeTargets(t *testing.T, services []string) {
+	t.Helper()
+	b, err := os.ReadFile("deploy/prometheus/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, sc := range cfg.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				n++
+				host, _, _ := strings.Cut(target, ":")
+				if !slices.Contains(services, host) {
+					t.Errorf("prometheus.yml scrapes %s, but docker-compose.yml has no service %q", target, host)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("prometheus.yml scrapes nothing")
 	}
 }
