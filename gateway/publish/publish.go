@@ -149,6 +149,7 @@ type Publisher struct {
 	published prometheus.Counter
 	dropped   map[string]prometheus.Counter
 	attempted atomic.Int64
+	pending   atomic.Int64 // events given to franz-go whose promise has not run
 	closed    atomic.Bool
 	lastLog   atomic.Int64 // unix nanos of the last broker-error log line
 }
@@ -256,12 +257,14 @@ func (p *Publisher) Publish(d event.Decision) {
 		return
 	}
 	*r = kgo.Record{Topic: p.topic, Value: b}
+	p.pending.Add(1)
 	p.cl.TryProduce(context.Background(), r, p.promiseFn)
 }
 
 // promise runs once per event, serially, when Kafka answered or the event
 // failed. It must not block.
 func (p *Publisher) promise(r *kgo.Record, err error) {
+	defer p.pending.Add(-1)
 	defer p.recycle(r)
 	switch {
 	case err == nil:
@@ -307,6 +310,12 @@ func (p *Publisher) Close(ctx context.Context) error {
 	p.closed.Store(true)
 	err := p.cl.Flush(ctx)
 	p.cl.Close()
+	// Closing fails every record still buffered, but their promises run
+	// on franz-go's goroutines: wait for them, so every event is counted
+	// as published or dropped when Close returns.
+	for deadline := time.Now().Add(5 * time.Second); p.pending.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if err != nil {
 		return fmt.Errorf("flush decision events: %w", err)
 	}
