@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // store is one implementation under the conformance suite. wait lets time
@@ -28,6 +32,12 @@ func storesUnderTest(t *testing.T) map[string]func(t *testing.T) store {
 		},
 		"redis-cluster": func(t *testing.T) store {
 			rdb := mustCluster(t)
+			return store{a: mustLimiter(t, rdb, Config{DenyCache: -1}), wait: time.Sleep, now: func() time.Time { return redisTime(t, rdb) }}
+		},
+		"redis-sentinel": func(t *testing.T) store {
+			master, addrs := testenv.RedisSentinel(t)
+			rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs})
+			t.Cleanup(func() { rdb.Close() })
 			return store{a: mustLimiter(t, rdb, Config{DenyCache: -1}), wait: time.Sleep, now: func() time.Time { return redisTime(t, rdb) }}
 		},
 		"redis-deny-cache": func(t *testing.T) store {

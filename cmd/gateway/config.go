@@ -29,10 +29,14 @@ type redisConfig struct {
 	// Addr is a standalone Redis, host:port.
 	Addr string `yaml:"addr"`
 	// ClusterAddrs are Redis Cluster seed nodes.
-	ClusterAddrs []string       `yaml:"cluster_addrs"`
-	Username     string         `yaml:"username"`
-	Password     gateway.Secret `yaml:"password"`
-	DB           int            `yaml:"db"`
+	ClusterAddrs []string `yaml:"cluster_addrs"`
+	// SentinelAddrs find the master named SentinelMaster through Redis
+	// Sentinel, following failovers.
+	SentinelAddrs  []string       `yaml:"sentinel_addrs"`
+	SentinelMaster string         `yaml:"sentinel_master"`
+	Username       string         `yaml:"username"`
+	Password       gateway.Secret `yaml:"password"`
+	DB             int            `yaml:"db"`
 	// Prefix starts every limiter key; default "rl".
 	Prefix string `yaml:"prefix"`
 	// DenyCache is how many denied keys are remembered locally; default
@@ -98,14 +102,19 @@ func (fc *fileConfig) applyEnv(getenv func(string) string) error {
 	}
 
 	addr, cluster := getenv("EDGELIMIT_REDIS_ADDR"), getenv("EDGELIMIT_REDIS_CLUSTER_ADDRS")
+	sentinel := getenv("EDGELIMIT_REDIS_SENTINEL_ADDRS")
 	switch {
-	case addr != "" && cluster != "":
-		return errors.New("set EDGELIMIT_REDIS_ADDR or EDGELIMIT_REDIS_CLUSTER_ADDRS, not both")
+	case addr != "" && cluster != "", sentinel != "" && (addr != "" || cluster != ""):
+		return errors.New("set one of EDGELIMIT_REDIS_ADDR, EDGELIMIT_REDIS_CLUSTER_ADDRS or EDGELIMIT_REDIS_SENTINEL_ADDRS")
+	case sentinel != "":
+		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = "", nil, splitList(sentinel)
 	case addr != "":
-		fc.Redis.Addr, fc.Redis.ClusterAddrs = addr, nil
+		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = addr, nil, nil
 	case cluster != "":
-		fc.Redis.Addr, fc.Redis.ClusterAddrs = "", splitList(cluster)
+		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = "", splitList(cluster), nil
 	}
+	set(&fc.Redis.SentinelMaster, "EDGELIMIT_REDIS_SENTINEL_MASTER")
+	set(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
 	if v := getenv("EDGELIMIT_REDIS_PASSWORD"); v != "" {
 		fc.Redis.Password = gateway.Secret(v)
 	}
@@ -141,8 +150,17 @@ func (fc fileConfig) validate() error {
 	if err := fc.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if fc.Redis.Addr != "" && len(fc.Redis.ClusterAddrs) > 0 {
-		errs = append(errs, errors.New("redis: set addr or cluster_addrs, not both"))
+	n := 0
+	for _, set := range []bool{fc.Redis.Addr != "", len(fc.Redis.ClusterAddrs) > 0, len(fc.Redis.SentinelAddrs) > 0} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		errs = append(errs, errors.New("redis: set one of addr, cluster_addrs or sentinel_addrs"))
+	}
+	if (len(fc.Redis.SentinelAddrs) > 0) != (fc.Redis.SentinelMaster != "") {
+		errs = append(errs, errors.New("redis: sentinel_addrs and sentinel_master go together"))
 	}
 	if strings.ContainsAny(fc.Redis.Prefix, "{}") {
 		errs = append(errs, fmt.Errorf("redis.prefix: %q may not contain braces", fc.Redis.Prefix))
@@ -160,6 +178,7 @@ func (fc fileConfig) validate() error {
 func restartNeeded(cur, next fileConfig) []string {
 	var out []string
 	if cur.Redis.Addr != next.Redis.Addr || !slices.Equal(cur.Redis.ClusterAddrs, next.Redis.ClusterAddrs) ||
+		!slices.Equal(cur.Redis.SentinelAddrs, next.Redis.SentinelAddrs) || cur.Redis.SentinelMaster != next.Redis.SentinelMaster ||
 		cur.Redis.Username != next.Redis.Username || cur.Redis.Password != next.Redis.Password ||
 		cur.Redis.DB != next.Redis.DB || cur.Redis.Prefix != next.Redis.Prefix || cur.Redis.DenyCache != next.Redis.DenyCache {
 		out = append(out, "redis")

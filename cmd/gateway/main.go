@@ -237,7 +237,7 @@ func (s store) close() {
 
 func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, error) {
 	rc := fc.Redis
-	if rc.Addr == "" && len(rc.ClusterAddrs) == 0 {
+	if rc.Addr == "" && len(rc.ClusterAddrs) == 0 && len(rc.SentinelAddrs) == 0 {
 		log.Warn("no Redis configured: using the in-memory store, so limits hold per gateway process, not across gateways")
 		return store{}, nil
 	}
@@ -249,14 +249,23 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	// consume twice and the failure policy handles errors; short
 	// background timeouts so a dead node frees its connections quickly.
 	var rdb redis.UniversalClient
-	if len(rc.ClusterAddrs) > 0 {
+	switch {
+	case len(rc.SentinelAddrs) > 0:
+		rdb = redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: rc.SentinelMaster, SentinelAddrs: rc.SentinelAddrs,
+			Username: rc.Username, Password: string(rc.Password), DB: rc.DB,
+			ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+			MinIdleConns: 4,
+		})
+	case len(rc.ClusterAddrs) > 0:
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: rc.ClusterAddrs, Username: rc.Username, Password: string(rc.Password),
 			ContextTimeoutEnabled: true, MaxRetries: -1,
 			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			MinIdleConns: 4,
 		})
-	} else {
+	default:
 		rdb = redis.NewClient(&redis.Options{
 			Addr: rc.Addr, Username: rc.Username, Password: string(rc.Password), DB: rc.DB,
 			ContextTimeoutEnabled: true, MaxRetries: -1,
@@ -275,7 +284,10 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	target := rc.Addr
-	if target == "" {
+	switch {
+	case len(rc.SentinelAddrs) > 0:
+		target = "sentinel " + rc.SentinelMaster + " " + fmt.Sprint(rc.SentinelAddrs)
+	case target == "":
 		target = fmt.Sprint(rc.ClusterAddrs)
 	}
 	if err := lim.Load(lctx); err != nil {

@@ -188,7 +188,7 @@ func TestInvalidConfig(t *testing.T) {
 		{"invalid values", []string{"-config", write("c.yaml", "plans: {x: {rules: [{name: a, limit: -1, period: 1s}]}}\nroutes: [{path_prefix: /, upstream: nope}]\n")}, nil,
 			[]string{"c.yaml", `plans.x.rules[0]: limiter: invalid rule "a": limit -1`, `routes[0].upstream: unknown upstream "nope"`}},
 		{"both redis kinds", []string{"-config", write("d.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
-			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"not both"}},
+			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"set one of"}},
 		{"bad log level", []string{"-config", write("e.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"log_level: loud\n")}, nil, []string{"log_level"}},
 	}
 	for _, tt := range tests {
@@ -456,5 +456,34 @@ func TestEventsToKafka(t *testing.T) {
 	}
 	if allowed != 2 {
 		t.Errorf("%d allowed events, want 2 (limit 2, 3 requests)", allowed)
+	}
+}
+
+// TestSentinel: a gateway configured with Redis Sentinel finds the master
+// through it and enforces limits there.
+func TestSentinel(t *testing.T) {
+	master, addrs := testenv.RedisSentinel(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 2, up.URL, true)
+	r := start(t, []string{"-config", path}, env(map[string]string{
+		"EDGELIMIT_REDIS_SENTINEL_ADDRS":  strings.Join(addrs, ","),
+		"EDGELIMIT_REDIS_SENTINEL_MASTER": master,
+		"EDGELIMIT_REDIS_PREFIX":          "sentinel-test",
+	}))
+	if code, _, _ := httpGet(t, r.admin+"/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d, want 200 with Redis found through Sentinel", code)
+	}
+	var codes []int
+	for range 3 {
+		code, h, _ := httpGet(t, r.addr+"/")
+		codes = append(codes, code)
+		if h.Get("X-RateLimit-Limit") != "2" {
+			t.Errorf("X-RateLimit-Limit = %q, want 2", h.Get("X-RateLimit-Limit"))
+		}
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+		t.Errorf("statuses %v, want [200 200 429]", codes)
 	}
 }

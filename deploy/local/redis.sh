@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# redis.sh start|stop|halt|resume STATE_DIR: one standalone Redis and a Redis
-# Cluster of three masters, on free loopback ports, data under
-# STATE_DIR/redis.
-# start writes STATE_DIR/redis.env with EDGELIMIT_REDIS_ADDR and
+# redis.sh start|stop|halt|resume STATE_DIR: one standalone Redis, a Sentinel
+# watching it (master name "edgelimit"), and a Redis Cluster of three
+# masters, on free loopback ports, data under STATE_DIR/redis.
+# start writes STATE_DIR/redis.env with EDGELIMIT_REDIS_ADDR,
+# EDGELIMIT_REDIS_SENTINEL_ADDRS, EDGELIMIT_REDIS_SENTINEL_MASTER and
 # EDGELIMIT_REDIS_CLUSTER_ADDRS (comma separated).
 # With EDGELIMIT_PRIVATE=1 (internal/testenv.Private) start runs the
 # standalone server only, and writes EDGELIMIT_REDIS_ADDR only.
@@ -54,11 +55,23 @@ start)
 	for a in "${addrs[@]}"; do
 		wait_for "cluster state ok on $a" 30 bash -c "redis-cli -p ${a##*:} cluster info | grep -q cluster_state:ok"
 	done
+	# A Sentinel, so clients that find their master through Sentinel are
+	# tested too. With no replica it never fails over; it only answers.
+	sport=$(free_port)
+	mkdir -p "$dir/sentinel"
+	printf '%s\n' "bind 127.0.0.1" "port $sport" "daemonize yes" \
+		"pidfile $dir/sentinel.pid" "logfile $dir/sentinel.log" "dir $dir/sentinel" \
+		"sentinel monitor edgelimit 127.0.0.1 $port 1" \
+		"sentinel down-after-milliseconds edgelimit 5000" >"$dir/sentinel.conf"
+	redis-server "$dir/sentinel.conf" --sentinel
+	wait_for "sentinel on $sport" 20 bash -c "redis-cli -p $sport sentinel get-master-addr-by-name edgelimit | grep -qx $port"
 	{
 		echo "export EDGELIMIT_REDIS_ADDR=127.0.0.1:$port"
+		echo "export EDGELIMIT_REDIS_SENTINEL_ADDRS=127.0.0.1:$sport"
+		echo "export EDGELIMIT_REDIS_SENTINEL_MASTER=edgelimit"
 		echo "export EDGELIMIT_REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
 	} >"$state/redis.env"
-	echo "redis: standalone 127.0.0.1:$port, cluster ${addrs[*]}" >&2
+	echo "redis: standalone 127.0.0.1:$port, sentinel 127.0.0.1:$sport, cluster ${addrs[*]}" >&2
 	;;
 halt)
 	stop_process "$dir/standalone.pid"

@@ -47,3 +47,11 @@ func KafkaBrokers(tb testing.TB) []string {
 	tb.Helper()
 	return strings.Split(Lookup(tb, "EDGELIMIT_KAFKA_BROKERS", "Kafka"), ",")
 }
+
+// RedisSentinel is the Sentinel watching the standalone Redis: its master
+// name and addresses.
+func RedisSentinel(tb testing.TB) (master string, addrs []string) {
+	tb.Helper()
+	addrs = strings.Split(Lookup(tb, "EDGELIMIT_REDIS_SENTINEL_ADDRS", "Redis Sentinel"), ",")
+	return Lookup(tb, "EDGELIMIT_REDIS_SENTINEL_MASTER", "Redis Sentinel"), addrs
+}
