@@ -77,7 +77,9 @@ start_all() {
 		return 1
 	fi
 	rm -rf "$state/logs" "$state/pids"
-	env_lines=()
+	# The processes below get exactly the addresses this script chose; an
+	# address from the caller's environment would contradict them.
+	unset EDGELIMIT_REDIS_CLUSTER_ADDRS EDGELIMIT_REDIS_SENTINEL_ADDRS EDGELIMIT_REDIS_SENTINEL_MASTER
 
 	say "building binaries"
 	(cd "$root" && go build -o "$state/bin/" ./cmd/...) || return 1
@@ -86,7 +88,6 @@ start_all() {
 	# EDGELIMIT_PRIVATE: the standalone server only, no Cluster.
 	if EDGELIMIT_PRIVATE=1 "$here/redis.sh" start "$state" >"$state/redis-start.log" 2>&1; then
 		source "$state/redis.env"
-		unset EDGELIMIT_REDIS_CLUSTER_ADDRS
 		redis_addr=$EDGELIMIT_REDIS_ADDR
 	else
 		redis_addr=
