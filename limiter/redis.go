@@ -169,7 +169,9 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		}
 	}
 	c := &call{ctx: ctx, keys: r.Keys(key, rules), args: scriptArgs(rules, cost), sent: r.cfg.Now(), done: make(chan struct{})}
-	r.submit(c)
+	if !r.submit(c) {
+		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
+	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
@@ -189,24 +191,30 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 }
 
 // submit sends c at once when a sender is idle; otherwise it queues c for
-// the next pipeline.
-func (r *Redis) submit(c *call) {
+// the next pipeline. It gives up (false) when c's context ends first, so a
+// full queue never holds a caller past its deadline.
+func (r *Redis) submit(c *call) bool {
 	select {
 	case <-r.slots:
 		go r.send(c)
+		return true
 	default:
+	}
+	select {
+	case r.queue <- c:
+		// A sender may have gone idle between the two selects; make sure
+		// someone drains the queue.
 		select {
-		case r.queue <- c:
-			// A sender may have gone idle between the two selects; make sure
-			// someone drains the queue.
-			select {
-			case <-r.slots:
-				go r.send(nil)
-			default:
-			}
 		case <-r.slots:
-			go r.send(c)
+			go r.send(nil)
+		default:
 		}
+		return true
+	case <-r.slots:
+		go r.send(c)
+		return true
+	case <-c.ctx.Done():
+		return false
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -327,5 +328,51 @@ func TestBatchingOnlyUnderLoad(t *testing.T) {
 	t.Logf("64 callers × 20 checks: %+v", st)
 	if st.Checks != 64*20 || st.Pipelines*2 > st.Checks {
 		t.Errorf("Stats() = %+v: want %d checks in under half as many round trips", st, 64*20)
+	}
+}
+
+// TestHungStoreHonoursDeadlines: with a store that accepts connections and
+// never answers, and a queue that fills up, every caller still gets its
+// error once its own context ends (within a generous margin), none waits
+// on the others.
+func TestHungStoreHonoursDeadlines(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // hold it open, say nothing
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	l := mustLimiter(t, rdb, Config{Senders: 1, Batch: 1})
+	rules := []Rule{{Name: "r", Limit: 1, Period: time.Second}}
+	const deadline = 50 * time.Millisecond
+	var wg sync.WaitGroup
+	var late atomic.Int64
+	for range 20 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			_, err := l.Allow(ctx, uniqueKey(t), rules, 1)
+			if err == nil {
+				t.Error("Allow against a hung store returned no error")
+			}
+			if time.Since(start) > deadline+time.Second {
+				late.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := late.Load(); n > 0 {
+		t.Errorf("%d of 20 callers waited more than a second past their deadline", n)
 	}
 }
