@@ -247,7 +247,7 @@ func overCapacity(rules []Rule, cost int64) (Decision, bool) {
 	}
 	rr := make([]RuleResult, len(rules))
 	for i, r := range rules {
-		rr[i] = RuleResult{Rule: r, Allowed: r.Shadow || cost <= r.Capacity()}
+		rr[i] = RuleResult{Rule: r, Allowed: cost <= r.Capacity()}
 	}
 	d := decide(rr)
 	d.Reason = strings.Join(reasons, "; ")
