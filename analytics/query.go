@@ -148,24 +148,7 @@ func (r *Reader) KeyTraffic(ctx context.Context, from, to time.Time, minRequests
 	args := append(Range{From: from, To: to}.args(),
 		clickhouse.Named("min_requests", max(1, minRequests)),
 		clickhouse.Named("limit", max(1, limit)))
-	rows, err := r.ch.Query(ctx, qHotKeys, args...)
-	if err != nil {
-		return nil, fmt.Errorf("query hot keys: %w", err)
-	}
-	defer rows.Close()
-	var out []KeyTraffic
-	for rows.Next() {
-		var id, kind, gw string
-		var n int64
-		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
-			return nil, fmt.Errorf("scan hot keys: %w", err)
-		}
-		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
-			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
-		}
-		out[len(out)-1].Gateways[gw] += n
-	}
-	return out, rows.Err()
+	return r.keyTraffic(ctx, qHotKeys, "hot keys", args)
 }
 
 // RecentKeyTraffic returns, for the keys with at least minRequests
@@ -176,9 +159,15 @@ func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Tim
 		clickhouse.Named("recent", recent.UTC().Truncate(time.Second)),
 		clickhouse.Named("min_requests", max(1, minRequests)),
 		clickhouse.Named("limit", max(1, limit)))
-	rows, err := r.ch.Query(ctx, qHotKeysRecent, args...)
+	return r.keyTraffic(ctx, qHotKeysRecent, "recent key traffic", args)
+}
+
+// keyTraffic runs a query answering (key_id, key_kind, gateway_id,
+// requests) rows ordered by key, and gathers each key's gateways.
+func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any) ([]KeyTraffic, error) {
+	rows, err := r.ch.Query(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("query recent key traffic: %w", err)
+		return nil, fmt.Errorf("query %s: %w", what, err)
 	}
 	defer rows.Close()
 	var out []KeyTraffic
@@ -186,7 +175,7 @@ func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Tim
 		var id, kind, gw string
 		var n int64
 		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
-			return nil, fmt.Errorf("scan recent key traffic: %w", err)
+			return nil, fmt.Errorf("scan %s: %w", what, err)
 		}
 		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
 			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})

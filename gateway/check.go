@@ -162,7 +162,7 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 		l.plan, l.rules = p, p.rules
 		l.key = id.key + "|p:" + req.Plan
 	}
-	g.applyDirectives(id, &l)
+	g.applyDirectives(&id, &l)
 	cost := req.Cost
 	if cost == 0 {
 		cost = 1
@@ -172,7 +172,7 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 	}
 
 	v := g.decide(r.Context(), st, l, cost)
-	g.publish(id, routeName, req.Method, l.plan.name, cost, r.UserAgent(), v)
+	g.publish(&id, routeName, req.Method, l.plan.name, cost, r.UserAgent(), v)
 	if v.canceled {
 		status = 499
 		w.WriteHeader(status)

@@ -19,7 +19,7 @@ type directiveSource interface {
 // split is checked in this gateway's own bucket with this gateway's share
 // of every rule. Analytics names keys as "<kind>:<key id>", the key id
 // being the HMAC the decision events carry.
-func (g *Gateway) applyDirectives(id identity, l *limits) {
+func (g *Gateway) applyDirectives(id *identity, l *limits) {
 	if g.directives == nil {
 		return
 	}
@@ -35,7 +35,7 @@ func (g *Gateway) applyDirectives(id identity, l *limits) {
 		}
 	}
 	if len(d.Splits) > 0 {
-		if _, rules, ok := d.Split(kindName(id.kind)+":"+g.keys.id(id.key), g.gatewayID, l.rules, now); ok {
+		if _, rules, ok := d.Split(kindName(id.kind)+":"+g.keyID(id), g.gatewayID, l.rules, now); ok {
 			l.key += "/gw:" + g.gatewayID
 			l.rules = rules
 			g.directivesApplied.WithLabelValues("split").Inc()

@@ -48,7 +48,16 @@ func userAgentHash(ua string) uint64 {
 }
 
 // publish sends one decision event; a no-op when events are off.
-func (g *Gateway) publish(id identity, route, method, planName string, cost int64, ua string, v verdict) {
+// keyID is the keyed hash of id's limiter key: what events carry and what
+// analytics' directives name the key by. Computed at most once per request.
+func (g *Gateway) keyID(id *identity) string {
+	if id.keyID == "" {
+		id.keyID = g.keys.id(id.key)
+	}
+	return id.keyID
+}
+
+func (g *Gateway) publish(id *identity, route, method, planName string, cost int64, ua string, v verdict) {
 	if g.pub == nil || v.canceled || v.err != nil {
 		return
 	}
@@ -57,7 +66,7 @@ func (g *Gateway) publish(id identity, route, method, planName string, cost int6
 		ID:            event.NewID(now),
 		Time:          now,
 		GatewayID:     g.gatewayID,
-		KeyID:         g.keys.id(id.key),
+		KeyID:         g.keyID(id),
 		KeyKind:       id.kind,
 		ClientIP:      id.clientIP,
 		UserAgentHash: userAgentHash(ua),

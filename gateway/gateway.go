@@ -378,9 +378,9 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	l := st.limitsFor(id, rt)
-	g.applyDirectives(id, &l)
+	g.applyDirectives(&id, &l)
 	v := g.decide(r.Context(), st, l, rt.Cost)
-	g.publish(id, rt.Name, r.Method, l.plan.name, rt.Cost, r.UserAgent(), v)
+	g.publish(&id, rt.Name, r.Method, l.plan.name, rt.Cost, r.UserAgent(), v)
 	if v.canceled {
 		w.WriteHeader(499)
 		return nil

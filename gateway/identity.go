@@ -22,6 +22,8 @@ type identity struct {
 	clientIP string
 	// peerTrusted says the connection's peer is a trusted proxy.
 	peerTrusted bool
+	// keyID caches the keyed hash of key (see Gateway.keyID).
+	keyID string
 }
 
 // identifyError is why a caller could not be identified.
