@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -419,4 +418,9 @@ func (h *fnv) str(s string) {
 	h.sum *= 1099511628211
 }
 
-func (h *fnv) int(n int64) { h.str(strconv.FormatInt(n, 10)) }
+func (h *fnv) int(n int64) {
+	for i := 0; i < 64; i += 8 {
+		h.sum ^= uint64(n>>i) & 0xff
+		h.sum *= 1099511628211
+	}
+}
