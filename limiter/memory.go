@@ -51,9 +51,11 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	evals := make([]eval, len(rules))
+	keys := make([]string, len(rules))
 	allowed := true
 	for i, rule := range rules {
-		st := m.state[ruleKey("mem", key, rule)]
+		keys[i] = ruleKey("mem", key, rule)
+		st := m.state[keys[i]]
 		if st != nil && st.expires <= now {
 			st = nil
 		}
@@ -77,12 +79,12 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	if len(m.state)+len(rules) > m.max {
 		m.sweep(now)
 	}
-	for i, rule := range rules {
+	for i := range rules {
 		if !rr[i].Allowed {
 			continue // a shadow rule that denied does not consume
 		}
 		st := evals[i].next
-		m.state[ruleKey("mem", key, rule)] = &st
+		m.state[keys[i]] = &st
 	}
 	return d, nil
 }
