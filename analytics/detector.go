@@ -219,7 +219,7 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 func (dt *Detector) stamp(hot []HotKey, nats []NATIP, now time.Time) {
 	seen := map[string]bool{}
 	for i := range hot {
-		k := DirectiveKey(hot[i].KeyKind, hot[i].KeyID)
+		k := limiter.DirectiveKey(hot[i].KeyKind, hot[i].KeyID)
 		seen[k] = true
 		if _, ok := dt.hotSince[k]; !ok {
 			dt.hotSince[k] = now

@@ -96,7 +96,7 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 			h.Reason = "rate"
 		case byShare && h.Share >= cfg.MinShare:
 			h.Reason = "share"
-		case split[DirectiveKey(k.KeyKind, k.KeyID)] &&
+		case split[limiter.DirectiveKey(k.KeyKind, k.KeyID)] &&
 			(h.Rate >= cfg.CoolRatio*cfg.MinRate ||
 				cfg.MinShare > 0 && h.Rate >= cfg.CoolRatio*cfg.ShareMinRate && h.Share >= cfg.CoolRatio*cfg.MinShare):
 			h.Reason = "cooling"
@@ -182,7 +182,7 @@ func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.S
 			continue
 		}
 		ds = append(ds, limiter.SplitDirective{
-			Key:     DirectiveKey(h.KeyKind, h.KeyID),
+			Key:     limiter.DirectiveKey(h.KeyKind, h.KeyID),
 			Shares:  maps.Clone(h.Shares),
 			Expires: now.Add(ttl),
 		})

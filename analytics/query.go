@@ -10,6 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 //go:embed sql/*.sql
@@ -508,7 +509,7 @@ func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]
 	if err := checkBuckets(rg, bucket); err != nil {
 		return nil, err
 	}
-	if _, ok := IPKey(ip); !ok {
+	if _, ok := limiter.IPKey(ip); !ok {
 		return nil, fmt.Errorf("%w: %q is not an IP address", ErrBadQuery, ip)
 	}
 	rows, err := r.ch.Query(ctx, qIPHistory, append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))...)
