@@ -278,15 +278,16 @@ func TestAPIStoreFailure(t *testing.T) {
 	var n int
 	for line := range strings.Lines(logs.String()) {
 		var rec struct {
-			Msg   string `json:"msg"`
-			Path  string `json:"path"`
-			Error string `json:"error"`
+			Msg      string   `json:"msg"`
+			Path     string   `json:"path"`
+			Error    string   `json:"error"`
+			Duration *float64 `json:"duration_seconds"`
 		}
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
-		if rec.Msg != "analytics api" || rec.Path == "" || !strings.Contains(rec.Error, db) {
-			t.Errorf("log line %s: want msg \"analytics api\", the path and ClickHouse's error under \"error\"", line)
+		if rec.Msg != "analytics api" || rec.Path == "" || !strings.Contains(rec.Error, db) || rec.Duration == nil {
+			t.Errorf("log line %s: want msg \"analytics api\", the path, duration_seconds and ClickHouse's error under \"error\"", line)
 		}
 		n++
 	}

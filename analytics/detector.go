@@ -128,7 +128,7 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 	rep := Report{At: start}
 	fail := func(what string, err error) {
 		rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err))
-		dt.d.Log.Error("analytics run", "step", what, "err", err)
+		dt.d.Log.Error("analytics run", "step", what, "error", err.Error())
 	}
 
 	live := limiter.Directives{}
@@ -212,6 +212,10 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		}
 	}
 	dt.m.firing.Set(float64(firing))
+	// Durations in logs are float seconds (*_seconds), the unit of the
+	// Prometheus histograms beside them.
+	dt.d.Log.Debug("analytics run done", "duration_seconds", rep.Duration.Seconds(), "hot_keys", len(rep.HotKeys),
+		"nat_ips", len(rep.NATIPs), "alerts_firing", firing, "errors", len(rep.Errors))
 	return rep
 }
 
