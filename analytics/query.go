@@ -368,12 +368,12 @@ func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error)
 	})
 }
 
-// ratio is denied/requests, 0 without requests.
-func ratio(denied, requests int64) float64 {
-	if requests <= 0 {
+// ratio is part/whole, 0 when whole is not positive.
+func ratio(part, whole int64) float64 {
+	if whole <= 0 {
 		return 0
 	}
-	return float64(denied) / float64(requests)
+	return float64(part) / float64(whole)
 }
 
 // KeyRejections is one key's rejections in a range.
