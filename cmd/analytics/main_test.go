@@ -96,7 +96,7 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 			t.Errorf("check printed the secret %q:\n%s", leak, out.String())
 		}
 	}
-	if !strings.Contains(out.String(), "REDACTED") || !strings.Contains(out.String(), "min_rate: 50") {
+	if !strings.Contains(out.String(), "[redacted]") || !strings.Contains(out.String(), "min_rate: 50") {
 		t.Errorf("check output:\n%s", out.String())
 	}
 

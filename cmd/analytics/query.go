@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/boot"
 )
 
 // table is a command's result for the table and csv formats; json prints
@@ -79,7 +80,7 @@ func query(ctx context.Context, cmd string, fs *flag.FlagSet, path *string, args
 		dim = analytics.DimNone
 	}
 
-	ch, err := openClickHouse(fc.ClickHouse)
+	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func TestCheckRedactsAndDefaults(t *testing.T) {
 		t.Fatalf("run -check: %v", err)
 	}
 	s := out.String()
-	if strings.Contains(s, "hunter2") || !strings.Contains(s, "REDACTED") {
+	if strings.Contains(s, "hunter2") || !strings.Contains(s, "[redacted]") {
 		t.Errorf("-check output shows the password or no redaction:\n%s", s)
 	}
 	for _, want := range []string{"- k1:9092", "- k2:9092", "raw_days: 7", "rollup_days: 400", "migrate: true", "addr: ch:9000"} {

@@ -285,6 +285,8 @@ func TestReloadAndShutdown(t *testing.T) {
 	r := start(t, []string{"-config", path}, env(map[string]string{
 		"EDGELIMIT_REDIS_ADDR":      redisAddr,
 		"EDGELIMIT_KEY_HASH_SECRET": "test-secret",
+		// The embedded Kafka is opt-in (trial tooling), not the default.
+		"EDGELIMIT_KAFKA_EMBEDDED": "true",
 	}))
 	if code, h, _ := httpGet(t, r.addr+"/"); code != 200 || h.Get("X-RateLimit-Limit") != "1000" {
 		t.Fatalf("before reload: %d limit %q", code, h.Get("X-RateLimit-Limit"))
