@@ -534,3 +534,12 @@ func TestExampleConfig(t *testing.T) {
 		t.Errorf("example config's thresholds differ from the defaults (-defaults +example):\n%s", diff)
 	}
 }
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"-version", "version"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{arg}, env(nil), &out); err != nil || !strings.HasPrefix(out.String(), "analytics dev (revision ") {
+			t.Errorf("run %s = %v, %q; want \"analytics dev (revision ...\"", arg, err, out.String())
+		}
+	}
+}

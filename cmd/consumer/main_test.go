@@ -261,3 +261,10 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-version"}, env(nil), &out); err != nil || !strings.HasPrefix(out.String(), "consumer dev (revision ") {
+		t.Errorf("run -version = %v, %q; want \"consumer dev (revision ...\"", err, out.String())
+	}
+}
