@@ -12,7 +12,7 @@ import (
 )
 
 // fileConfig is analytics' YAML file. Every field is optional; addresses
-// and secrets come from the environment too (see applyEnv), which wins.
+// and secrets come from the environment too (see ApplyEnv), which wins.
 type fileConfig struct {
 	ClickHouse boot.ClickHouse `yaml:"clickhouse"`
 	Redis      redisConfig     `yaml:"redis"`
@@ -52,21 +52,13 @@ type redisConfig struct {
 }
 
 // loadConfig reads path (none: defaults only), applies the environment and
-// the defaults, and validates what every subcommand needs.
+// the defaults, and validates (see boot.Load).
 func loadConfig(path string, getenv func(string) string) (fileConfig, error) {
-	var fc fileConfig
-	if err := boot.LoadYAML(path, &fc); err != nil {
-		return fc, err
-	}
-	if err := fc.applyEnv(boot.NewEnv(getenv)); err != nil {
-		return fc, err
-	}
-	fc = fc.WithDefaults()
-	return fc, fc.Validate()
+	return boot.Load[fileConfig](path, getenv)
 }
 
-// applyEnv overrides the file with EDGELIMIT_* variables.
-func (fc *fileConfig) applyEnv(e *boot.Env) error {
+// ApplyEnv overrides the file with EDGELIMIT_* variables.
+func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 	fc.ClickHouse.ApplyEnv(e)
 	fc.Redis.ApplyEnv(e)
 	e.String(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")

@@ -32,7 +32,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -79,15 +78,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		_, err := fmt.Fprintln(stdout, boot.VersionLine("analytics"))
 		return err
 	}
-	fs := flag.NewFlagSet("analytics "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (optional; the environment can say everything)")
+	fs := boot.NewFlags("analytics "+cmd, "YAML configuration file (optional; the environment can say everything)", stdout)
 	switch cmd {
 	case "serve", "check":
-		if err := fs.Parse(args); err != nil {
+		if done, err := fs.Parse(args); done {
 			return err
 		}
-		fc, err := loadConfig(*path, getenv)
+		fc, err := loadConfig(*fs.Config, getenv)
 		if err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
@@ -99,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 		return serve(ctx, fc, stdout)
 	case "trends", "top-keys", "hot-keys", "nat-ips", "fail-minutes", "store-health":
-		return query(ctx, cmd, fs, path, args, getenv, stdout)
+		return query(ctx, cmd, fs, args, getenv, stdout)
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)

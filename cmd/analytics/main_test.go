@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -278,29 +276,6 @@ func TestQueryCommands(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's log and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // amAlerts returns the active alerts in Alertmanager carrying label run=id.
 func amAlerts(t *testing.T, am, id string) []map[string]any {
 	t.Helper()
@@ -344,7 +319,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	listen := freeAddr(t)
+	listen := testenv.FreeAddr(t)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "analytics-serve-" + run
 	token := "serve-token-" + run + "-0123456789"
@@ -359,7 +334,7 @@ alerts:
   fail_open_ratio: 0.2
   labels: {run: %q}
 `, listen, prefix, run))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {

@@ -10,7 +10,7 @@ import (
 )
 
 // fileConfig is the consumer's YAML file. Every field is optional; the
-// environment overrides addresses and secrets (see applyEnv).
+// environment overrides addresses and secrets (see ApplyEnv).
 type fileConfig struct {
 	Kafka      kafkaConfig     `yaml:"kafka"`
 	ClickHouse boot.ClickHouse `yaml:"clickhouse"`
@@ -54,22 +54,14 @@ type retentionConfig struct {
 }
 
 // loadConfig reads path (none: defaults only), applies the environment and
-// defaults, and validates.
+// the defaults, and validates (see boot.Load).
 func loadConfig(path string, getenv func(string) string) (fileConfig, error) {
-	var fc fileConfig
-	if err := boot.LoadYAML(path, &fc); err != nil {
-		return fc, err
-	}
-	if err := fc.applyEnv(boot.NewEnv(getenv)); err != nil {
-		return fc, err
-	}
-	fc = fc.WithDefaults()
-	return fc, fc.Validate()
+	return boot.Load[fileConfig](path, getenv)
 }
 
-// applyEnv overrides the file with EDGELIMIT_* variables: addresses and
+// ApplyEnv overrides the file with EDGELIMIT_* variables: addresses and
 // secrets belong to the environment.
-func (fc *fileConfig) applyEnv(e *boot.Env) error {
+func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 	fc.Kafka.ApplyEnv(e)
 	e.String(&fc.Kafka.Topic, "EDGELIMIT_KAFKA_TOPIC")
 	e.String(&fc.Kafka.DeadLetterTopic, "EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC")

@@ -24,7 +24,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -47,20 +46,13 @@ const stopTimeout = 30 * time.Second
 
 // run consumes until ctx ends, then shuts down in order.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (optional; the environment can say everything)")
+	fs := boot.NewFlags("consumer", "YAML configuration file (optional; the environment can say everything)", stdout)
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
 	migrateOnly := fs.Bool("migrate-only", false, "apply the ClickHouse migrations and exit")
-	version := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	if done, err := fs.Parse(args); done {
 		return err
 	}
-	if *version {
-		_, err := fmt.Fprintln(stdout, boot.VersionLine("consumer"))
-		return err
-	}
-	fc, err := loadConfig(*path, getenv)
+	fc, err := loadConfig(*fs.Config, getenv)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

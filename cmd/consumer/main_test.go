@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,24 +88,6 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunConsumesAndStops runs the command against the real ClickHouse and
 // an embedded Kafka: it migrates, consumes every event, serves metrics,
 // and stops cleanly when its context ends, logging JSON.
@@ -129,7 +110,7 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	defer kc.Close()
 	brokers := strings.Join(kc.ListenAddrs(), ",")
-	admin := freeAddr(t)
+	admin := testenv.FreeAddr(t)
 
 	// The file asks for the topics to be created: none exist yet.
 	cfgPath := filepath.Join(t.TempDir(), "consumer.yaml")
@@ -138,7 +119,7 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out testenv.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-config", cfgPath}, env(map[string]string{
@@ -250,16 +231,6 @@ func waitTopic(t *testing.T, cl *kgo.Client, topic string, partitions int) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func TestVersion(t *testing.T) {

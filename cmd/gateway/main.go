@@ -23,7 +23,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,16 +49,10 @@ func main() { boot.Main("gateway", run) }
 // stop the admin listener (so metrics stay scrapeable to the end); close
 // the embedded Kafka, if any, and Redis.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (required)")
+	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
+	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
-	version := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *version {
-		_, err := fmt.Fprintln(stdout, boot.VersionLine("gateway"))
+	if done, err := fs.Parse(args); done {
 		return err
 	}
 	if *path == "" {

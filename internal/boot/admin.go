@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,7 +31,7 @@ type Admin struct {
 func (a Admin) Register(mux *http.ServeMux) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
+		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if a.Ready != nil {
@@ -41,7 +40,7 @@ func (a Admin) Register(mux *http.ServeMux) {
 				return
 			}
 		}
-		_, _ = io.WriteString(w, "ok\n")
+		fmt.Fprintln(w, "ok")
 	})
 	if a.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -29,15 +29,17 @@ type testConfig struct {
 	Tags     []string `yaml:"tags"`
 }
 
-func writeFile(t *testing.T, body string) string {
+// writeFile writes body to a new file and returns its path.
+func writeFile(t *testing.T, body string) (path string) {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+	path = filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return path
 }
 
+// env is a getenv over m.
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestLoadYAMLStrict(t *testing.T) {

@@ -32,6 +32,32 @@ func LoadYAML(path string, dst any) error {
 	return nil
 }
 
+// Config is what Load needs of a process's file configuration T.
+type Config[T any] interface {
+	*T
+	// ApplyEnv overrides the file from the environment.
+	ApplyEnv(*Env) error
+	// WithDefaults returns the configuration with its defaults set.
+	WithDefaults() T
+	// Validate joins every problem (errors.Join).
+	Validate() error
+}
+
+// Load is every process's configuration contract, in this order: the file
+// (strictly, see LoadYAML), the environment (which wins), the defaults,
+// then Validate, which joins every problem found.
+func Load[T any, PT Config[T]](path string, getenv func(string) string) (T, error) {
+	var c T
+	if err := LoadYAML(path, &c); err != nil {
+		return c, err
+	}
+	if err := PT(&c).ApplyEnv(NewEnv(getenv)); err != nil {
+		return c, err
+	}
+	c = PT(&c).WithDefaults()
+	return c, PT(&c).Validate()
+}
+
 // PrintYAML writes cfg as YAML under a header line; Secret fields print
 // redacted. It is what every process's "check" prints.
 func PrintYAML(w io.Writer, header string, cfg any) error {
@@ -93,16 +119,7 @@ func (e *Env) List(dst *[]string, name string) {
 }
 
 // Int sets *dst from name.
-func (e *Env) Int(dst *int, name string) {
-	if v := e.getenv(name); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			e.errs = append(e.errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			return
-		}
-		*dst = n
-	}
-}
+func (e *Env) Int(dst *int, name string) { parseEnv(e, dst, name, strconv.Atoi) }
 
 // IntPtr sets *dst to a new int from name, for settings whose zero differs
 // from unset.
@@ -116,27 +133,23 @@ func (e *Env) IntPtr(dst **int, name string) {
 }
 
 // Bool sets *dst from name (true, false, 1, 0, ...).
-func (e *Env) Bool(dst *bool, name string) {
-	if v := e.getenv(name); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			e.errs = append(e.errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			return
-		}
-		*dst = b
-	}
-}
+func (e *Env) Bool(dst *bool, name string) { parseEnv(e, dst, name, strconv.ParseBool) }
 
 // Duration sets *dst from name (Go syntax: 500ms, 2m).
-func (e *Env) Duration(dst *time.Duration, name string) {
-	if v := e.getenv(name); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			e.errs = append(e.errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			return
-		}
-		*dst = d
+func (e *Env) Duration(dst *time.Duration, name string) { parseEnv(e, dst, name, time.ParseDuration) }
+
+// parseEnv sets *dst from name with parse, recording a bad value.
+func parseEnv[T any](e *Env, dst *T, name string, parse func(string) (T, error)) {
+	v := e.getenv(name)
+	if v == "" {
+		return
 	}
+	x, err := parse(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		return
+	}
+	*dst = x
 }
 
 // Fail records an error found while applying the environment.
