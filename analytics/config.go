@@ -8,8 +8,8 @@ import (
 )
 
 // Config holds the detectors' thresholds and the alert settings. The zero
-// value of a field means its default (given in the field's comment); call
-// WithDefaults before Validate.
+// value of a field means its default (given in the field's comment);
+// Validate applies them before it checks, and reports every problem.
 type Config struct {
 	// Interval is how often the detectors and alerts run. Default 5s.
 	Interval time.Duration `yaml:"interval"`
@@ -200,75 +200,88 @@ func setI64(p *int64, v int64) {
 	}
 }
 
-// Validate reports a configuration the detectors cannot run with. Call it
-// on WithDefaults' result.
+// Validate reports every problem that keeps the detectors from running,
+// joined, after applying the defaults (so a zero Config is valid).
 func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
 	if c.Interval < 100*time.Millisecond {
-		return fmt.Errorf("%w: interval %v, want at least 100ms", ErrBadWindow, c.Interval)
+		errs = append(errs, fmt.Errorf("%w: interval %v, want at least 100ms", ErrBadWindow, c.Interval))
 	}
-	if err := c.Hot.validate(); err != nil {
-		return err
-	}
-	if err := c.NAT.validate(); err != nil {
-		return err
-	}
-	return c.Alerts.validate()
+	return errors.Join(append(errs, c.Hot.validate(), c.NAT.validate(), c.Alerts.validate())...)
 }
 
 func (h HotConfig) validate() error {
-	switch {
-	case h.Window < time.Second || h.Window > 24*time.Hour:
-		return fmt.Errorf("%w: hot window %v outside [1s, 24h]", ErrBadWindow, h.Window)
-	case h.MinSpan < time.Second || h.MinSpan > h.Window:
-		return fmt.Errorf("%w: hot min span %v outside [1s, window %v]", ErrBadWindow, h.MinSpan, h.Window)
-	case h.TTL < time.Second:
-		return fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL)
-	case !(h.MinRate > 0):
-		return fmt.Errorf("%w: hot min rate %v must be positive", ErrBadThreshold, h.MinRate)
-	case h.MinShare > 1:
-		return fmt.Errorf("%w: hot min share %v outside [0, 1]", ErrBadThreshold, h.MinShare)
-	case h.ShareMinRate < 0:
-		return fmt.Errorf("%w: hot share min rate %v negative", ErrBadThreshold, h.ShareMinRate)
-	case h.CoolRatio <= 0 || h.CoolRatio > 1:
-		return fmt.Errorf("%w: hot cool ratio %v outside (0, 1]", ErrBadThreshold, h.CoolRatio)
-	case h.MinGateways < 1:
-		return fmt.Errorf("%w: hot min gateways %d under 1", ErrBadThreshold, h.MinGateways)
-	case h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5:
-		return fmt.Errorf("%w: min gateway share %v outside (0, 0.5]", ErrBadThreshold, h.MinGatewayShare)
-	case h.MaxKeys < 1:
-		return fmt.Errorf("%w: hot max keys %d under 1", ErrBadThreshold, h.MaxKeys)
+	var errs []error
+	if h.Window < time.Second || h.Window > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("%w: hot window %v outside [1s, 24h]", ErrBadWindow, h.Window))
 	}
-	return nil
+	if h.MinSpan < time.Second || h.MinSpan > h.Window {
+		errs = append(errs, fmt.Errorf("%w: hot min span %v outside [1s, window %v]", ErrBadWindow, h.MinSpan, h.Window))
+	}
+	if h.TTL < time.Second {
+		errs = append(errs, fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL))
+	}
+	if !(h.MinRate > 0) {
+		errs = append(errs, fmt.Errorf("%w: hot min rate %v must be positive", ErrBadThreshold, h.MinRate))
+	}
+	if h.MinShare > 1 {
+		errs = append(errs, fmt.Errorf("%w: hot min share %v outside [0, 1]", ErrBadThreshold, h.MinShare))
+	}
+	if h.ShareMinRate < 0 {
+		errs = append(errs, fmt.Errorf("%w: hot share min rate %v negative", ErrBadThreshold, h.ShareMinRate))
+	}
+	if h.CoolRatio <= 0 || h.CoolRatio > 1 {
+		errs = append(errs, fmt.Errorf("%w: hot cool ratio %v outside (0, 1]", ErrBadThreshold, h.CoolRatio))
+	}
+	if h.MinGateways < 1 {
+		errs = append(errs, fmt.Errorf("%w: hot min gateways %d under 1", ErrBadThreshold, h.MinGateways))
+	}
+	if h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5 {
+		errs = append(errs, fmt.Errorf("%w: min gateway share %v outside (0, 0.5]", ErrBadThreshold, h.MinGatewayShare))
+	}
+	if h.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("%w: hot max keys %d under 1", ErrBadThreshold, h.MaxKeys))
+	}
+	return errors.Join(errs...)
 }
 
 func (n NATConfig) validate() error {
-	switch {
-	case n.Window < time.Second || n.Window > 24*time.Hour:
-		return fmt.Errorf("%w: nat window %v outside [1s, 24h]", ErrBadWindow, n.Window)
-	case n.TTL < time.Second:
-		return fmt.Errorf("%w: nat ttl %v under 1s", ErrBadWindow, n.TTL)
-	case n.MinDistinctKeys <= 0 && n.MinDistinctUserAgents <= 0:
-		return fmt.Errorf("%w: nat needs min distinct keys or min distinct user agents", ErrBadThreshold)
-	case n.MinRequests < 0:
-		return fmt.Errorf("%w: nat min requests %d negative", ErrBadThreshold, n.MinRequests)
-	case !(n.PerClient > 0):
-		return fmt.Errorf("%w: nat per-client factor %v must be positive", ErrBadThreshold, n.PerClient)
-	case !(n.MaxFactor >= 1 && n.MaxFactor <= 1000):
-		return fmt.Errorf("%w: nat max factor %v outside [1, 1000]", ErrBadThreshold, n.MaxFactor)
-	case n.CoolRatio <= 0 || n.CoolRatio > 1:
-		return fmt.Errorf("%w: nat cool ratio %v outside (0, 1]", ErrBadThreshold, n.CoolRatio)
-	case n.MaxIPs < 1:
-		return fmt.Errorf("%w: nat max ips %d under 1", ErrBadThreshold, n.MaxIPs)
+	var errs []error
+	if n.Window < time.Second || n.Window > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("%w: nat window %v outside [1s, 24h]", ErrBadWindow, n.Window))
 	}
-	return nil
+	if n.TTL < time.Second {
+		errs = append(errs, fmt.Errorf("%w: nat ttl %v under 1s", ErrBadWindow, n.TTL))
+	}
+	if n.MinDistinctKeys <= 0 && n.MinDistinctUserAgents <= 0 {
+		errs = append(errs, fmt.Errorf("%w: nat needs min distinct keys or min distinct user agents", ErrBadThreshold))
+	}
+	if n.MinRequests < 0 {
+		errs = append(errs, fmt.Errorf("%w: nat min requests %d negative", ErrBadThreshold, n.MinRequests))
+	}
+	if !(n.PerClient > 0) {
+		errs = append(errs, fmt.Errorf("%w: nat per-client factor %v must be positive", ErrBadThreshold, n.PerClient))
+	}
+	if !(n.MaxFactor >= 1 && n.MaxFactor <= 1000) {
+		errs = append(errs, fmt.Errorf("%w: nat max factor %v outside [1, 1000]", ErrBadThreshold, n.MaxFactor))
+	}
+	if n.CoolRatio <= 0 || n.CoolRatio > 1 {
+		errs = append(errs, fmt.Errorf("%w: nat cool ratio %v outside (0, 1]", ErrBadThreshold, n.CoolRatio))
+	}
+	if n.MaxIPs < 1 {
+		errs = append(errs, fmt.Errorf("%w: nat max ips %d under 1", ErrBadThreshold, n.MaxIPs))
+	}
+	return errors.Join(errs...)
 }
 
 func (a AlertConfig) validate() error {
-	switch {
-	case a.Window < time.Second || a.Window > 24*time.Hour:
-		return fmt.Errorf("%w: alert window %v outside [1s, 24h]", ErrBadWindow, a.Window)
-	case a.ResendInterval < time.Second:
-		return fmt.Errorf("%w: alert resend interval %v under 1s", ErrBadWindow, a.ResendInterval)
+	var errs []error
+	if a.Window < time.Second || a.Window > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("%w: alert window %v outside [1s, 24h]", ErrBadWindow, a.Window))
+	}
+	if a.ResendInterval < time.Second {
+		errs = append(errs, fmt.Errorf("%w: alert resend interval %v under 1s", ErrBadWindow, a.ResendInterval))
 	}
 	for name, r := range map[string]float64{
 		"store unavailable": a.StoreUnavailableRatio,
@@ -276,11 +289,11 @@ func (a AlertConfig) validate() error {
 		"fail closed":       a.FailClosedRatio,
 	} {
 		if !(r > 0 && r <= 1) {
-			return fmt.Errorf("%w: %s ratio %v outside (0, 1]", ErrBadThreshold, name, r)
+			errs = append(errs, fmt.Errorf("%w: %s ratio %v outside (0, 1]", ErrBadThreshold, name, r))
 		}
 	}
 	if a.MinRequests < 0 {
-		return fmt.Errorf("%w: alert min requests %d negative", ErrBadThreshold, a.MinRequests)
+		errs = append(errs, fmt.Errorf("%w: alert min requests %d negative", ErrBadThreshold, a.MinRequests))
 	}
 	for name, u := range map[string]string{"alertmanager": a.AlertmanagerURL, "webhook": a.WebhookURL} {
 		if u == "" {
@@ -288,8 +301,8 @@ func (a AlertConfig) validate() error {
 		}
 		p, err := url.Parse(u)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			return fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, u)
+			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, u))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

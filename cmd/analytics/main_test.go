@@ -518,3 +518,15 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigJoinsEveryError: one run names every problem of the file, the
+// command's and the analytics package's alike.
+func TestConfigJoinsEveryError(t *testing.T) {
+	p := writeFile(t, "listen: nowhere\nlog_level: loud\nhot: {min_share: 3}\nnat: {max_factor: 5000}\n")
+	_, err := loadConfig(p, env(nil))
+	for _, want := range []string{"clickhouse.addr", "listen", "log_level", "min share", "max factor"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("loadConfig = %v, want it to mention %q", err, want)
+		}
+	}
+}
