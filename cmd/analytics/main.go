@@ -11,15 +11,19 @@
 //	analytics nat-ips      [-from -10m] [-to now] [-ip ADDR (its history)]
 //	analytics fail-minutes [-from -24h] [-to now]
 //	analytics store-health [-from -1h] [-to now] [-bucket ...]
+//	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
 // filters -rule, -route, -plan, -gateway, -key. Times are now, -1h, -7d,
 // RFC 3339, "2006-01-02 15:04" (UTC) or Unix seconds. The hot-keys and
 // nat-ips commands run the detectors over the range and write nothing.
 //
-// Environment overrides: EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
+// Environment overrides (a secret X can also be read from the file named
+// by X_FILE): EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
 // EDGELIMIT_CLICKHOUSE_USER, EDGELIMIT_CLICKHOUSE_PASSWORD, EDGELIMIT_REDIS_ADDR,
-// EDGELIMIT_REDIS_CLUSTER_ADDRS, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_PREFIX,
+// EDGELIMIT_REDIS_CLUSTER_ADDRS, EDGELIMIT_REDIS_SENTINEL_ADDRS,
+// EDGELIMIT_REDIS_SENTINEL_MASTER, EDGELIMIT_REDIS_USERNAME,
+// EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB, EDGELIMIT_REDIS_PREFIX,
 // EDGELIMIT_ANALYTICS_TOKEN, EDGELIMIT_ANALYTICS_LISTEN, EDGELIMIT_ALERTMANAGER_URL,
 // EDGELIMIT_ALERT_WEBHOOK_URL, EDGELIMIT_LOG_LEVEL.
 //
@@ -158,14 +162,14 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		return nil
 	}}.Register(mux)
 	mux.Handle("/", api.Handler())
-	httpActor, addr, err := boot.Listen("http", fc.Listen, boot.NewServer(mux, log))
+	httpActor, ln, err := boot.Listen("http", fc.Listen, boot.NewServer(mux, log))
 	if err != nil {
 		return err
 	}
 	if host, _, _ := net.SplitHostPort(fc.Listen); !isLoopback(host) {
 		log.Warn("the API and dashboard listen beyond loopback; they need the token, but put TLS in front", "listen", fc.Listen)
 	}
-	log.Info("analytics serving", "listen", addr.String(), "clickhouse", fc.ClickHouse.Addr,
+	log.Info("analytics serving", "listen", ln.Addr().String(), "clickhouse", fc.ClickHouse.Addr,
 		"database", fc.ClickHouse.Database, "dry_run", fc.DryRun, "interval_ms", cfg.Interval.Milliseconds(),
 		"alertmanager", cfg.Alerts.AlertmanagerURL != "", "webhook", cfg.Alerts.WebhookURL != "", "version", boot.Version)
 	err = boot.Run(ctx, log, 5*time.Second, httpActor,

@@ -106,7 +106,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	})}
 	if fc.AdminListen != "off" {
 		notReady := errors.New("not consuming")
-		admin, addr, err := boot.Listen("admin", fc.AdminListen, boot.NewServer(boot.Admin{
+		admin, ln, err := boot.Listen("admin", fc.AdminListen, boot.NewServer(boot.Admin{
 			Registry: reg,
 			Ready: func(context.Context) error {
 				if !ready.Load() {
@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err != nil {
 			return err
 		}
-		log.Info("admin listening", "addr", addr.String())
+		log.Info("admin listening", "addr", ln.Addr().String())
 		actors = append(actors, admin)
 	}
 

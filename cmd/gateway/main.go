@@ -112,20 +112,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	defaults := fc.Config.WithDefaults()
 	srv := gw.Server()
-	traffic, addr, err := boot.Listen("traffic", srv.Addr, srv)
+	traffic, ln, err := boot.Listen("traffic", srv.Addr, srv)
 	if err != nil {
 		return err
 	}
 	// Readiness fails first, so load balancers stop sending while the
 	// server finishes what it has.
 	traffic.Stop = func(ctx context.Context) error { gw.Drain(); return srv.Shutdown(ctx) }
-	admin, adminAddr, err := boot.Listen("admin", defaults.AdminListen,
+	admin, aln, err := boot.Listen("admin", defaults.AdminListen,
 		boot.NewServer(boot.Admin{Registry: reg, Ready: gw.Ready, Pprof: fc.Pprof}.Handler(), log))
 	if err != nil {
-		_ = srv.Close()
+		ln.Close()
 		return err
 	}
-	log.Info("gateway listening", "addr", addr.String(), "admin_addr", adminAddr.String(),
+	log.Info("gateway listening", "addr", ln.Addr().String(), "admin_addr", aln.Addr().String(),
 		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof, "version", boot.Version)
 
 	actors := []boot.Actor{traffic, boot.Func("reload", func(ctx context.Context) error {

@@ -75,8 +75,8 @@ func NewServer(h http.Handler, log *slog.Logger) *http.Server {
 
 // Listen opens addr for srv and returns the actor that serves on it until
 // stopped; Stop shuts srv down gracefully (in-flight requests finish
-// within the stop's deadline).
-func Listen(name, addr string, srv *http.Server) (Actor, net.Addr, error) {
+// within the stop's deadline). Close the listener if the actor never runs.
+func Listen(name, addr string, srv *http.Server) (Actor, net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return Actor{}, nil, fmt.Errorf("listen %s %s: %w", name, addr, err)
@@ -90,5 +90,5 @@ func Listen(name, addr string, srv *http.Server) (Actor, net.Addr, error) {
 			return nil
 		},
 		Stop: srv.Shutdown,
-	}, ln.Addr(), nil
+	}, ln, nil
 }
