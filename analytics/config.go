@@ -204,84 +204,44 @@ func setI64(p *int64, v int64) {
 // joined, after applying the defaults (so a zero Config is valid).
 func (c Config) Validate() error {
 	c = c.WithDefaults()
-	var errs []error
-	if c.Interval < 100*time.Millisecond {
-		errs = append(errs, fmt.Errorf("%w: interval %v, want at least 100ms", ErrBadWindow, c.Interval))
-	}
-	return errors.Join(append(errs, c.Hot.validate(), c.NAT.validate(), c.Alerts.validate())...)
+	return errors.Join(
+		bad(c.Interval < 100*time.Millisecond, ErrBadWindow, "interval %v, want at least 100ms", c.Interval),
+		c.Hot.validate(), c.NAT.validate(), c.Alerts.validate(),
+	)
 }
 
 func (h HotConfig) validate() error {
-	var errs []error
-	if h.Window < time.Second || h.Window > 24*time.Hour {
-		errs = append(errs, fmt.Errorf("%w: hot window %v outside [1s, 24h]", ErrBadWindow, h.Window))
-	}
-	if h.MinSpan < time.Second || h.MinSpan > h.Window {
-		errs = append(errs, fmt.Errorf("%w: hot min span %v outside [1s, window %v]", ErrBadWindow, h.MinSpan, h.Window))
-	}
-	if h.TTL < time.Second {
-		errs = append(errs, fmt.Errorf("%w: hot ttl %v under 1s", ErrBadWindow, h.TTL))
-	}
-	if !(h.MinRate > 0) {
-		errs = append(errs, fmt.Errorf("%w: hot min rate %v must be positive", ErrBadThreshold, h.MinRate))
-	}
-	if h.MinShare > 1 {
-		errs = append(errs, fmt.Errorf("%w: hot min share %v outside [0, 1]", ErrBadThreshold, h.MinShare))
-	}
-	if h.ShareMinRate < 0 {
-		errs = append(errs, fmt.Errorf("%w: hot share min rate %v negative", ErrBadThreshold, h.ShareMinRate))
-	}
-	if h.CoolRatio <= 0 || h.CoolRatio > 1 {
-		errs = append(errs, fmt.Errorf("%w: hot cool ratio %v outside (0, 1]", ErrBadThreshold, h.CoolRatio))
-	}
-	if h.MinGateways < 1 {
-		errs = append(errs, fmt.Errorf("%w: hot min gateways %d under 1", ErrBadThreshold, h.MinGateways))
-	}
-	if h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5 {
-		errs = append(errs, fmt.Errorf("%w: min gateway share %v outside (0, 0.5]", ErrBadThreshold, h.MinGatewayShare))
-	}
-	if h.MaxKeys < 1 {
-		errs = append(errs, fmt.Errorf("%w: hot max keys %d under 1", ErrBadThreshold, h.MaxKeys))
-	}
-	return errors.Join(errs...)
+	return errors.Join(
+		bad(h.Window < time.Second || h.Window > 24*time.Hour, ErrBadWindow, "hot window %v outside [1s, 24h]", h.Window),
+		bad(h.MinSpan < time.Second || h.MinSpan > h.Window, ErrBadWindow, "hot min span %v outside [1s, window %v]", h.MinSpan, h.Window),
+		bad(h.TTL < time.Second, ErrBadWindow, "hot ttl %v under 1s", h.TTL),
+		bad(!(h.MinRate > 0), ErrBadThreshold, "hot min rate %v must be positive", h.MinRate),
+		bad(h.MinShare > 1, ErrBadThreshold, "hot min share %v outside [0, 1]", h.MinShare),
+		bad(h.ShareMinRate < 0, ErrBadThreshold, "hot share min rate %v negative", h.ShareMinRate),
+		bad(h.CoolRatio <= 0 || h.CoolRatio > 1, ErrBadThreshold, "hot cool ratio %v outside (0, 1]", h.CoolRatio),
+		bad(h.MinGateways < 1, ErrBadThreshold, "hot min gateways %d under 1", h.MinGateways),
+		bad(h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5, ErrBadThreshold, "min gateway share %v outside (0, 0.5]", h.MinGatewayShare),
+		bad(h.MaxKeys < 1, ErrBadThreshold, "hot max keys %d under 1", h.MaxKeys),
+	)
 }
 
 func (n NATConfig) validate() error {
-	var errs []error
-	if n.Window < time.Second || n.Window > 24*time.Hour {
-		errs = append(errs, fmt.Errorf("%w: nat window %v outside [1s, 24h]", ErrBadWindow, n.Window))
-	}
-	if n.TTL < time.Second {
-		errs = append(errs, fmt.Errorf("%w: nat ttl %v under 1s", ErrBadWindow, n.TTL))
-	}
-	if n.MinDistinctKeys <= 0 && n.MinDistinctUserAgents <= 0 {
-		errs = append(errs, fmt.Errorf("%w: nat needs min distinct keys or min distinct user agents", ErrBadThreshold))
-	}
-	if n.MinRequests < 0 {
-		errs = append(errs, fmt.Errorf("%w: nat min requests %d negative", ErrBadThreshold, n.MinRequests))
-	}
-	if !(n.PerClient > 0) {
-		errs = append(errs, fmt.Errorf("%w: nat per-client factor %v must be positive", ErrBadThreshold, n.PerClient))
-	}
-	if !(n.MaxFactor >= 1 && n.MaxFactor <= 1000) {
-		errs = append(errs, fmt.Errorf("%w: nat max factor %v outside [1, 1000]", ErrBadThreshold, n.MaxFactor))
-	}
-	if n.CoolRatio <= 0 || n.CoolRatio > 1 {
-		errs = append(errs, fmt.Errorf("%w: nat cool ratio %v outside (0, 1]", ErrBadThreshold, n.CoolRatio))
-	}
-	if n.MaxIPs < 1 {
-		errs = append(errs, fmt.Errorf("%w: nat max ips %d under 1", ErrBadThreshold, n.MaxIPs))
-	}
-	return errors.Join(errs...)
+	return errors.Join(
+		bad(n.Window < time.Second || n.Window > 24*time.Hour, ErrBadWindow, "nat window %v outside [1s, 24h]", n.Window),
+		bad(n.TTL < time.Second, ErrBadWindow, "nat ttl %v under 1s", n.TTL),
+		bad(n.MinDistinctKeys <= 0 && n.MinDistinctUserAgents <= 0, ErrBadThreshold, "nat needs min distinct keys or min distinct user agents"),
+		bad(n.MinRequests < 0, ErrBadThreshold, "nat min requests %d negative", n.MinRequests),
+		bad(!(n.PerClient > 0), ErrBadThreshold, "nat per-client factor %v must be positive", n.PerClient),
+		bad(!(n.MaxFactor >= 1 && n.MaxFactor <= 1000), ErrBadThreshold, "nat max factor %v outside [1, 1000]", n.MaxFactor),
+		bad(n.CoolRatio <= 0 || n.CoolRatio > 1, ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
+		bad(n.MaxIPs < 1, ErrBadThreshold, "nat max ips %d under 1", n.MaxIPs),
+	)
 }
 
 func (a AlertConfig) validate() error {
-	var errs []error
-	if a.Window < time.Second || a.Window > 24*time.Hour {
-		errs = append(errs, fmt.Errorf("%w: alert window %v outside [1s, 24h]", ErrBadWindow, a.Window))
-	}
-	if a.ResendInterval < time.Second {
-		errs = append(errs, fmt.Errorf("%w: alert resend interval %v under 1s", ErrBadWindow, a.ResendInterval))
+	errs := []error{
+		bad(a.Window < time.Second || a.Window > 24*time.Hour, ErrBadWindow, "alert window %v outside [1s, 24h]", a.Window),
+		bad(a.ResendInterval < time.Second, ErrBadWindow, "alert resend interval %v under 1s", a.ResendInterval),
 	}
 	for name, r := range map[string]float64{
 		"store unavailable": a.StoreUnavailableRatio,
@@ -292,9 +252,7 @@ func (a AlertConfig) validate() error {
 			errs = append(errs, fmt.Errorf("%w: %s ratio %v outside (0, 1]", ErrBadThreshold, name, r))
 		}
 	}
-	if a.MinRequests < 0 {
-		errs = append(errs, fmt.Errorf("%w: alert min requests %d negative", ErrBadThreshold, a.MinRequests))
-	}
+	errs = append(errs, bad(a.MinRequests < 0, ErrBadThreshold, "alert min requests %d negative", a.MinRequests))
 	for name, u := range map[string]string{"alertmanager": a.AlertmanagerURL, "webhook": a.WebhookURL} {
 		if u == "" {
 			continue
@@ -305,4 +263,13 @@ func (a AlertConfig) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// bad is the error "kind: format" when cond holds, else nil (which
+// errors.Join drops).
+func bad(cond bool, kind error, format string, args ...any) error {
+	if !cond {
+		return nil
+	}
+	return fmt.Errorf("%w: "+format, append([]any{kind}, args...)...)
 }
