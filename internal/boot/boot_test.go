@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -261,5 +263,26 @@ func TestAdmin(t *testing.T) {
 	}
 	if code, _ := get("/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("pprof without Pprof = %d, want 404", code)
+	}
+}
+
+// TestImportsNoProductPackage keeps boot below the product: cmd/* wires
+// boot and the packages together, boot knows none of them.
+func TestImportsNoProductPackage(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, f := range files {
+		af, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range af.Imports {
+			if p := strings.Trim(imp.Path.Value, `"`); strings.HasPrefix(p, "github.com/edgelimit/edgelimit/") {
+				t.Errorf("%s imports %s; boot must not depend on the product's packages", f, p)
+			}
+		}
 	}
 }
