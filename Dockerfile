@@ -5,7 +5,12 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/...
+# docker build --build-arg VERSION=v1.2.3 --build-arg REVISION=$(git rev-parse HEAD)
+ARG VERSION=dev
+ARG REVISION=
+RUN CGO_ENABLED=0 go build -trimpath \
+	-ldflags="-s -w -X github.com/edgelimit/edgelimit/internal/boot.Version=${VERSION} -X github.com/edgelimit/edgelimit/internal/boot.Revision=${REVISION}" \
+	-o /out/ ./cmd/...
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/

@@ -2,25 +2,32 @@
 # test against real servers that it starts and stops itself.
 GO ?= go
 TESTFLAGS ?= -race -count=1 -timeout 30m
+# The version every binary reports (-version, edgelimit_build_info).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X github.com/edgelimit/edgelimit/internal/boot.Version=$(VERSION) -X github.com/edgelimit/edgelimit/internal/boot.Revision=$(REVISION)
 
 .PHONY: all build test test-short bench run stop clean vet
 
 all: build
 
 build:
-	$(GO) build ./...
+	$(GO) build -ldflags "$(LDFLAGS)" ./...
 
 vet:
 	$(GO) vet ./...
+	cd tools && $(GO) vet ./...
 
 # test starts Redis (standalone + Cluster) and the other servers on free
-# loopback ports, runs all tests with -race, and stops the servers.
+# loopback ports, runs all tests with -race, and stops the servers. tools/
+# is a module of its own (repository checks with heavy dependencies).
 test:
-	deploy/local/testenv.sh $(GO) test $(TESTFLAGS) ./...
+	deploy/local/testenv.sh sh -c '$(GO) test $(TESTFLAGS) ./... && cd tools && $(GO) test $(TESTFLAGS) ./...'
 
 # test-short runs without real servers (they skip).
 test-short:
 	$(GO) test -count=1 ./...
+	cd tools && $(GO) test -count=1 ./...
 
 bench:
 	deploy/local/testenv.sh deploy/local/bench.sh

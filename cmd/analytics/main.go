@@ -11,15 +11,19 @@
 //	analytics nat-ips      [-from -10m] [-to now] [-ip ADDR (its history)]
 //	analytics fail-minutes [-from -24h] [-to now]
 //	analytics store-health [-from -1h] [-to now] [-bucket ...]
+//	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
 // filters -rule, -route, -plan, -gateway, -key. Times are now, -1h, -7d,
 // RFC 3339, "2006-01-02 15:04" (UTC) or Unix seconds. The hot-keys and
 // nat-ips commands run the detectors over the range and write nothing.
 //
-// Environment overrides: EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
+// Environment overrides (a secret X can also be read from the file named
+// by X_FILE): EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
 // EDGELIMIT_CLICKHOUSE_USER, EDGELIMIT_CLICKHOUSE_PASSWORD, EDGELIMIT_REDIS_ADDR,
-// EDGELIMIT_REDIS_CLUSTER_ADDRS, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_PREFIX,
+// EDGELIMIT_REDIS_CLUSTER_ADDRS, EDGELIMIT_REDIS_SENTINEL_ADDRS,
+// EDGELIMIT_REDIS_SENTINEL_MASTER, EDGELIMIT_REDIS_USERNAME,
+// EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB, EDGELIMIT_REDIS_PREFIX,
 // EDGELIMIT_ANALYTICS_TOKEN, EDGELIMIT_ANALYTICS_LISTEN, EDGELIMIT_ALERTMANAGER_URL,
 // EDGELIMIT_ALERT_WEBHOOK_URL, EDGELIMIT_LOG_LEVEL.
 //
@@ -32,39 +36,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"sync"
-	"syscall"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
-	"gopkg.in/yaml.v3"
-
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "analytics:", err)
-		os.Exit(1)
-	}
-}
+func main() { boot.Main("analytics", run) }
 
 const usage = `usage: analytics COMMAND [flags]
 
@@ -77,6 +60,7 @@ commands:
   nat-ips       NAT-shared IPs with their evidence (or one IP's history with -ip)
   fail-minutes  minutes in which gateways failed open or closed
   store-health  store status, failure modes and check latency per gateway
+  version       print the version
 
 Run "analytics COMMAND -h" for a command's flags.
 `
@@ -94,83 +78,47 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return nil
 	}
 	cmd, args := args[0], args[1:]
-	fs := flag.NewFlagSet("analytics "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (optional; the environment can say everything)")
+	if cmd == "version" || cmd == "-version" || cmd == "--version" {
+		_, err := fmt.Fprintln(stdout, boot.VersionLine("analytics"))
+		return err
+	}
+	fs := boot.NewFlags("analytics "+cmd, "YAML configuration file (optional; the environment can say everything)", stdout)
 	switch cmd {
 	case "serve", "check":
-		if err := fs.Parse(args); err != nil {
+		if done, err := fs.Parse(args); done {
 			return err
 		}
-		fc, err := loadConfig(*path, getenv)
+		fc, err := loadConfig(*fs.Config, getenv)
 		if err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
 		if cmd == "check" {
-			out, err := yaml.Marshal(fc)
-			if err != nil {
-				return fmt.Errorf("print config: %w", err)
-			}
-			fmt.Fprintf(stdout, "# configuration is valid\n%s", out)
-			return nil
+			return boot.PrintYAML(stdout, "configuration is valid", fc)
 		}
 		if err := fc.validateServe(); err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
 		return serve(ctx, fc, stdout)
 	case "trends", "top-keys", "hot-keys", "nat-ips", "fail-minutes", "store-health":
-		return query(ctx, cmd, fs, path, args, getenv, stdout)
+		return query(ctx, cmd, fs, args, getenv, stdout)
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
-}
-
-func openClickHouse(c clickhouseConfig) (driver.Conn, error) {
-	opts := &clickhouse.Options{
-		Addr:     []string{c.Addr},
-		Protocol: clickhouse.Native, // the HTTP protocol does not work with ClickHouse 18.16
-		Auth:     clickhouse.Auth{Database: c.Database, Username: c.Username, Password: string(c.Password)},
-		// Queries are interactive or on a seconds-long schedule: fail
-		// fast rather than pile up behind a dead server.
-		DialTimeout: 5 * time.Second,
-		ReadTimeout: 30 * time.Second,
-	}
-	if c.Compression == "lz4" {
-		opts.Compression = &clickhouse.Compression{Method: clickhouse.CompressionLZ4}
-	}
-	conn, err := clickhouse.Open(opts)
-	if err != nil {
-		return nil, fmt.Errorf("open clickhouse %s: %w", c.Addr, err)
-	}
-	return conn, nil
-}
-
-func openRedis(rc redisConfig) redis.UniversalClient {
-	// Directive writes are a few small transactions every few seconds:
-	// default retries are fine (a replayed write is idempotent apart from
-	// the version bump), timeouts short so a dead Redis does not stall a
-	// run.
-	if len(rc.ClusterAddrs) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: rc.ClusterAddrs, Username: rc.Username, Password: string(rc.Password),
-			DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		})
-	}
-	return redis.NewClient(&redis.Options{
-		Addr: rc.Addr, Username: rc.Username, Password: string(rc.Password), DB: rc.DB,
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-	})
 }
 
 // serve runs the detector and the HTTP server until ctx ends. Shutdown
 // order: stop accepting HTTP and drain it; let the detector finish its run;
 // close Redis; close ClickHouse.
 func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
-	level, _ := parseLevel(fc.LogLevel)
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+	log, err := boot.NewLogger(stdout, fc.LogLevel)
+	if err != nil {
+		return err
+	}
 	cfg := fc.analyticsConfig().WithDefaults()
 
-	ch, err := openClickHouse(fc.ClickHouse)
+	// Queries are interactive or on a seconds-long schedule: a 30s read
+	// bound fails fast rather than piling up behind a dead server.
+	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
 	if err != nil {
 		return err
 	}
@@ -179,7 +127,11 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 
 	deps := analytics.Deps{Reader: reader, Log: log}
 	if !fc.DryRun {
-		rdb := openRedis(fc.Redis)
+		// Directive writes are a few small transactions every few seconds:
+		// go-redis's default retries are fine (a replayed write is
+		// idempotent apart from the version bump), timeouts short so a
+		// dead Redis does not stall a run.
+		rdb := boot.NewRedis(fc.Redis.Redis, boot.RedisTuning{Timeout: 2 * time.Second}, log)
 		defer rdb.Close()
 		deps.Directives = limiter.NewDirectiveStore(rdb, fc.Redis.Prefix)
 	} else {
@@ -188,8 +140,7 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 	if cfg.Alerts.AlertmanagerURL != "" || cfg.Alerts.WebhookURL != "" {
 		deps.Alerter = analytics.NewAlerter(cfg.Alerts, &http.Client{Timeout: 10 * time.Second}, nil)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := boot.NewRegistry()
 	deps.Registry = reg
 	det, err := analytics.NewDetector(cfg, deps)
 	if err != nil {
@@ -201,62 +152,30 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Ready when ClickHouse answers: every query and detector run needs it.
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	boot.Admin{Registry: reg, Ready: func(ctx context.Context) error {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := ch.Ping(pctx); err != nil {
-			http.Error(w, "not ready: clickhouse: "+err.Error(), http.StatusServiceUnavailable)
-			return
+			return fmt.Errorf("clickhouse: %w", err)
 		}
-		io.WriteString(w, "ok\n")
-	})
+		return nil
+	}}.Register(mux)
 	mux.Handle("/", api.Handler())
-	ln, err := net.Listen("tcp", fc.Listen)
+	httpActor, ln, err := boot.Listen("http", fc.Listen, boot.NewServer(mux, log))
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	if host, _, _ := net.SplitHostPort(fc.Listen); !isLoopback(host) {
 		log.Warn("the API and dashboard listen beyond loopback; they need the token, but put TLS in front", "listen", fc.Listen)
 	}
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      60 * time.Second, // a year of minutes can take a while
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	srvErr := make(chan error, 1)
-	go func() { srvErr <- srv.Serve(ln) }()
-
-	detCtx, stopDet := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		det.Run(detCtx)
-	}()
 	log.Info("analytics serving", "listen", ln.Addr().String(), "clickhouse", fc.ClickHouse.Addr,
-		"database", fc.ClickHouse.Database, "dry_run", fc.DryRun, "interval", cfg.Interval.String(),
-		"alertmanager", cfg.Alerts.AlertmanagerURL != "", "webhook", cfg.Alerts.WebhookURL != "")
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-srvErr:
-		runErr = fmt.Errorf("http server: %w", err)
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("http shutdown", "err", err)
-	}
-	cancel()
-	stopDet()
-	wg.Wait()
+		"database", fc.ClickHouse.Database, "dry_run", fc.DryRun, "interval_ms", cfg.Interval.Milliseconds(),
+		"alertmanager", cfg.Alerts.AlertmanagerURL != "", "webhook", cfg.Alerts.WebhookURL != "", "version", boot.Version)
+	err = boot.Run(ctx, log, 5*time.Second, httpActor,
+		boot.Func("detector", func(ctx context.Context) error { det.Run(ctx); return nil }))
 	log.Info("analytics stopped")
-	return runErr
+	return err
 }
 
 func isLoopback(host string) bool {

@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,7 +94,7 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 			t.Errorf("check printed the secret %q:\n%s", leak, out.String())
 		}
 	}
-	if !strings.Contains(out.String(), "REDACTED") || !strings.Contains(out.String(), "min_rate: 50") {
+	if !strings.Contains(out.String(), "[redacted]") || !strings.Contains(out.String(), "min_rate: 50") {
 		t.Errorf("check output:\n%s", out.String())
 	}
 
@@ -278,29 +276,6 @@ func TestQueryCommands(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's log and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // amAlerts returns the active alerts in Alertmanager carrying label run=id.
 func amAlerts(t *testing.T, am, id string) []map[string]any {
 	t.Helper()
@@ -344,7 +319,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	listen := freeAddr(t)
+	listen := testenv.FreeAddr(t)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "analytics-serve-" + run
 	token := "serve-token-" + run + "-0123456789"
@@ -359,7 +334,7 @@ alerts:
   fail_open_ratio: 0.2
   labels: {run: %q}
 `, listen, prefix, run))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -532,5 +507,26 @@ func TestExampleConfig(t *testing.T) {
 		cmpopts.IgnoreFields(analytics.AlertConfig{}, "AlertmanagerURL", "Labels"))
 	if diff != "" {
 		t.Errorf("example config's thresholds differ from the defaults (-defaults +example):\n%s", diff)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"-version", "version"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{arg}, env(nil), &out); err != nil || !strings.HasPrefix(out.String(), "analytics dev (revision ") {
+			t.Errorf("run %s = %v, %q; want \"analytics dev (revision ...\"", arg, err, out.String())
+		}
+	}
+}
+
+// TestConfigJoinsEveryError: one run names every problem of the file, the
+// command's and the analytics package's alike.
+func TestConfigJoinsEveryError(t *testing.T) {
+	p := writeFile(t, "listen: nowhere\nlog_level: loud\nhot: {min_share: 3}\nnat: {max_factor: 5000}\n")
+	_, err := loadConfig(p, env(nil))
+	for _, want := range []string{"clickhouse.addr", "listen", "log_level", "min share", "max factor"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("loadConfig = %v, want it to mention %q", err, want)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/boot"
 )
 
 // table is a command's result for the table and csv formats; json prints
@@ -26,7 +26,7 @@ type table struct {
 
 // query runs one analyst command: it reads its flags, queries ClickHouse
 // and prints the result.
-func query(ctx context.Context, cmd string, fs *flag.FlagSet, path *string, args []string, getenv func(string) string, stdout io.Writer) error {
+func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, getenv func(string) string, stdout io.Writer) error {
 	var (
 		from    = fs.String("from", "", "start of the range: now, -1h, -7d, RFC 3339, 2006-01-02[ 15:04] (UTC) or Unix seconds")
 		to      = fs.String("to", "now", "end of the range (exclusive), same forms as -from")
@@ -42,7 +42,7 @@ func query(ctx context.Context, cmd string, fs *flag.FlagSet, path *string, args
 		key     = fs.String("key", "", "only this key id (hot-keys: that key's history)")
 		ip      = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
 	)
-	if err := fs.Parse(args); err != nil {
+	if done, err := fs.Parse(args); done {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -51,7 +51,7 @@ func query(ctx context.Context, cmd string, fs *flag.FlagSet, path *string, args
 	if *format != "table" && *format != "csv" && *format != "json" {
 		return fmt.Errorf("%w: -format %q: want table, csv or json", errUsage, *format)
 	}
-	fc, err := loadConfig(*path, getenv)
+	fc, err := loadConfig(*fs.Config, getenv)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -79,7 +79,7 @@ func query(ctx context.Context, cmd string, fs *flag.FlagSet, path *string, args
 		dim = analytics.DimNone
 	}
 
-	ch, err := openClickHouse(fc.ClickHouse)
+	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
 	if err != nil {
 		return err
 	}

@@ -6,8 +6,10 @@
 //	consumer [-config consumer.yaml]          run
 //	consumer [-config consumer.yaml] -check   validate, print the effective config (secrets redacted), exit
 //	consumer [-config consumer.yaml] -migrate-only   apply the migrations and exit
+//	consumer -version                         print the version, exit
 //
-// Environment overrides: EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
+// Environment overrides (a secret X can also be read from the file named
+// by X_FILE): EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
 // EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC, EDGELIMIT_CONSUMER_GROUP,
 // EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
 // EDGELIMIT_CLICKHOUSE_USER, EDGELIMIT_CLICKHOUSE_PASSWORD,
@@ -22,71 +24,48 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"gopkg.in/yaml.v3"
 
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/boot"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-		os.Exit(1)
-	}
-}
+func main() { boot.Main("consumer", run) }
+
+// stopTimeout bounds the shutdown. It is longer than the consumer's own
+// ShutdownTimeout (15s), which bounds its final insert and commit.
+const stopTimeout = 30 * time.Second
 
 // run consumes until ctx ends, then shuts down in order.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (optional; the environment can say everything)")
+	fs := boot.NewFlags("consumer", "YAML configuration file (optional; the environment can say everything)", stdout)
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
 	migrateOnly := fs.Bool("migrate-only", false, "apply the ClickHouse migrations and exit")
-	if err := fs.Parse(args); err != nil {
+	if done, err := fs.Parse(args); done {
 		return err
 	}
-	fc, err := loadConfig(*path, getenv)
+	fc, err := loadConfig(*fs.Config, getenv)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	if *check {
-		out, err := yaml.Marshal(fc)
-		if err != nil {
-			return fmt.Errorf("print config: %w", err)
-		}
-		fmt.Fprintf(stdout, "# configuration is valid\n%s", out)
-		return nil
+		return boot.PrintYAML(stdout, "configuration is valid", fc)
 	}
-	level, _ := parseLevel(fc.LogLevel)
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+	log, err := boot.NewLogger(stdout, fc.LogLevel)
+	if err != nil {
+		return err
+	}
+	reg := boot.NewRegistry()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	ch, err := openClickHouse(fc.ClickHouse)
+	ch, err := boot.OpenClickHouse(fc.ClickHouse, 0)
 	if err != nil {
 		return err
 	}
@@ -107,59 +86,47 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if fc.Kafka.CreateTopics {
 		if err := retry(ctx, log, "create topics", func() error {
-			return createTopics(ctx, cfg, fc.Kafka.Partitions)
+			return createTopics(ctx, fc.Kafka, log)
 		}); err != nil {
 			return fmt.Errorf("create topics: %w", err)
 		}
 	}
 
+	cfg.Opts = append(fc.Kafka.Opts(log), boot.KafkaMetrics(reg))
 	c, err := consumer.New(cfg, ch, reg, log)
 	if err != nil {
 		return err
 	}
 
 	var ready atomic.Bool
-	admin, err := startAdmin(fc.AdminListen, reg, &ready, log)
-	if err != nil {
-		return err
+	actors := []boot.Actor{boot.Func("consumer", func(ctx context.Context) error {
+		ready.Store(true)
+		defer ready.Store(false)
+		return c.Run(ctx) // returns after the final insert, commit and group leave
+	})}
+	if fc.AdminListen != "off" {
+		notReady := errors.New("not consuming")
+		admin, ln, err := boot.Listen("admin", fc.AdminListen, boot.NewServer(boot.Admin{
+			Registry: reg,
+			Ready: func(context.Context) error {
+				if !ready.Load() {
+					return notReady
+				}
+				return nil
+			},
+		}.Handler(), log))
+		if err != nil {
+			return err
+		}
+		log.Info("admin listening", "addr", ln.Addr().String())
+		actors = append(actors, admin)
 	}
 
 	log.Info("consumer starting", "brokers", cfg.Brokers, "topic", cfg.Topic, "group", cfg.Group,
-		"clickhouse", fc.ClickHouse.Addr, "database", fc.ClickHouse.Database)
-	ready.Store(true)
-	runErr := c.Run(ctx) // returns after the final insert, commit and group leave
-	ready.Store(false)
-
-	if admin != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if err := admin.Shutdown(sctx); err != nil {
-			log.Warn("admin shutdown", "err", err)
-		}
-		cancel()
-	}
+		"clickhouse", fc.ClickHouse.Addr, "database", fc.ClickHouse.Database, "version", boot.Version)
+	err = boot.Run(ctx, log, stopTimeout, actors...)
 	log.Info("consumer stopped")
-	return runErr
-}
-
-func openClickHouse(c clickhouseConfig) (driver.Conn, error) {
-	opts := &clickhouse.Options{
-		Addr:     []string{c.Addr},
-		Protocol: clickhouse.Native, // the HTTP protocol does not work with ClickHouse 18.16
-		Auth: clickhouse.Auth{
-			Database: c.Database,
-			Username: c.Username,
-			Password: string(c.Password),
-		},
-		DialTimeout: 5 * time.Second,
-	}
-	if c.Compression == "lz4" {
-		opts.Compression = &clickhouse.Compression{Method: clickhouse.CompressionLZ4}
-	}
-	conn, err := clickhouse.Open(opts)
-	if err != nil {
-		return nil, fmt.Errorf("open clickhouse %s: %w", c.Addr, err)
-	}
-	return conn, nil
+	return err
 }
 
 // retry runs fn until it succeeds or ctx ends, backing off up to 10s: at
@@ -171,7 +138,7 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 		if err == nil {
 			return nil
 		}
-		log.Warn(what+" failed; retrying", "err", err, "retry_in", wait)
+		log.Warn(what+" failed; retrying", "error", err.Error(), "retry_in_ms", wait.Milliseconds())
 		select {
 		case <-ctx.Done():
 			return err
@@ -182,13 +149,14 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 }
 
 // createTopics creates the decisions and dead-letter topics if missing.
-func createTopics(ctx context.Context, cfg consumer.Config, partitions int32) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...))
+func createTopics(ctx context.Context, kc kafkaConfig, log *slog.Logger) error {
+	cl, err := kgo.NewClient(kc.Opts(log)...)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	topic, dead := cfg.Topic, cfg.DeadLetterTopic
+	// The consumer package's defaults, which it applies to its own Config.
+	topic, dead := kc.Topic, kc.DeadLetterTopic
 	if topic == "" {
 		topic = "decisions"
 	}
@@ -197,7 +165,7 @@ func createTopics(ctx context.Context, cfg consumer.Config, partitions int32) er
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(cctx, partitions, -1, nil, topic, dead)
+	resp, err := kadm.NewClient(cl).CreateTopics(cctx, kc.Partitions, -1, nil, topic, dead)
 	if err != nil {
 		return err
 	}
@@ -207,43 +175,4 @@ func createTopics(ctx context.Context, cfg consumer.Config, partitions int32) er
 		}
 	}
 	return nil
-}
-
-// startAdmin serves /metrics, /healthz (alive) and /readyz (consuming).
-func startAdmin(addr string, reg *prometheus.Registry, ready *atomic.Bool, log *slog.Logger) (*http.Server, error) {
-	if addr == "off" {
-		return nil, nil
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
-			http.Error(w, "not consuming", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("admin listen: %w", err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("admin server", "err", err)
-		}
-	}()
-	log.Info("admin listening", "addr", ln.Addr().String())
-	return srv, nil
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(s))); err != nil {
-		return l, fmt.Errorf("log_level %q: want debug, info, warn or error", s)
-	}
-	return l, nil
 }

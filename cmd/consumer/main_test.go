@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +40,7 @@ func TestCheckRedactsAndDefaults(t *testing.T) {
 		t.Fatalf("run -check: %v", err)
 	}
 	s := out.String()
-	if strings.Contains(s, "hunter2") || !strings.Contains(s, "REDACTED") {
+	if strings.Contains(s, "hunter2") || !strings.Contains(s, "[redacted]") {
 		t.Errorf("-check output shows the password or no redaction:\n%s", s)
 	}
 	for _, want := range []string{"- k1:9092", "- k2:9092", "raw_days: 7", "rollup_days: 400", "migrate: true", "addr: ch:9000"} {
@@ -89,24 +88,6 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunConsumesAndStops runs the command against the real ClickHouse and
 // an embedded Kafka: it migrates, consumes every event, serves metrics,
 // and stops cleanly when its context ends, logging JSON.
@@ -129,7 +110,7 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	defer kc.Close()
 	brokers := strings.Join(kc.ListenAddrs(), ",")
-	admin := freeAddr(t)
+	admin := testenv.FreeAddr(t)
 
 	// The file asks for the topics to be created: none exist yet.
 	cfgPath := filepath.Join(t.TempDir(), "consumer.yaml")
@@ -138,7 +119,7 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out testenv.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-config", cfgPath}, env(map[string]string{
@@ -252,12 +233,9 @@ func waitTopic(t *testing.T, cl *kgo.Client, topic string, partitions int) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-version"}, env(nil), &out); err != nil || !strings.HasPrefix(out.String(), "consumer dev (revision ") {
+		t.Errorf("run -version = %v, %q; want \"consumer dev (revision ...\"", err, out.String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

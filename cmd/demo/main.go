@@ -22,26 +22,21 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/edgelimit/edgelimit/internal/boot"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
-	}
+	boot.Main("demo", func(ctx context.Context, args []string, _ func(string) string, stdout io.Writer) error {
+		return run(ctx, args, stdout)
+	})
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {

@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"slices"
+	"reflect"
 	"strings"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/boot"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // fileConfig is the YAML file: the gateway's own settings at the top
@@ -23,37 +21,31 @@ type fileConfig struct {
 	LogLevel string `yaml:"log_level"`
 }
 
-// redisConfig says where the shared limiter store is. Neither Addr nor
-// ClusterAddrs: the in-memory store (limits per process).
+// redisConfig says where the shared limiter store is. No Redis: the
+// in-memory store (limits per process).
 type redisConfig struct {
-	// Addr is a standalone Redis, host:port.
-	Addr string `yaml:"addr"`
-	// ClusterAddrs are Redis Cluster seed nodes.
-	ClusterAddrs []string `yaml:"cluster_addrs"`
-	// SentinelAddrs find the master named SentinelMaster through Redis
-	// Sentinel, following failovers.
-	SentinelAddrs  []string       `yaml:"sentinel_addrs"`
-	SentinelMaster string         `yaml:"sentinel_master"`
-	Username       string         `yaml:"username"`
-	Password       gateway.Secret `yaml:"password"`
-	DB             int            `yaml:"db"`
-	// Prefix starts every limiter key; default "rl".
+	boot.Redis `yaml:",inline"`
+	// Prefix starts every limiter key; default "rl" (limiter.Config).
 	Prefix string `yaml:"prefix"`
 	// DenyCache is how many denied keys are remembered locally; default
-	// 65536, negative disables.
+	// 65536 (limiter.Config), negative disables.
 	DenyCache int `yaml:"deny_cache"`
 }
 
 // kafkaConfig says where decision events go.
 type kafkaConfig struct {
-	// Brokers are seed brokers. None: an embedded in-memory Kafka (kfake),
-	// unless Disabled.
-	Brokers []string `yaml:"brokers"`
-	// Topic default "decisions".
+	// Brokers are seed brokers. None: no decision events, unless Embedded.
+	boot.Kafka `yaml:",inline"`
+	// Topic default "decisions" (publish.Config).
 	Topic string `yaml:"topic"`
 	// Disabled turns decision events off.
 	Disabled bool `yaml:"disabled"`
-	// MaxBuffered bounds events waiting for Kafka; default 50000.
+	// Embedded starts an in-memory Kafka (franz-go's kfake) inside the
+	// gateway when no brokers are set: for trials only, it costs memory
+	// (see openEvents). Default false.
+	Embedded bool `yaml:"embedded"`
+	// MaxBuffered bounds events waiting for Kafka; default 50000
+	// (publish.Config).
 	MaxBuffered int `yaml:"max_buffered"`
 	// EmbeddedListen is where the embedded Kafka listens; default
 	// 127.0.0.1 on a free port.
@@ -67,19 +59,13 @@ var errConfig = errors.New("config")
 // result. Its errors name the file and every problem found.
 func loadConfig(path string, getenv func(string) string) (fileConfig, error) {
 	var fc fileConfig
-	b, err := os.ReadFile(path)
-	if err != nil {
+	if err := boot.LoadYAML(path, &fc); err != nil {
 		return fc, fmt.Errorf("%w: %w", errConfig, err)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true) // a misspelt field is an error, not a silent default
-	if err := dec.Decode(&fc); err != nil {
+	if err := fc.applyEnv(boot.NewEnv(getenv)); err != nil {
 		return fc, fmt.Errorf("%w: %s: %w", errConfig, path, err)
 	}
-	if err := fc.applyEnv(getenv); err != nil {
-		return fc, fmt.Errorf("%w: %s: %w", errConfig, path, err)
-	}
-	if err := fc.validate(); err != nil {
+	if err := fc.Validate(); err != nil {
 		return fc, fmt.Errorf("%w: %s:\n%w", errConfig, path, err)
 	}
 	return fc, nil
@@ -87,85 +73,51 @@ func loadConfig(path string, getenv func(string) string) (fileConfig, error) {
 
 // applyEnv overrides addresses and secrets from the environment, so one
 // file serves every environment and holds no secrets.
-func (fc *fileConfig) applyEnv(getenv func(string) string) error {
-	set := func(dst *string, name string) {
-		if v := getenv(name); v != "" {
-			*dst = v
-		}
+func (fc *fileConfig) applyEnv(e *boot.Env) error {
+	e.String(&fc.GatewayID, "EDGELIMIT_GATEWAY_ID")
+	e.String(&fc.Listen, "EDGELIMIT_LISTEN")
+	e.String(&fc.AdminListen, "EDGELIMIT_ADMIN_LISTEN")
+	e.String(&fc.LogLevel, "EDGELIMIT_LOG_LEVEL")
+	var key boot.Secret
+	e.Secret(&key, "EDGELIMIT_KEY_HASH_SECRET")
+	if key != "" {
+		fc.KeyHashSecret = gateway.Secret(key)
 	}
-	set(&fc.GatewayID, "EDGELIMIT_GATEWAY_ID")
-	set(&fc.Listen, "EDGELIMIT_LISTEN")
-	set(&fc.AdminListen, "EDGELIMIT_ADMIN_LISTEN")
-	set(&fc.LogLevel, "EDGELIMIT_LOG_LEVEL")
-	if v := getenv("EDGELIMIT_KEY_HASH_SECRET"); v != "" {
-		fc.KeyHashSecret = gateway.Secret(v)
-	}
-
-	addr, cluster := getenv("EDGELIMIT_REDIS_ADDR"), getenv("EDGELIMIT_REDIS_CLUSTER_ADDRS")
-	sentinel := getenv("EDGELIMIT_REDIS_SENTINEL_ADDRS")
-	switch {
-	case addr != "" && cluster != "", sentinel != "" && (addr != "" || cluster != ""):
-		return errors.New("set one of EDGELIMIT_REDIS_ADDR, EDGELIMIT_REDIS_CLUSTER_ADDRS or EDGELIMIT_REDIS_SENTINEL_ADDRS")
-	case sentinel != "":
-		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = "", nil, splitList(sentinel)
-	case addr != "":
-		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = addr, nil, nil
-	case cluster != "":
-		fc.Redis.Addr, fc.Redis.ClusterAddrs, fc.Redis.SentinelAddrs = "", splitList(cluster), nil
-	}
-	set(&fc.Redis.SentinelMaster, "EDGELIMIT_REDIS_SENTINEL_MASTER")
-	set(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
-	if v := getenv("EDGELIMIT_REDIS_PASSWORD"); v != "" {
-		fc.Redis.Password = gateway.Secret(v)
-	}
-	if v := getenv("EDGELIMIT_KAFKA_BROKERS"); v != "" {
-		fc.Kafka.Brokers = splitList(v)
-	}
-	set(&fc.Kafka.Topic, "EDGELIMIT_KAFKA_TOPIC")
+	fc.Redis.ApplyEnv(e)
+	e.String(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
+	fc.Kafka.ApplyEnv(e)
+	e.String(&fc.Kafka.Topic, "EDGELIMIT_KAFKA_TOPIC")
+	e.Bool(&fc.Kafka.Embedded, "EDGELIMIT_KAFKA_EMBEDDED")
 
 	// EDGELIMIT_UPSTREAM_<NAME> sets upstream NAME's URL (name upper-cased,
 	// '-' and '.' as '_'); EDGELIMIT_UPSTREAM sets the only one.
 	if len(fc.Upstreams) > 0 {
 		ups := make(map[string]gateway.Upstream, len(fc.Upstreams))
 		for name, u := range fc.Upstreams {
-			set(&u.URL, "EDGELIMIT_UPSTREAM_"+envName(name))
+			e.String(&u.URL, "EDGELIMIT_UPSTREAM_"+envName(name))
 			ups[name] = u
 		}
 		fc.Upstreams = ups
 	}
-	if v := getenv("EDGELIMIT_UPSTREAM"); v != "" {
+	if v := e.Lookup("EDGELIMIT_UPSTREAM"); v != "" {
 		if len(fc.Upstreams) != 1 {
-			return fmt.Errorf("EDGELIMIT_UPSTREAM needs exactly one upstream in the file, found %d; use EDGELIMIT_UPSTREAM_<NAME>", len(fc.Upstreams))
+			e.Fail(fmt.Errorf("EDGELIMIT_UPSTREAM needs exactly one upstream in the file, found %d; use EDGELIMIT_UPSTREAM_<NAME>", len(fc.Upstreams)))
 		}
 		for name, u := range fc.Upstreams {
 			u.URL = v
 			fc.Upstreams[name] = u
 		}
 	}
-	return nil
+	return e.Err()
 }
 
-func (fc fileConfig) validate() error {
-	var errs []error
-	if err := fc.Config.Validate(); err != nil {
-		errs = append(errs, err)
+// Validate joins every problem with the file.
+func (fc fileConfig) Validate() error {
+	errs := []error{fc.Config.Validate(), fc.Redis.Validate()}
+	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
 	}
-	n := 0
-	for _, set := range []bool{fc.Redis.Addr != "", len(fc.Redis.ClusterAddrs) > 0, len(fc.Redis.SentinelAddrs) > 0} {
-		if set {
-			n++
-		}
-	}
-	if n > 1 {
-		errs = append(errs, errors.New("redis: set one of addr, cluster_addrs or sentinel_addrs"))
-	}
-	if (len(fc.Redis.SentinelAddrs) > 0) != (fc.Redis.SentinelMaster != "") {
-		errs = append(errs, errors.New("redis: sentinel_addrs and sentinel_master go together"))
-	}
-	if strings.ContainsAny(fc.Redis.Prefix, "{}") {
-		errs = append(errs, fmt.Errorf("redis.prefix: %q may not contain braces", fc.Redis.Prefix))
-	}
-	if _, err := parseLevel(fc.LogLevel); err != nil {
+	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
 	if fc.Kafka.MaxBuffered < 0 {
@@ -177,29 +129,14 @@ func (fc fileConfig) validate() error {
 // restartNeeded lists settings of next that a reload cannot apply.
 func restartNeeded(cur, next fileConfig) []string {
 	var out []string
-	if cur.Redis.Addr != next.Redis.Addr || !slices.Equal(cur.Redis.ClusterAddrs, next.Redis.ClusterAddrs) ||
-		!slices.Equal(cur.Redis.SentinelAddrs, next.Redis.SentinelAddrs) || cur.Redis.SentinelMaster != next.Redis.SentinelMaster ||
-		cur.Redis.Username != next.Redis.Username || cur.Redis.Password != next.Redis.Password ||
-		cur.Redis.DB != next.Redis.DB || cur.Redis.Prefix != next.Redis.Prefix || cur.Redis.DenyCache != next.Redis.DenyCache {
+	if !reflect.DeepEqual(cur.Redis, next.Redis) {
 		out = append(out, "redis")
 	}
-	if !slices.Equal(cur.Kafka.Brokers, next.Kafka.Brokers) || cur.Kafka.Topic != next.Kafka.Topic ||
-		cur.Kafka.Disabled != next.Kafka.Disabled || cur.Kafka.MaxBuffered != next.Kafka.MaxBuffered ||
-		cur.Kafka.EmbeddedListen != next.Kafka.EmbeddedListen {
+	if !reflect.DeepEqual(cur.Kafka, next.Kafka) {
 		out = append(out, "kafka")
 	}
 	if cur.LogLevel != next.LogLevel {
 		out = append(out, "log_level")
-	}
-	return out
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
 	}
 	return out
 }

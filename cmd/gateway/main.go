@@ -4,11 +4,16 @@
 //
 //	gateway -config gateway.yaml          serve
 //	gateway -config gateway.yaml -check   validate, print the effective config (secrets redacted), exit
+//	gateway -version                      print the version, exit
 //
-// Environment overrides (addresses and secrets, so files hold none):
+// Environment overrides (addresses and secrets, so files hold none; a
+// secret X can also be read from the file named by X_FILE):
 // EDGELIMIT_GATEWAY_ID, EDGELIMIT_LISTEN, EDGELIMIT_ADMIN_LISTEN,
-// EDGELIMIT_REDIS_ADDR, EDGELIMIT_REDIS_CLUSTER_ADDRS, EDGELIMIT_REDIS_PASSWORD,
-// EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC, EDGELIMIT_KEY_HASH_SECRET,
+// EDGELIMIT_REDIS_ADDR, EDGELIMIT_REDIS_CLUSTER_ADDRS,
+// EDGELIMIT_REDIS_SENTINEL_ADDRS, EDGELIMIT_REDIS_SENTINEL_MASTER,
+// EDGELIMIT_REDIS_USERNAME, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB,
+// EDGELIMIT_REDIS_PREFIX, EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
+// EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
 // SIGHUP reloads the file (an invalid one keeps the running config);
@@ -18,48 +23,36 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"golang.org/x/sync/errgroup"
-	"gopkg.in/yaml.v3"
 
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/publish"
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
-	}
-}
+func main() { boot.Main("gateway", run) }
 
-// run serves until ctx ends, then shuts down in order: stop taking
-// traffic and finish what is in flight, flush decision events, stop the
-// admin listener, close Redis.
+// run serves until ctx ends, then shuts down in order: fail readiness and
+// stop taking traffic, finishing what is in flight; flush decision events;
+// stop the admin listener (so metrics stay scrapeable to the end); close
+// the embedded Kafka, if any, and Redis.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	path := fs.String("config", "", "YAML configuration file (required)")
+	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
+	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
-	if err := fs.Parse(args); err != nil {
+	if done, err := fs.Parse(args); done {
 		return err
 	}
 	if *path == "" {
@@ -71,21 +64,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *check {
 		fc.Config = fc.Config.WithDefaults()
-		out, err := yaml.Marshal(fc)
-		if err != nil {
-			return fmt.Errorf("print config: %w", err)
-		}
-		fmt.Fprintf(stdout, "# %s is valid\n%s", *path, out)
-		return nil
+		return boot.PrintYAML(stdout, *path+" is valid", fc)
 	}
 	if fc.GatewayID == "" {
 		fc.GatewayID, _ = os.Hostname()
 	}
-	level, _ := parseLevel(fc.LogLevel)
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	log, err := boot.NewLogger(stdout, fc.LogLevel)
+	if err != nil {
+		return err
+	}
+	reg := boot.NewRegistry()
 
 	// Hear SIGHUP before anything can be reloaded, so an early one is not
 	// taken for the default action (exit).
@@ -111,21 +99,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if ev.pub != nil {
 		opts.Publisher = ev.pub
 	}
-	// Analytics' split and NAT directives: polled in the background (one
-	// small GET a second), so the request path reads them from memory.
 	var watcher *limiter.Watcher
 	if st.rdb != nil {
-		watcher = limiter.NewWatcher(limiter.NewDirectiveStore(st.rdb, fc.Redis.Prefix), time.Second)
-		lastErr := false
-		watcher.OnLoad = func(d *limiter.Directives, bad int, err error) {
-			switch {
-			case err != nil && !lastErr:
-				log.Warn("directives: refresh failed; keeping the last set until it expires", "error", err.Error())
-			case err == nil:
-				log.Info("directives loaded", "version", d.Version, "splits", len(d.Splits), "nats", len(d.NATs), "malformed", bad)
-			}
-			lastErr = err != nil
-		}
+		watcher = newWatcher(st.rdb, fc.Redis.Prefix, log)
 		opts.Directives = watcher
 	}
 	gw, err := gateway.New(fc.Config, opts)
@@ -134,73 +110,61 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	defer gw.Close()
 
-	srv, admin := gw.Server(), gw.AdminServer()
-	ln, err := net.Listen("tcp", srv.Addr)
+	defaults := fc.Config.WithDefaults()
+	srv := gw.Server()
+	traffic, ln, err := boot.Listen("traffic", srv.Addr, srv)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
-	aln, err := net.Listen("tcp", admin.Addr)
+	// Readiness fails first, so load balancers stop sending while the
+	// server finishes what it has.
+	traffic.Stop = func(ctx context.Context) error { gw.Drain(); return srv.Shutdown(ctx) }
+	admin, aln, err := boot.Listen("admin", defaults.AdminListen,
+		boot.NewServer(boot.Admin{Registry: reg, Ready: gw.Ready, Pprof: fc.Pprof}.Handler(), log))
 	if err != nil {
 		ln.Close()
-		return fmt.Errorf("listen admin: %w", err)
+		return err
 	}
 	log.Info("gateway listening", "addr", ln.Addr().String(), "admin_addr", aln.Addr().String(),
-		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof)
+		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof, "version", boot.Version)
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serve(srv, ln) })
-	g.Go(func() error { return serve(admin, aln) })
-	if watcher != nil {
-		g.Go(func() error { watcher.Run(gctx); return nil })
-	}
-	g.Go(func() error {
+	actors := []boot.Actor{traffic, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
 		for {
 			select {
-			case <-gctx.Done():
+			case <-ctx.Done():
 				return nil
 			case <-hup:
 				cur = reload(gw, *path, getenv, cur, log)
 			}
 		}
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		return shutdown(gw, srv, admin, ev, fc.Config.WithDefaults().Timeouts.Shutdown, log)
-	})
-	err = g.Wait()
+	})}
+	if watcher != nil {
+		actors = append(actors, boot.Func("directives", func(ctx context.Context) error { watcher.Run(ctx); return nil }))
+	}
+	if ev.pub != nil {
+		actors = append(actors, boot.Actor{Name: "events", Stop: ev.pub.Close})
+	}
+	err = boot.Run(ctx, log, defaults.Timeouts.Shutdown, append(actors, admin)...)
 	log.Info("gateway stopped")
 	return err
 }
 
-func serve(srv *http.Server, ln net.Listener) error {
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
-	}
-	return nil
-}
-
-// shutdown stops in order: fail readiness and stop accepting, finish
-// in-flight requests, flush decision events, then the admin listener (so
-// metrics stay scrapeable to the end). Redis closes after run returns.
-func shutdown(gw *gateway.Gateway, srv, admin *http.Server, ev events, timeout time.Duration, log *slog.Logger) error {
-	log.Info("shutting down", "timeout", timeout.String())
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	gw.Drain()
-	var errs []error
-	if err := srv.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("drain traffic: %w", err))
-	}
-	if ev.pub != nil {
-		if err := ev.pub.Close(ctx); err != nil {
-			errs = append(errs, err)
+// newWatcher polls analytics' split and NAT directives in the background
+// (one small GET a second), so the request path reads them from memory.
+func newWatcher(rdb redis.UniversalClient, prefix string, log *slog.Logger) *limiter.Watcher {
+	w := limiter.NewWatcher(limiter.NewDirectiveStore(rdb, prefix), time.Second)
+	lastErr := false
+	w.OnLoad = func(d *limiter.Directives, bad int, err error) {
+		switch {
+		case err != nil && !lastErr:
+			log.Warn("directives: refresh failed; keeping the last set until it expires", "error", err.Error())
+		case err == nil:
+			log.Info("directives loaded", "version", d.Version, "splits", len(d.Splits), "nats", len(d.NATs), "malformed", bad)
 		}
+		lastErr = err != nil
 	}
-	if err := admin.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("stop admin: %w", err))
-	}
-	return errors.Join(errs...)
+	return w
 }
 
 // reload re-reads the file; an invalid one keeps cur in force.
@@ -237,42 +201,19 @@ func (s store) close() {
 
 func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, error) {
 	rc := fc.Redis
-	if rc.Addr == "" && len(rc.ClusterAddrs) == 0 && len(rc.SentinelAddrs) == 0 {
+	if !rc.Set() {
 		log.Warn("no Redis configured: using the in-memory store, so limits hold per gateway process, not across gateways")
 		return store{}, nil
 	}
-	// go-redis logs every failed dial; the breaker's transitions say it once.
-	redis.SetLogger(redisLogger{log})
-	// Why these options: the gateway's store deadline (tens of ms) must
-	// bound every call, so the client honours context deadlines on the
-	// socket; no retries, because a retried EVALSHA after a timeout could
-	// consume twice and the failure policy handles errors; short
-	// background timeouts so a dead node frees its connections quickly.
-	var rdb redis.UniversalClient
-	switch {
-	case len(rc.SentinelAddrs) > 0:
-		rdb = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: rc.SentinelMaster, SentinelAddrs: rc.SentinelAddrs,
-			Username: rc.Username, Password: string(rc.Password), DB: rc.DB,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			MinIdleConns: 4,
-		})
-	case len(rc.ClusterAddrs) > 0:
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: rc.ClusterAddrs, Username: rc.Username, Password: string(rc.Password),
-			ContextTimeoutEnabled: true, MaxRetries: -1,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			MinIdleConns: 4,
-		})
-	default:
-		rdb = redis.NewClient(&redis.Options{
-			Addr: rc.Addr, Username: rc.Username, Password: string(rc.Password), DB: rc.DB,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			MinIdleConns: 4,
-		})
-	}
+	// Why this tuning: the gateway's store deadline (tens of ms) must bound
+	// every call, so the client honours context deadlines on the socket; no
+	// retries, because a retried EVALSHA after a timeout could consume
+	// twice and the failure policy handles errors; short timeouts so a
+	// dead node frees its connections quickly; warm connections for the
+	// first requests.
+	rdb := boot.NewRedis(rc.Redis, boot.RedisTuning{
+		Timeout: time.Second, MaxRetries: -1, MinIdleConns: 4, ContextTimeout: true,
+	}, log)
 	lim, err := limiter.New(rdb, limiter.Config{Prefix: rc.Prefix, DenyCache: rc.DenyCache})
 	if err != nil {
 		rdb.Close()
@@ -283,17 +224,10 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	// to refuse to start.
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	target := rc.Addr
-	switch {
-	case len(rc.SentinelAddrs) > 0:
-		target = "sentinel " + rc.SentinelMaster + " " + fmt.Sprint(rc.SentinelAddrs)
-	case target == "":
-		target = fmt.Sprint(rc.ClusterAddrs)
-	}
 	if err := lim.Load(lctx); err != nil {
-		log.Warn("Redis not reachable at start; failure policies apply until it is", "redis", target, "error", err.Error())
+		log.Warn("Redis not reachable at start; failure policies apply until it is", "redis", rc.Target(), "error", err.Error())
 	} else {
-		log.Info("limiter store: Redis", "redis", target, "cluster", len(rc.ClusterAddrs) > 0)
+		log.Info("limiter store: Redis", "redis", rc.Target(), "cluster", len(rc.ClusterAddrs) > 0)
 	}
 	return store{lim: lim, rdb: rdb, ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}, nil
 }
@@ -312,37 +246,51 @@ func (e events) closeCluster() {
 	}
 }
 
+// embeddedTopic is the embedded Kafka's topic when none is set: the
+// publisher's default, which the cluster must hold before the first event.
+const embeddedTopic = "decisions"
+
 func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
 	kc := fc.Kafka
-	if kc.Disabled {
+	switch {
+	case kc.Disabled:
 		log.Info("decision events disabled (kafka.disabled)")
+		return events{}, nil
+	case len(kc.Brokers) == 0 && !kc.Embedded:
+		log.Warn("no Kafka brokers configured: decision events are OFF; set kafka.brokers (EDGELIMIT_KAFKA_BROKERS), " +
+			"or kafka.embedded: true (EDGELIMIT_KAFKA_EMBEDDED) for an in-memory trial broker")
 		return events{}, nil
 	}
 	var ev events
-	brokers := kc.Brokers
-	topic := kc.Topic
-	if topic == "" {
-		topic = "decisions"
-	}
-	if len(brokers) == 0 {
+	link := kc.Kafka
+	if len(link.Brokers) == 0 {
+		topic := kc.Topic
+		if topic == "" {
+			topic = embeddedTopic
+		}
 		c, err := embeddedKafka(kc, topic)
 		if err != nil {
 			return events{}, fmt.Errorf("start embedded kafka: %w", err)
 		}
 		ev.cluster, ev.stop = c, make(chan struct{})
 		go applyRetention(c, ev.stop)
-		brokers = c.ListenAddrs()
-		log.Warn("no Kafka brokers configured: decision events go to an embedded in-memory Kafka (kfake, last 10 minutes / 64 MiB kept); set EDGELIMIT_KAFKA_BROKERS for a real one",
-			"brokers", brokers, "topic", topic)
+		link.Brokers = c.ListenAddrs()
+		log.Warn("kafka.embedded: decision events go to an in-memory Kafka (kfake) inside this gateway, for trials only: "+
+			"it keeps the last 10 minutes, at most 64 MiB per partition (4 partitions), and costs about twice that in memory; "+
+			"set EDGELIMIT_KAFKA_BROKERS for a real one",
+			"brokers", link.Brokers, "topic", topic)
 	}
-	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, MaxBuffered: kc.MaxBuffered}, reg, log)
+	pub, err := publish.New(publish.Config{
+		Brokers: link.Brokers, Topic: kc.Topic, MaxBuffered: kc.MaxBuffered,
+		Opts: append(link.Opts(log), boot.KafkaMetrics(reg)),
+	}, reg, log)
 	if err != nil {
 		ev.closeCluster()
 		return events{}, fmt.Errorf("%w: kafka: %w", errConfig, err)
 	}
 	ev.pub = pub
-	if kc.Brokers != nil {
-		log.Info("decision events: Kafka", "brokers", brokers, "topic", topic)
+	if ev.cluster == nil {
+		log.Info("decision events: Kafka", "brokers", link.Brokers, "topic", kc.Topic)
 	}
 	return ev, nil
 }
@@ -381,22 +329,4 @@ func applyRetention(c *kfake.Cluster, stop <-chan struct{}) {
 			c.ApplyRetention()
 		}
 	}
-}
-
-// redisLogger sends go-redis's internal messages to slog at debug level.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if s == "" {
-		return slog.LevelInfo, nil
-	}
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("log_level: %q is not debug, info, warn or error", s)
-	}
-	return l, nil
 }

@@ -285,6 +285,8 @@ func TestReloadAndShutdown(t *testing.T) {
 	r := start(t, []string{"-config", path}, env(map[string]string{
 		"EDGELIMIT_REDIS_ADDR":      redisAddr,
 		"EDGELIMIT_KEY_HASH_SECRET": "test-secret",
+		// The embedded Kafka is opt-in (trial tooling), not the default.
+		"EDGELIMIT_KAFKA_EMBEDDED": "true",
 	}))
 	if code, h, _ := httpGet(t, r.addr+"/"); code != 200 || h.Get("X-RateLimit-Limit") != "1000" {
 		t.Fatalf("before reload: %d limit %q", code, h.Get("X-RateLimit-Limit"))
@@ -485,5 +487,30 @@ func TestSentinel(t *testing.T) {
 	}
 	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
 		t.Errorf("statuses %v, want [200 200 429]", codes)
+	}
+}
+
+// TestVersionAndBuildInfo: -version prints the build's version, and the
+// admin listener exports it as edgelimit_build_info.
+func TestVersionAndBuildInfo(t *testing.T) {
+	var out strings.Builder
+	if err := run(context.Background(), []string{"-version"}, env(nil), &out); err != nil || !strings.HasPrefix(out.String(), "gateway dev (revision ") {
+		t.Errorf("run -version = %v, %q; want \"gateway dev (revision ...\"", err, out.String())
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 1, up.URL, false)
+	r := start(t, []string{"-config", path}, env(nil))
+	_, _, body := httpGet(t, r.admin+"/metrics")
+	if !strings.Contains(body, `edgelimit_build_info{goversion="go`) || !strings.Contains(body, `version="dev"} 1`) {
+		t.Errorf("/metrics lacks edgelimit_build_info:\n%.2000s", body)
+	}
+	// No brokers and no kafka.embedded: events are off, and said so.
+	if line := r.logs.find("no Kafka brokers configured: decision events are OFF"); line == nil || line["level"] != "WARN" {
+		t.Errorf("no warning that decision events are off: %v", line)
+	}
+	if r.logs.find("in-memory Kafka (kfake) inside this gateway") != nil {
+		t.Errorf("an embedded Kafka started without kafka.embedded")
 	}
 }

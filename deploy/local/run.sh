@@ -82,7 +82,12 @@ start_all() {
 	unset EDGELIMIT_REDIS_CLUSTER_ADDRS EDGELIMIT_REDIS_SENTINEL_ADDRS EDGELIMIT_REDIS_SENTINEL_MASTER
 
 	say "building binaries"
-	(cd "$root" && go build -o "$state/bin/" ./cmd/...) || return 1
+	# The version the binaries report (-version, edgelimit_build_info).
+	local version revision
+	version=$(git -C "$root" describe --tags --always --dirty 2>/dev/null || echo dev)
+	revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || true)
+	(cd "$root" && go build -ldflags "-X github.com/edgelimit/edgelimit/internal/boot.Version=$version -X github.com/edgelimit/edgelimit/internal/boot.Revision=$revision" \
+		-o "$state/bin/" ./cmd/...) || return 1
 
 	# Redis, or the in-memory store.
 	# EDGELIMIT_PRIVATE: the standalone server only, no Cluster.

@@ -1,4 +1,8 @@
-package edgelimit_test
+// Package tools holds checks of the repository that need libraries the
+// product does not: compose-go pulls in docker/*, logrus and more, so it
+// lives in this module of its own, not in edgelimit's go.mod. `make test`
+// runs it.
+package tools_test
 
 import (
 	"context"
@@ -9,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/cli"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // TestComposeFile validates docker-compose.yml against the Compose
@@ -17,6 +21,7 @@ import (
 // on: every service, a healthcheck each so `up --wait` works, ports on
 // loopback only, and config files that exist in the repository.
 func TestComposeFile(t *testing.T) {
+	t.Chdir("..") // the repository's root, where docker-compose.yml and deploy/ are
 	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("edgelimit"))
 	if err != nil {
 		t.Fatal(err)

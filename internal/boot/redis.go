@@ -1,0 +1,151 @@
+package boot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is the link to a Redis: standalone (Addr), Redis Cluster
+// (ClusterAddrs) or a master found through Sentinel (SentinelAddrs +
+// SentinelMaster). None set: no Redis. Embed it inline in a process's
+// redis section. TLS and ACL settings belong here (issue 16).
+type Redis struct {
+	// Addr is a standalone Redis, host:port.
+	Addr string `yaml:"addr"`
+	// ClusterAddrs are Redis Cluster seed nodes.
+	ClusterAddrs []string `yaml:"cluster_addrs"`
+	// SentinelAddrs find the master named SentinelMaster through Redis
+	// Sentinel, following failovers.
+	SentinelAddrs  []string `yaml:"sentinel_addrs"`
+	SentinelMaster string   `yaml:"sentinel_master"`
+	Username       string   `yaml:"username"`
+	Password       Secret   `yaml:"password"`
+	// DB is the database of a standalone or Sentinel Redis; default 0.
+	DB int `yaml:"db"`
+}
+
+// RedisTuning is how a process uses its Redis: each says why in its own
+// code.
+type RedisTuning struct {
+	// Timeout bounds dialling, reads and writes.
+	Timeout time.Duration
+	// MaxRetries is go-redis's: 0 its default (3), -1 none.
+	MaxRetries int
+	// MinIdleConns keeps connections warm for the first requests.
+	MinIdleConns int
+	// ContextTimeout makes a call's context deadline bound the socket too.
+	ContextTimeout bool
+}
+
+// Set reports whether any Redis is configured.
+func (r Redis) Set() bool {
+	return r.Addr != "" || len(r.ClusterAddrs) > 0 || len(r.SentinelAddrs) > 0
+}
+
+// ApplyEnv overrides r from EDGELIMIT_REDIS_ADDR, _CLUSTER_ADDRS,
+// _SENTINEL_ADDRS (one of the three, replacing the file's kind),
+// _SENTINEL_MASTER, _USERNAME, _PASSWORD (or _PASSWORD_FILE) and _DB.
+func (r *Redis) ApplyEnv(e *Env) {
+	addr, cluster, sentinel := e.Lookup("EDGELIMIT_REDIS_ADDR"), e.Lookup("EDGELIMIT_REDIS_CLUSTER_ADDRS"), e.Lookup("EDGELIMIT_REDIS_SENTINEL_ADDRS")
+	n := 0
+	for _, v := range []string{addr, cluster, sentinel} {
+		if v != "" {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		e.Fail(errors.New("set one of EDGELIMIT_REDIS_ADDR, EDGELIMIT_REDIS_CLUSTER_ADDRS or EDGELIMIT_REDIS_SENTINEL_ADDRS (not both, not all three)"))
+	case addr != "":
+		r.Addr, r.ClusterAddrs, r.SentinelAddrs = addr, nil, nil
+	case cluster != "":
+		r.Addr, r.ClusterAddrs, r.SentinelAddrs = "", SplitList(cluster), nil
+	case sentinel != "":
+		r.Addr, r.ClusterAddrs, r.SentinelAddrs = "", nil, SplitList(sentinel)
+	}
+	e.String(&r.SentinelMaster, "EDGELIMIT_REDIS_SENTINEL_MASTER")
+	e.String(&r.Username, "EDGELIMIT_REDIS_USERNAME")
+	e.Secret(&r.Password, "EDGELIMIT_REDIS_PASSWORD")
+	e.Int(&r.DB, "EDGELIMIT_REDIS_DB")
+}
+
+// Validate joins every problem with r.
+func (r Redis) Validate() error {
+	var errs []error
+	n := 0
+	for _, set := range []bool{r.Addr != "", len(r.ClusterAddrs) > 0, len(r.SentinelAddrs) > 0} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		errs = append(errs, errors.New("redis: set one of addr, cluster_addrs or sentinel_addrs"))
+	}
+	if (len(r.SentinelAddrs) > 0) != (r.SentinelMaster != "") {
+		errs = append(errs, errors.New("redis: sentinel_addrs and sentinel_master go together"))
+	}
+	if len(r.ClusterAddrs) > 0 && r.DB != 0 {
+		errs = append(errs, fmt.Errorf("redis.db: %d, but Redis Cluster has only database 0", r.DB))
+	}
+	if r.DB < 0 {
+		errs = append(errs, fmt.Errorf("redis.db: %d is negative", r.DB))
+	}
+	return errors.Join(errs...)
+}
+
+// Target names the Redis for log lines (never the password).
+func (r Redis) Target() string {
+	switch {
+	case len(r.SentinelAddrs) > 0:
+		return "sentinel " + r.SentinelMaster + " " + strings.Join(r.SentinelAddrs, ",")
+	case len(r.ClusterAddrs) > 0:
+		return "cluster " + strings.Join(r.ClusterAddrs, ",")
+	}
+	return r.Addr
+}
+
+// NewRedis returns a client for r, of the kind r configures; the caller
+// closes it. It is the one place every process's Redis options are made,
+// so TLS and ACLs are added here once. go-redis's own log lines (one per
+// failed dial) go to log at debug level: the callers' breakers and retries
+// say it once.
+func NewRedis(r Redis, t RedisTuning, log *slog.Logger) redis.UniversalClient {
+	redis.SetLogger(redisLogger{log})
+	o := &redis.UniversalOptions{
+		Username:              r.Username,
+		Password:              string(r.Password),
+		DB:                    r.DB,
+		MasterName:            r.SentinelMaster,
+		MaxRetries:            t.MaxRetries,
+		DialTimeout:           t.Timeout,
+		ReadTimeout:           t.Timeout,
+		WriteTimeout:          t.Timeout,
+		MinIdleConns:          t.MinIdleConns,
+		ContextTimeoutEnabled: t.ContextTimeout,
+	}
+	// The kind is chosen here, not by redis.NewUniversalClient's guess from
+	// the number of addresses: one cluster seed is still a cluster.
+	switch {
+	case len(r.SentinelAddrs) > 0:
+		o.Addrs = r.SentinelAddrs
+		return redis.NewFailoverClient(o.Failover())
+	case len(r.ClusterAddrs) > 0:
+		o.Addrs = r.ClusterAddrs
+		return redis.NewClusterClient(o.Cluster())
+	}
+	o.Addrs = []string{r.Addr}
+	return redis.NewClient(o.Simple())
+}
+
+// redisLogger sends go-redis's internal messages to slog at debug level.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
