@@ -112,8 +112,10 @@ type Config struct {
 	StoreDeadline time.Duration `yaml:"store_deadline"`
 	// Breaker stops calling a failing store.
 	Breaker BreakerConfig `yaml:"breaker"`
-	// RetryJitter is the most jitter added to Retry-After; the jitter is a
-	// whole number of seconds from 1 to ceil(RetryJitter). Default 3s.
+	// RetryJitter is the most jitter added to a wait before it is rounded
+	// up to Retry-After's whole seconds; the jitter is random below
+	// min(RetryJitter, a quarter of the wait), so Retry-After is never
+	// earlier than allowed nor much later. Default 3s.
 	RetryJitter time.Duration `yaml:"retry_jitter"`
 	// KeyHashSecret keys the HMAC that turns identities into event key ids.
 	// Every gateway needs the same one so key ids agree; when empty a random
@@ -485,8 +487,8 @@ func (c Config) Validate() error {
 		bad("breaker.failures", "%d must be at least 1", c.Breaker.Failures)
 	}
 	positive("breaker.open", c.Breaker.Open)
-	if c.RetryJitter < time.Second {
-		bad("retry_jitter", "%v must be at least 1s (Retry-After counts whole seconds)", c.RetryJitter)
+	if c.RetryJitter < 0 {
+		bad("retry_jitter", "%v is negative", c.RetryJitter)
 	}
 	if c.LocalMaxKeys < 0 {
 		bad("local_max_keys", "%d is negative", c.LocalMaxKeys)

@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -26,7 +27,7 @@ type state struct {
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
 	extractIP echo.IPExtractor
-	jitter    int // seconds, ≥ 1
+	jitter    time.Duration // the most jitter added to Retry-After
 }
 
 // plan is a compiled list of rules with their failure policies.
@@ -124,7 +125,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	} else {
 		st.extractIP = echo.ExtractIPFromXFFHeader(opts...)
 	}
-	st.jitter = max(1, int((cfg.RetryJitter+999_999_999)/1e9))
+	st.jitter = cfg.RetryJitter
 	return st, nil
 }
 

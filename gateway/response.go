@@ -91,11 +91,20 @@ func seconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// retryAfter is the Retry-After value for a wait of d: d rounded up to
-// whole seconds plus 1..jitter seconds, so it is never earlier than allowed
-// and denied clients do not all come back in the same second.
-func retryAfter(d time.Duration, jitter int) int64 {
-	return seconds(d) + 1 + int64(rand.IntN(max(1, jitter)))
+// jitterFraction bounds the jitter relative to the wait: a client told to
+// come back after a long wait may come a little later, one that only has to
+// wait a moment is not told to wait much longer.
+const jitterFraction = 4 // at most a quarter of the wait
+
+// retryAfter is the Retry-After value for a wait of d: d plus a random
+// jitter below min(maxJitter, d/4), rounded up to whole seconds. It is
+// never earlier than allowed, denied clients of a long wait do not all come
+// back in the same second, and a wait under a second is told 1.
+func retryAfter(d, maxJitter time.Duration) int64 {
+	if j := min(maxJitter, d/jitterFraction); j > 0 {
+		d += rand.N(j)
+	}
+	return max(1, seconds(d))
 }
 
 // problem is an RFC 9457 problem detail.
@@ -153,7 +162,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 
 // denial builds the answer to a denied request: its problem and its
 // Retry-After in seconds (0: none, because no wait helps).
-func denial(v verdict, jitter int) (problem, int64) {
+func denial(v verdict, jitter time.Duration) (problem, int64) {
 	if !v.known {
 		// Failed closed: the store is unavailable and the rules say refuse.
 		return problem{

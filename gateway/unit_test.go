@@ -215,23 +215,6 @@ func TestRateHeaders(t *testing.T) {
 	}
 }
 
-func TestRetryAfter(t *testing.T) {
-	seen := map[int64]bool{}
-	for range 1000 {
-		got := retryAfter(1500*time.Millisecond, 3)
-		if got < 3 || got > 5 {
-			t.Fatalf("retryAfter(1.5s, 3) = %d, want 3..5 (ceil 2 + 1..3)", got)
-		}
-		seen[got] = true
-	}
-	if len(seen) != 3 {
-		t.Errorf("retryAfter(1.5s, 3) took %d values, want all 3", len(seen))
-	}
-	if got := retryAfter(0, 1); got != 1 {
-		t.Errorf("retryAfter(0, 1) = %d, want 1", got)
-	}
-}
-
 type fakePublisher struct {
 	mu     sync.Mutex
 	events []event.Decision
@@ -373,5 +356,36 @@ func TestReload(t *testing.T) {
 	}
 	if r := do(t, http.MethodConnect, gw.URL+"/", nil); r.status != http.StatusMethodNotAllowed {
 		t.Errorf("CONNECT: %d, want 405", r.status)
+	}
+}
+
+// TestRetryAfterFollowsTheWait: Retry-After is never earlier than the wait
+// and its jitter is small relative to it, so a client that honours it is
+// not slowed far below its rule (a 0.5s wait used to be told 2-4s).
+func TestRetryAfterFollowsTheWait(t *testing.T) {
+	tests := []struct {
+		wait, maxJitter time.Duration
+		lo, hi          int64
+	}{
+		{0, 3 * time.Second, 1, 1},
+		{time.Millisecond, 3 * time.Second, 1, 1},
+		{500 * time.Millisecond, 3 * time.Second, 1, 1},
+		{time.Second, 3 * time.Second, 1, 2},
+		{2 * time.Second, 3 * time.Second, 2, 3},
+		{59900 * time.Millisecond, 5 * time.Second, 60, 65},
+		{time.Hour, 3 * time.Second, 3600, 3603},
+	}
+	for _, tt := range tests {
+		seen := map[int64]bool{}
+		for range 200 {
+			got := retryAfter(tt.wait, tt.maxJitter)
+			if got < tt.lo || got > tt.hi {
+				t.Fatalf("retryAfter(%v, %v) = %d, want %d..%d", tt.wait, tt.maxJitter, got, tt.lo, tt.hi)
+			}
+			seen[got] = true
+		}
+		if tt.hi-tt.lo >= 2 && len(seen) < 2 {
+			t.Errorf("retryAfter(%v, %v) always %v: no jitter", tt.wait, tt.maxJitter, seen)
+		}
 	}
 }
