@@ -175,9 +175,10 @@ func TestLocalShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := st.plans["x"]
-	want := []limiter.Rule{{Name: "a", Limit: 33, Period: time.Minute, Burst: 3}, {Name: "b", Limit: 1, Period: time.Minute}}
-	if diff := cmp.Diff(want, p.local); diff != "" || p.closed {
-		t.Errorf("local shares (-want +got):\n%s closed %v", diff, p.closed)
+	// The rate is divided exactly (period × 3), the capacity rounded down.
+	want := []limiter.Rule{{Name: "a", Limit: 100, Period: 3 * time.Minute, Burst: 3}, {Name: "b", Limit: 2, Period: 3 * time.Minute, Burst: 1}}
+	if diff := cmp.Diff(want, st.localRules(limits{plan: p, rules: p.rules})); diff != "" || p.closed || !p.local {
+		t.Errorf("local shares (-want +got):\n%s closed %v local %v", diff, p.closed, p.local)
 	}
 }
 
