@@ -15,6 +15,12 @@ type checker interface {
 	Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
 }
 
+// denialCache is a store's memory of its own recent denials
+// (*limiter.Redis has one), asked while the store is unavailable.
+type denialCache interface {
+	CachedDenial(key string, rules []limiter.Rule, cost int64) (limiter.Decision, bool)
+}
+
 // verdict is the outcome of one request's limit check, whichever store or
 // policy made it.
 type verdict struct {
@@ -116,6 +122,13 @@ func enforced(d limiter.Decision, rules []limiter.Rule, status event.StoreStatus
 func (g *Gateway) fallback(ctx context.Context, st *state, l limits, cost int64, status event.StoreStatus, now time.Time) verdict {
 	if l.rules == nil {
 		l.rules = l.plan.rules
+	}
+	if dc, ok := g.store.(denialCache); ok {
+		// A denial the store gave still holds whatever the policy: failing
+		// open must not let through a caller known to be over its limit.
+		if d, ok := dc.CachedDenial(l.key, l.rules, cost); ok {
+			return enforced(d, l.rules, event.StoreLocalCache, g.now().Sub(now))
+		}
 	}
 	p := l.plan
 	v := verdict{rules: l.rules, store: status}
