@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -38,7 +39,8 @@ func setRateHeaders(h http.Header, v verdict) {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		writeItem(&b, r.Name, "q", r.Limit, "w", seconds(r.Period))
+		q, w := quota(r)
+		writeItem(&b, r.Name, "q", q, "w", w)
 	}
 	if b.Len() > 0 {
 		h[hPolicy] = []string{b.String()}
@@ -63,9 +65,24 @@ func setRateHeaders(h http.Header, v verdict) {
 	if bind.Rule.Shadow {
 		return
 	}
-	h[hLimit] = []string{strconv.FormatInt(bind.Rule.Limit, 10)}
+	h[hLimit] = []string{strconv.FormatInt(bind.Rule.Capacity(), 10)}
 	h[hRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
 	h[hReset] = []string{strconv.FormatInt(seconds(bind.ResetAfter), 10)}
+}
+
+// quota is what a rule promises a client, in the IETF draft's terms: q
+// units per w seconds. q is the most the rule admits at once (a token
+// bucket's burst, else its limit), which is also X-RateLimit-Limit, so the
+// remaining count never exceeds it; w is how long the rule takes to refill
+// q, rounded up, so q per w never promises more than the rule's rate. A
+// client that spends q units every w seconds is never denied. With burst =
+// limit (the default) this is simply limit per period.
+func quota(r limiter.Rule) (q, w int64) {
+	q = r.Capacity()
+	if q == r.Limit {
+		return q, seconds(r.Period)
+	}
+	return q, seconds(time.Duration(math.Ceil(float64(r.Period) * float64(q) / float64(r.Limit))))
 }
 
 // writeItem writes one structured-field list item: "name";k1=v1;k2=v2.

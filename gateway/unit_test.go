@@ -186,6 +186,8 @@ func TestRateHeaders(t *testing.T) {
 	minute := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}
 	day := limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}
 	shadow := limiter.Rule{Name: "new", Limit: 1, Period: time.Second, Shadow: true}
+	burst := limiter.Rule{Name: "second", Limit: 10, Period: time.Second, Burst: 50}
+	small := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute, Burst: 10}
 	d := limiter.Decision{Allowed: true, Binding: 0, Rules: []limiter.RuleResult{
 		{Rule: minute, Allowed: true, Remaining: 7, ResetAfter: 55*time.Second + time.Millisecond},
 		{Rule: day, Allowed: true, Remaining: 4000, ResetAfter: 4 * time.Hour},
@@ -205,6 +207,21 @@ func TestRateHeaders(t *testing.T) {
 		}},
 		{"store failed", verdict{rules: []limiter.Rule{minute, day}}, http.Header{
 			"Ratelimit-Policy": {`"minute";q=100;w=60, "day";q=5000;w=86400`},
+		}},
+		// Burst above the limit: the limit advertised is the burst, so
+		// the remaining count never exceeds it, and the policy's window is
+		// the time to refill it (issue 14 row 13: Limit 10, Remaining 49).
+		{"burst above limit", verdict{known: true, rules: []limiter.Rule{burst}, d: limiter.Decision{Allowed: true, Rules: []limiter.RuleResult{
+			{Rule: burst, Allowed: true, Remaining: 49, ResetAfter: 6 * time.Second},
+		}}}, http.Header{
+			"X-Ratelimit-Limit":     {"50"},
+			"X-Ratelimit-Remaining": {"49"},
+			"X-Ratelimit-Reset":     {"6"},
+			"Ratelimit-Policy":      {`"second";q=50;w=5`},
+			"Ratelimit":             {`"second";r=49;t=6`},
+		}},
+		{"burst below limit", verdict{rules: []limiter.Rule{small}}, http.Header{
+			"Ratelimit-Policy": {`"minute";q=10;w=6`},
 		}},
 	}
 	for _, tt := range tests {
