@@ -86,10 +86,7 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 		if cfg.MinSpan > 0 {
 			rate = max(rate, float64(k.Recent)/cfg.MinSpan.Seconds())
 		}
-		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways}
-		if total > 0 {
-			h.Share = float64(n) / float64(total)
-		}
+		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways, Share: ratio(n, total)}
 		byShare := cfg.MinShare > 0 && h.Rate >= cfg.ShareMinRate
 		switch {
 		case h.Rate >= cfg.MinRate:
