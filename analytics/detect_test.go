@@ -198,7 +198,7 @@ func TestSplitDirectives(t *testing.T) {
 		{KeyID: "solo", KeyKind: "api_key"},
 	}
 	got := SplitDirectives(hot, now, 2*time.Minute)
-	want := []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: now.Add(2 * time.Minute)}}
+	want := []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75 * 0.98, "gw-b": 0.25 * 0.98, limiter.OtherGateways: 0.02}, Expires: now.Add(2 * time.Minute)}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("SplitDirectives mismatch (-want +got):\n%s", diff)
 	}

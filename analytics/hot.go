@@ -170,6 +170,12 @@ func Shares(requests map[string]int64, floor float64) map[string]float64 {
 	}
 }
 
+// othersShare is the part of a split key's limit reserved for gateways the
+// split does not name (limiter.OtherGateways): one that joins the fleet
+// after analytics looked checks that small bucket, so the split still hands
+// out exactly the limit, until the next round names it.
+const othersShare = 0.02
+
 // SplitDirectives turns hot keys into split directives expiring ttl after
 // now. Keys without shares (seen at too few gateways) get none.
 func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.SplitDirective {
@@ -178,9 +184,14 @@ func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.S
 		if len(h.Shares) == 0 {
 			continue
 		}
+		shares := make(map[string]float64, len(h.Shares)+1)
+		for gw, s := range h.Shares {
+			shares[gw] = s * (1 - othersShare)
+		}
+		shares[limiter.OtherGateways] = othersShare
 		ds = append(ds, limiter.SplitDirective{
 			Key:     limiter.DirectiveKey(h.KeyKind, h.KeyID),
-			Shares:  maps.Clone(h.Shares),
+			Shares:  shares,
 			Expires: now.Add(ttl),
 		})
 	}
