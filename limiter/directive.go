@@ -110,9 +110,10 @@ const OtherGateways = "*"
 // Shares are whole units, apportioned by largest remainder (ties by gateway
 // name) so that every gateway computes the same apportionment and the
 // shares of each rule's limit and burst sum exactly to them. A split that
-// would leave some share of some rule without a single unit is not applied
-// at all: the shared bucket is exact, and a limit that small gains nothing
-// from a split.
+// would leave a named gateway without a single unit of some rule is not
+// applied at all: the shared bucket is exact, and a limit that small gains
+// nothing from a split. A reserve for the others below one unit gives them
+// one unit per MaxPeriod, all together.
 func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (string, []Rule, bool) {
 	if d == nil {
 		return key, rules, false
@@ -126,33 +127,43 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 	}
 	names := slices.Sorted(maps.Keys(s.Shares))
 	i := slices.Index(names, gateway)
+	others := slices.Index(names, OtherGateways)
 	out := make([]Rule, len(rules))
 	for j, r := range rules {
 		limits := apportion(r.Limit, names, s.Shares)
-		if slices.Min(limits) == 0 {
+		var bursts []int64
+		if r.Burst > 0 {
+			bursts = apportion(r.Burst, names, s.Shares)
+		}
+		if !named(limits, others) || (bursts != nil && !named(bursts, others)) {
 			return key, rules, false
 		}
-		if r.Burst > 0 {
-			bursts := apportion(r.Burst, names, s.Shares)
-			if slices.Min(bursts) == 0 {
-				return key, rules, false
-			}
-			if i >= 0 {
+		if i < 0 || limits[i] == 0 || (bursts != nil && bursts[i] == 0) {
+			// The others' reserve is below a unit, or there is none (a
+			// split written by hand or by an older analytics): the named
+			// gateways hold the whole limit, so the others share one
+			// bucket of a single unit per MaxPeriod rather than add to it.
+			r.Limit, r.Burst, r.Period = 1, 1, MaxPeriod
+		} else {
+			r.Limit = limits[i]
+			if bursts != nil {
 				r.Burst = bursts[i]
 			}
-		}
-		if i >= 0 {
-			r.Limit = limits[i]
-		} else {
-			// Not named and nothing reserved for the others (a split
-			// written by hand or by an older analytics): the whole limit
-			// is handed out, so the others share one bucket of a single
-			// unit per MaxPeriod rather than adding to the limit.
-			r.Limit, r.Burst, r.Period = 1, 1, MaxPeriod
 		}
 		out[j] = r
 	}
 	return key + "/gw:" + gateway, out, true
+}
+
+// named reports whether every named gateway's part is a unit or more; the
+// others' part (at index others, -1 for none) may be empty.
+func named(parts []int64, others int) bool {
+	for i, p := range parts {
+		if p == 0 && i != others {
+			return false
+		}
+	}
+	return true
 }
 
 // apportion splits n whole units among names by their shares with the

@@ -155,6 +155,7 @@ func TestSplitSharesSumToTheLimit(t *testing.T) {
 		{"100 over 3", even(3), Rule{Name: "m", Limit: 100, Period: time.Minute, Burst: 10}},
 		{"3:1", map[string]float64{"a": 0.75, "b": 0.25}, Rule{Name: "m", Limit: 7, Period: time.Second}},
 		{"with others", map[string]float64{"a": 0.6, "b": 0.38, OtherGateways: 0.02}, Rule{Name: "m", Limit: 1000, Period: time.Hour}},
+		{"others below a unit", map[string]float64{"a": 0.6, "b": 0.38, OtherGateways: 0.02}, Rule{Name: "m", Limit: 20, Period: time.Second}},
 		{"uneven", map[string]float64{"a": 0.333, "b": 0.333, "c": 0.334}, Rule{Name: "m", Limit: 1_000_003, Period: 24 * time.Hour, Burst: 5}},
 	}
 	for _, tt := range tests {
@@ -162,6 +163,9 @@ func TestSplitSharesSumToTheLimit(t *testing.T) {
 		var limit, capacity int64
 		split := 0
 		for gw := range tt.shares {
+			if gw == OtherGateways {
+				continue // checked below, as an unnamed gateway
+			}
 			_, got, ok := d.Split("k", gw, []Rule{tt.rule}, now)
 			if ok {
 				split++
@@ -169,9 +173,18 @@ func TestSplitSharesSumToTheLimit(t *testing.T) {
 				capacity += got[0].Capacity()
 			}
 		}
+		namedGateways := len(tt.shares)
+		if _, ok := tt.shares[OtherGateways]; ok {
+			namedGateways--
+		}
 		switch split {
 		case 0: // not split: every gateway checks the shared, exact bucket
-		case len(tt.shares):
+		case namedGateways:
+			_, others, _ := d.Split("k", "gw-new", []Rule{tt.rule}, now)
+			if _, ok := tt.shares[OtherGateways]; ok && others[0].Period != MaxPeriod {
+				limit += others[0].Limit
+				capacity += others[0].Capacity()
+			}
 			if limit != tt.rule.Limit || capacity != tt.rule.Capacity() {
 				t.Errorf("%s: parts sum to limit %d capacity %d, want %d and %d", tt.name, limit, capacity, tt.rule.Limit, tt.rule.Capacity())
 			}
