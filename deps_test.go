@@ -84,3 +84,44 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestThirdPartyImports pins which outside modules each product package
+// may use (tests aside): limiter stays a small library on go-redis, the
+// event contract depends on protobuf's wire format at most, and only the
+// packages that own a server's protocol import its client.
+func TestThirdPartyImports(t *testing.T) {
+	const mod = "github.com/edgelimit/edgelimit/"
+	allowed := map[string][]string{
+		"limiter":         {"github.com/redis/go-redis/v9"},
+		"gateway/event":   {"google.golang.org/protobuf/encoding/protowire"},
+		"gateway/publish": {"github.com/twmb/franz-go/", "github.com/prometheus/client_golang/"},
+		"gateway":         {"github.com/labstack/echo/v4", "github.com/prometheus/client_golang/"},
+		"consumer":        {"github.com/twmb/franz-go/", "github.com/ClickHouse/clickhouse-go/v2", "github.com/prometheus/client_golang/"},
+		"analytics":       {"github.com/ClickHouse/clickhouse-go/v2", "github.com/prometheus/client_golang/", "github.com/redis/go-redis/v9"},
+	}
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], mod)
+		may, ok := allowed[pkg]
+		if !ok {
+			continue // cmd/*, internal/* and test helpers may import anything
+		}
+		for _, imp := range f[1:] {
+			first, _, _ := strings.Cut(imp, "/")
+			if !strings.Contains(first, ".") || strings.HasPrefix(imp, mod) {
+				continue // the standard library, or this module
+			}
+			ok := false
+			for _, prefix := range may {
+				ok = ok || imp == prefix || strings.HasPrefix(imp, strings.TrimSuffix(prefix, "/")+"/")
+			}
+			if !ok {
+				t.Errorf("%s imports %s; the policy allows only %v", pkg, imp, may)
+			}
+		}
+	}
+}

@@ -56,6 +56,7 @@ func TestDetectHotKeys(t *testing.T) {
 	cfg := defaults().Hot // 100/s, or 20 % of traffic at 10/s or more
 	span := time.Minute
 	recent := func(k KeyTraffic, n int64) KeyTraffic { k.Recent = n; return k }
+	denied := func(k KeyTraffic, n int64) KeyTraffic { k.Denied = n; return k }
 	k := func(id string, gws map[string]int64) KeyTraffic {
 		return KeyTraffic{KeyID: id, KeyKind: "api_key", Gateways: gws}
 	}
@@ -137,6 +138,13 @@ func TestDetectHotKeys(t *testing.T) {
 			keys:  []KeyTraffic{k("warm", map[string]int64{"gw-a": 2000, "gw-b": 2000})},
 			total: 1000000,
 		},
+		{
+			// Issue 14: hotness is judged on what a key is allowed, so a
+			// caller cannot win a split by sending traffic it is refused.
+			name:  "denied traffic does not make a key hot",
+			keys:  []KeyTraffic{denied(k("flood", map[string]int64{"gw-a": 9000, "gw-b": 3000}), 11000)},
+			total: 1000000,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -198,7 +206,7 @@ func TestSplitDirectives(t *testing.T) {
 		{KeyID: "solo", KeyKind: "api_key"},
 	}
 	got := SplitDirectives(hot, now, 2*time.Minute)
-	want := []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: now.Add(2 * time.Minute)}}
+	want := []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75 * 0.98, "gw-b": 0.25 * 0.98, limiter.OtherGateways: 0.02}, Expires: now.Add(2 * time.Minute)}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("SplitDirectives mismatch (-want +got):\n%s", diff)
 	}

@@ -295,7 +295,7 @@ func (r *Reader) HotKeys(ctx context.Context, cfg HotConfig, from, to time.Time,
 		type id struct{ key, kind string }
 		n := make(map[id]int64, len(recent))
 		for _, k := range recent {
-			n[id{k.KeyID, k.KeyKind}] = k.Requests()
+			n[id{k.KeyID, k.KeyKind}] = k.Allowed()
 		}
 		for i := range keys {
 			keys[i].Recent = n[id{keys[i].KeyID, keys[i].KeyKind}]

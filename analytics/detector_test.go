@@ -42,7 +42,7 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	store := limiter.NewDirectiveStore(rdb, prefix)
 	clk := &clock{t: now}
 	reg := prometheus.NewRegistry()
-	det, err := analytics.NewDetector(analytics.Config{Hot: analytics.HotConfig{MinRate: 20, MinShare: -1}}, analytics.Deps{
+	det, err := analytics.NewDetector(analytics.Config{Hot: analytics.HotConfig{MinRate: 10, MinShare: -1}}, analytics.Deps{
 		Reader: analytics.NewReader(conn), Directives: store, Now: clk.Now, Registry: reg,
 	})
 	if err != nil {
@@ -101,9 +101,10 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	}
 
 	// The key's traffic ended at now. 75s later its rate over the window
-	// (the 30s of the minute it still covers, over 105s) is 17/s: under
-	// the 20/s threshold, over half of it, so the split stays (cooling),
-	// its expiry refreshed since less than half its TTL was left.
+	// (the 30s of the minute it still covers, over 105s) is 17/s, about
+	// half of it allowed: under the 10/s threshold of allowed requests,
+	// over half of it, so the split stays (cooling), its expiry refreshed
+	// since less than half its TTL was left.
 	clk.Set(now.Add(75 * time.Second))
 	rep = det.RunOnce(ctx)
 	if len(rep.HotKeys) != 1 || rep.HotKeys[0].Reason != "cooling" || !rep.SplitsWritten {

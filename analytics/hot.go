@@ -14,12 +14,20 @@ import (
 type KeyTraffic struct {
 	KeyID   string
 	KeyKind string
-	// Gateways maps gateway id to the key's requests there.
+	// Gateways maps gateway id to the key's requests there: its demand,
+	// which sizes the shares of a split.
 	Gateways map[string]int64
-	// Recent is the key's requests in the last MinSpan, to the second
-	// (zero: not measured).
+	// Denied is how many of the requests were denied. Hotness is judged
+	// on the rest, what the key was allowed: a caller cannot make itself
+	// hot (and win a split) by sending traffic it is refused.
+	Denied int64
+	// Recent is the key's allowed requests in the last MinSpan, to the
+	// second (zero: not measured).
 	Recent int64
 }
+
+// Allowed is the key's allowed requests at all gateways.
+func (k KeyTraffic) Allowed() int64 { return k.Requests() - k.Denied }
 
 // Requests is the key's requests at all gateways.
 func (k KeyTraffic) Requests() int64 {
@@ -34,9 +42,9 @@ func (k KeyTraffic) Requests() int64 {
 type HotKey struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
-	// Requests is the key's requests over the window.
+	// Requests is the key's allowed requests over the window.
 	Requests int64 `json:"requests"`
-	// Rate is requests per second over the window.
+	// Rate is allowed requests per second over the window.
 	Rate float64 `json:"rate"`
 	// Share is the key's share of all requests over the window.
 	Share float64 `json:"share"`
@@ -78,7 +86,7 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 	}
 	var hot []HotKey
 	for _, k := range keys {
-		n := k.Requests()
+		n := k.Allowed()
 		if n <= 0 {
 			continue
 		}
@@ -170,6 +178,12 @@ func Shares(requests map[string]int64, floor float64) map[string]float64 {
 	}
 }
 
+// othersShare is the part of a split key's limit reserved for gateways the
+// split does not name (limiter.OtherGateways): one that joins the fleet
+// after analytics looked checks that small bucket, so the split still hands
+// out exactly the limit, until the next round names it.
+const othersShare = 0.02
+
 // SplitDirectives turns hot keys into split directives expiring ttl after
 // now. Keys without shares (seen at too few gateways) get none.
 func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.SplitDirective {
@@ -178,9 +192,14 @@ func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.S
 		if len(h.Shares) == 0 {
 			continue
 		}
+		shares := make(map[string]float64, len(h.Shares)+1)
+		for gw, s := range h.Shares {
+			shares[gw] = s * (1 - othersShare)
+		}
+		shares[limiter.OtherGateways] = othersShare
 		ds = append(ds, limiter.SplitDirective{
 			Key:     limiter.DirectiveKey(h.KeyKind, h.KeyID),
-			Shares:  maps.Clone(h.Shares),
+			Shares:  shares,
 			Expires: now.Add(ttl),
 		})
 	}

@@ -160,8 +160,9 @@ func (r *Reader) TotalRequests(ctx context.Context, from, to time.Time) (int64, 
 	return ns[0], nil
 }
 
-// KeyTraffic returns the keys with at least minRequests decisions in [from,
-// to), at most limit of them, with their requests per gateway.
+// KeyTraffic returns the keys with at least minRequests allowed decisions
+// in [from, to), at most limit of them, with their requests per gateway and
+// their denials.
 func (r *Reader) KeyTraffic(ctx context.Context, from, to time.Time, minRequests int64, limit int) ([]KeyTraffic, error) {
 	args := append(Range{From: from, To: to}.args(),
 		clickhouse.Named("min_requests", max(1, minRequests)),
@@ -181,14 +182,14 @@ func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Tim
 }
 
 // keyTraffic runs a query answering (key_id, key_kind, gateway_id,
-// requests) rows ordered by key, and gathers each key's gateways.
+// requests, denied) rows ordered by key, and gathers each key's gateways.
 func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any) ([]KeyTraffic, error) {
 	type row struct {
 		id, kind, gw string
-		n            int64
+		n, denied    int64
 	}
 	rows, err := queryRows(ctx, r.ch, what, query, args, func(rows driver.Rows, k *row) error {
-		return rows.Scan(&k.id, &k.kind, &k.gw, &k.n)
+		return rows.Scan(&k.id, &k.kind, &k.gw, &k.n, &k.denied)
 	})
 	if err != nil {
 		return nil, err
@@ -199,6 +200,7 @@ func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any)
 			out = append(out, KeyTraffic{KeyID: k.id, KeyKind: k.kind, Gateways: map[string]int64{}})
 		}
 		out[len(out)-1].Gateways[k.gw] += k.n
+		out[len(out)-1].Denied += k.denied
 	}
 	return out, nil
 }

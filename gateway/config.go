@@ -112,8 +112,10 @@ type Config struct {
 	StoreDeadline time.Duration `yaml:"store_deadline"`
 	// Breaker stops calling a failing store.
 	Breaker BreakerConfig `yaml:"breaker"`
-	// RetryJitter is the most jitter added to Retry-After; the jitter is a
-	// whole number of seconds from 1 to ceil(RetryJitter). Default 3s.
+	// RetryJitter is the most jitter added to a wait before it is rounded
+	// up to Retry-After's whole seconds; the jitter is random below
+	// min(RetryJitter, a quarter of the wait), so Retry-After is never
+	// earlier than allowed nor much later. Default 3s.
 	RetryJitter time.Duration `yaml:"retry_jitter"`
 	// KeyHashSecret keys the HMAC that turns identities into event key ids.
 	// Every gateway needs the same one so key ids agree; when empty a random
@@ -121,6 +123,13 @@ type Config struct {
 	KeyHashSecret Secret `yaml:"key_hash_secret"`
 	// LocalMaxKeys bounds the in-memory store's rule states; default 1<<20.
 	LocalMaxKeys int `yaml:"local_max_keys"`
+	// SplitMaxPeriod is the longest rule period a split directive may
+	// split: a check holding a longer rule (an hourly or daily quota) stays
+	// in the shared bucket. A switch into or out of a split starts the
+	// per-gateway or the shared bucket afresh, which can admit up to one
+	// capacity of each split rule more than the rule; bounding the period
+	// bounds that to a short rule's burst. Default 1m.
+	SplitMaxPeriod time.Duration `yaml:"split_max_period"`
 
 	// Timeouts of the traffic listener.
 	Timeouts Timeouts `yaml:"timeouts"`
@@ -229,6 +238,7 @@ const (
 	DefaultCheckPath      = "/v1/check"
 	DefaultStoreDeadline  = 25 * time.Millisecond
 	DefaultRetryJitter    = 3 * time.Second
+	DefaultSplitMaxPeriod = time.Minute
 	DefaultMaxHeaderBytes = 32 << 10
 	DefaultMaxBodyBytes   = 10 << 20
 )
@@ -267,6 +277,7 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.Breaker.Open, time.Second)
 	def(&c.RetryJitter, DefaultRetryJitter)
+	def(&c.SplitMaxPeriod, DefaultSplitMaxPeriod)
 	if c.LocalMaxKeys == 0 {
 		c.LocalMaxKeys = 1 << 20
 	}
@@ -485,8 +496,11 @@ func (c Config) Validate() error {
 		bad("breaker.failures", "%d must be at least 1", c.Breaker.Failures)
 	}
 	positive("breaker.open", c.Breaker.Open)
-	if c.RetryJitter < time.Second {
-		bad("retry_jitter", "%v must be at least 1s (Retry-After counts whole seconds)", c.RetryJitter)
+	if c.RetryJitter < 0 {
+		bad("retry_jitter", "%v is negative", c.RetryJitter)
+	}
+	if c.SplitMaxPeriod < 0 {
+		bad("split_max_period", "%v is negative", c.SplitMaxPeriod)
 	}
 	if c.LocalMaxKeys < 0 {
 		bad("local_max_keys", "%d is negative", c.LocalMaxKeys)

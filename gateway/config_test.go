@@ -82,7 +82,7 @@ func TestConfigValidate(t *testing.T) {
 		{"deadline in seconds", func(c *Config) { c.StoreDeadline = 10 * time.Second }, "store_deadline"},
 		{"deadline too short", func(c *Config) { c.StoreDeadline = time.Microsecond }, "store_deadline"},
 		{"breaker", func(c *Config) { c.Breaker.Failures = -1 }, "breaker.failures"},
-		{"jitter below a second", func(c *Config) { c.RetryJitter = 500 * time.Millisecond }, "retry_jitter"},
+		{"negative jitter", func(c *Config) { c.RetryJitter = -time.Second }, "retry_jitter"},
 		{"header limit", func(c *Config) { c.MaxHeaderBytes = 100 }, "max_header_bytes"},
 		{"body limit", func(c *Config) { c.MaxBodyBytes = -1 }, "max_body_bytes"},
 		{"check path", func(c *Config) { c.CheckPath = "check" }, "check_path"},

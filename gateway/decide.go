@@ -15,6 +15,12 @@ type checker interface {
 	Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
 }
 
+// denialCache is a store's memory of its own recent denials
+// (*limiter.Redis has one), asked while the store is unavailable.
+type denialCache interface {
+	CachedDenial(key string, rules []limiter.Rule, cost int64) (limiter.Decision, bool)
+}
+
 // verdict is the outcome of one request's limit check, whichever store or
 // policy made it.
 type verdict struct {
@@ -57,7 +63,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 	ok, probe := g.breaker.allow(start)
 	if !ok {
 		g.m.storeUnavailable.WithLabelValues("circuit_open").Inc()
-		return g.fallback(ctx, l, cost, event.StoreUnavailable, start)
+		return g.fallback(ctx, st, l, cost, event.StoreUnavailable, start)
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.StoreDeadline)
 	d, err := g.store.Allow(cctx, l.key, l.rules, cost)
@@ -91,7 +97,7 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 	}
 	g.m.checkLatency.WithLabelValues("shared", reason).Observe(lat.Seconds())
 	g.m.storeUnavailable.WithLabelValues(reason).Inc()
-	v := g.fallback(ctx, l, cost, status, start)
+	v := g.fallback(ctx, st, l, cost, status, start)
 	v.latency = lat
 	return v
 }
@@ -113,9 +119,16 @@ func enforced(d limiter.Decision, rules []limiter.Rule, status event.StoreStatus
 // is unavailable: any enforced rule that fails closed refuses the request;
 // otherwise rules that fail locally are checked at this gateway's share in
 // memory; rules that fail open are skipped.
-func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status event.StoreStatus, now time.Time) verdict {
+func (g *Gateway) fallback(ctx context.Context, st *state, l limits, cost int64, status event.StoreStatus, now time.Time) verdict {
 	if l.rules == nil {
 		l.rules = l.plan.rules
+	}
+	if dc, ok := g.store.(denialCache); ok {
+		// A denial the store gave still holds whatever the policy: failing
+		// open must not let through a caller known to be over its limit.
+		if d, ok := dc.CachedDenial(l.key, l.rules, cost); ok {
+			return enforced(d, l.rules, event.StoreLocalCache, g.now().Sub(now))
+		}
 	}
 	p := l.plan
 	v := verdict{rules: l.rules, store: status}
@@ -124,14 +137,15 @@ func (g *Gateway) fallback(ctx context.Context, l limits, cost int64, status eve
 		v.mode = event.ModeFailClosed
 		v.retry = max(time.Second, g.breaker.retryIn(now))
 		g.m.failClosed.Inc()
-	case len(p.local) > 0:
+	case p.local:
+		rules := st.localRules(l)
 		start := g.now()
-		d, err := g.local.Allow(ctx, l.key, p.local, cost)
+		d, err := g.local.Allow(ctx, l.key, rules, cost)
 		g.m.localOK.Observe(g.now().Sub(start).Seconds())
 		if err != nil {
 			return verdict{err: err}
 		}
-		v.d, v.known, v.allowed, v.mode, v.rules = d, true, d.Allowed, event.ModeLocalFallback, p.local
+		v.d, v.known, v.allowed, v.mode, v.rules = d, true, d.Allowed, event.ModeLocalFallback, rules
 		if d.Reason != "" {
 			// The cost exceeds this gateway's share though maybe not the
 			// shared limit: it may pass once the store is back.

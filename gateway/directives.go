@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -19,7 +21,7 @@ type directiveSource interface {
 // split is checked in this gateway's own bucket with this gateway's share
 // of every rule. Analytics names keys as "<kind>:<key id>", the key id
 // being the HMAC the decision events carry.
-func (g *Gateway) applyDirectives(id *identity, l *limits) {
+func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 	if g.directives == nil {
 		return
 	}
@@ -34,10 +36,10 @@ func (g *Gateway) applyDirectives(id *identity, l *limits) {
 			g.directivesApplied.WithLabelValues("nat").Inc()
 		}
 	}
-	if len(d.Splits) > 0 {
+	if len(d.Splits) > 0 && longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod {
 		if _, rules, ok := d.Split(limiter.DirectiveKey(id.kind.String(), g.keyID(id)), g.gatewayID, l.rules, now); ok {
 			l.key += "/gw:" + g.gatewayID
-			l.rules = rules
+			l.rules, l.split = rules, true
 			g.directivesApplied.WithLabelValues("split").Inc()
 		}
 	}
@@ -53,4 +55,13 @@ func newDirectivesApplied(reg prometheus.Registerer) *prometheus.CounterVec {
 		c.WithLabelValues(k)
 	}
 	return c
+}
+
+// longestPeriod is the longest period among rules.
+func longestPeriod(rules []limiter.Rule) time.Duration {
+	var p time.Duration
+	for _, r := range rules {
+		p = max(p, r.Period)
+	}
+	return p
 }

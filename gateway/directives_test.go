@@ -30,6 +30,9 @@ func TestDirectivesApplied(t *testing.T) {
 
 	start := func(id string) *testGateway {
 		cfg := testConfig(up.URL)
+		// Split the hourly rule too: this test is about the mechanics,
+		// TestSplitKeepsLongQuotas about the default.
+		cfg.SplitMaxPeriod = time.Hour
 		cfg.GatewayID = id
 		cfg.KeyHashSecret = secret
 		cfg.Plans["paid"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "hour", Limit: 20, Period: time.Hour}}}}
@@ -84,11 +87,63 @@ func TestDirectivesApplied(t *testing.T) {
 	}
 
 	// The split lifted: the shared bucket, untouched so far, serves again.
+	// This is the one capacity a switch can mint, which is why rules longer
+	// than split_max_period (default 1m) are never split.
 	if err := dstore.WriteSplits(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	watcher.Refresh(ctx)
 	if got := allowed(a, 25, key...); got != 20 {
 		t.Errorf("after the split was removed, gw-a admitted %d of 25, want the shared 20", got)
+	}
+}
+
+// TestSplitKeepsLongQuotas: a split never hands out a long quota afresh.
+// A key that used its hourly quota in the shared bucket gets nothing more
+// when a split arrives (issue 14 row 2: 20 shared + 15 + 5 split = 40 in
+// 18 ms for a rule of 20/hour).
+func TestSplitKeepsLongQuotas(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := "dirlong" + randHex(6)
+	up := newTestUpstream(t)
+	const secret = "directive-test-secret"
+	dstore := limiter.NewDirectiveStore(rdb, prefix)
+	watcher := limiter.NewWatcher(dstore, time.Hour)
+	var gws []*testGateway
+	for _, id := range []string{"gw-a", "gw-b"} {
+		cfg := testConfig(up.URL)
+		cfg.GatewayID = id
+		cfg.KeyHashSecret = secret
+		cfg.Plans["paid"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "hour", Limit: 20, Period: time.Hour}}}}
+		cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("acme-raw-key"), Plan: "paid"}}
+		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gws = append(gws, startGateway(t, cfg, Options{Store: lim, Directives: watcher}))
+	}
+	admitted := 0
+	send := func(g *testGateway, n int) {
+		for range n {
+			if r := get(t, g.URL+"/x", "X-API-Key", "acme-raw-key"); r.status == http.StatusOK {
+				admitted++
+			}
+		}
+	}
+	send(gws[0], 25)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte("k:acme"))
+	keyID := hex.EncodeToString(mac.Sum(nil)[:16])
+	split := limiter.SplitDirective{Key: limiter.DirectiveKey("api_key", keyID), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: time.Now().Add(time.Minute)}
+	if err := dstore.WriteSplits(ctx, []limiter.SplitDirective{split}); err != nil {
+		t.Fatal(err)
+	}
+	watcher.Refresh(ctx)
+	send(gws[0], 20)
+	send(gws[1], 20)
+	if admitted != 20 {
+		t.Errorf("a 20/hour key admitted %d across a split switch, want 20", admitted)
 	}
 }

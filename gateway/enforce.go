@@ -25,7 +25,7 @@ type call struct {
 // fixed here is fixed for every door; an entry point only turns its
 // request into a call and the verdict into its response (answerFor).
 func (g *Gateway) enforce(ctx context.Context, st *state, c *call) verdict {
-	g.applyDirectives(&c.id, &c.limits)
+	g.applyDirectives(st, &c.id, &c.limits)
 	v := g.decide(ctx, st, c.limits, c.cost)
 	g.publish(c, v)
 	switch {

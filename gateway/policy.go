@@ -5,10 +5,12 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
+	"math"
 	"net"
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -26,7 +28,7 @@ type state struct {
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
 	extractIP echo.IPExtractor
-	jitter    int // seconds, ≥ 1
+	jitter    time.Duration // the most jitter added to Retry-After
 }
 
 // plan is a compiled list of rules with their failure policies.
@@ -34,10 +36,7 @@ type plan struct {
 	name     string
 	rules    []limiter.Rule
 	policies []FailurePolicy
-	// local are the rules whose policy is local, at this gateway's share;
-	// localIdx maps them back to rules.
-	local    []limiter.Rule
-	localIdx []int
+	local    bool // some enforced rule fails locally
 	closed   bool // some enforced rule fails closed
 }
 
@@ -124,14 +123,13 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	} else {
 		st.extractIP = echo.ExtractIPFromXFFHeader(opts...)
 	}
-	st.jitter = max(1, int((cfg.RetryJitter+999_999_999)/1e9))
+	st.jitter = cfg.RetryJitter
 	return st, nil
 }
 
 func compilePlan(name string, rules []Rule, cfg Config) *plan {
 	p := &plan{name: name}
-	n := int64(cfg.ExpectedGateways)
-	for i, r := range rules {
+	for _, r := range rules {
 		pol := r.FailurePolicy
 		if pol == "" {
 			pol = cfg.FailurePolicy
@@ -146,16 +144,62 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 		case FailClosed:
 			p.closed = true
 		case FailLocal:
-			share := lr
-			share.Limit = max(1, lr.Limit/n)
-			if lr.Burst > 0 {
-				share.Burst = max(1, lr.Burst/n)
-			}
-			p.local = append(p.local, share)
-			p.localIdx = append(p.localIdx, i)
+			p.local = true
 		}
 	}
 	return p
+}
+
+// localRules are the rules this gateway enforces in memory while the
+// shared store is unavailable: those of l's rules (as directives left them)
+// whose policy is local, each at this gateway's share. Under a split the
+// rules already are this gateway's share.
+func (st *state) localRules(l limits) []limiter.Rule {
+	var out []limiter.Rule
+	for i, r := range l.rules {
+		if r.Shadow || l.plan.policies[i] != FailLocal {
+			continue
+		}
+		if !l.split {
+			r = localShare(r, int64(st.cfg.ExpectedGateways))
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// localShare is one gateway's share of r when n gateways enforce it apart:
+// r's rate divided by n exactly, by stretching the period rather than
+// rounding the limit (2/min over 5 gateways is 2 per 5 min each, not 1/min
+// each), so the fleet never refills faster than r. Its capacity is
+// capacity/n rounded down, at least 1: when r's capacity is below n, the
+// first moment of an outage can admit n units over the fleet, at most n −
+// capacity more than r, and the rate holds from then on.
+func localShare(r limiter.Rule, n int64) limiter.Rule {
+	if n <= 1 {
+		return r
+	}
+	capacity := max(1, r.Capacity()/n)
+	if r.Algorithm == limiter.SlidingWindow {
+		// k per period·k·n/limit each: the fleet admits limit per period.
+		k := max(1, r.Limit/n)
+		period := time.Duration(math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit)))
+		if period <= limiter.MaxPeriod {
+			r.Limit, r.Period = k, period
+			return r
+		}
+	} else if r.Period <= limiter.MaxPeriod/time.Duration(n) {
+		r.Period *= time.Duration(n)
+		r.Burst = capacity
+		return r
+	}
+	// The stretched period is too long for the limiter: round the limit
+	// down instead, which under-admits rather than over.
+	r.Limit = max(1, r.Limit/n)
+	if r.Algorithm != limiter.SlidingWindow {
+		r.Burst = capacity
+	}
+	return r
 }
 
 // lookupKey finds a raw API key. The map is indexed by the first 8 bytes
@@ -213,6 +257,8 @@ func (rt *route) matchPath(p string) bool {
 type limits struct {
 	key  string
 	plan *plan
+	// split: a split directive gave this gateway its own share of rules.
+	split bool
 	// rules are the plan's rules as directives leave them.
 	rules []limiter.Rule
 }

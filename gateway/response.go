@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -38,7 +39,8 @@ func setRateHeaders(h http.Header, v verdict) {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		writeItem(&b, r.Name, "q", r.Limit, "w", seconds(r.Period))
+		q, w := quota(r)
+		writeItem(&b, r.Name, "q", q, "w", w)
 	}
 	if b.Len() > 0 {
 		h[hPolicy] = []string{b.String()}
@@ -63,9 +65,24 @@ func setRateHeaders(h http.Header, v verdict) {
 	if bind.Rule.Shadow {
 		return
 	}
-	h[hLimit] = []string{strconv.FormatInt(bind.Rule.Limit, 10)}
+	h[hLimit] = []string{strconv.FormatInt(bind.Rule.Capacity(), 10)}
 	h[hRemaining] = []string{strconv.FormatInt(bind.Remaining, 10)}
 	h[hReset] = []string{strconv.FormatInt(seconds(bind.ResetAfter), 10)}
+}
+
+// quota is what a rule promises a client, in the IETF draft's terms: q
+// units per w seconds. q is the most the rule admits at once (a token
+// bucket's burst, else its limit), which is also X-RateLimit-Limit, so the
+// remaining count never exceeds it; w is how long the rule takes to refill
+// q, rounded up, so q per w never promises more than the rule's rate. A
+// client that spends q units every w seconds is never denied. With burst =
+// limit (the default) this is simply limit per period.
+func quota(r limiter.Rule) (q, w int64) {
+	q = r.Capacity()
+	if q == r.Limit {
+		return q, seconds(r.Period)
+	}
+	return q, seconds(time.Duration(math.Ceil(float64(r.Period) * float64(q) / float64(r.Limit))))
 }
 
 // writeItem writes one structured-field list item: "name";k1=v1;k2=v2.
@@ -91,11 +108,20 @@ func seconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// retryAfter is the Retry-After value for a wait of d: d rounded up to
-// whole seconds plus 1..jitter seconds, so it is never earlier than allowed
-// and denied clients do not all come back in the same second.
-func retryAfter(d time.Duration, jitter int) int64 {
-	return seconds(d) + 1 + int64(rand.IntN(max(1, jitter)))
+// jitterFraction bounds the jitter relative to the wait: a client told to
+// come back after a long wait may come a little later, one that only has to
+// wait a moment is not told to wait much longer.
+const jitterFraction = 4 // at most a quarter of the wait
+
+// retryAfter is the Retry-After value for a wait of d: d plus a random
+// jitter below min(maxJitter, d/4), rounded up to whole seconds. It is
+// never earlier than allowed, denied clients of a long wait do not all come
+// back in the same second, and a wait under a second is told 1.
+func retryAfter(d, maxJitter time.Duration) int64 {
+	if j := min(maxJitter, d/jitterFraction); j > 0 {
+		d += rand.N(j)
+	}
+	return max(1, seconds(d))
 }
 
 // problem is an RFC 9457 problem detail.
@@ -153,7 +179,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 
 // denial builds the answer to a denied request: its problem and its
 // Retry-After in seconds (0: none, because no wait helps).
-func denial(v verdict, jitter int) (problem, int64) {
+func denial(v verdict, jitter time.Duration) (problem, int64) {
 	if !v.known {
 		// Failed closed: the store is unavailable and the rules say refuse.
 		return problem{

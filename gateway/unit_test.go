@@ -175,9 +175,10 @@ func TestLocalShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := st.plans["x"]
-	want := []limiter.Rule{{Name: "a", Limit: 33, Period: time.Minute, Burst: 3}, {Name: "b", Limit: 1, Period: time.Minute}}
-	if diff := cmp.Diff(want, p.local); diff != "" || p.closed {
-		t.Errorf("local shares (-want +got):\n%s closed %v", diff, p.closed)
+	// The rate is divided exactly (period × 3), the capacity rounded down.
+	want := []limiter.Rule{{Name: "a", Limit: 100, Period: 3 * time.Minute, Burst: 3}, {Name: "b", Limit: 2, Period: 3 * time.Minute, Burst: 1}}
+	if diff := cmp.Diff(want, st.localRules(limits{plan: p, rules: p.rules})); diff != "" || p.closed || !p.local {
+		t.Errorf("local shares (-want +got):\n%s closed %v local %v", diff, p.closed, p.local)
 	}
 }
 
@@ -185,6 +186,8 @@ func TestRateHeaders(t *testing.T) {
 	minute := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}
 	day := limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}
 	shadow := limiter.Rule{Name: "new", Limit: 1, Period: time.Second, Shadow: true}
+	burst := limiter.Rule{Name: "second", Limit: 10, Period: time.Second, Burst: 50}
+	small := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute, Burst: 10}
 	d := limiter.Decision{Allowed: true, Binding: 0, Rules: []limiter.RuleResult{
 		{Rule: minute, Allowed: true, Remaining: 7, ResetAfter: 55*time.Second + time.Millisecond},
 		{Rule: day, Allowed: true, Remaining: 4000, ResetAfter: 4 * time.Hour},
@@ -205,6 +208,21 @@ func TestRateHeaders(t *testing.T) {
 		{"store failed", verdict{rules: []limiter.Rule{minute, day}}, http.Header{
 			"Ratelimit-Policy": {`"minute";q=100;w=60, "day";q=5000;w=86400`},
 		}},
+		// Burst above the limit: the limit advertised is the burst, so
+		// the remaining count never exceeds it, and the policy's window is
+		// the time to refill it (issue 14 row 13: Limit 10, Remaining 49).
+		{"burst above limit", verdict{known: true, rules: []limiter.Rule{burst}, d: limiter.Decision{Allowed: true, Rules: []limiter.RuleResult{
+			{Rule: burst, Allowed: true, Remaining: 49, ResetAfter: 6 * time.Second},
+		}}}, http.Header{
+			"X-Ratelimit-Limit":     {"50"},
+			"X-Ratelimit-Remaining": {"49"},
+			"X-Ratelimit-Reset":     {"6"},
+			"Ratelimit-Policy":      {`"second";q=50;w=5`},
+			"Ratelimit":             {`"second";r=49;t=6`},
+		}},
+		{"burst below limit", verdict{rules: []limiter.Rule{small}}, http.Header{
+			"Ratelimit-Policy": {`"minute";q=10;w=6`},
+		}},
 	}
 	for _, tt := range tests {
 		h := http.Header{}
@@ -212,23 +230,6 @@ func TestRateHeaders(t *testing.T) {
 		if diff := cmp.Diff(tt.want, h); diff != "" {
 			t.Errorf("%s: setRateHeaders (-want +got):\n%s", tt.name, diff)
 		}
-	}
-}
-
-func TestRetryAfter(t *testing.T) {
-	seen := map[int64]bool{}
-	for range 1000 {
-		got := retryAfter(1500*time.Millisecond, 3)
-		if got < 3 || got > 5 {
-			t.Fatalf("retryAfter(1.5s, 3) = %d, want 3..5 (ceil 2 + 1..3)", got)
-		}
-		seen[got] = true
-	}
-	if len(seen) != 3 {
-		t.Errorf("retryAfter(1.5s, 3) took %d values, want all 3", len(seen))
-	}
-	if got := retryAfter(0, 1); got != 1 {
-		t.Errorf("retryAfter(0, 1) = %d, want 1", got)
 	}
 }
 
@@ -373,5 +374,36 @@ func TestReload(t *testing.T) {
 	}
 	if r := do(t, http.MethodConnect, gw.URL+"/", nil); r.status != http.StatusMethodNotAllowed {
 		t.Errorf("CONNECT: %d, want 405", r.status)
+	}
+}
+
+// TestRetryAfterFollowsTheWait: Retry-After is never earlier than the wait
+// and its jitter is small relative to it, so a client that honours it is
+// not slowed far below its rule (a 0.5s wait used to be told 2-4s).
+func TestRetryAfterFollowsTheWait(t *testing.T) {
+	tests := []struct {
+		wait, maxJitter time.Duration
+		lo, hi          int64
+	}{
+		{0, 3 * time.Second, 1, 1},
+		{time.Millisecond, 3 * time.Second, 1, 1},
+		{500 * time.Millisecond, 3 * time.Second, 1, 1},
+		{time.Second, 3 * time.Second, 1, 2},
+		{2 * time.Second, 3 * time.Second, 2, 3},
+		{59900 * time.Millisecond, 5 * time.Second, 60, 65},
+		{time.Hour, 3 * time.Second, 3600, 3603},
+	}
+	for _, tt := range tests {
+		seen := map[int64]bool{}
+		for range 200 {
+			got := retryAfter(tt.wait, tt.maxJitter)
+			if got < tt.lo || got > tt.hi {
+				t.Fatalf("retryAfter(%v, %v) = %d, want %d..%d", tt.wait, tt.maxJitter, got, tt.lo, tt.hi)
+			}
+			seen[got] = true
+		}
+		if tt.hi-tt.lo >= 2 && len(seen) < 2 {
+			t.Errorf("retryAfter(%v, %v) always %v: no jitter", tt.wait, tt.maxJitter, seen)
+		}
 	}
 }

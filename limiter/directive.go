@@ -1,11 +1,14 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -34,7 +37,8 @@ import (
 type SplitDirective struct {
 	// Key is the limiter key as the gateway computes it.
 	Key string `json:"key"`
-	// Shares maps gateway id to its fraction of the limit; they sum to 1.
+	// Shares maps gateway id (or OtherGateways) to its fraction of the
+	// limit; they sum to 1.
 	Shares map[string]float64 `json:"shares"`
 	// Expires is when the split lapses and the shared bucket returns.
 	Expires time.Time `json:"expires"`
@@ -92,9 +96,24 @@ type Directives struct {
 	NATs    map[string]NATDirective
 }
 
+// OtherGateways names, among a split's shares, the share reserved for every
+// gateway the split does not name (one new since analytics looked): they
+// check one bucket together, so the named shares and theirs still sum to
+// the limit.
+const OtherGateways = "*"
+
 // Split returns the key and rules gateway must check for key: its own
-// bucket with its share of every rule, while a live split names it.
-// Otherwise it returns key and rules unchanged.
+// bucket with its share of every rule, while a live split names it (or
+// reserves a share for OtherGateways). Otherwise it returns key and rules
+// unchanged.
+//
+// Shares are whole units, apportioned by largest remainder (ties by gateway
+// name) so that every gateway computes the same apportionment and the
+// shares of each rule's limit and burst sum exactly to them. A split that
+// would leave a named gateway without a single unit of some rule is not
+// applied at all: the shared bucket is exact, and a limit that small gains
+// nothing from a split. A reserve for the others below one unit gives them
+// one unit per MaxPeriod, all together.
 func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (string, []Rule, bool) {
 	if d == nil {
 		return key, rules, false
@@ -103,18 +122,81 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 	if !ok || !now.Before(s.Expires) {
 		return key, rules, false
 	}
-	share, ok := s.Shares[gateway]
-	if !ok {
-		// A gateway the split did not see (new since analytics looked) gets
-		// a token 1 %: the split already hands out the whole limit, and
-		// the shared bucket would add to it.
-		share = 0.01
+	if _, ok := s.Shares[gateway]; !ok {
+		gateway = OtherGateways
 	}
+	names := slices.Sorted(maps.Keys(s.Shares))
+	i := slices.Index(names, gateway)
+	others := slices.Index(names, OtherGateways)
 	out := make([]Rule, len(rules))
-	for i, r := range rules {
-		out[i] = r.scaled(share)
+	for j, r := range rules {
+		limits := apportion(r.Limit, names, s.Shares)
+		var bursts []int64
+		if r.Burst > 0 {
+			bursts = apportion(r.Burst, names, s.Shares)
+		}
+		if !named(limits, others) || (bursts != nil && !named(bursts, others)) {
+			return key, rules, false
+		}
+		if i < 0 || limits[i] == 0 || (bursts != nil && bursts[i] == 0) {
+			// The others' reserve is below a unit, or there is none (a
+			// split written by hand or by an older analytics): the named
+			// gateways hold the whole limit, so the others share one
+			// bucket of a single unit per MaxPeriod rather than add to it.
+			r.Limit, r.Burst, r.Period = 1, 1, MaxPeriod
+		} else {
+			r.Limit = limits[i]
+			if bursts != nil {
+				r.Burst = bursts[i]
+			}
+		}
+		out[j] = r
 	}
 	return key + "/gw:" + gateway, out, true
+}
+
+// named reports whether every named gateway's part is a unit or more; the
+// others' part (at index others, -1 for none) may be empty.
+func named(parts []int64, others int) bool {
+	for i, p := range parts {
+		if p == 0 && i != others {
+			return false
+		}
+	}
+	return true
+}
+
+// apportion splits n whole units among names by their shares with the
+// largest remainder method: each gets the floor of its quota, and the
+// units left go to the largest fractional parts (ties to the first name).
+// The parts sum exactly to n; a share of 0 or less gets nothing.
+func apportion(n int64, names []string, shares map[string]float64) []int64 {
+	total := 0.0
+	for _, name := range names {
+		total += max(0, shares[name])
+	}
+	parts := make([]int64, len(names))
+	if total <= 0 {
+		return parts
+	}
+	type rem struct {
+		i    int
+		frac float64
+	}
+	rems := make([]rem, len(names))
+	left := n
+	for i, name := range names {
+		q := float64(n) * max(0, shares[name]) / total
+		parts[i] = min(left, int64(math.Floor(q)))
+		left -= parts[i]
+		rems[i] = rem{i, q - math.Floor(q)}
+	}
+	slices.SortStableFunc(rems, func(a, b rem) int { return cmp.Compare(b.frac, a.frac) })
+	for k := 0; left > 0 && k < len(rems); k++ {
+		parts[rems[k].i]++
+		left--
+	}
+	return parts
 }
 
 // NAT returns rules raised for an IP key under a live NAT directive.

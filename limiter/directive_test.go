@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -128,5 +129,79 @@ func TestSplitKeepsLimit(t *testing.T) {
 	t.Logf("admitted %d, limit over %v is %.1f", allowed, elapsed, want)
 	if math.Abs(float64(allowed)-want) > want*0.05 {
 		t.Errorf("admitted %d with a split, want %.1f ± 5%%", allowed, want)
+	}
+}
+
+// TestSplitSharesSumToTheLimit: whatever the shares, the gateways' parts of
+// a rule sum to its limit and burst (issue 14 row 3: limit 10 split 20
+// ways admitted 20 per period, limit 1 over 4 ways admitted 4, and a
+// gateway the split did not name got 1 % more).
+func TestSplitSharesSumToTheLimit(t *testing.T) {
+	now := time.Now()
+	even := func(n int) map[string]float64 {
+		m := map[string]float64{}
+		for i := range n {
+			m[fmt.Sprintf("gw-%02d", i)] = 1 / float64(n)
+		}
+		return m
+	}
+	tests := []struct {
+		name   string
+		shares map[string]float64
+		rule   Rule
+	}{
+		{"10 over 20", even(20), Rule{Name: "m", Limit: 10, Period: time.Minute}},
+		{"1 over 4", even(4), Rule{Name: "m", Limit: 1, Period: time.Minute}},
+		{"100 over 3", even(3), Rule{Name: "m", Limit: 100, Period: time.Minute, Burst: 10}},
+		{"3:1", map[string]float64{"a": 0.75, "b": 0.25}, Rule{Name: "m", Limit: 7, Period: time.Second}},
+		{"with others", map[string]float64{"a": 0.6, "b": 0.38, OtherGateways: 0.02}, Rule{Name: "m", Limit: 1000, Period: time.Hour}},
+		{"others below a unit", map[string]float64{"a": 0.6, "b": 0.38, OtherGateways: 0.02}, Rule{Name: "m", Limit: 20, Period: time.Second}},
+		{"uneven", map[string]float64{"a": 0.333, "b": 0.333, "c": 0.334}, Rule{Name: "m", Limit: 1_000_003, Period: 24 * time.Hour, Burst: 5}},
+	}
+	for _, tt := range tests {
+		d := &Directives{Splits: map[string]SplitDirective{"k": {Key: "k", Shares: tt.shares, Expires: now.Add(time.Minute)}}}
+		var limit, capacity int64
+		split := 0
+		for gw := range tt.shares {
+			if gw == OtherGateways {
+				continue // checked below, as an unnamed gateway
+			}
+			_, got, ok := d.Split("k", gw, []Rule{tt.rule}, now)
+			if ok {
+				split++
+				limit += got[0].Limit
+				capacity += got[0].Capacity()
+			}
+		}
+		namedGateways := len(tt.shares)
+		if _, ok := tt.shares[OtherGateways]; ok {
+			namedGateways--
+		}
+		switch split {
+		case 0: // not split: every gateway checks the shared, exact bucket
+		case namedGateways:
+			_, others, _ := d.Split("k", "gw-new", []Rule{tt.rule}, now)
+			if _, ok := tt.shares[OtherGateways]; ok && others[0].Period != MaxPeriod {
+				limit += others[0].Limit
+				capacity += others[0].Capacity()
+			}
+			if limit != tt.rule.Limit || capacity != tt.rule.Capacity() {
+				t.Errorf("%s: parts sum to limit %d capacity %d, want %d and %d", tt.name, limit, capacity, tt.rule.Limit, tt.rule.Capacity())
+			}
+		default:
+			t.Errorf("%s: split applied on %d of %d gateways: the shared bucket and the split would both admit", tt.name, split, len(tt.shares))
+		}
+		// A gateway the split does not name checks the others' share, or
+		// the shared bucket only when the whole split is off.
+		k, got, ok := d.Split("k", "gw-new", []Rule{tt.rule}, now)
+		_, hasOthers := tt.shares[OtherGateways]
+		switch {
+		case ok && k != "k/gw:"+OtherGateways:
+			t.Errorf("%s: unnamed gateway checks %q, want the others' bucket", tt.name, k)
+		case ok && !hasOthers && (got[0].Capacity() != 1 || got[0].Period != MaxPeriod):
+			t.Errorf("%s: unnamed gateway without a reserved share gets %+v, want one unit per MaxPeriod", tt.name, got[0])
+		case ok != (split > 0):
+			t.Errorf("%s: unnamed gateway split %v while the named ones are %v", tt.name, ok, split > 0)
+		}
 	}
 }

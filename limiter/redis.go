@@ -189,6 +189,21 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	return d, nil
 }
 
+// CachedDenial answers from the local deny cache alone, without a store
+// call: a denial Redis gave key for these rules and cost that still holds.
+// While the store is unavailable the gateway asks it before its failure
+// policy, so a caller already over its limit is not let through.
+func (r *Redis) CachedDenial(key string, rules []Rule, cost int64) (Decision, bool) {
+	if r.deny == nil {
+		return Decision{}, false
+	}
+	d, ok := r.deny.get(fingerprint(key, rules), key, cost, r.cfg.Now())
+	if ok {
+		r.cached.Add(1)
+	}
+	return d, ok
+}
+
 // submit sends c at once when a sender is idle; otherwise it queues c for
 // the next pipeline. It gives up (false) when c's context ends first, so a
 // full queue never holds a caller past its deadline.

@@ -31,8 +31,9 @@ const (
 	MaxNameLen = 64
 	// maxCapacity keeps capacity×1e6 micro-tokens exact in Lua's doubles (2^53).
 	maxCapacity = 1 << 32
-	// maxPeriod keeps period×limit products exact in doubles.
-	maxPeriod = 400 * 24 * time.Hour
+	// MaxPeriod is the longest period accepted: it keeps period×limit
+	// products exact in doubles.
+	MaxPeriod = 400 * 24 * time.Hour
 )
 
 // Errors returned for bad input. Each wraps ErrInput as well, so callers
@@ -96,8 +97,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
 	case r.Period < time.Millisecond:
 		return fmt.Errorf("%w %q: period %v must be at least 1ms", ErrInvalidRule, r.Name, r.Period)
-	case r.Period > maxPeriod:
-		return fmt.Errorf("%w %q: period %v longer than %v", ErrInvalidRule, r.Name, r.Period, maxPeriod)
+	case r.Period > MaxPeriod:
+		return fmt.Errorf("%w %q: period %v longer than %v", ErrInvalidRule, r.Name, r.Period, MaxPeriod)
 	case r.Burst < 0:
 		return fmt.Errorf("%w %q: burst %d is negative", ErrInvalidRule, r.Name, r.Burst)
 	case r.Capacity() > maxCapacity || r.Limit > maxCapacity:

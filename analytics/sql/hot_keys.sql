@@ -1,11 +1,13 @@
--- hot_keys: the keys with at least @min_requests decisions in [@from, @to),
--- at most @limit of them (busiest first), with their decisions per gateway:
--- the hot-key detector's input.
+-- hot_keys: the keys with at least @min_requests allowed decisions in
+-- [@from, @to), at most @limit of them (busiest first), with their
+-- decisions and denials per gateway: the hot-key detector's input. A key is
+-- judged on what it was allowed, so denied traffic cannot make it hot.
 SELECT
     key_id,
     key_kind,
     gateway_id,
-    toInt64(sum(requests)) AS requests
+    toInt64(sum(requests)) AS requests,
+    toInt64(sum(denied_requests)) AS denied
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
   AND (key_id, key_kind) IN (
@@ -13,8 +15,8 @@ WHERE minute >= @from AND minute < @to
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
     GROUP BY key_id, key_kind
-    HAVING sum(requests) >= @min_requests
-    ORDER BY sum(requests) DESC, key_id
+    HAVING sum(allowed_requests) >= @min_requests
+    ORDER BY sum(allowed_requests) DESC, key_id
     LIMIT @limit
   )
 GROUP BY key_id, key_kind, gateway_id

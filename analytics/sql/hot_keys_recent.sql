@@ -1,5 +1,6 @@
--- hot_keys_recent: the decisions per gateway since @recent (to the second)
--- of the keys that had at least @min_requests in the rollup's [@from, @to),
+-- hot_keys_recent: the decisions and denials per gateway since @recent (to
+-- the second) of the keys that had at least @min_requests allowed in the
+-- rollup's [@from, @to),
 -- at most @limit of them. The one query that reads the raw table: the
 -- rollups have minutes, and a key that turns hot must be found in seconds.
 -- It stays cheap because the raw table is ordered by (key_id, time): only
@@ -8,15 +9,16 @@ SELECT
     key_id,
     key_kind,
     gateway_id,
-    toInt64(count()) AS requests
+    toInt64(count()) AS requests,
+    toInt64(countIf(allowed = 0)) AS denied
 FROM decisions
 WHERE key_id IN (
     SELECT key_id
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
     GROUP BY key_id
-    HAVING sum(requests) >= @min_requests
-    ORDER BY sum(requests) DESC, key_id
+    HAVING sum(allowed_requests) >= @min_requests
+    ORDER BY sum(allowed_requests) DESC, key_id
     LIMIT @limit
   )
   AND time >= @recent AND time < @to

@@ -1,0 +1,173 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// downStore is a shared store that is always unavailable.
+type downStore struct{}
+
+func (downStore) Allow(context.Context, string, []limiter.Rule, int64) (limiter.Decision, error) {
+	return limiter.Decision{}, errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+}
+
+// fixedDirectives hands out the same directives always.
+type fixedDirectives struct{ d *limiter.Directives }
+
+func (f fixedDirectives) Current() *limiter.Directives { return f.d }
+
+// fakeClock is a settable clock for the breaker and the local store.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// enforceN runs n calls for the API key acme through the enforcement step
+// and counts those allowed.
+func enforceN(t *testing.T, g *Gateway, n int) int {
+	t.Helper()
+	st := g.st.Load()
+	k := st.lookupKey("acme-raw-key")
+	if k == nil {
+		t.Fatal("acme key not configured")
+	}
+	ok := 0
+	for range n {
+		id := identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan}
+		q := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "test", method: http.MethodGet}
+		v := g.enforce(t.Context(), st, &q)
+		if v.err != nil {
+			t.Fatal(v.err)
+		}
+		if v.allowed {
+			ok++
+		}
+	}
+	return ok
+}
+
+func localConfig(rule limiter.Rule, gateways int) Config {
+	cfg := testConfig("http://127.0.0.1:1")
+	cfg.GatewayID = "gw-a"
+	cfg.KeyHashSecret = "exact-test-secret"
+	cfg.FailurePolicy = FailLocal
+	cfg.ExpectedGateways = gateways
+	cfg.Plans["paid"] = Plan{Rules: []Rule{{Rule: rule}}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("acme-raw-key"), Plan: "paid"}}
+	return cfg
+}
+
+// TestLocalFallbackKeepsSplitShare: with the store down, a gateway under a
+// split enforces its split share, not the whole limit (issue 14 row 10:
+// share 0.2 of 50/h admitted 50).
+func TestLocalFallbackKeepsSplitShare(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	cfg := localConfig(limiter.Rule{Name: "hour", Limit: 50, Period: time.Hour}, 1)
+	g, err := New(cfg, Options{Store: downStore{}, Now: clock.Now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyID := g.keys.id(limiter.APIKeyKey("acme"))
+	dirs := &limiter.Directives{Splits: map[string]limiter.SplitDirective{
+		limiter.DirectiveKey("api_key", keyID): {Shares: map[string]float64{"gw-a": 0.2, "gw-b": 0.8}, Expires: clock.Now().Add(time.Hour)},
+	}}
+	g.directives = fixedDirectives{dirs}
+	if got := enforceN(t, g, 60); got != 10 {
+		t.Errorf("store down, split share 0.2 of 50/h: admitted %d, want 10", got)
+	}
+}
+
+// TestLocalShareRate: the gateways' local shares together refill no faster
+// than the rule (issue 14 row 10: limit 2/min over 5 gateways admitted
+// 1/min on each, 5/min in all).
+func TestLocalShareRate(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	const gateways = 5
+	cfg := localConfig(limiter.Rule{Name: "minute", Limit: 2, Period: time.Minute}, gateways)
+	g, err := New(cfg, Options{Store: downStore{}, Now: clock.Now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 60 * 10 { // 10 minutes, a request a second
+		admitted += enforceN(t, g, 1)
+		clock.Add(time.Second)
+	}
+	// One gateway's share: 2 per 5 minutes, plus the one unit every
+	// gateway admits at the start of an outage.
+	if max := 1 + 10*2/gateways; admitted > max {
+		t.Errorf("one of %d gateways admitted %d in 10 min of a 2/min rule, want at most %d", gateways, admitted, max)
+	}
+	if admitted < 10*2/gateways {
+		t.Errorf("one of %d gateways admitted %d in 10 min of a 2/min rule, want at least %d", gateways, admitted, 10*2/gateways)
+	}
+}
+
+// TestOpenCircuitKeepsCachedDenials: a caller Redis denied stays denied
+// while the circuit is open, whatever the failure policy (issue 14 row 11:
+// fail-open admitted 20 of 20 while the denial was cached).
+func TestOpenCircuitKeepsCachedDenials(t *testing.T) {
+	srv := testenv.Private(t, "redis")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Get(t, "EDGELIMIT_REDIS_ADDR"), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "opencircuit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 2, Period: time.Minute}}}}
+	cfg.FailurePolicy = FailOpen
+	cfg.StoreDeadline = testDeadline
+	cfg.Breaker = BreakerConfig{Failures: 1, Open: time.Minute}
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	gw := startGateway(t, cfg, Options{Store: lim})
+
+	for i := range 3 {
+		r, _ := timedGet(t, gw, "192.0.2.1")
+		if want := i < 2; (r.status == http.StatusOK) != want {
+			t.Fatalf("Redis up, request %d: status %d", i, r.status)
+		}
+	}
+	srv.Halt(t)
+	// Another caller's request fails and opens the circuit.
+	if r, _ := timedGet(t, gw, "192.0.2.2"); r.status != http.StatusOK {
+		t.Fatalf("fail open: status %d", r.status)
+	}
+	if c := gw.breaker.current(); c != circuitOpen {
+		t.Fatalf("circuit %v, want open", c)
+	}
+	admitted := 0
+	for range 20 {
+		if r, _ := timedGet(t, gw, "192.0.2.1"); r.status == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 0 {
+		t.Errorf("circuit open: a caller with a cached denial was admitted %d of 20", admitted)
+	}
+}
