@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -53,11 +55,12 @@ func TestFailOpenAlert(t *testing.T) {
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
 	}
-	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	reg := prometheus.NewRegistry()
+	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Registry: reg, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	traffic, admin := serveOn(t, gw.Server()), serveOn(t, gw.AdminServer())
+	traffic, admin := serveOn(t, gw.Server()), serveOn(t, &http.Server{Handler: boot.Admin{Registry: reg, Ready: gw.Ready}.Handler(), ReadHeaderTimeout: 5 * time.Second})
 
 	// Prometheus scrapes this gateway (file_sd) and loads the shipped rules.
 	rules, err := os.ReadFile("deploy/prometheus/alerts.yml")

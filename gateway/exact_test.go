@@ -87,6 +87,7 @@ func localConfig(rule limiter.Rule, gateways int) Config {
 func TestLocalFallbackKeepsSplitShare(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	cfg := localConfig(limiter.Rule{Name: "hour", Limit: 50, Period: time.Hour}, 1)
+	cfg.SplitMaxPeriod = time.Hour
 	g, err := New(cfg, Options{Store: downStore{}, Now: clock.Now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -58,7 +56,6 @@ type Gateway struct {
 	breaker   *breaker
 	pub       publisher
 	m         *metrics
-	reg       *prometheus.Registry
 	ping      func(context.Context) error
 	keys      *keyHasher
 	gatewayID string
@@ -99,7 +96,6 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		log:       opts.Logger,
 		now:       opts.Now,
 		pub:       opts.Publisher,
-		reg:       opts.Registry,
 		ping:      opts.Ping,
 		gatewayID: cfg.GatewayID,
 		boot:      cfg,
@@ -163,44 +159,6 @@ func (g *Gateway) Server() *http.Server {
 		MaxHeaderBytes:    c.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-}
-
-// AdminServer returns the admin listener's server: /metrics, /healthz,
-// /readyz, and /debug/pprof/ when enabled.
-func (g *Gateway) AdminServer() *http.Server {
-	return &http.Server{
-		Addr:              g.boot.AdminListen,
-		Handler:           g.AdminHandler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		// Long enough for a 30s CPU profile.
-		WriteTimeout: 60 * time.Second,
-		IdleTimeout:  120 * time.Second,
-		ErrorLog:     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-	}
-}
-
-// AdminHandler serves the admin endpoints.
-func (g *Gateway) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{Registry: g.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := g.Ready(r.Context()); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	if g.boot.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	return mux
 }
 
 // Drain makes /readyz fail from now on, so load balancers stop sending

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -109,7 +110,7 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 func scrape(t testing.TB, gw *testGateway) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	gw.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("GET /metrics: %d", rec.Code)
 	}

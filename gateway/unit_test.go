@@ -306,32 +306,13 @@ func (blockingStore) Allow(ctx context.Context, _ string, _ []limiter.Rule, _ in
 	return limiter.Decision{}, ctx.Err()
 }
 
-func TestAdminEndpoints(t *testing.T) {
+// TestReady: without a shared store the gateway is ready until it drains;
+// with one, ready while the store answers (boot.Admin serves it).
+func TestReady(t *testing.T) {
 	up := newTestUpstream(t)
-	for _, pprofOn := range []bool{false, true} {
-		cfg := testConfig(up.URL)
-		cfg.Pprof = pprofOn
-		down := func(context.Context) error { return context.DeadlineExceeded }
-		gw := startGateway(t, cfg, Options{Ping: down})
-		h := gw.AdminHandler()
-		code := func(path string) int {
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-			return rec.Code
-		}
-		want := http.StatusNotFound
-		if pprofOn {
-			want = http.StatusOK
-		}
-		if got := code("/debug/pprof/"); got != want {
-			t.Errorf("pprof %v: /debug/pprof/ = %d, want %d", pprofOn, got, want)
-		}
-		if got := code("/healthz"); got != http.StatusOK {
-			t.Errorf("/healthz = %d", got)
-		}
-		if got := code("/readyz"); got != http.StatusServiceUnavailable {
-			t.Errorf("/readyz with the store down = %d, want 503", got)
-		}
+	down := func(context.Context) error { return context.DeadlineExceeded }
+	if err := startGateway(t, testConfig(up.URL), Options{Ping: down}).Ready(context.Background()); err == nil {
+		t.Errorf("Ready() with the store down = nil")
 	}
 	gw := startGateway(t, testConfig(up.URL), Options{})
 	if err := gw.Ready(context.Background()); err != nil {
