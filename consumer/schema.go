@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -39,7 +40,7 @@ var (
 	qCreateSchemaMigrations = mustQuery("create_schema_migrations")
 	qAppliedMigrations      = mustQuery("applied_migrations")
 	qInsertMigration        = mustQuery("insert_migration")
-	qInsertDecisions        = mustQuery("insert_decisions")
+	qDecisionsColumns       = mustQuery("decisions_columns")
 	qMaxOffsets             = mustQuery("max_offsets")
 	qStoredOffsets          = mustQuery("stored_offsets")
 	qTablePartitions        = mustQuery("table_partitions")
@@ -165,11 +166,50 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 			return fmt.Errorf("record migration %s: %w", m.name, err)
 		}
 	}
+	if err := checkColumns(ctx, conn, decisionColumns); err != nil {
+		return err
+	}
 	ttl, err := SupportsTTL(conn)
 	if err != nil || !ttl {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// ErrSchema means the decisions table lacks a column the consumer writes, or
+// has it with another type: a migration is missing.
+var ErrSchema = errors.New("consumer: decisions table does not match the insert")
+
+// checkColumns checks the decisions table against cols (decisionColumns),
+// so a field added to the insert without its migration fails at start,
+// naming the column, rather than at the first insert.
+func checkColumns(ctx context.Context, conn driver.Conn, cols []column) error {
+	rows, err := conn.Query(ctx, qDecisionsColumns)
+	if err != nil {
+		return fmt.Errorf("read decisions columns: %w", err)
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return fmt.Errorf("read decisions columns: %w", err)
+		}
+		have[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read decisions columns: %w", err)
+	}
+	var errs []error
+	for _, c := range cols {
+		switch typ, ok := have[c.name]; {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%w: no column %s %s", ErrSchema, c.name, c.typ))
+		case typ != c.typ:
+			errs = append(errs, fmt.Errorf("%w: column %s is %s, want %s", ErrSchema, c.name, typ, c.typ))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func appliedMigrations(ctx context.Context, conn driver.Conn) (map[uint32]bool, error) {
