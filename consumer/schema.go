@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 )
 
 // Migrations are applied in file-name order; each file's number is its
-// version. Every statement is idempotent (IF NOT EXISTS), so a migration
-// interrupted halfway, or run by two consumers at once, is simply applied
-// again.
+// version. Every statement is idempotent (IF NOT EXISTS; an ADD COLUMN of a
+// column already there counts as done, see isDuplicateColumn), so a
+// migration interrupted halfway, or run by two consumers at once, is simply
+// applied again.
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -151,7 +153,7 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 			continue
 		}
 		for i, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil {
+			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) {
 				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
 			}
 		}
@@ -174,6 +176,17 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// isDuplicateColumn reports ClickHouse refusing an ADD COLUMN of a column
+// the table has: "column with this name already exists", ILLEGAL_COLUMN (44)
+// on 18.16, DUPLICATE_COLUMN (15) on later servers. ClickHouse 18.16 has no
+// ADD COLUMN IF NOT EXISTS, so a migration that adds a column and stopped
+// before it was recorded finds the column there when it runs again: that
+// statement is done. checkColumns still catches a column of the wrong type.
+func isDuplicateColumn(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && (ex.Code == 44 || ex.Code == 15) && strings.Contains(ex.Message, "already exists")
 }
 
 // ErrSchema means the decisions table lacks a column the consumer writes, or
