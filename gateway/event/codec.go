@@ -12,10 +12,11 @@ import (
 )
 
 // A record's value is the protobuf encoding of decision.proto's Decision
-// message, written by hand with protowire rather than generated code: the
-// gateway encodes one per request, and appending into a pooled buffer costs
-// no allocation. The tests parse decision.proto and check this code against
-// a generic decoder built from it, so the two cannot drift apart.
+// message, written by hand (protowire's wire types and parsers, no generated
+// code): the gateway encodes one per request, and appending into a pooled
+// buffer costs no allocation. The tests parse decision.proto and check this
+// code against a generic decoder built from it, byte for byte, so the two
+// cannot drift apart.
 //
 // Fields holding their zero value are left out (proto3 style) and written in
 // field-number order. Decoders skip fields they do not know, so a field can be
