@@ -46,6 +46,11 @@ var (
 	ErrBadCompression = errors.New("publish: unknown compression")
 )
 
+// schemaHeaders name the schema version of every record (see
+// event.Header). One slice is shared by all records: franz-go only reads
+// headers, so the request path allocates none.
+var schemaHeaders = []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}
+
 // logEvery spaces out log lines about drops, which come in floods.
 const logEvery = 10 * time.Second
 
@@ -256,7 +261,7 @@ func (p *Publisher) Publish(d event.Decision) {
 		p.maybeLog("drop undecodable decision event", err)
 		return
 	}
-	*r = kgo.Record{Topic: p.topic, Value: b}
+	*r = kgo.Record{Topic: p.topic, Value: b, Headers: schemaHeaders}
 	p.pending.Add(1)
 	p.cl.TryProduce(context.Background(), r, p.promiseFn)
 }

@@ -171,6 +171,9 @@ func TestPublishDelivers(t *testing.T) {
 		if r.Key != nil {
 			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
 		}
+		if len(r.Headers) != 1 || r.Headers[0].Key != event.Header || event.CheckVersion(r.Headers[0].Value) != nil {
+			t.Fatalf("record headers = %v, want only %s: %d", r.Headers, event.Header, event.Version)
+		}
 		d, err := event.Decode(r.Value)
 		if err != nil {
 			t.Fatalf("Decode(record at %d/%d): %v", r.Partition, r.Offset, err)
