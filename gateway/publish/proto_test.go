@@ -40,7 +40,7 @@ func TestPublishedRecordReadsWithProto(t *testing.T) {
 	for name, bs := range brokers {
 		t.Run(name, func(t *testing.T) {
 			topic := fmt.Sprintf("decisions-proto-%d", time.Now().UnixNano())
-			createTopicB(t, bs, topic, 1)
+			testenv.CreateTopics(t, bs, 1, topic)
 			p, err := New(Config{Brokers: bs, Topic: topic}, prometheus.NewRegistry(), nil)
 			if err != nil {
 				t.Fatal(err)
