@@ -11,7 +11,8 @@
 --
 -- Reply: { allowed, r1_allowed, r1_remaining, r1_retry_us, r1_reset_us, ...,
 -- now_us } all integers; now_us is the Redis time the rules were checked at.
--- If any non-shadow rule denies, nothing is written.
+-- If any non-shadow rule denies, nothing is consumed: the only write is of
+-- a state converted to a changed rule.
 --
 -- Time comes from Redis' clock; elapsed time is clamped at zero and a
 -- bucket's timestamp never moves back, so a clock step backwards never
@@ -94,7 +95,7 @@ end
 
 local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
 
-local writes = {}
+local writes, converts = {}, {}
 local oks, retries, before, after = {}, {}, {}, {}
 local all = 1
 
@@ -114,6 +115,7 @@ for i = 1, n do
     local st = redis.call('HMGET', KEYS[i], 'tk', 'ts', 'l', 'P', 'c')
     local tokens = capu
     local ts = now
+    local conv = false
     if st[1] then
       local sts = tonumber(st[2])
       local ol = tonumber(st[3]) or limit
@@ -128,6 +130,7 @@ for i = 1, n do
       if capu > ocapu then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if sts > ts then ts = sts end
+      conv = ol ~= limit or op ~= period or ocapu ~= capu
     end
     local need = cost * MICRO
     local rate = limit * MICRO
@@ -145,6 +148,9 @@ for i = 1, n do
       ra = {math.floor(rest / MICRO), wait(capu - rest, period, rate)}
       writes[i] = {0, KEYS[i], rest, ts, limit, period, cap, ra[2]}
     end
+    if conv then
+      converts[i] = {0, KEYS[i], tokens, ts, limit, period, cap, rb[2]}
+    end
   else
     -- sliding window counter: hash {w = window index, c = count in it,
     -- p = count in the window before, P = the period they count in}
@@ -152,9 +158,11 @@ for i = 1, n do
     local into = now - w * period
     local st = redis.call('HMGET', KEYS[i], 'w', 'c', 'p', 'P')
     local cur, prev = 0, 0
+    local conv = false
     if st[1] then
       local sw, sc, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
       local sP = tonumber(st[4])
+      conv = sP ~= period
       if sP == nil and sw > w then
         -- written by an older script, maybe under another period: carry
         -- all of it rather than freeze the window
@@ -192,13 +200,16 @@ for i = 1, n do
     end
     rb = state(cur)
     local room = limit - cur - cost
-    retry = 0
+    ok, retry = 0, 0
     if room >= 0 and prev * k <= room * D then
       ok = 1
       ra = state(cur + cost)
       writes[i] = {1, KEYS[i], w, cur + cost, prev, period, left + period}
-    else
-      ok = 0
+    end
+    if conv then
+      converts[i] = {1, KEYS[i], w, cur, prev, period, left + period}
+    end
+    if ok == 0 then
       local kw = 0
       if room >= 0 then kw = max_weight(prev, room) end
       if kw >= 1 then
@@ -235,16 +246,24 @@ for i = 1, n do
 end
 res[#res + 1] = now
 
-if all == 1 then
-  for _, wr in pairs(writes) do
-    -- expiry: when the state would read as fresh anyway, plus a second
-    local ttl = math.ceil(wr[#wr] / 1000) + 1000
-    if wr[1] == 0 then
-      redis.call('HSET', wr[2], 'tk', wr[3], 'ts', wr[4], 'l', wr[5], 'P', wr[6], 'c', wr[7])
-    else
-      redis.call('HSET', wr[2], 'w', wr[3], 'c', wr[4], 'p', wr[5], 'P', wr[6])
-    end
-    redis.call('PEXPIRE', wr[2], ttl)
+local function put(wr)
+  -- expiry: when the state would read as fresh anyway, plus a second
+  local ttl = math.ceil(wr[#wr] / 1000) + 1000
+  if wr[1] == 0 then
+    redis.call('HSET', wr[2], 'tk', wr[3], 'ts', wr[4], 'l', wr[5], 'P', wr[6], 'c', wr[7])
+  else
+    redis.call('HSET', wr[2], 'w', wr[3], 'c', wr[4], 'p', wr[5], 'P', wr[6])
+  end
+  redis.call('PEXPIRE', wr[2], ttl)
+end
+
+for i = 1, n do
+  if all == 1 and oks[i] == 1 then
+    put(writes[i])
+  elseif converts[i] then
+    -- A state read under another rule is written back converted (nothing
+    -- consumed), so the change takes effect once and the retry given holds.
+    put(converts[i])
   end
 end
 

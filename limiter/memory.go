@@ -99,14 +99,18 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	}
 	d := decide(rr)
 	d.Time = at
-	if !d.Allowed {
-		return d, nil
-	}
 	for i := range rules {
-		if !rr[i].Allowed {
-			continue // a shadow rule that denied does not consume
+		switch {
+		case d.Allowed && rr[i].Allowed:
+			m.put(keys[i], evals[i].next)
+		case evals[i].converted:
+			// A state read under another rule is written back converted
+			// (consuming nothing), so the rule change takes effect once and
+			// the RetryAfter just given holds.
+			m.put(keys[i], evals[i].conv)
 		}
-		m.put(keys[i], evals[i].next)
+		// Otherwise nothing is written: a denied request consumes nothing,
+		// nor does a shadow rule that denied.
 	}
 	// Over capacity, forget the states closest to full: each reads as full
 	// once forgotten, so this mints the fewest tokens, and never those of a
@@ -180,7 +184,11 @@ type eval struct {
 	ok            bool
 	retry         int64 // µs
 	before, after struct{ remaining, reset int64 }
-	next          memState
+	next          memState // the state once the request is consumed
+	// converted is set when the stored state was written under another
+	// rule; conv is it converted to this rule, nothing consumed.
+	converted bool
+	conv      memState
 }
 
 // result reports the rule's state after the call: consumed only when the
@@ -252,6 +260,11 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	e.after.remaining = max(0, rest) / micro
 	e.after.reset = waitMicros(capu-rest, period, rate)
 	e.next = memState{limit: limit, period: period, capacity: r.Capacity(), tokens: rest, ts: ts, expires: now + e.after.reset + micro}
+	if st != nil && (st.limit != limit || st.period != period || st.capacity != r.Capacity()) {
+		e.converted = true
+		e.conv = e.next
+		e.conv.tokens, e.conv.expires = tokens, now+e.before.reset+micro
+	}
 	return e
 }
 
@@ -364,5 +377,10 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 		e.retry = left + period
 	}
 	e.next = memState{limit: limit, period: period, capacity: limit, window: w, cur: cur + cost, prev: prev, expires: now + left + period + micro}
+	if st != nil && st.period != period {
+		e.converted = true
+		e.conv = e.next
+		e.conv.cur = cur
+	}
 	return e
 }
