@@ -68,6 +68,9 @@ func TestPeriodChange(t *testing.T) {
 			from, to time.Duration
 		}{
 			{"short to long", 100 * time.Millisecond, time.Second},
+			// The old window index runs ahead of the new one: before, the
+			// window froze until the old key expired, past RetryAfter.
+			{"slightly longer", time.Second, 1200 * time.Millisecond},
 			{"long to short", time.Second, 100 * time.Millisecond},
 		} {
 			key := uniqueKey(t) + tc.name
