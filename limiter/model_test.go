@@ -1,0 +1,479 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The reference model: one exact model of each algorithm, in plain Go with
+// exact rationals and the time passed in, written from the documented
+// semantics and sharing no code with the stores. TestModel drives the real
+// stores with concurrent callers, random costs and rule changes, then
+// replays every decision through the model, in the order of the times the
+// decisions report:
+//
+//   - every admitted request must be admissible by the model, given what
+//     the store admitted before it (so admitted ≤ the model's bound over
+//     every window, with no tolerance);
+//   - every denied request must be inadmissible by the model, but for a
+//     stated tolerance: the stores round in their own favour, a token
+//     bucket by under a micro-token per write (tolerance 3e-6 tokens per
+//     write so far), a sliding window by 1/2^20 of the previous window's
+//     count (tolerance 2×prev/2^20, plus one unit in a window that carried
+//     use over from another period, which the store rounds up);
+//   - the documented corollaries hold over every window of one Period:
+//     at most Capacity + Limit units for a token bucket, at most 2×Limit−1
+//     for a sliding window.
+//
+// Time. Redis reads its own clock (TIME), which the test cannot control or
+// read at the same instant, so the model is driven by the time each
+// decision reports (Decision.Time: the microsecond the script used), not by
+// the caller's wall time. Decisions on one key are serialized by Redis, and
+// TIME only moves forward, so sorting by reported time recovers the order
+// the store decided in. Ties (two scripts in the same microsecond) are
+// replayed admissions first, which is the order least favourable to the
+// tolerance check and irrelevant to the bound check. The memory store gets
+// a fake clock that advances on every read; it reads it under its lock, so
+// times are unique and in decision order.
+//
+// Rule changes take effect in a store at the first call that sees the new
+// rule (it cannot know when the configuration changed), so the test
+// changes rules between phases, with every caller stopped, and the model
+// converts its state at the first decision of a new phase: a token bucket
+// refills at the old rate up to then, a raised capacity adds its
+// difference, a lowered one clamps; a sliding window whose period changed
+// carries what it had used.
+//
+// EDGELIMIT_MODEL_SEED reproduces a run's rules and costs (the interleaving
+// of real goroutines and Redis' clock are not reproducible);
+// EDGELIMIT_MODEL_DURATION sets the budget per store (default 1.6s; make
+// soak runs it longer).
+
+// bucketModel is a continuous-time token bucket.
+type bucketModel struct {
+	rule   Rule
+	tokens *big.Rat // at ts
+	ts     int64    // µs
+}
+
+func ratInt(n int64) *big.Rat { return new(big.Rat).SetInt64(n) }
+
+func newBucketModel(r Rule, now int64) *bucketModel {
+	return &bucketModel{rule: r, tokens: ratInt(r.Capacity()), ts: now}
+}
+
+// at returns the tokens at now: tokens + elapsed × Limit/Period, at most
+// the capacity; time never runs backwards.
+func (b *bucketModel) at(now int64) *big.Rat {
+	elapsed := max(0, now-b.ts)
+	refill := new(big.Rat).SetFrac64(elapsed*b.rule.Limit, b.rule.Period.Microseconds())
+	if elapsed > 0 && refill.Cmp(ratInt(b.rule.Capacity())) > 0 {
+		return ratInt(b.rule.Capacity())
+	}
+	t := new(big.Rat).Add(b.tokens, refill)
+	if c := ratInt(b.rule.Capacity()); t.Cmp(c) > 0 {
+		return c
+	}
+	return t
+}
+
+func (b *bucketModel) change(r Rule, now int64) {
+	t := b.at(now)
+	if d := r.Capacity() - b.rule.Capacity(); d > 0 {
+		t.Add(t, ratInt(d))
+	} else if c := ratInt(r.Capacity()); t.Cmp(c) > 0 {
+		t = c
+	}
+	b.rule, b.tokens, b.ts = r, t, max(now, b.ts)
+}
+
+// room is how many tokens would be left after cost at now (negative: the
+// model denies).
+func (b *bucketModel) room(now, cost int64) *big.Rat {
+	return new(big.Rat).Sub(b.at(now), ratInt(cost))
+}
+
+func (b *bucketModel) take(now, cost int64) {
+	b.tokens, b.ts = b.room(now, cost), max(now, b.ts)
+}
+
+// windowModel is the documented sliding window counter: units admitted per
+// fixed window, the previous one weighted by how much of it the sliding
+// Period still covers.
+type windowModel struct {
+	rule    Rule
+	counts  map[int64]int64 // window index → units admitted
+	carried map[int64]bool  // windows holding use carried from another period
+}
+
+func newWindowModel(r Rule) *windowModel {
+	return &windowModel{rule: r, counts: map[int64]int64{}, carried: map[int64]bool{}}
+}
+
+// used is the weighted count at now, and the previous window's count.
+func (m *windowModel) used(now int64) (*big.Rat, int64, bool) {
+	p := m.rule.Period.Microseconds()
+	w := now / p
+	prev := m.counts[w-1]
+	weight := new(big.Rat).SetFrac64(p-(now-w*p), p)
+	u := new(big.Rat).Mul(ratInt(prev), weight)
+	return u.Add(u, ratInt(m.counts[w])), prev, m.carried[w]
+}
+
+func (m *windowModel) change(r Rule, now int64) {
+	if r.Period == m.rule.Period {
+		m.rule = r
+		return
+	}
+	u, _, _ := m.used(now)
+	carry := new(big.Int).Div(new(big.Int).Add(u.Num(), new(big.Int).Sub(u.Denom(), big.NewInt(1))), u.Denom()).Int64() // ceil
+	m.rule, m.counts, m.carried = r, map[int64]int64{}, map[int64]bool{}
+	w := now / r.Period.Microseconds()
+	m.counts[w], m.carried[w] = carry, carry > 0
+}
+
+func (m *windowModel) room(now, cost int64) *big.Rat {
+	u, _, _ := m.used(now)
+	return u.Sub(ratInt(m.rule.Limit-cost), u)
+}
+
+func (m *windowModel) take(now, cost int64) {
+	m.counts[now/m.rule.Period.Microseconds()] += cost
+}
+
+// ruleModel is either model behind one interface.
+type ruleModel interface {
+	room(now, cost int64) *big.Rat
+	take(now, cost int64)
+	change(r Rule, now int64)
+}
+
+func newRuleModel(r Rule, now int64) ruleModel {
+	if r.algorithm() == SlidingWindow {
+		return newWindowModel(r)
+	}
+	return newBucketModel(r, now)
+}
+
+// tolerance is how far below the model a store's rounding may leave it.
+func tolerance(m ruleModel, now int64, writes int) *big.Rat {
+	switch m := m.(type) {
+	case *bucketModel:
+		return new(big.Rat).SetFrac64(3*int64(writes+1), micro)
+	case *windowModel:
+		_, prev, carried := m.used(now)
+		t := new(big.Rat).SetFrac64(2*prev, swDenom)
+		if carried {
+			t.Add(t, ratInt(1))
+		}
+		return t
+	}
+	panic("unknown model")
+}
+
+type modelEvent struct {
+	phase   int
+	at      int64 // µs, as the decision reports it
+	cost    int64
+	allowed bool
+}
+
+// replay checks a run's decisions against the model; phases[i] are the
+// rules in effect in phase i.
+func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (admitted, denied int) {
+	t.Helper()
+	slices.SortStableFunc(events, func(a, b modelEvent) int {
+		switch {
+		case a.at != b.at:
+			return cmpInt(a.at, b.at)
+		case a.allowed != b.allowed:
+			if a.allowed {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	var models []ruleModel
+	phase, writes := -1, 0
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf("seed %d (EDGELIMIT_MODEL_SEED=%d to reproduce): "+format, append([]any{seed, seed}, args...)...)
+	}
+	failures := 0
+	for _, e := range events {
+		if failures > 5 {
+			break
+		}
+		if e.phase != phase {
+			if e.phase < phase {
+				fail("phase %d decision at %d after phase %d: the store's clock ran backwards", e.phase, e.at, phase)
+			}
+			phase = e.phase
+			for i, r := range phases[phase] {
+				if models == nil || len(models) <= i {
+					models = append(models, newRuleModel(r, e.at))
+				} else {
+					models[i].change(r, e.at)
+				}
+			}
+		}
+		rooms := make([]*big.Rat, len(models))
+		for i, m := range models {
+			rooms[i] = m.room(e.at, e.cost)
+		}
+		if e.allowed {
+			admitted++
+			for i, m := range models {
+				if rooms[i].Sign() < 0 {
+					failures++
+					fail("phase %d, t=%dµs: %+v admitted cost %d, the model has %s too few", phase, e.at, phases[phase][i], e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
+				}
+				m.take(e.at, e.cost)
+			}
+			writes++
+			continue
+		}
+		denied++
+		all := true
+		for i, m := range models {
+			if rooms[i].Cmp(tolerance(m, e.at, writes)) < 0 {
+				all = false
+			}
+		}
+		if all {
+			failures++
+			fail("phase %d, t=%dµs: cost %d denied, but every rule's model admits it with room %v", phase, e.at, e.cost, ratStrings(rooms))
+		}
+	}
+	checkWindows(t, phases, events, seed)
+	return admitted, denied
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func ratStrings(rs []*big.Rat) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.FloatString(6)
+	}
+	return out
+}
+
+// checkWindows asserts the documented bounds over every window of one
+// Period inside a phase: Capacity + Limit units for a token bucket,
+// 2×Limit−1 for a sliding window.
+func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) {
+	t.Helper()
+	for p, rules := range phases {
+		var adm []modelEvent
+		for _, e := range events {
+			if e.phase == p && e.allowed {
+				adm = append(adm, e)
+			}
+		}
+		for _, r := range rules {
+			bound := r.Capacity() + r.Limit
+			if r.algorithm() == SlidingWindow {
+				bound = 2*r.Limit - 1
+			}
+			// Units in [adm[i].at, adm[i].at + Period), for every i.
+			var sum int64
+			j := 0
+			for i := range adm {
+				for j < len(adm) && adm[j].at-adm[i].at < r.Period.Microseconds() {
+					sum += adm[j].cost
+					j++
+				}
+				if sum > bound {
+					t.Errorf("seed %d: phase %d: %+v admitted %d units within %v from t=%dµs, documented bound %d", seed, p, r, sum, r.Period, adm[i].at, bound)
+					break
+				}
+				sum -= adm[i].cost
+			}
+		}
+	}
+}
+
+// randomRules draws one phase's rules: a token bucket, a GCRA (burst 1)
+// and a sliding window, with the given period range.
+func randomRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
+	period := func() time.Duration {
+		return minPeriod + time.Duration(r.Int64N(int64(maxPeriod-minPeriod)))
+	}
+	tbLimit := 5 + r.Int64N(40)
+	var burst int64
+	if r.IntN(2) == 0 {
+		burst = 3 + r.Int64N(2*tbLimit)
+	}
+	return []Rule{
+		{Name: "tb", Limit: tbLimit, Period: period(), Burst: burst},
+		{Name: "gcra", Limit: 20 + r.Int64N(60), Period: period(), Burst: 4},
+		{Name: "sw", Limit: 5 + r.Int64N(40), Period: period(), Algorithm: SlidingWindow},
+	}
+}
+
+func maxCost(rules []Rule) int64 {
+	c := int64(3)
+	for _, r := range rules {
+		c = min(c, r.Capacity())
+	}
+	return c
+}
+
+func modelSeed(t *testing.T) uint64 {
+	if s := os.Getenv("EDGELIMIT_MODEL_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("EDGELIMIT_MODEL_SEED=%q: %v", s, err)
+		}
+		return n
+	}
+	return rand.Uint64()
+}
+
+func modelBudget(t *testing.T) time.Duration {
+	if s := os.Getenv("EDGELIMIT_MODEL_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("EDGELIMIT_MODEL_DURATION=%q: %v", s, err)
+		}
+		return d
+	}
+	return 1600 * time.Millisecond
+}
+
+// phaseLen is one phase of a Redis run; several periods of its rules.
+const phaseLen = 400 * time.Millisecond
+
+func TestModel(t *testing.T) {
+	budget := modelBudget(t)
+	phases := max(2, int(budget/phaseLen))
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		seed := modelSeed(t)
+		t.Logf("seed %d, %d phases", seed, phases)
+		r := rand.New(rand.NewPCG(seed, 1))
+		var rules [][]Rule
+		for range phases {
+			rules = append(rules, randomRules(r, 10*time.Millisecond, 10*time.Second))
+		}
+		// A fake clock that advances on every read, by steps that make
+		// demand a few times the rules' rates.
+		var mu sync.Mutex
+		now := time.Unix(1_800_000_000, 0)
+		var step atomic.Int64
+		clockRand := rand.New(rand.NewPCG(seed, 2))
+		clock := func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			now = now.Add(time.Duration(1 + clockRand.Int64N(2*step.Load())))
+			return now
+		}
+		m := NewMemory(clock, 0)
+		events := runModel(t, rules, seed, func(p int) {
+			st := int64(time.Hour)
+			for _, rule := range rules[p] {
+				st = min(st, int64(rule.Window())/(3*rule.Capacity()))
+			}
+			step.Store(max(1, st))
+		}, func(p int, calls int) bool { return calls < 500 }, m, nil)
+		a, d := replay(t, rules, events, seed)
+		t.Logf("%d admitted, %d denied", a, d)
+	})
+	for name, mk := range map[string]func(t *testing.T) []allower{
+		"redis": func(t *testing.T) []allower {
+			rdb := mustRedis(t)
+			return []allower{mustLimiter(t, rdb, Config{DenyCache: -1}), mustLimiter(t, rdb, Config{DenyCache: -1, Senders: 1})}
+		},
+		"redis-cluster": func(t *testing.T) []allower {
+			rdb := mustCluster(t)
+			return []allower{mustLimiter(t, rdb, Config{DenyCache: -1}), mustLimiter(t, rdb, Config{DenyCache: -1, Senders: 1})}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			seed := modelSeed(t)
+			t.Logf("seed %d, %d phases of %v", seed, phases, phaseLen)
+			r := rand.New(rand.NewPCG(seed, 1))
+			var rules [][]Rule
+			for range phases {
+				rules = append(rules, randomRules(r, 50*time.Millisecond, 300*time.Millisecond))
+			}
+			lims := mk(t)
+			var end time.Time
+			events := runModel(t, rules, seed, func(int) { end = time.Now().Add(phaseLen) },
+				func(int, int) bool { return time.Now().Before(end) }, lims[0], lims[1:])
+			a, d := replay(t, rules, events, seed)
+			t.Logf("%d admitted, %d denied", a, d)
+		})
+	}
+}
+
+// runModel runs the phases against the stores (callers split between them,
+// as between gateways): 8 callers with random costs and pauses; start(p)
+// runs before phase p, more(p, calls) says whether a caller goes on.
+func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more func(p, calls int) bool, first allower, others []allower) []modelEvent {
+	t.Helper()
+	const callers = 8
+	stores := append([]allower{first}, others...)
+	key := uniqueKey(t)
+	var mu sync.Mutex
+	var events []modelEvent
+	_, isMemory := first.(*Memory)
+	for p, rs := range rules {
+		start(p)
+		top := maxCost(rs)
+		var wg sync.WaitGroup
+		for c := range callers {
+			wg.Go(func() {
+				r := rand.New(rand.NewPCG(seed, uint64(1000*p+c+10)))
+				s := stores[c%len(stores)]
+				var mine []modelEvent
+				for n := 0; more(p, n); n++ {
+					cost := 1 + r.Int64N(top)
+					d, err := s.Allow(context.Background(), key, rs, cost)
+					if err != nil {
+						t.Errorf("Allow: %v", err)
+						return
+					}
+					if d.Reason != "" || d.Cached {
+						t.Errorf("Allow(cost %d) = %+v: want a store decision", cost, d)
+						return
+					}
+					mine = append(mine, modelEvent{phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed})
+					if !isMemory {
+						time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
+					}
+				}
+				mu.Lock()
+				events = append(events, mine...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	if len(events) == 0 {
+		t.Fatal("no decisions")
+	}
+	return events
+}
+
+var _ = fmt.Sprint
