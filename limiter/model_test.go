@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 	"math/big"
 	"math/rand/v2"
 	"os"
@@ -181,6 +180,7 @@ func tolerance(m ruleModel, now int64, writes int) *big.Rat {
 }
 
 type modelEvent struct {
+	set     int // which key and rule set
 	phase   int
 	at      int64 // µs, as the decision reports it
 	cost    int64
@@ -312,21 +312,25 @@ func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint6
 	}
 }
 
-// randomRules draws one phase's rules: a token bucket, a GCRA (burst 1)
+// ruleSets are what each key of a run is checked against: each algorithm
+// alone, so its model decides alone, and all three at once, all-or-nothing.
+var ruleSets = [][]int{{0}, {1}, {2}, {0, 1, 2}}
+
+// randomRules draws one phase's rules: a token bucket, a GCRA (burst 4)
 // and a sliding window, with the given period range.
 func randomRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
 	period := func() time.Duration {
 		return minPeriod + time.Duration(r.Int64N(int64(maxPeriod-minPeriod)))
 	}
-	tbLimit := 5 + r.Int64N(40)
+	tbLimit := 5 + r.Int64N(60)
 	var burst int64
 	if r.IntN(2) == 0 {
 		burst = 3 + r.Int64N(2*tbLimit)
 	}
 	return []Rule{
 		{Name: "tb", Limit: tbLimit, Period: period(), Burst: burst},
-		{Name: "gcra", Limit: 20 + r.Int64N(60), Period: period(), Burst: 4},
-		{Name: "sw", Limit: 5 + r.Int64N(40), Period: period(), Algorithm: SlidingWindow},
+		{Name: "gcra", Limit: 20 + r.Int64N(100), Period: period(), Burst: 4},
+		{Name: "sw", Limit: 5 + r.Int64N(60), Period: period(), Algorithm: SlidingWindow},
 	}
 }
 
@@ -395,8 +399,7 @@ func TestModel(t *testing.T) {
 			}
 			step.Store(max(1, st))
 		}, func(p int, calls int) bool { return calls < 500 }, m, nil)
-		a, d := replay(t, rules, events, seed)
-		t.Logf("%d admitted, %d denied", a, d)
+		replaySets(t, rules, events, seed)
 	})
 	for name, mk := range map[string]func(t *testing.T) []allower{
 		"redis": func(t *testing.T) []allower {
@@ -421,8 +424,7 @@ func TestModel(t *testing.T) {
 			var end time.Time
 			events := runModel(t, rules, seed, func(int) { end = time.Now().Add(phaseLen) },
 				func(int, int) bool { return time.Now().Before(end) }, lims[0], lims[1:])
-			a, d := replay(t, rules, events, seed)
-			t.Logf("%d admitted, %d denied", a, d)
+			replaySets(t, rules, events, seed)
 		})
 	}
 }
@@ -435,6 +437,7 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 	const callers = 8
 	stores := append([]allower{first}, others...)
 	key := uniqueKey(t)
+	sets := setRules(rules)
 	var mu sync.Mutex
 	var events []modelEvent
 	_, isMemory := first.(*Memory)
@@ -449,7 +452,8 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 				var mine []modelEvent
 				for n := 0; more(p, n); n++ {
 					cost := 1 + r.Int64N(top)
-					d, err := s.Allow(context.Background(), key, rs, cost)
+					set := r.IntN(len(sets))
+					d, err := s.Allow(context.Background(), key+strconv.Itoa(set), sets[set][p], cost)
 					if err != nil {
 						t.Errorf("Allow: %v", err)
 						return
@@ -458,7 +462,7 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 						t.Errorf("Allow(cost %d) = %+v: want a store decision", cost, d)
 						return
 					}
-					mine = append(mine, modelEvent{phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed})
+					mine = append(mine, modelEvent{set: set, phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed})
 					if !isMemory {
 						time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
 					}
@@ -476,4 +480,39 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 	return events
 }
 
-var _ = fmt.Sprint
+// setRules maps each of ruleSets to its rules, phase by phase.
+func setRules(rules [][]Rule) [][][]Rule {
+	sets := make([][][]Rule, len(ruleSets)) // set → phase → rules
+	for i, idx := range ruleSets {
+		for _, rs := range rules {
+			var sub []Rule
+			for _, j := range idx {
+				sub = append(sub, rs[j])
+			}
+			sets[i] = append(sets[i], sub)
+		}
+	}
+	return sets
+}
+
+// replaySets replays each key's decisions against its own models.
+func replaySets(t *testing.T, rules [][]Rule, events []modelEvent, seed uint64) {
+	t.Helper()
+	for i, phases := range setRules(rules) {
+		var mine []modelEvent
+		for _, e := range events {
+			if e.set == i {
+				mine = append(mine, e)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		a, d := replay(t, phases, mine, seed)
+		names := make([]string, len(phases[0]))
+		for j, r := range phases[0] {
+			names[j] = r.Name
+		}
+		t.Logf("rules %v: %d admitted, %d denied", names, a, d)
+	}
+}
