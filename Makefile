@@ -3,7 +3,7 @@
 GO ?= go
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all build test test-short bench run stop clean vet
+.PHONY: all build test test-short soak bench run stop clean vet
 
 all: build
 
@@ -21,6 +21,13 @@ test:
 # test-short runs without real servers (they skip).
 test-short:
 	$(GO) test -count=1 ./...
+
+# soak runs the limiter's reference-model test (TestModel) for longer:
+# SOAK (default 2m) per store, against real Redis and Redis Cluster. A
+# failure prints EDGELIMIT_MODEL_SEED=... to rerun the same rules and costs.
+SOAK ?= 2m
+soak:
+	EDGELIMIT_MODEL_DURATION=$(SOAK) deploy/local/testenv.sh $(GO) test -race -count=1 -timeout 60m -run 'TestModel' -v ./limiter/
 
 bench:
 	deploy/local/testenv.sh deploy/local/bench.sh
