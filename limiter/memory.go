@@ -22,6 +22,9 @@ type Memory struct {
 	// byExpiry orders states by when they read as full again, so expired
 	// states are dropped a few per call (no call pays for a sweep of the
 	// whole map) and, over capacity, the state closest to full goes first.
+	// It is lazy: a write that moves a state's expiry later (the usual
+	// case) leaves its entry alone, and the entry is requeued when it
+	// reaches the top, so a write to a held state costs no heap work.
 	byExpiry expiryHeap
 }
 
@@ -35,14 +38,14 @@ type memState struct {
 	window, cur, prev int64
 	expires           int64 // µs: from then on the state reads as full
 
-	key string
-	idx int // position in byExpiry
+	key    string
+	queued int64 // the expiry its byExpiry entry carries; ≤ expires
 }
 
-// sweepPerCall bounds the expired states one call drops: enough to keep up
-// with any churn a call can cause (it adds at most MaxRules states), small
-// enough that no call stalls.
-const sweepPerCall = 2 * MaxRules
+// sweepPerCall bounds the expired states one call drops, so no call
+// stalls; memory is handed back a few states per call. Churn beyond that
+// is bounded by maxKeys, whose eviction takes expired states first anyway.
+const sweepPerCall = 4
 
 // NewMemory returns an in-memory store holding at most maxKeys rule states
 // (default 1<<20 when maxKeys ≤ 0); now defaults to time.Now.
@@ -107,7 +110,7 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			// A state read under another rule is written back converted
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
-			m.put(keys[i], evals[i].conv)
+			m.put(keys[i], evals[i].unconsumed(rules[i], cost))
 		}
 		// Otherwise nothing is written: a denied request consumes nothing,
 		// nor does a shadow rule that denied.
@@ -116,32 +119,61 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	// once forgotten, so this mints the fewest tokens, and never those of a
 	// drained key while any state nearer to full is held.
 	for len(m.state) > m.max {
-		m.evict(heap.Pop(&m.byExpiry).(*memState))
+		if st := m.first(); st != nil {
+			m.evict(st)
+		}
 	}
 	return d, nil
 }
 
 func (m *Memory) put(key string, next memState) {
-	if st := m.state[key]; st != nil {
-		next.key, next.idx = st.key, st.idx
-		*st = next
-		heap.Fix(&m.byExpiry, st.idx)
-		return
+	st := m.state[key]
+	if st == nil {
+		st = &memState{key: key, queued: math.MaxInt64}
+		m.state[key] = st
 	}
-	st := &next
-	st.key = key
-	m.state[key] = st
-	heap.Push(&m.byExpiry, st)
+	next.key, next.queued = st.key, st.queued
+	*st = next
+	if st.expires < st.queued {
+		// Earlier than its entry says (a new state, or a rule lowered):
+		// queue it afresh; the old entry is stale and will be skipped.
+		st.queued = st.expires
+		heap.Push(&m.byExpiry, expiryEntry{at: st.expires, st: st})
+	}
 }
 
-// dropExpired drops at most n states that read as full anyway.
+// first returns the state that expires first, or nil when the top entry
+// was stale or requeued (each such step is one unit of work).
+func (m *Memory) first() *memState {
+	e := m.byExpiry[0]
+	st := e.st
+	switch {
+	case m.state[st.key] != st || e.at != st.queued:
+		heap.Pop(&m.byExpiry) // stale: evicted, or queued again since
+		return nil
+	case st.expires > e.at:
+		m.byExpiry[0].at, st.queued = st.expires, st.expires
+		heap.Fix(&m.byExpiry, 0)
+		return nil
+	}
+	return st
+}
+
+// dropExpired does at most n steps of dropping states that read as full
+// anyway.
 func (m *Memory) dropExpired(now int64, n int) {
-	for ; n > 0 && len(m.byExpiry) > 0 && m.byExpiry[0].expires <= now; n-- {
-		m.evict(heap.Pop(&m.byExpiry).(*memState))
+	for ; n > 0 && len(m.byExpiry) > 0 && m.byExpiry[0].at <= now; n-- {
+		if st := m.first(); st != nil {
+			m.evict(st)
+		}
 	}
 }
 
-func (m *Memory) evict(st *memState) { delete(m.state, st.key) }
+// evict forgets st; its entry must be the heap's top.
+func (m *Memory) evict(st *memState) {
+	heap.Pop(&m.byExpiry)
+	delete(m.state, st.key)
+}
 
 // Len reports how many rule states are held, expired or not.
 func (m *Memory) Len() int {
@@ -150,26 +182,25 @@ func (m *Memory) Len() int {
 	return len(m.state)
 }
 
-// expiryHeap is a min-heap of states by expiry.
-type expiryHeap []*memState
+// expiryEntry queues a state at the expiry it had when queued.
+type expiryEntry struct {
+	at int64
+	st *memState
+}
+
+// expiryHeap is a min-heap of entries by expiry.
+type expiryHeap []expiryEntry
 
 func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].idx, h[j].idx = i, j
-}
-func (h *expiryHeap) Push(x any) {
-	st := x.(*memState)
-	st.idx = len(*h)
-	*h = append(*h, st)
-}
+func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryEntry)) }
 func (h *expiryHeap) Pop() any {
 	old := *h
-	st := old[len(old)-1]
-	old[len(old)-1] = nil
+	e := old[len(old)-1]
+	old[len(old)-1] = expiryEntry{}
 	*h = old[:len(old)-1]
-	return st
+	return e
 }
 
 const micro = 1_000_000
@@ -186,9 +217,22 @@ type eval struct {
 	before, after struct{ remaining, reset int64 }
 	next          memState // the state once the request is consumed
 	// converted is set when the stored state was written under another
-	// rule; conv is it converted to this rule, nothing consumed.
-	converted bool
-	conv      memState
+	// rule; convExpires is when it reads as full, nothing consumed.
+	converted   bool
+	convExpires int64
+}
+
+// unconsumed is the state converted to the current rule, without the
+// request's cost.
+func (e eval) unconsumed(r Rule, cost int64) memState {
+	st := e.next
+	if r.algorithm() == SlidingWindow {
+		st.cur -= cost
+	} else {
+		st.tokens += cost * micro
+	}
+	st.expires = e.convExpires
+	return st
 }
 
 // result reports the rule's state after the call: consumed only when the
@@ -261,9 +305,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	e.after.reset = waitMicros(capu-rest, period, rate)
 	e.next = memState{limit: limit, period: period, capacity: r.Capacity(), tokens: rest, ts: ts, expires: now + e.after.reset + micro}
 	if st != nil && (st.limit != limit || st.period != period || st.capacity != r.Capacity()) {
-		e.converted = true
-		e.conv = e.next
-		e.conv.tokens, e.conv.expires = tokens, now+e.before.reset+micro
+		e.converted, e.convExpires = true, now+e.before.reset+micro
 	}
 	return e
 }
@@ -378,9 +420,7 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	}
 	e.next = memState{limit: limit, period: period, capacity: limit, window: w, cur: cur + cost, prev: prev, expires: now + left + period + micro}
 	if st != nil && st.period != period {
-		e.converted = true
-		e.conv = e.next
-		e.conv.cur = cur
+		e.converted, e.convExpires = true, e.next.expires
 	}
 	return e
 }

@@ -134,13 +134,13 @@ func TestMemoryBoundedSweep(t *testing.T) {
 	}
 	clock.Add(time.Hour) // every state reads as full now
 	m.Allow(ctx, "new", rules, 1)
-	if got := m.Len(); got < n-2*MaxRules {
-		t.Errorf("one Allow dropped %d states at once, want at most %d", n+1-got, 2*MaxRules)
+	if got := m.Len(); got < n-sweepPerCall {
+		t.Errorf("one Allow dropped %d states at once, want at most %d", n+1-got, sweepPerCall)
 	}
-	for range n / MaxRules {
+	for range n / sweepPerCall {
 		m.Allow(ctx, "new", rules, 1)
 	}
 	if got := m.Len(); got > 1 {
-		t.Errorf("after %d more calls, Len() = %d expired states left, want 1", n/MaxRules, got)
+		t.Errorf("after %d more calls, Len() = %d expired states left, want 1", n/sweepPerCall, got)
 	}
 }
