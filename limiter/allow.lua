@@ -42,27 +42,28 @@ local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
 
-local function gcd(a, b)
-  while b > 0 do a, b = b, math.fmod(a, b) end
-  return a
+-- b/c in lowest terms, so that for round periods and limits the products
+-- below stay exact
+local function reduce(b, c)
+  local x, y = b, c
+  while y > 0 do x, y = y, math.fmod(x, y) end
+  return b / x, c / x
 end
 
--- floor(a*b/c), never above the exact value. b/c is reduced first, so for
--- round periods and limits the product stays exact.
+-- floor(a*b/c) for b/c in lowest terms, never above the exact value
 local function muldiv_floor(a, b, c)
-  local g = gcd(b, c)
-  local p = a * (b / g)
-  local q = math.floor(p / (c / g))
+  local p = a * b
+  local q = math.floor(p / c)
   if p > EXACT then q = q - 1 end
   if q < 0 then q = 0 end
   return q
 end
 
--- ceil(a*b/c), never below the exact value, capped at 2^53 us
+-- ceil(a*b/c) for b/c in lowest terms, never below the exact value, capped
+-- at 2^53 us
 local function wait(a, b, c)
-  local g = gcd(b, c)
-  local p = a * (b / g)
-  local q = math.ceil(p / (c / g))
+  local p = a * b
+  local q = math.ceil(p / c)
   if p > EXACT then q = q + 2 end
   if q > EXACT then q = EXACT end
   return q
@@ -123,7 +124,8 @@ for i = 1, n do
       local ocapu = (tonumber(st[5]) or cap) * MICRO
       local elapsed = now - sts
       if elapsed < 0 then elapsed = 0 end
-      local refill = muldiv_floor(elapsed, ol * MICRO, op)
+      local rn, rd = reduce(ol * MICRO, op)
+      local refill = muldiv_floor(elapsed, rn, rd)
       if refill > ocapu then refill = ocapu end
       tokens = tonumber(st[1]) + refill
       if tokens > ocapu then tokens = ocapu end
@@ -133,19 +135,19 @@ for i = 1, n do
       conv = ol ~= limit or op ~= period or ocapu ~= capu
     end
     local need = cost * MICRO
-    local rate = limit * MICRO
+    local pn, pd = reduce(period, limit * MICRO) -- us per micro-token
     if tokens >= need then
       ok = 1
       retry = 0
     else
       ok = 0
-      retry = wait(need - tokens, period, rate)
+      retry = wait(need - tokens, pn, pd)
     end
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
-    rb = {math.floor(tokens / MICRO), wait(capu - tokens, period, rate)}
+    rb = {math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)}
     if ok == 1 then
-      ra = {math.floor(rest / MICRO), wait(capu - rest, period, rate)}
+      ra = {math.floor(rest / MICRO), wait(capu - rest, pn, pd)}
       writes[i] = {0, KEYS[i], rest, ts, limit, period, cap, ra[2]}
     end
     if conv then
@@ -209,7 +211,9 @@ for i = 1, n do
     if conv then
       converts[i] = {1, KEYS[i], w, cur, prev, period, left + period}
     end
-    if ok == 0 then
+    if ok == 0 and cost <= limit then
+      -- (a cost above the limit reaches here only for a shadow rule: no
+      -- wait helps, retry stays 0)
       local kw = 0
       if room >= 0 then kw = max_weight(prev, room) end
       if kw >= 1 then

@@ -290,9 +290,15 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		// interval is refilled twice.
 		ts = max(now, st.ts)
 	}
+	var e eval
+	if cost > r.Capacity() {
+		// Only a shadow rule gets here (overCapacity answers the others);
+		// no wait helps, and cost × 10^6 might not fit.
+		e.before.remaining, e.before.reset = tokens/micro, waitMicros(capu-tokens, period, limit*micro)
+		return e
+	}
 	need := cost * micro
 	rate := limit * micro
-	var e eval
 	if tokens >= need {
 		e.ok = true
 	} else {
@@ -407,6 +413,8 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	case room >= 0 && prev*k <= room*swDenom:
 		e.ok = true
 		e.after.remaining, e.after.reset = state(cur + cost)
+	case cost > limit:
+		// only a shadow rule gets here; no wait helps
 	case room >= 0 && maxWeight(prev, room) >= 1:
 		// wait until the previous window has decayed enough
 		e.retry = left - lastLeft(maxWeight(prev, room), period)
