@@ -230,4 +230,34 @@ func TestDecisionTime(t *testing.T) {
 	})
 }
 
-var _ = context.Background
+
+// TestOlderScriptState: states written by the previous allow.lua (no rule
+// fields) are read as written under the current rule, and a sliding window
+// whose index runs ahead (the old period-change freeze) recovers.
+func TestOlderScriptState(t *testing.T) {
+	rdb := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	ctx := context.Background()
+	key := uniqueKey(t)
+	rules := []Rule{
+		{Name: "tb", Limit: 10, Period: time.Hour},
+		{Name: "sw", Limit: 5, Period: 200 * time.Millisecond, Algorithm: SlidingWindow},
+	}
+	keys := l.Keys(key, rules)
+	now := redisTime(t, rdb).UnixMicro()
+	// 4 tokens left a moment ago; a window index 1000 periods ahead.
+	rdb.HSet(ctx, keys[0], "tk", 4_000_000, "ts", now)
+	rdb.HSet(ctx, keys[1], "w", now/200_000+1000, "c", 3, "p", 1)
+	d, err := l.Allow(ctx, key, rules[:1], 1)
+	if err != nil || !d.Allowed || d.Rules[0].Remaining != 3 {
+		t.Errorf("old token bucket state: Allow = %+v, %v; want allowed with 3 remaining", d, err)
+	}
+	d, err = l.Allow(ctx, key, rules[1:], 2)
+	if err != nil || d.Allowed {
+		t.Fatalf("old frozen window (4 used): Allow(2) = %+v, %v; want denied", d, err)
+	}
+	time.Sleep(d.RetryAfter())
+	if d, err = l.Allow(ctx, key, rules[1:], 2); err != nil || !d.Allowed {
+		t.Errorf("old frozen window after RetryAfter: Allow(2) = %+v, %v; want allowed", d, err)
+	}
+}
