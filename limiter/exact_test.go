@@ -230,7 +230,6 @@ func TestDecisionTime(t *testing.T) {
 	})
 }
 
-
 // TestOlderScriptState: states written by the previous allow.lua (no rule
 // fields) are read as written under the current rule, and a sliding window
 // whose index runs ahead (the old period-change freeze) recovers.
