@@ -48,7 +48,7 @@ func TestFailOpenAlert(t *testing.T) {
 		AdminListen:   "127.0.0.1:0",
 		StoreDeadline: 50 * time.Millisecond,
 		FailurePolicy: gateway.FailOpen,
-		Plans:         map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Name: "minute", Limit: 100000, Period: time.Minute}}}},
+		Plans:         map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}}},
 		AnonymousPlan: "anon",
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},

@@ -88,8 +88,8 @@ func TestRequestsBecomeRows(t *testing.T) {
 		KeyHashSecret: "pipeline-secret",
 		StoreDeadline: time.Second, // -race on two cores: keep every answer the store's
 		Plans: map[string]gateway.Plan{
-			"anon": {Rules: []gateway.Rule{{Name: "hour", Limit: 60, Period: time.Hour}}},
-			"paid": {Rules: []gateway.Rule{{Name: "minute", Limit: 100, Period: time.Minute, Burst: 20}, {Name: "day", Limit: 1000, Period: 24 * time.Hour}}},
+			"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "hour", Limit: 60, Period: time.Hour}}}},
+			"paid": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute, Burst: 20}}, {Rule: limiter.Rule{Name: "day", Limit: 1000, Period: 24 * time.Hour}}}},
 		},
 		AnonymousPlan: "anon",
 		APIKeys:       []gateway.APIKey{{ID: "acme", SHA256: "1d5e8a8f6a5f0ba30a6a1bb3ee2ad0d3dc6a2b7c81a0dbd9bb7f2f2d2b0e5a0e", Plan: "paid"}},

@@ -103,13 +103,11 @@ func EvaluateAlerts(cfg AlertConfig, gateways []GatewayHealth) []Alert {
 		for _, g := range gateways {
 			c := d.count(g)
 			a.Count += c
-			if g.Requests > 0 && float64(c)/float64(g.Requests) >= d.threshold {
-				worst = append(worst, bad{g.Gateway, float64(c) / float64(g.Requests)})
+			if r := ratio(c, g.Requests); g.Requests > 0 && r >= d.threshold {
+				worst = append(worst, bad{g.Gateway, r})
 			}
 		}
-		if total > 0 {
-			a.Ratio = float64(a.Count) / float64(total)
-		}
+		a.Ratio = ratio(a.Count, total)
 		a.Firing = total >= max(1, cfg.MinRequests) && a.Ratio >= d.threshold
 		slices.SortFunc(worst, func(x, y bad) int { return cmp.Or(cmp.Compare(y.ratio, x.ratio), cmp.Compare(x.gw, y.gw)) })
 		for _, w := range worst {

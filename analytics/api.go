@@ -75,7 +75,9 @@ func NewAPI(reader *Reader, det *Detector, token string, now func() time.Time, l
 	return &API{reader: reader, det: det, token: token, cookie: hex.EncodeToString(sum[:]), now: now, log: log}, nil
 }
 
-// Handler returns the API's routes.
+// Handler returns the API's routes. Every error answer, the mux's own
+// 404 and 405 included, is an RFC 9457 problem (application/problem+json),
+// as the gateway's are.
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -83,15 +85,66 @@ func (a *API) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /{$}", a.dashboard)
-	mux.Handle("GET /api/trends", a.auth(a.trends))
-	mux.Handle("GET /api/top-keys", a.auth(a.topKeys))
-	mux.Handle("GET /api/fail-minutes", a.auth(a.failMinutes))
-	mux.Handle("GET /api/store-health", a.auth(a.storeHealth))
-	mux.Handle("GET /api/hot-keys", a.auth(a.hotKeys))
-	mux.Handle("GET /api/nat-ips", a.auth(a.natIPs))
-	mux.Handle("GET /api/alerts", a.auth(a.alerts))
-	mux.Handle("GET /api/status", a.auth(a.status))
+	paths := []string{"/healthz", "/{$}"}
+	for _, rt := range []struct {
+		path string
+		h    func(http.ResponseWriter, *http.Request) error
+	}{
+		{"/api/trends", a.trends},
+		{"/api/top-keys", a.topKeys},
+		{"/api/fail-minutes", a.failMinutes},
+		{"/api/store-health", a.storeHealth},
+		{"/api/hot-keys", a.hotKeys},
+		{"/api/nat-ips", a.natIPs},
+		{"/api/alerts", a.alerts},
+		{"/api/status", a.status},
+	} {
+		mux.Handle("GET "+rt.path, a.auth(rt.h))
+		paths = append(paths, rt.path)
+	}
+	// The same paths without a method catch every method but GET (and
+	// HEAD), which the mux would otherwise answer in plain text.
+	for _, p := range paths {
+		mux.HandleFunc(p, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+				Detail: "This path answers GET only."})
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, problem{Type: probNotFound, Status: http.StatusNotFound, Detail: "No such path."})
+	})
 	return mux
+}
+
+// Problem types of the API's error answers: stable URIs in the gateway's
+// urn:edgelimit:problem: namespace, for clients to branch on.
+const (
+	probBadQuery         = "urn:edgelimit:problem:bad-query"
+	probUnauthorized     = "urn:edgelimit:problem:unauthorized"
+	probQueryFailed      = "urn:edgelimit:problem:query-failed"
+	probNotFound         = "urn:edgelimit:problem:no-route"
+	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
+)
+
+// problem is an RFC 9457 problem detail, the shape of the gateway's.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// writeProblem answers p; its title is the status text, as the gateway's.
+func writeProblem(w http.ResponseWriter, p problem) {
+	p.Title = http.StatusText(p.Status)
+	writeBody(w, "application/problem+json", p.Status, p)
+}
+
+// unauthorized answers 401 with the challenge RFC 9110 asks of every 401.
+func unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
+	writeProblem(w, problem{Type: probUnauthorized, Status: http.StatusUnauthorized, Detail: detail})
 }
 
 // authorized checks the bearer token or the session cookie, in constant
@@ -109,17 +162,23 @@ func (a *API) authorized(r *http.Request) bool {
 func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !a.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong token"})
+			unauthorized(w, "Missing or wrong token: send Authorization: Bearer <token>.")
 			return
 		}
+		start := a.now()
 		if err := h(w, r); err != nil {
 			if errors.Is(err, ErrBadQuery) {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				// Our own validation's words, safe to show; the title
+				// already says it is a bad request.
+				writeProblem(w, problem{Type: probBadQuery, Status: http.StatusBadRequest,
+					Detail: strings.TrimPrefix(err.Error(), ErrBadQuery.Error()+": ")})
 				return
 			}
-			a.log.Error("analytics api", "path", r.URL.Path, "err", err)
-			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "query failed; see the analytics log"})
+			// Anything else is the store's or ours: its text (ClickHouse's
+			// error, table names) goes to the log, never to the client.
+			a.log.Error("analytics api", "path", r.URL.Path, "duration_seconds", a.now().Sub(start).Seconds(), "error", err.Error())
+			writeProblem(w, problem{Type: probQueryFailed, Status: http.StatusInternalServerError,
+				Detail: "The query failed; see the analytics log."})
 		}
 	})
 }
@@ -127,7 +186,7 @@ func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handle
 func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 	if tok := r.URL.Query().Get("token"); tok != "" {
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
-			http.Error(w, "wrong token", http.StatusUnauthorized)
+			unauthorized(w, "Wrong token.")
 			return
 		}
 		http.SetCookie(w, &http.Cookie{
@@ -138,9 +197,7 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !a.authorized(r) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusUnauthorized)
-		fmt.Fprintln(w, "edgelimit analytics: open /?token=<token> once to sign in.")
+		unauthorized(w, "Open /?token=<token> once to sign in.")
 		return
 	}
 	h := w.Header()
@@ -153,7 +210,11 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	writeBody(w, "application/json", status, v)
+}
+
+func writeBody(w http.ResponseWriter, contentType string, status int, v any) {
+	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)

@@ -1,10 +1,13 @@
 package analytics_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -68,6 +71,32 @@ func get(t *testing.T, c *http.Client, u, token string) (*http.Response, []byte)
 	return resp, b
 }
 
+// problemBody is an RFC 9457 problem as analytics answers it.
+type problemBody struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// wantProblem checks that resp is a problem of type typ with status, a
+// title and a detail, and returns it.
+func wantProblem(t *testing.T, what string, resp *http.Response, body []byte, status int, typ string) problemBody {
+	t.Helper()
+	var p problemBody
+	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("%s: Content-Type = %q, want application/problem+json", what, ct)
+	}
+	if err := json.Unmarshal(body, &p); err != nil {
+		t.Errorf("%s: body %q: %v", what, body, err)
+	}
+	want := problemBody{Type: typ, Title: http.StatusText(status), Status: status, Detail: p.Detail}
+	if resp.StatusCode != status || p != want || p.Detail == "" {
+		t.Errorf("%s = %d %+v, want %d %+v with a detail", what, resp.StatusCode, p, status, want)
+	}
+	return p
+}
+
 func TestAPIToken(t *testing.T) {
 	if _, err := analytics.NewAPI(nil, nil, "short", nil, nil); !errors.Is(err, analytics.ErrBadToken) {
 		t.Errorf("NewAPI with a short token = %v, want ErrBadToken", err)
@@ -84,15 +113,15 @@ func TestAPIToken(t *testing.T) {
 	for _, path := range []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys", "/api/nat-ips", "/api/alerts", "/api/status", "/"} {
 		for name, tok := range map[string]string{"missing": "", "wrong": testToken + "x", "prefix": testToken[:16]} {
 			resp, body := get(t, c, srv.URL+path, tok)
-			if resp.StatusCode != http.StatusUnauthorized {
-				t.Errorf("GET %s with a %s token = %d %s, want 401", path, name, resp.StatusCode, body)
+			wantProblem(t, "GET "+path+" with a "+name+" token", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
+			if resp.Header.Get("WWW-Authenticate") == "" {
+				t.Errorf("GET %s with a %s token: 401 without WWW-Authenticate", path, name)
 			}
 		}
 	}
 	// The token is never read from an API URL.
-	if resp, _ := get(t, c, srv.URL+"/api/status?token="+testToken, ""); resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("GET /api/status?token= = %d, want 401", resp.StatusCode)
-	}
+	resp, body := get(t, c, srv.URL+"/api/status?token="+testToken, "")
+	wantProblem(t, "GET /api/status?token=", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
 	if resp, body := get(t, c, srv.URL+"/api/status", testToken); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"detector": false`) {
 		t.Errorf("GET /api/status with the token = %d %s", resp.StatusCode, body)
 	}
@@ -103,10 +132,9 @@ func TestAPIToken(t *testing.T) {
 	// The page: a wrong ?token is refused; the right one sets a session
 	// cookie and redirects to a clean address; the cookie opens the page
 	// and the API.
-	if resp, _ := get(t, c, srv.URL+"/?token=nope-nope-nope-nope", ""); resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("GET /?token=wrong = %d, want 401", resp.StatusCode)
-	}
-	resp, _ := get(t, c, srv.URL+"/?token="+url.QueryEscape(testToken), "")
+	resp, body = get(t, c, srv.URL+"/?token=nope-nope-nope-nope", "")
+	wantProblem(t, "GET /?token=wrong", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
+	resp, _ = get(t, c, srv.URL+"/?token="+url.QueryEscape(testToken), "")
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
 		t.Fatalf("GET /?token= = %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
 	}
@@ -123,7 +151,7 @@ func TestAPIToken(t *testing.T) {
 	u, _ := url.Parse(srv.URL)
 	jar.SetCookies(u, []*http.Cookie{session})
 	c.Jar = jar
-	resp, body := get(t, c, srv.URL+"/", "")
+	resp, body = get(t, c, srv.URL+"/", "")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `id="chart-trends"`) {
 		t.Fatalf("GET / with the cookie = %d", resp.StatusCode)
 	}
@@ -200,12 +228,105 @@ func TestAPIOnSeededFleet(t *testing.T) {
 		t.Errorf("fail-minutes = %d %s", resp.StatusCode, body)
 	}
 
-	for _, bad := range []string{
-		q + "&bucket=week", q + "&by=client_ip", q + "&top=-1", "?from=yesterday",
-		"?from=" + url.QueryEscape(to) + "&to=" + url.QueryEscape(from), "?from=-500d&bucket=day",
+	for _, tt := range []struct {
+		give string
+		want string // in the detail
+	}{
+		{"/api/trends" + q + "&bucket=week", `bucket "week"`},
+		{"/api/trends" + q + "&by=client_ip", `by "client_ip"`},
+		{"/api/trends" + q + "&top=-1", `top "-1"`},
+		{"/api/trends?from=yesterday", `"yesterday"`},
+		{"/api/trends?from=" + url.QueryEscape(to) + "&to=" + url.QueryEscape(from), "is empty"},
+		{"/api/trends?from=-500d&bucket=day", "longer than"},
+		{"/api/top-keys" + q + "&limit=0", `limit "0"`},
+		{"/api/store-health" + q + "&bucket=week", `bucket "week"`},
+		{"/api/fail-minutes?to=-2h", "is empty"},
+		{"/api/hot-keys?from=-1h&key=hot-1&bucket=fortnight", `bucket "fortnight"`},
+		{"/api/nat-ips?ip=not-an-ip", "not an IP address"},
 	} {
-		if resp, body := get(t, c, srv.URL+"/api/trends"+bad, testToken); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "error") {
-			t.Errorf("trends%s = %d %.200s, want 400", bad, resp.StatusCode, body)
+		resp, body := get(t, c, srv.URL+tt.give, testToken)
+		p := wantProblem(t, "GET "+tt.give, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
+		if !strings.Contains(p.Detail, tt.want) || strings.HasPrefix(p.Detail, "analytics:") {
+			t.Errorf("GET %s detail = %q, want it to say %q without the error's prefix", tt.give, p.Detail, tt.want)
+		}
+	}
+}
+
+// TestAPIStoreFailure points the API at a ClickHouse database that does
+// not exist: every query fails with ClickHouse's own error text, which the
+// log gets and the client never does.
+func TestAPIStoreFailure(t *testing.T) {
+	db := fmt.Sprintf("analytics_missing_%d", time.Now().UnixNano())
+	conn := openClickHouse(t, testenv.ClickHouseAddr(t), db)
+	var logs bytes.Buffer
+	api, err := analytics.NewAPI(analytics.NewReader(conn), nil, testToken, nil, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+
+	paths := []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys",
+		"/api/nat-ips", "/api/hot-keys?key=k1", "/api/nat-ips?ip=192.0.2.1"}
+	for _, path := range paths {
+		resp, body := get(t, srv.Client(), srv.URL+path, testToken)
+		wantProblem(t, "GET "+path, resp, body, http.StatusInternalServerError, "urn:edgelimit:problem:query-failed")
+		if strings.Contains(string(body), db) || strings.Contains(strings.ToLower(string(body)), "code:") {
+			t.Errorf("GET %s leaks the store's error: %s", path, body)
+		}
+	}
+	var n int
+	for line := range strings.Lines(logs.String()) {
+		var rec struct {
+			Msg      string   `json:"msg"`
+			Path     string   `json:"path"`
+			Error    string   `json:"error"`
+			Duration *float64 `json:"duration_seconds"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Msg != "analytics api" || rec.Path == "" || !strings.Contains(rec.Error, db) || rec.Duration == nil {
+			t.Errorf("log line %s: want msg \"analytics api\", the path, duration_seconds and ClickHouse's error under \"error\"", line)
+		}
+		n++
+	}
+	if n != len(paths) {
+		t.Errorf("%d log lines for %d failed queries:\n%s", n, len(paths), logs.String())
+	}
+}
+
+// TestAPIUnknownRoutes: the mux's own 404 and 405 are problems too.
+func TestAPIUnknownRoutes(t *testing.T) {
+	api, err := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		typ          string
+	}{
+		{http.MethodGet, "/api/nope", http.StatusNotFound, "urn:edgelimit:problem:no-route"},
+		{http.MethodGet, "/api/trends/", http.StatusNotFound, "urn:edgelimit:problem:no-route"},
+		{http.MethodPost, "/api/trends", http.StatusMethodNotAllowed, "urn:edgelimit:problem:method-not-allowed"},
+		{http.MethodDelete, "/api/status", http.StatusMethodNotAllowed, "urn:edgelimit:problem:method-not-allowed"},
+		{http.MethodPost, "/", http.StatusMethodNotAllowed, "urn:edgelimit:problem:method-not-allowed"},
+		{http.MethodPut, "/healthz", http.StatusMethodNotAllowed, "urn:edgelimit:problem:method-not-allowed"},
+	} {
+		req, _ := http.NewRequest(tt.method, srv.URL+tt.path, nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		wantProblem(t, tt.method+" "+tt.path, resp, body, tt.status, tt.typ)
+		if tt.status == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, HEAD" {
+			t.Errorf("%s %s: Allow = %q, want GET, HEAD", tt.method, tt.path, resp.Header.Get("Allow"))
 		}
 	}
 }

@@ -198,35 +198,13 @@ func TestSplitDirectives(t *testing.T) {
 		{KeyID: "solo", KeyKind: "api_key"},
 	}
 	got := SplitDirectives(hot, now, 2*time.Minute)
-	want := []limiter.SplitDirective{{Key: DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: now.Add(2 * time.Minute)}}
+	want := []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", "abc"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25}, Expires: now.Add(2 * time.Minute)}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("SplitDirectives mismatch (-want +got):\n%s", diff)
 	}
 	for _, d := range got {
 		if err := d.Validate(); err != nil {
 			t.Errorf("SplitDirectives made an invalid directive: %v", err)
-		}
-	}
-}
-
-func TestIPKey(t *testing.T) {
-	tests := []struct {
-		give   string
-		want   string
-		wantOK bool
-	}{
-		{"203.0.113.7", "ip:203.0.113.7", true},
-		{"::ffff:203.0.113.7", "ip:203.0.113.7", true},
-		{"2001:db8:1:2:3:4:5:6", "ip:2001:db8:1:2::/64", true},
-		{"2001:db8:1:2::", "ip:2001:db8:1:2::/64", true},
-		{"fe80::1%eth0", "ip:fe80::/64", true},
-		{"", "", false},
-		{"not-an-ip", "", false},
-	}
-	for _, tt := range tests {
-		got, ok := IPKey(tt.give)
-		if got != tt.want || ok != tt.wantOK {
-			t.Errorf("IPKey(%q) = %q, %v, want %q, %v", tt.give, got, ok, tt.want, tt.wantOK)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -128,7 +129,7 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 	rep := Report{At: start}
 	fail := func(what string, err error) {
 		rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err))
-		dt.d.Log.Error("analytics run", "step", what, "err", err)
+		dt.d.Log.Error("analytics run", "step", what, "error", err.Error())
 	}
 
 	live := limiter.Directives{}
@@ -142,38 +143,38 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		}
 	}
 
+	// write writes a directive set of kind (split, nat) unless this is a
+	// dry run, the live sets are unknown, or they already say the same;
+	// it reports whether it wrote.
+	write := func(kind string, current bool, put func() error) bool {
+		if dt.d.Directives == nil || !loaded || current {
+			return false
+		}
+		if err := put(); err != nil {
+			fail("write "+kind+"s", err)
+			return false
+		}
+		dt.m.writes.WithLabelValues(kind).Inc()
+		return true
+	}
 	if !dt.cfg.Hot.Disabled {
-		hot, err := dt.hotKeys(ctx, start, live)
-		if err != nil {
+		if hot, err := dt.hotKeys(ctx, start, live); err != nil {
 			fail("hot keys", err)
 		} else {
 			rep.HotKeys = hot
 			next := SplitDirectives(hot, start, dt.cfg.Hot.TTL)
-			if dt.d.Directives != nil && loaded && !splitsCurrent(live.Splits, next, start, dt.cfg.Hot.TTL) {
-				if err := dt.d.Directives.WriteSplits(ctx, next); err != nil {
-					fail("write splits", err)
-				} else {
-					rep.SplitsWritten = true
-					dt.m.writes.WithLabelValues("split").Inc()
-				}
-			}
+			rep.SplitsWritten = write("split", splitsCurrent(live.Splits, next, start, dt.cfg.Hot.TTL),
+				func() error { return dt.d.Directives.WriteSplits(ctx, next) })
 		}
 	}
 	if !dt.cfg.NAT.Disabled {
-		nats, err := dt.natIPs(ctx, start, live)
-		if err != nil {
+		if nats, err := dt.natIPs(ctx, start, live); err != nil {
 			fail("nat ips", err)
 		} else {
 			rep.NATIPs = nats
 			next := NATDirectives(nats, start, dt.cfg.NAT.TTL)
-			if dt.d.Directives != nil && loaded && !natsCurrent(live.NATs, next, start, dt.cfg.NAT.TTL) {
-				if err := dt.d.Directives.WriteNATs(ctx, next); err != nil {
-					fail("write nats", err)
-				} else {
-					rep.NATsWritten = true
-					dt.m.writes.WithLabelValues("nat").Inc()
-				}
-			}
+			rep.NATsWritten = write("nat", natsCurrent(live.NATs, next, start, dt.cfg.NAT.TTL),
+				func() error { return dt.d.Directives.WriteNATs(ctx, next) })
 		}
 	}
 	if !dt.cfg.Alerts.Disabled {
@@ -212,60 +213,57 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		}
 	}
 	dt.m.firing.Set(float64(firing))
+	// Durations in logs are float seconds (*_seconds), the unit of the
+	// Prometheus histograms beside them.
+	dt.d.Log.Debug("analytics run done", "duration_seconds", rep.Duration.Seconds(), "hot_keys", len(rep.HotKeys),
+		"nat_ips", len(rep.NATIPs), "alerts_firing", firing, "errors", len(rep.Errors))
 	return rep
 }
 
 // stamp records since when each hot key and NAT IP has been flagged.
 func (dt *Detector) stamp(hot []HotKey, nats []NATIP, now time.Time) {
-	seen := map[string]bool{}
-	for i := range hot {
-		k := DirectiveKey(hot[i].KeyKind, hot[i].KeyID)
-		seen[k] = true
-		if _, ok := dt.hotSince[k]; !ok {
-			dt.hotSince[k] = now
-		}
-		hot[i].Since = dt.hotSince[k]
-	}
-	for k := range dt.hotSince {
-		if !seen[k] {
-			delete(dt.hotSince, k)
-		}
-	}
-	clear(seen)
-	for i := range nats {
-		seen[nats[i].Key] = true
-		if _, ok := dt.natSince[nats[i].Key]; !ok {
-			dt.natSince[nats[i].Key] = now
-		}
-		nats[i].Since = dt.natSince[nats[i].Key]
-	}
-	for k := range dt.natSince {
-		if !seen[k] {
-			delete(dt.natSince, k)
-		}
-	}
+	stampSince(dt.hotSince, hot, now, func(h *HotKey) (string, *time.Time) { return limiter.DirectiveKey(h.KeyKind, h.KeyID), &h.Since })
+	stampSince(dt.natSince, nats, now, func(n *NATIP) (string, *time.Time) { return n.Key, &n.Since })
 }
 
-func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, error) {
-	split := map[string]bool{}
-	for k, s := range live.Splits {
-		if now.Before(s.Expires) {
-			split[k] = true
+// stampSince sets each finding's since time (field gives its key and the
+// field) from since, where a key new to since starts now, and forgets the
+// keys no longer found.
+func stampSince[T any](since map[string]time.Time, found []T, now time.Time, field func(*T) (string, *time.Time)) {
+	seen := make(map[string]bool, len(found))
+	for i := range found {
+		k, at := field(&found[i])
+		seen[k] = true
+		if _, ok := since[k]; !ok {
+			since[k] = now
+		}
+		*at = since[k]
+	}
+	maps.DeleteFunc(since, func(k string, _ time.Time) bool { return !seen[k] })
+}
+
+// inForce returns the keys of the live directives not yet expired at now.
+func inForce[D any](live map[string]D, now time.Time, expires func(D) time.Time) map[string]bool {
+	keys := map[string]bool{}
+	for k, d := range live {
+		if now.Before(expires(d)) {
+			keys[k] = true
 		}
 	}
+	return keys
+}
+
+func splitExpires(d limiter.SplitDirective) time.Time { return d.Expires }
+func natExpires(d limiter.NATDirective) time.Time     { return d.Expires }
+
+func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, error) {
 	from, to, span := window(now, dt.cfg.Hot.Window)
-	return dt.d.Reader.HotKeys(ctx, dt.cfg.Hot, from, to, span, split)
+	return dt.d.Reader.HotKeys(ctx, dt.cfg.Hot, from, to, span, inForce(live.Splits, now, splitExpires))
 }
 
 func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Directives) ([]NATIP, error) {
-	flagged := map[string]bool{}
-	for k, d := range live.NATs {
-		if now.Before(d.Expires) {
-			flagged[k] = true
-		}
-	}
 	from, to, _ := window(now, dt.cfg.NAT.Window)
-	return dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, flagged)
+	return dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, inForce(live.NATs, now, natExpires))
 }
 
 // HotKeys runs the hot-key detector over [from, to), whose rate divides
@@ -333,13 +331,7 @@ func (r *Reader) NATIPs(ctx context.Context, cfg NATConfig, from, to time.Time, 
 // the same keys, shares within 0.02, and no expiry closer than half a TTL.
 // Then the write is skipped, sparing the gateways a reload.
 func splitsCurrent(live map[string]limiter.SplitDirective, next []limiter.SplitDirective, now time.Time, ttl time.Duration) bool {
-	n := 0
-	for _, l := range live {
-		if now.Before(l.Expires) {
-			n++
-		}
-	}
-	if n != len(next) {
+	if len(inForce(live, now, splitExpires)) != len(next) {
 		return false
 	}
 	for _, d := range next {
@@ -358,13 +350,7 @@ func splitsCurrent(live map[string]limiter.SplitDirective, next []limiter.SplitD
 
 // natsCurrent is splitsCurrent for NAT directives: factors within 5 %.
 func natsCurrent(live map[string]limiter.NATDirective, next []limiter.NATDirective, now time.Time, ttl time.Duration) bool {
-	n := 0
-	for _, l := range live {
-		if now.Before(l.Expires) {
-			n++
-		}
-	}
-	if n != len(next) {
+	if len(inForce(live, now, natExpires)) != len(next) {
 		return false
 	}
 	for _, d := range next {

@@ -51,7 +51,7 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	ctx := context.Background()
 	w := limiter.NewWatcher(store, time.Hour) // refreshed by hand below
 	rules := []limiter.Rule{{Name: "per_minute", Limit: 1000, Period: time.Minute}}
-	splitKey := analytics.DirectiveKey("api_key", "hot-1")
+	splitKey := limiter.DirectiveKey("api_key", "hot-1")
 
 	rep := det.RunOnce(ctx)
 	if len(rep.Errors) > 0 || !rep.SplitsWritten || !rep.NATsWritten {

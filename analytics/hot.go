@@ -86,17 +86,14 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 		if cfg.MinSpan > 0 {
 			rate = max(rate, float64(k.Recent)/cfg.MinSpan.Seconds())
 		}
-		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways}
-		if total > 0 {
-			h.Share = float64(n) / float64(total)
-		}
+		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways, Share: ratio(n, total)}
 		byShare := cfg.MinShare > 0 && h.Rate >= cfg.ShareMinRate
 		switch {
 		case h.Rate >= cfg.MinRate:
 			h.Reason = "rate"
 		case byShare && h.Share >= cfg.MinShare:
 			h.Reason = "share"
-		case split[DirectiveKey(k.KeyKind, k.KeyID)] &&
+		case split[limiter.DirectiveKey(k.KeyKind, k.KeyID)] &&
 			(h.Rate >= cfg.CoolRatio*cfg.MinRate ||
 				cfg.MinShare > 0 && h.Rate >= cfg.CoolRatio*cfg.ShareMinRate && h.Share >= cfg.CoolRatio*cfg.MinShare):
 			h.Reason = "cooling"
@@ -182,7 +179,7 @@ func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.S
 			continue
 		}
 		ds = append(ds, limiter.SplitDirective{
-			Key:     DirectiveKey(h.KeyKind, h.KeyID),
+			Key:     limiter.DirectiveKey(h.KeyKind, h.KeyID),
 			Shares:  maps.Clone(h.Shares),
 			Expires: now.Add(ttl),
 		})

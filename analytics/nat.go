@@ -50,7 +50,7 @@ func DetectNATs(cfg NATConfig, rows []IPTraffic, flagged map[string]bool) []NATI
 	}
 	var out []NATIP
 	for _, r := range rows {
-		key, ok := IPKey(r.IP)
+		key, ok := limiter.IPKey(r.IP)
 		if !ok {
 			continue
 		}

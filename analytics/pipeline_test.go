@@ -137,8 +137,8 @@ func TestPipelineDetection(t *testing.T) {
 		gw, err := gateway.New(gateway.Config{
 			GatewayID: id,
 			Plans: map[string]gateway.Plan{
-				"free": {Rules: []gateway.Rule{{Name: "minute", Limit: 100000, Period: time.Minute}}},
-				"hot":  {Rules: []gateway.Rule{{Name: "second", Limit: hotLimit, Period: time.Second}}},
+				"free": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}},
+				"hot":  {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: hotLimit, Period: time.Second}}}},
 			},
 			APIKeys:        keys,
 			Upstreams:      map[string]gateway.Upstream{"app": {URL: up.URL}},
@@ -224,7 +224,7 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var answers []answer
-	hotKey := analytics.DirectiveKey("api_key", eventKeyID(secret, "k:hot"))
+	hotKey := limiter.DirectiveKey("api_key", eventKeyID(secret, "k:hot"))
 	hotAt := time.Now()
 	hotCtx, hotStop := context.WithCancel(ctx)
 	defer hotStop()
@@ -262,7 +262,7 @@ func TestPipelineDetection(t *testing.T) {
 	t.Logf("key turned hot → split applied by all 3 gateways: %.1fs", applied.Sub(hotAt).Seconds())
 	var gotHot []string
 	for _, h := range det.Last().HotKeys {
-		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))
+		gotHot = append(gotHot, limiter.DirectiveKey(h.KeyKind, h.KeyID))
 	}
 
 	// With the split in force, the key's admitted total over 8s must be

@@ -48,7 +48,7 @@ func TestPrometheusAlertsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := gateway.Config{
-		Plans:         map[string]gateway.Plan{"free": {Rules: []gateway.Rule{{Name: "minute", Limit: 1000000, Period: time.Minute}}}},
+		Plans:         map[string]gateway.Plan{"free": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1000000, Period: time.Minute}}}}},
 		AnonymousPlan: "free",
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: up.URL}},
 		Routes:        []gateway.Route{{Name: "all", PathPrefix: "/", Upstream: "app"}},

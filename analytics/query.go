@@ -10,6 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 //go:embed sql/*.sql
@@ -40,6 +41,29 @@ var (
 // querier is the part of a ClickHouse connection the queries need.
 type querier interface {
 	Query(ctx context.Context, query string, args ...any) (driver.Rows, error)
+}
+
+// queryRows runs query and scans each row into a T with scan; what names
+// the query in errors. It is every query's loop, so each caller is left
+// with its bindings, its columns and what it does with the rows.
+func queryRows[T any](ctx context.Context, ch querier, what, query string, args []any, scan func(driver.Rows, *T) error) ([]T, error) {
+	rows, err := ch.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query %s: %w", what, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := scan(rows, &v); err != nil {
+			return nil, fmt.Errorf("scan %s: %w", what, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", what, err)
+	}
+	return out, nil
 }
 
 // Reader runs analytics' queries against the consumer's rollups in
@@ -128,18 +152,12 @@ const maxPoints = 50000
 
 // TotalRequests counts all decisions in [from, to).
 func (r *Reader) TotalRequests(ctx context.Context, from, to time.Time) (int64, error) {
-	rows, err := r.ch.Query(ctx, qTotalRequests, Range{From: from, To: to}.args()...)
-	if err != nil {
-		return 0, fmt.Errorf("query total requests: %w", err)
+	ns, err := queryRows(ctx, r.ch, "total requests", qTotalRequests, Range{From: from, To: to}.args(),
+		func(rows driver.Rows, n *int64) error { return rows.Scan(n) })
+	if err != nil || len(ns) == 0 {
+		return 0, err
 	}
-	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, fmt.Errorf("scan total requests: %w", err)
-		}
-	}
-	return n, rows.Err()
+	return ns[0], nil
 }
 
 // KeyTraffic returns the keys with at least minRequests decisions in [from,
@@ -165,24 +183,24 @@ func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Tim
 // keyTraffic runs a query answering (key_id, key_kind, gateway_id,
 // requests) rows ordered by key, and gathers each key's gateways.
 func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any) ([]KeyTraffic, error) {
-	rows, err := r.ch.Query(ctx, query, args...)
+	type row struct {
+		id, kind, gw string
+		n            int64
+	}
+	rows, err := queryRows(ctx, r.ch, what, query, args, func(rows driver.Rows, k *row) error {
+		return rows.Scan(&k.id, &k.kind, &k.gw, &k.n)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("query %s: %w", what, err)
+		return nil, err
 	}
-	defer rows.Close()
 	var out []KeyTraffic
-	for rows.Next() {
-		var id, kind, gw string
-		var n int64
-		if err := rows.Scan(&id, &kind, &gw, &n); err != nil {
-			return nil, fmt.Errorf("scan %s: %w", what, err)
+	for _, k := range rows {
+		if len(out) == 0 || out[len(out)-1].KeyID != k.id || out[len(out)-1].KeyKind != k.kind {
+			out = append(out, KeyTraffic{KeyID: k.id, KeyKind: k.kind, Gateways: map[string]int64{}})
 		}
-		if len(out) == 0 || out[len(out)-1].KeyID != id || out[len(out)-1].KeyKind != kind {
-			out = append(out, KeyTraffic{KeyID: id, KeyKind: kind, Gateways: map[string]int64{}})
-		}
-		out[len(out)-1].Gateways[gw] += n
+		out[len(out)-1].Gateways[k.gw] += k.n
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // NATQuery bounds the NAT candidates a query returns: an IP needs at least
@@ -212,24 +230,14 @@ func (r *Reader) IPTraffic(ctx context.Context, q NATQuery) ([]IPTraffic, error)
 		clickhouse.Named("min_keys", keys),
 		clickhouse.Named("min_user_agents", uas),
 		clickhouse.Named("limit", max(1, q.Limit)))
-	rows, err := r.ch.Query(ctx, qNATIPs, args...)
-	if err != nil {
-		return nil, fmt.Errorf("query nat ips: %w", err)
-	}
-	defer rows.Close()
-	var out []IPTraffic
-	for rows.Next() {
-		var t IPTraffic
-		if err := rows.Scan(&t.IP, &t.Requests, &t.Denied, &t.DistinctKeys, &t.DistinctUserAgents); err != nil {
-			return nil, fmt.Errorf("scan nat ips: %w", err)
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return queryRows(ctx, r.ch, "nat ips", qNATIPs, args, func(rows driver.Rows, t *IPTraffic) error {
+		return rows.Scan(&t.IP, &t.Requests, &t.Denied, &t.DistinctKeys, &t.DistinctUserAgents)
+	})
 }
 
-func scanHealth(rows driver.Rows, bucketed bool) (GatewayHealth, error) {
-	var g GatewayHealth
+// scanHealth scans a gateway_health row, or with bucketed a store_health
+// row (the same columns after a leading bucket).
+func scanHealth(rows driver.Rows, g *GatewayHealth, bucketed bool) error {
 	var q []float64
 	dest := []any{&g.Gateway, &g.Requests, &g.Denied, &g.StoreOK, &g.StoreUnavailable, &g.StoreTimeout,
 		&g.StoreLocalCache, &g.FailOpen, &g.FailClosed, &g.LocalFallback, &q, &g.LatencyMax}
@@ -237,32 +245,20 @@ func scanHealth(rows driver.Rows, bucketed bool) (GatewayHealth, error) {
 		dest = append([]any{&g.Minute}, dest...)
 	}
 	if err := rows.Scan(dest...); err != nil {
-		return g, err
+		return err
 	}
 	if len(q) == 3 {
 		g.LatencyP50, g.LatencyP90, g.LatencyP99 = q[0], q[1], q[2]
 	}
 	g.Minute = g.Minute.UTC()
-	return g, nil
+	return nil
 }
 
 // GatewayHealth returns each gateway's decisions in [from, to) by store
 // status and failure mode.
 func (r *Reader) GatewayHealth(ctx context.Context, from, to time.Time) ([]GatewayHealth, error) {
-	rows, err := r.ch.Query(ctx, qGatewayHealth, Range{From: from, To: to}.args()...)
-	if err != nil {
-		return nil, fmt.Errorf("query gateway health: %w", err)
-	}
-	defer rows.Close()
-	var out []GatewayHealth
-	for rows.Next() {
-		g, err := scanHealth(rows, false)
-		if err != nil {
-			return nil, fmt.Errorf("scan gateway health: %w", err)
-		}
-		out = append(out, g)
-	}
-	return out, rows.Err()
+	return queryRows(ctx, r.ch, "gateway health", qGatewayHealth, Range{From: from, To: to}.args(),
+		func(rows driver.Rows, g *GatewayHealth) error { return scanHealth(rows, g, false) })
 }
 
 // StoreHealth returns each gateway's store health per bucket in rg (only
@@ -271,21 +267,8 @@ func (r *Reader) StoreHealth(ctx context.Context, rg Range, bucket string) ([]Ga
 	if err := checkBuckets(rg, bucket); err != nil {
 		return nil, err
 	}
-	args := append(rg.args(), clickhouse.Named("bucket", bucket))
-	rows, err := r.ch.Query(ctx, qStoreHealth, args...)
-	if err != nil {
-		return nil, fmt.Errorf("query store health: %w", err)
-	}
-	defer rows.Close()
-	var out []GatewayHealth
-	for rows.Next() {
-		g, err := scanHealth(rows, true)
-		if err != nil {
-			return nil, fmt.Errorf("scan store health: %w", err)
-		}
-		out = append(out, g)
-	}
-	return out, rows.Err()
+	return queryRows(ctx, r.ch, "store health", qStoreHealth, append(rg.args(), clickhouse.Named("bucket", bucket)),
+		func(rows driver.Rows, g *GatewayHealth) error { return scanHealth(rows, g, true) })
 }
 
 func checkBuckets(rg Range, bucket string) error {
@@ -317,21 +300,11 @@ func (r *Reader) FailMinutes(ctx context.Context, rg Range) ([]FailMinute, error
 	if err := rg.validate(); err != nil {
 		return nil, err
 	}
-	rows, err := r.ch.Query(ctx, qFailMinutes, rg.args()...)
-	if err != nil {
-		return nil, fmt.Errorf("query fail minutes: %w", err)
-	}
-	defer rows.Close()
-	var out []FailMinute
-	for rows.Next() {
-		var m FailMinute
-		if err := rows.Scan(&m.Minute, &m.Gateway, &m.Requests, &m.FailOpen, &m.FailClosed, &m.StoreUnavailable); err != nil {
-			return nil, fmt.Errorf("scan fail minutes: %w", err)
-		}
+	return queryRows(ctx, r.ch, "fail minutes", qFailMinutes, rg.args(), func(rows driver.Rows, m *FailMinute) error {
+		err := rows.Scan(&m.Minute, &m.Gateway, &m.Requests, &m.FailOpen, &m.FailClosed, &m.StoreUnavailable)
 		m.Minute = m.Minute.UTC()
-		out = append(out, m)
-	}
-	return out, rows.Err()
+		return err
+	})
 }
 
 // TrendQuery asks for rejections over time.
@@ -388,33 +361,20 @@ func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error)
 	}
 	args := append(q.Range.args(), clickhouse.Named("bucket", q.Bucket), clickhouse.Named("by", q.By),
 		clickhouse.Named("top", q.Top), clickhouse.Named("top_limit", max(1, q.Top)))
-	rows, err := r.ch.Query(ctx, qTrends, args...)
-	if err != nil {
-		return nil, fmt.Errorf("query trends: %w", err)
-	}
-	defer rows.Close()
-	var out []TrendPoint
-	for rows.Next() {
-		var p TrendPoint
-		if err := rows.Scan(&p.Bucket, &p.Series, &p.Requests, &p.Denied, &p.Shadow, &p.FailOpen, &p.FailClosed); err != nil {
-			return nil, fmt.Errorf("scan trends: %w", err)
-		}
+	return queryRows(ctx, r.ch, "trends", qTrends, args, func(rows driver.Rows, p *TrendPoint) error {
+		err := rows.Scan(&p.Bucket, &p.Series, &p.Requests, &p.Denied, &p.Shadow, &p.FailOpen, &p.FailClosed)
 		p.Bucket = p.Bucket.UTC()
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read trends: %w", err)
-	}
-	return withRatios(out), nil
+		p.Ratio = ratio(p.Denied, p.Requests)
+		return err
+	})
 }
 
-func withRatios(points []TrendPoint) []TrendPoint {
-	for i := range points {
-		if points[i].Requests > 0 {
-			points[i].Ratio = float64(points[i].Denied) / float64(points[i].Requests)
-		}
+// ratio is part/whole, 0 when whole is not positive.
+func ratio(part, whole int64) float64 {
+	if whole <= 0 {
+		return 0
 	}
-	return points
+	return float64(part) / float64(whole)
 }
 
 // KeyRejections is one key's rejections in a range.
@@ -438,26 +398,14 @@ func (r *Reader) TopKeys(ctx context.Context, rg Range, limit int) ([]KeyRejecti
 	if limit < 1 || limit > 10000 {
 		return nil, fmt.Errorf("%w: limit %d outside [1, 10000]", ErrBadQuery, limit)
 	}
-	rows, err := r.ch.Query(ctx, qTopKeys, append(rg.args(), clickhouse.Named("limit", limit))...)
-	if err != nil {
-		return nil, fmt.Errorf("query top keys: %w", err)
-	}
-	defer rows.Close()
-	var out []KeyRejections
-	for rows.Next() {
-		var k KeyRejections
-		if err := rows.Scan(&k.KeyID, &k.KeyKind, &k.Requests, &k.Denied, &k.Rules, &k.Plans, &k.Routes, &k.Gateways); err != nil {
-			return nil, fmt.Errorf("scan top keys: %w", err)
-		}
-		if k.Requests > 0 {
-			k.Ratio = float64(k.Denied) / float64(k.Requests)
-		}
+	return queryRows(ctx, r.ch, "top keys", qTopKeys, append(rg.args(), clickhouse.Named("limit", limit)), func(rows driver.Rows, k *KeyRejections) error {
+		err := rows.Scan(&k.KeyID, &k.KeyKind, &k.Requests, &k.Denied, &k.Rules, &k.Plans, &k.Routes, &k.Gateways)
+		k.Ratio = ratio(k.Denied, k.Requests)
 		slices.Sort(k.Rules)
 		slices.Sort(k.Plans)
 		slices.Sort(k.Routes)
-		out = append(out, k)
-	}
-	return out, rows.Err()
+		return err
+	})
 }
 
 // KeyPoint is one key's decisions in one bucket at one gateway.
@@ -476,21 +424,11 @@ func (r *Reader) KeyHistory(ctx context.Context, rg Range, bucket string) ([]Key
 	if rg.KeyID == "" {
 		return nil, fmt.Errorf("%w: key history needs a key", ErrBadQuery)
 	}
-	rows, err := r.ch.Query(ctx, qKeyHistory, append(rg.args(), clickhouse.Named("bucket", bucket))...)
-	if err != nil {
-		return nil, fmt.Errorf("query key history: %w", err)
-	}
-	defer rows.Close()
-	var out []KeyPoint
-	for rows.Next() {
-		var p KeyPoint
-		if err := rows.Scan(&p.Bucket, &p.Gateway, &p.Requests, &p.Denied); err != nil {
-			return nil, fmt.Errorf("scan key history: %w", err)
-		}
+	return queryRows(ctx, r.ch, "key history", qKeyHistory, append(rg.args(), clickhouse.Named("bucket", bucket)), func(rows driver.Rows, p *KeyPoint) error {
+		err := rows.Scan(&p.Bucket, &p.Gateway, &p.Requests, &p.Denied)
 		p.Bucket = p.Bucket.UTC()
-		out = append(out, p)
-	}
-	return out, rows.Err()
+		return err
+	})
 }
 
 // IPPoint is one address's evidence in one bucket.
@@ -508,22 +446,13 @@ func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]
 	if err := checkBuckets(rg, bucket); err != nil {
 		return nil, err
 	}
-	if _, ok := IPKey(ip); !ok {
+	if _, ok := limiter.IPKey(ip); !ok {
 		return nil, fmt.Errorf("%w: %q is not an IP address", ErrBadQuery, ip)
 	}
-	rows, err := r.ch.Query(ctx, qIPHistory, append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))...)
-	if err != nil {
-		return nil, fmt.Errorf("query ip history: %w", err)
-	}
-	defer rows.Close()
-	var out []IPPoint
-	for rows.Next() {
-		var p IPPoint
-		if err := rows.Scan(&p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents); err != nil {
-			return nil, fmt.Errorf("scan ip history: %w", err)
-		}
+	args := append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))
+	return queryRows(ctx, r.ch, "ip history", qIPHistory, args, func(rows driver.Rows, p *IPPoint) error {
+		err := rows.Scan(&p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents)
 		p.Bucket = p.Bucket.UTC()
-		out = append(out, p)
-	}
-	return out, rows.Err()
+		return err
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // TestReaderOnSeededFleet seeds ClickHouse through the raw table (the
@@ -291,7 +292,7 @@ func TestDetectorsOnSeededFleet(t *testing.T) {
 	hot := analytics.DetectHotKeys(cfg.Hot, keys, total, span, nil)
 	var gotHot []string
 	for _, h := range hot {
-		gotHot = append(gotHot, analytics.DirectiveKey(h.KeyKind, h.KeyID))
+		gotHot = append(gotHot, limiter.DirectiveKey(h.KeyKind, h.KeyID))
 	}
 	p, rc := precisionRecall(gotHot, wantHot)
 	t.Logf("hot keys: flagged %v; precision %.2f recall %.2f (%d candidate keys)", gotHot, p, rc, len(keys))

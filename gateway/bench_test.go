@@ -32,14 +32,14 @@ func benchConfig(upstream string) Config {
 	return Config{
 		Plans: map[string]Plan{
 			"bench": {Rules: []Rule{
-				{Name: "minute", Limit: 100, Period: time.Minute},
-				{Name: "hour", Limit: 5000, Period: time.Hour},
-				{Name: "day", Limit: 50000, Period: 24 * time.Hour},
+				{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}},
+				{Rule: limiter.Rule{Name: "hour", Limit: 5000, Period: time.Hour}},
+				{Rule: limiter.Rule{Name: "day", Limit: 50000, Period: 24 * time.Hour}},
 			}},
 			"hot": {Rules: []Rule{
-				{Name: "minute", Limit: 1 << 31, Period: time.Minute},
-				{Name: "hour", Limit: 1 << 31, Period: time.Hour},
-				{Name: "day", Limit: 1 << 31, Period: 24 * time.Hour},
+				{Rule: limiter.Rule{Name: "minute", Limit: 1 << 31, Period: time.Minute}},
+				{Rule: limiter.Rule{Name: "hour", Limit: 1 << 31, Period: time.Hour}},
+				{Rule: limiter.Rule{Name: "day", Limit: 1 << 31, Period: 24 * time.Hour}},
 			}},
 		},
 		AnonymousPlan:  "bench",

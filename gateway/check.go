@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // checkRequest is the body of POST /v1/check. The caller is identified by
@@ -67,14 +68,40 @@ const maxCheckBody = 64 << 10
 
 // serveCheck answers POST /v1/check: 200 allowed, 429 denied, 503 when the
 // store is unavailable and the rules fail closed; the body is the decision
-// in every case.
+// in every case. It only turns the JSON into a call and the verdict into
+// its body: the enforcement step is the proxied traffic's.
 func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) {
 	routeName := "check"
 	status := http.StatusOK
 	defer func() { g.m.requests.WithLabelValues(routeName, strconv.Itoa(status)).Inc() }()
-	bad := func(code int, typ, detail string) {
-		status = code
-		writeProblem(w, problem{Type: typ, Status: code, Detail: detail})
+	c, rt, p := g.checkCall(w, r, st)
+	if p != nil {
+		status = p.Status
+		writeProblem(w, *p)
+		return
+	}
+	if rt != nil {
+		routeName = rt.Name
+	}
+	v := g.enforce(r.Context(), st, &c)
+	a := answerFor(w.Header(), v, st)
+	status = a.status
+	if v.canceled || v.err != nil {
+		a.write(w)
+		return
+	}
+	body, _ := json.Marshal(checkBody(c, rt, v, a))
+	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// checkCall parses a check request into a call, or the problem to answer
+// instead. rt is the route it names, if any.
+func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (call, *route, *problem) {
+	bad := func(code int, typ, detail string) (call, *route, *problem) {
+		return call{}, nil, &problem{Type: typ, Status: code, Detail: detail}
 	}
 	var req checkRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxCheckBody))
@@ -82,113 +109,90 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 	if err := dec.Decode(&req); err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			bad(http.StatusRequestEntityTooLarge, probBodyTooLarge, "The check request is larger than 64 KiB.")
-			return
+			return bad(http.StatusRequestEntityTooLarge, probBodyTooLarge, "The check request is larger than 64 KiB.")
 		}
-		bad(http.StatusBadRequest, probBadRequest, "The body must be a JSON check request: "+err.Error())
-		return
+		return bad(http.StatusBadRequest, probBadRequest, "The body must be a JSON check request: "+err.Error())
 	}
 	if req.Cost < 0 {
-		bad(http.StatusBadRequest, probBadRequest, "cost must be positive")
-		return
+		return bad(http.StatusBadRequest, probBadRequest, "cost must be positive")
 	}
 	peerTrusted := st.isTrusted(peerIP(r.RemoteAddr))
 	if !peerTrusted && (req.User != "" || req.IP != "" || req.Plan != "") {
-		bad(http.StatusForbidden, probForbidden, "Only trusted proxies may check for a user, an ip or a plan.")
-		return
+		return bad(http.StatusForbidden, probForbidden, "Only trusted proxies may check for a user, an ip or a plan.")
 	}
 
 	var id identity
 	switch {
 	case req.Key != "":
 		k := st.lookupKey(req.Key)
-		if k == nil {
-			if st.cfg.UnknownKey != UnknownKeyAnonymous || st.anonymous == nil {
-				status = http.StatusUnauthorized
-				g.refuse(w, errUnknownKey)
-				return
-			}
+		switch {
+		case k != nil:
+			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: st.clientIP(r)}
+		case st.cfg.UnknownKey == UnknownKeyAnonymous && st.anonymous != nil:
 			id = identity{kind: event.KindIP, key: ipKey(st.clientIP(r)), plan: st.anonymous, clientIP: st.clientIP(r)}
-		} else {
-			id = identity{kind: event.KindAPIKey, key: "k:" + k.id, plan: k.plan, clientIP: st.clientIP(r)}
+		default:
+			p := g.refusal(errUnknownKey)
+			return call{}, nil, &p
 		}
 	case req.User != "":
 		if st.user == nil {
-			bad(http.StatusBadRequest, probBadRequest, "No user plan is configured.")
-			return
+			return bad(http.StatusBadRequest, probBadRequest, "No user plan is configured.")
 		}
-		id = identity{kind: event.KindUser, key: userKey(req.User), plan: st.user}
+		id = identity{kind: event.KindUser, key: limiter.UserKey(req.User), plan: st.user}
 	case req.IP != "":
 		if st.anonymous == nil {
-			bad(http.StatusBadRequest, probBadRequest, "No anonymous plan is configured.")
-			return
+			return bad(http.StatusBadRequest, probBadRequest, "No anonymous plan is configured.")
 		}
-		id = identity{kind: event.KindIP, key: ipKey(req.IP), plan: st.anonymous, clientIP: req.IP}
-		if id.key == "ip:unknown" {
-			bad(http.StatusBadRequest, probBadRequest, "ip is not an IP address.")
-			return
+		key, ok := limiter.IPKey(req.IP)
+		if !ok {
+			return bad(http.StatusBadRequest, probBadRequest, "ip is not an IP address.")
 		}
+		id = identity{kind: event.KindIP, key: key, plan: st.anonymous, clientIP: req.IP}
 	default:
 		var ierr identifyError
-		id, ierr = st.identify(r)
-		if ierr != identified {
-			status = http.StatusUnauthorized
-			g.refuse(w, ierr)
-			return
+		if id, ierr = st.identify(r); ierr != identified {
+			p := g.refusal(ierr)
+			return call{}, nil, &p
 		}
 	}
 	id.peerTrusted = peerTrusted
 
 	var rt *route
 	if req.Path != "" {
-		method := strings.ToUpper(req.Method)
-		if method == "" {
-			method = http.MethodGet
+		req.Method = strings.ToUpper(req.Method)
+		if req.Method == "" {
+			req.Method = http.MethodGet
 		}
-		req.Method = method
-		if rt = st.match(method, req.Path); rt == nil {
-			bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
-			return
+		if rt = st.match(req.Method, req.Path); rt == nil {
+			return bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
 		}
-		routeName = rt.Name
 	}
-	l := st.limitsFor(id, rt)
+	c := call{id: id, limits: st.limitsFor(id, rt), cost: req.Cost, route: "check", method: req.Method, userAgent: r.UserAgent()}
+	if rt != nil {
+		c.route = rt.Name
+	}
 	if req.Plan != "" {
 		p, ok := st.plans[req.Plan]
 		if !ok {
-			bad(http.StatusBadRequest, probBadRequest, "Unknown plan "+strconv.Quote(req.Plan)+".")
-			return
+			return bad(http.StatusBadRequest, probBadRequest, "Unknown plan "+strconv.Quote(req.Plan)+".")
 		}
-		l.plan, l.rules = p, p.rules
-		l.key = id.key + "|p:" + req.Plan
+		c.limits.plan, c.limits.rules = p, p.rules
+		c.limits.key = id.key + "|p:" + req.Plan
 	}
-	g.applyDirectives(&id, &l)
-	cost := req.Cost
-	if cost == 0 {
-		cost = 1
+	if c.cost == 0 {
+		c.cost = 1
 		if rt != nil {
-			cost = rt.Cost
+			c.cost = rt.Cost
 		}
 	}
+	return c, rt, nil
+}
 
-	v := g.decide(r.Context(), st, l, cost)
-	g.publish(&id, routeName, req.Method, l.plan.name, cost, r.UserAgent(), v)
-	if v.canceled {
-		status = 499
-		w.WriteHeader(status)
-		return
-	}
-	if v.err != nil {
-		g.log.Error("limiter refused its input", "route", routeName, "error", v.err.Error())
-		bad(http.StatusInternalServerError, probInternal, "")
-		return
-	}
-	g.count(v)
-	setRateHeaders(w.Header(), v)
-
+// checkBody renders a decision as the check API's body.
+func checkBody(c call, rt *route, v verdict, a answer) checkResponse {
 	resp := checkResponse{
-		Allowed: v.allowed, KeyKind: kindName(id.kind), Plan: l.plan.name, Cost: cost,
-		Mode: modeName(v.mode), Store: storeName(v.store),
+		Allowed: v.allowed, KeyKind: c.id.kind.String(), Plan: c.limits.plan.name, Cost: c.cost,
+		Mode: v.mode.String(), Store: v.store.String(),
 	}
 	if rt != nil {
 		resp.Route = rt.Name
@@ -209,40 +213,19 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 		resp.Binding = v.d.BindingRule().Rule.Name
 	}
 	if !v.allowed {
-		p, after := denial(v, st.jitter)
-		status = p.Status
-		resp.Problem = &p
+		resp.Problem = a.problem
 		resp.Reason = v.d.Reason
-		resp.RetryAfterSeconds = after
+		resp.RetryAfterSeconds = a.retryAfter
 		if v.known && v.d.Reason == "" {
 			resp.RetryAfterMS = ceilMS(v.d.RetryAfter())
-		} else if after > 0 {
+		} else if a.retryAfter > 0 {
 			resp.RetryAfterMS = ceilMS(v.retry)
 		}
-		if after > 0 {
-			w.Header()[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
-		}
 	}
-	body, _ := json.Marshal(resp)
-	w.Header()["Content-Type"] = []string{"application/json"}
-	w.Header()["Cache-Control"] = []string{"no-store"}
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	return resp
 }
 
 // ceilMS rounds d up to whole milliseconds.
 func ceilMS(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-func kindName(k event.KeyKind) string {
-	switch k {
-	case event.KindAPIKey:
-		return "api_key"
-	case event.KindUser:
-		return "user"
-	case event.KindIP:
-		return "ip"
-	}
-	return "unknown"
 }

@@ -135,26 +135,13 @@ type Plan struct {
 	Rules []Rule `yaml:"rules"`
 }
 
-// Rule is one limit of a plan.
+// Rule is one limit of a plan: the limiter's rule (name, limit, period,
+// burst, algorithm, shadow; see limiter.Rule) and what to do when the
+// shared store cannot check it.
 type Rule struct {
-	// Name appears in headers, problems, metrics and events: letters,
-	// digits, '_', '-' and '.'.
-	Name string `yaml:"name"`
-	// Limit units per Period.
-	Limit  int64         `yaml:"limit"`
-	Period time.Duration `yaml:"period"`
-	// Burst is the token bucket's capacity; default Limit.
-	Burst int64 `yaml:"burst"`
-	// Algorithm is "token_bucket" (default) or "sliding_window".
-	Algorithm limiter.Algorithm `yaml:"algorithm"`
-	// Shadow rules are decided, counted and published but never deny.
-	Shadow bool `yaml:"shadow"`
+	limiter.Rule `yaml:",inline"`
 	// FailurePolicy overrides Config.FailurePolicy for this rule.
 	FailurePolicy FailurePolicy `yaml:"failure_policy"`
-}
-
-func (r Rule) limiterRule() limiter.Rule {
-	return limiter.Rule{Name: r.Name, Limit: r.Limit, Period: r.Period, Burst: r.Burst, Algorithm: r.Algorithm, Shadow: r.Shadow}
 }
 
 // APIKey is a known API key. The file holds its SHA-256, never the key.
@@ -409,7 +396,7 @@ func (c Config) Validate() error {
 				bad(ofield, "plan %q has no rule %q", k.Plan, rule)
 				continue
 			}
-			if err := applyOverride(plan.Rules[j], o).limiterRule().Validate(); err != nil {
+			if err := applyOverride(plan.Rules[j], o).Rule.Validate(); err != nil {
 				bad(ofield, "%v", err)
 			}
 		}
@@ -539,7 +526,7 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 			bad(rf+".name", "duplicate rule %q", r.Name)
 		}
 		seen[r.Name] = true
-		if err := r.limiterRule().Validate(); err != nil {
+		if err := r.Rule.Validate(); err != nil {
 			bad(rf, "%v", err)
 		}
 		if r.FailurePolicy != "" {

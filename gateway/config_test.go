@@ -5,13 +5,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 func validConfig() Config {
 	return Config{
 		Plans: map[string]Plan{
-			"free": {Rules: []Rule{{Name: "minute", Limit: 100, Period: time.Minute}, {Name: "day", Limit: 5000, Period: 24 * time.Hour}}},
-			"pro":  {Rules: []Rule{{Name: "minute", Limit: 1000, Period: time.Minute, FailurePolicy: FailLocal}}},
+			"free": {Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}}, {Rule: limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}}}},
+			"pro":  {Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1000, Period: time.Minute}, FailurePolicy: FailLocal}}},
 		},
 		AnonymousPlan: "free",
 		APIKeys:       []APIKey{{ID: "acme", SHA256: strings.Repeat("ab", 32), Plan: "pro", Overrides: map[string]Override{"minute": {Limit: 2000}}}},
@@ -29,16 +31,20 @@ func TestConfigValidate(t *testing.T) {
 		{"valid", func(*Config) {}, ""},
 		{"no plans", func(c *Config) { c.Plans = nil }, "plans: at least one plan"},
 		{"empty plan", func(c *Config) { c.Plans["x"] = Plan{} }, "plans.x.rules: a plan needs at least one rule"},
-		{"bad rule", func(c *Config) { c.Plans["x"] = Plan{Rules: []Rule{{Name: "r", Limit: 0, Period: time.Second}}} }, "plans.x.rules[0]: limiter: invalid rule \"r\": limit 0"},
-		{"rule name with quote", func(c *Config) { c.Plans["x"] = Plan{Rules: []Rule{{Name: `a"b`, Limit: 1, Period: time.Second}}} }, "plans.x.rules[0].name"},
+		{"bad rule", func(c *Config) {
+			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "r", Limit: 0, Period: time.Second}}}}
+		}, "plans.x.rules[0]: limiter: invalid rule \"r\": limit 0"},
+		{"rule name with quote", func(c *Config) {
+			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: `a"b`, Limit: 1, Period: time.Second}}}}
+		}, "plans.x.rules[0].name"},
 		{"duplicate rule", func(c *Config) {
-			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second}, {Name: "a", Limit: 2, Period: time.Second}}}
+			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "a", Limit: 1, Period: time.Second}}, {Rule: limiter.Rule{Name: "a", Limit: 2, Period: time.Second}}}}
 		}, "duplicate rule \"a\""},
 		{"bad algorithm", func(c *Config) {
-			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second, Algorithm: "leaky"}}}
+			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "a", Limit: 1, Period: time.Second, Algorithm: "leaky"}}}}
 		}, "unknown algorithm"},
 		{"bad rule policy", func(c *Config) {
-			c.Plans["x"] = Plan{Rules: []Rule{{Name: "a", Limit: 1, Period: time.Second, FailurePolicy: "maybe"}}}
+			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "a", Limit: 1, Period: time.Second}, FailurePolicy: "maybe"}}}
 		}, "plans.x.rules[0].failure_policy"},
 		{"unknown anonymous plan", func(c *Config) { c.AnonymousPlan = "gold" }, "anonymous_plan: unknown plan \"gold\""},
 		{"user header without plan", func(c *Config) { c.AnonymousPlan = ""; c.UserHeader = "X-User-ID" }, "user_plan: a plan is needed"},

@@ -158,35 +158,5 @@ func (g *Gateway) count(v verdict) {
 	if v.known && len(v.d.Rules) > 0 {
 		rule = v.d.BindingRule().Rule.Name
 	}
-	g.m.decisions.WithLabelValues(result, rule, modeName(v.mode)).Inc()
-}
-
-func modeName(m event.Mode) string {
-	switch m {
-	case event.ModeEnforced:
-		return "enforced"
-	case event.ModeShadow:
-		return "shadow"
-	case event.ModeFailOpen:
-		return "fail_open"
-	case event.ModeFailClosed:
-		return "fail_closed"
-	case event.ModeLocalFallback:
-		return "local_fallback"
-	}
-	return "unknown"
-}
-
-func storeName(s event.StoreStatus) string {
-	switch s {
-	case event.StoreOK:
-		return "ok"
-	case event.StoreUnavailable:
-		return "unavailable"
-	case event.StoreTimeout:
-		return "timeout"
-	case event.StoreLocalCache:
-		return "local_cache"
-	}
-	return "unknown"
+	g.m.decisions.WithLabelValues(result, rule, v.mode.String()).Inc()
 }

@@ -35,7 +35,7 @@ func (g *Gateway) applyDirectives(id *identity, l *limits) {
 		}
 	}
 	if len(d.Splits) > 0 {
-		if _, rules, ok := d.Split(kindName(id.kind)+":"+g.keyID(id), g.gatewayID, l.rules, now); ok {
+		if _, rules, ok := d.Split(limiter.DirectiveKey(id.kind.String(), g.keyID(id)), g.gatewayID, l.rules, now); ok {
 			l.key += "/gw:" + g.gatewayID
 			l.rules = rules
 			g.directivesApplied.WithLabelValues("split").Inc()

@@ -32,7 +32,7 @@ func TestDirectivesApplied(t *testing.T) {
 		cfg := testConfig(up.URL)
 		cfg.GatewayID = id
 		cfg.KeyHashSecret = secret
-		cfg.Plans["paid"] = Plan{Rules: []Rule{{Name: "hour", Limit: 20, Period: time.Hour}}}
+		cfg.Plans["paid"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "hour", Limit: 20, Period: time.Hour}}}}
 		cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("acme-raw-key"), Plan: "paid"}}
 		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
 		if err != nil {

@@ -47,7 +47,6 @@ func userAgentHash(ua string) uint64 {
 	return h.Sum64()
 }
 
-// publish sends one decision event; a no-op when events are off.
 // keyID is the keyed hash of id's limiter key: what events carry and what
 // analytics' directives name the key by. Computed at most once per request.
 func (g *Gateway) keyID(id *identity) string {
@@ -57,7 +56,9 @@ func (g *Gateway) keyID(id *identity) string {
 	return id.keyID
 }
 
-func (g *Gateway) publish(id *identity, route, method, planName string, cost int64, ua string, v verdict) {
+// publish sends the decision event of one call; a no-op when events are off
+// or there was no decision.
+func (g *Gateway) publish(c *call, v verdict) {
 	if g.pub == nil || v.canceled || v.err != nil {
 		return
 	}
@@ -66,15 +67,15 @@ func (g *Gateway) publish(id *identity, route, method, planName string, cost int
 		ID:            event.NewID(now),
 		Time:          now,
 		GatewayID:     g.gatewayID,
-		KeyID:         g.keyID(id),
-		KeyKind:       id.kind,
-		ClientIP:      id.clientIP,
-		UserAgentHash: userAgentHash(ua),
-		Route:         route,
-		Method:        method,
-		Plan:          planName,
+		KeyID:         g.keyID(&c.id),
+		KeyKind:       c.id.kind,
+		ClientIP:      c.id.clientIP,
+		UserAgentHash: userAgentHash(c.userAgent),
+		Route:         c.route,
+		Method:        c.method,
+		Plan:          c.limits.plan.name,
 		Allowed:       v.allowed,
-		Cost:          cost,
+		Cost:          c.cost,
 		StoreStatus:   v.store,
 		Mode:          v.mode,
 		CheckLatency:  v.latency,

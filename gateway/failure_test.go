@@ -44,7 +44,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 	gws := map[FailurePolicy]*testGateway{}
 	for _, pol := range policies {
 		cfg := testConfig(up.URL)
-		cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 10, Period: time.Minute}}}
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
 		cfg.FailurePolicy = pol
 		cfg.StoreDeadline = testDeadline
 		cfg.Breaker = BreakerConfig{Failures: 3, Open: 200 * time.Millisecond}

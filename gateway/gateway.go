@@ -27,8 +27,9 @@ import (
 
 // Options are the gateway's collaborators; all are optional.
 type Options struct {
-	// Store is the shared limiter, e.g. a *limiter.Redis. Nil uses an
-	// in-memory store: limits then hold per process.
+	// Store is the shared limiter, e.g. a *limiter.Redis. Nil (the
+	// interface, not a nil pointer in it) uses an in-memory store: limits
+	// then hold per process.
 	Store checker
 	// Ping tells /readyz whether the shared store is reachable; nil: ready.
 	Ping func(context.Context) error
@@ -104,14 +105,11 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		boot:      cfg,
 		upstreams: map[upstreamKey]*upstream{},
 	}
-	if isNil(g.pub) {
-		g.pub = nil
-	}
 	g.m = newMetrics(opts.Registry)
 	g.directives = opts.Directives
 	g.directivesApplied = newDirectivesApplied(opts.Registry)
 	g.local = limiter.NewMemory(opts.Now, cfg.LocalMaxKeys)
-	g.store, g.shared = opts.Store, !isNil(opts.Store)
+	g.store, g.shared = opts.Store, opts.Store != nil
 	if !g.shared {
 		g.store = g.local
 	}
@@ -132,20 +130,6 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 	g.st.Store(st)
 	g.handler = g.newEcho()
 	return g, nil
-}
-
-// isNil sees through interfaces holding typed nil pointers.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch p := v.(type) {
-	case *limiter.Redis:
-		return p == nil
-	case *limiter.Memory:
-		return p == nil
-	}
-	return false
 }
 
 func (g *Gateway) newEcho() *echo.Echo {
@@ -254,7 +238,7 @@ func (g *Gateway) Reload(cfg Config) error {
 		g.ReloadFailed(err)
 		return err
 	}
-	old := g.st.Swap(st)
+	g.st.Store(st)
 	g.breaker.configure(st.cfg.Breaker.Failures, st.cfg.Breaker.Open)
 	g.dropUnused(st.cfg)
 	g.m.reloads.WithLabelValues("ok").Inc()
@@ -263,7 +247,6 @@ func (g *Gateway) Reload(cfg Config) error {
 	} else {
 		g.log.Info("config reloaded", "plans", len(st.plans), "routes", len(st.routes), "api_keys", len(st.cfg.APIKeys))
 	}
-	_ = old
 	return nil
 }
 
@@ -374,26 +357,12 @@ func (g *Gateway) handle(c echo.Context) error {
 	}
 	id, ierr := st.identify(r)
 	if ierr != identified {
-		g.refuse(w, ierr)
+		writeProblem(w, g.refusal(ierr))
 		return nil
 	}
-	l := st.limitsFor(id, rt)
-	g.applyDirectives(&id, &l)
-	v := g.decide(r.Context(), st, l, rt.Cost)
-	g.publish(&id, rt.Name, r.Method, l.plan.name, rt.Cost, r.UserAgent(), v)
-	if v.canceled {
-		w.WriteHeader(499)
-		return nil
-	}
-	if v.err != nil {
-		g.log.Error("limiter refused its input", "route", rt.Name, "error", v.err.Error())
-		writeProblem(w, problem{Type: probInternal, Status: http.StatusInternalServerError})
-		return nil
-	}
-	g.count(v)
-	setRateHeaders(w.Header(), v)
-	if !v.allowed {
-		g.deny(w, v, st)
+	q := call{id: id, limits: st.limitsFor(id, rt), cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
+	if a := answerFor(w.Header(), g.enforce(r.Context(), st, &q), st); a.status != http.StatusOK {
+		a.write(w)
 		return nil
 	}
 	g.proxy(w, r, rt, st, id.peerTrusted)
@@ -408,27 +377,6 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, rt *route, st *state,
 		r.Body = info.body
 	}
 	rt.upstream.serve(w, r, info)
-}
-
-func (g *Gateway) deny(w http.ResponseWriter, v verdict, st *state) {
-	p, after := denial(v, st.jitter)
-	if after > 0 {
-		w.Header()[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
-	}
-	writeProblem(w, p)
-}
-
-func (g *Gateway) refuse(w http.ResponseWriter, e identifyError) {
-	switch e {
-	case errUnknownKey:
-		g.m.rejected.WithLabelValues("unknown_key").Inc()
-		writeProblem(w, problem{Type: probUnknownKey, Status: http.StatusUnauthorized,
-			Detail: "The API key is not known to this gateway."})
-	default:
-		g.m.rejected.WithLabelValues("key_required").Inc()
-		writeProblem(w, problem{Type: probKeyRequired, Status: http.StatusUnauthorized,
-			Detail: "This gateway needs an API key (X-API-Key or Authorization: Bearer)."})
-	}
 }
 
 // echoError answers errors echo raises itself (e.g. malformed paths).

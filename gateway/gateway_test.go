@@ -26,9 +26,9 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.Plans["free"] = Plan{Rules: []Rule{
-		{Name: "minute", Limit: 3, Period: time.Minute},
-		{Name: "hour", Limit: 100, Period: time.Hour},
-		{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true},
+		{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}},
+		{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+		{Rule: limiter.Rule{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true}},
 	}}
 	gw := startGateway(t, cfg, Options{Store: lim})
 
@@ -122,7 +122,7 @@ func TestRetryAfterNeverEarly(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "second", Limit: 2, Period: time.Second}}}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second}}}}
 	cfg.RetryJitter = time.Second // Retry-After = ceil(wait) + 1
 	gw := startGateway(t, cfg, Options{Store: lim})
 
@@ -177,7 +177,7 @@ func TestJitterSpreadsClients(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 1, Period: time.Minute}}}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
 	cfg.TrustedProxies = []string{"127.0.0.1"}
 	cfg.RetryJitter = 5 * time.Second
 	gw := startGateway(t, cfg, Options{Store: lim})
@@ -208,7 +208,7 @@ func TestForwardedFor(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 3, Period: time.Minute}}}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}}}}
 	cfg.UserHeader = "X-User-ID"
 
 	t.Run("untrusted peer", func(t *testing.T) {
@@ -277,7 +277,7 @@ func TestAPIKeys(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["pro"] = Plan{Rules: []Rule{{Name: "minute", Limit: 50, Period: time.Minute}}}
+	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 50, Period: time.Minute}}}}
 	cfg.APIKeys = []APIKey{
 		{ID: "acme", SHA256: sha("secret-acme"), Plan: "pro"},
 		{SHA256: sha("secret-big"), Plan: "pro", Overrides: map[string]Override{"minute": {Limit: 500}}},
@@ -318,8 +318,8 @@ func TestRoutesAndCost(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 10, Period: time.Minute}}}
-	cfg.Plans["search"] = Plan{Rules: []Rule{{Name: "search", Limit: 2, Period: time.Minute}}}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
+	cfg.Plans["search"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "search", Limit: 2, Period: time.Minute}}}}
 	cfg.Routes = []Route{
 		{Name: "all", PathPrefix: "/", Upstream: "app"},
 		{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
@@ -516,7 +516,7 @@ func TestCheckAPI(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["pro"] = Plan{Rules: []Rule{{Name: "minute", Limit: 2, Period: time.Minute}}}
+	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 2, Period: time.Minute}}}}
 	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("secret-acme"), Plan: "pro"}}
 	cfg.Routes = append(cfg.Routes, Route{Name: "export", PathPrefix: "/export", Upstream: "app", Cost: 2})
 	gw := startGateway(t, cfg, Options{Store: lim})
@@ -598,9 +598,9 @@ func TestRedisCluster(t *testing.T) {
 	cfg := testConfig(up.URL)
 	cfg.TrustedProxies = []string{"127.0.0.1"}
 	cfg.Plans["free"] = Plan{Rules: []Rule{
-		{Name: "minute", Limit: 2, Period: time.Minute},
-		{Name: "hour", Limit: 100, Period: time.Hour},
-		{Name: "day", Limit: 1000, Period: 24 * time.Hour, Algorithm: "sliding_window"},
+		{Rule: limiter.Rule{Name: "minute", Limit: 2, Period: time.Minute}},
+		{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+		{Rule: limiter.Rule{Name: "day", Limit: 1000, Period: 24 * time.Hour, Algorithm: "sliding_window"}},
 	}}
 	gw := startGateway(t, cfg, Options{Store: lim})
 	for c := range 20 { // clients spread over the cluster's slots

@@ -58,7 +58,7 @@ func newTestUpstream(t testing.TB) *httptest.Server {
 func testConfig(upstreamURL string) Config {
 	return Config{
 		Plans: map[string]Plan{
-			"free": {Rules: []Rule{{Name: "minute", Limit: 5, Period: time.Minute}}},
+			"free": {Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 5, Period: time.Minute}}}},
 		},
 		AnonymousPlan: "free",
 		Upstreams:     map[string]Upstream{"app": {URL: upstreamURL}},

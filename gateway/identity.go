@@ -1,14 +1,12 @@
 package gateway
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // identity is who the caller is, as far as the limits are concerned.
@@ -42,7 +40,7 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	id.clientIP = st.clientIP(r)
 	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
 		if k := st.lookupKey(raw); k != nil {
-			id.kind, id.key, id.plan = event.KindAPIKey, "k:"+k.id, k.plan
+			id.kind, id.key, id.plan = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan
 			return id, identified
 		}
 		if st.cfg.UnknownKey != UnknownKeyAnonymous {
@@ -51,7 +49,7 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	}
 	if h := st.cfg.UserHeader; h != "" && id.peerTrusted {
 		if u := r.Header.Get(h); u != "" {
-			id.kind, id.key, id.plan = event.KindUser, userKey(u), st.user
+			id.kind, id.key, id.plan = event.KindUser, limiter.UserKey(u), st.user
 			return id, identified
 		}
 	}
@@ -60,6 +58,16 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	}
 	id.kind, id.key, id.plan = event.KindIP, ipKey(id.clientIP), st.anonymous
 	return id, identified
+}
+
+// ipKey is the limiter key of a client address the extractor returned.
+// It is always an address for TCP peers; anything else shares one bucket
+// rather than going unlimited.
+func ipKey(ip string) string {
+	if k, ok := limiter.IPKey(ip); ok {
+		return k
+	}
+	return "ip:unknown"
 }
 
 // apiKeyOf reads the API key from X-API-Key or Authorization: Bearer.
@@ -101,42 +109,4 @@ func peerIP(remoteAddr string) net.IP {
 		host = remoteAddr
 	}
 	return net.ParseIP(host)
-}
-
-// ipKey keys IPv4 clients by address and IPv6 clients by their /64, which
-// one subscriber usually holds whole.
-func ipKey(ip string) string {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		return "ip:unknown"
-	}
-	a = a.Unmap().WithZone("")
-	if a.Is4() {
-		return "ip:" + a.String()
-	}
-	p, _ := a.Prefix(64)
-	return "ip:" + p.String()
-}
-
-// userKey keys a user id as given when it is short and plain, and by its
-// hash otherwise, so no header value can stretch or break a Redis key.
-func userKey(u string) string {
-	if len(u) <= 128 && plain(u) {
-		return "u:" + u
-	}
-	sum := sha256.Sum256([]byte(u))
-	return "u#" + hex.EncodeToString(sum[:16])
-}
-
-func plain(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case c == '-' || c == '_' || c == '.' || c == '@' || c == ':':
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -136,7 +136,7 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 		if pol == "" {
 			pol = cfg.FailurePolicy
 		}
-		lr := r.limiterRule()
+		lr := r.Rule
 		p.rules = append(p.rules, lr)
 		p.policies = append(p.policies, pol)
 		if lr.Shadow {

@@ -28,7 +28,7 @@ func TestTenGatewaysShareOneLimit(t *testing.T) {
 		run    = 3 * time.Second
 	)
 	cfg := testConfig(up.URL)
-	cfg.Plans["shared"] = Plan{Rules: []Rule{{Name: "shared", Limit: limit, Period: period}}}
+	cfg.Plans["shared"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "shared", Limit: limit, Period: period}}}}
 	cfg.APIKeys = []APIKey{{ID: "hot", SHA256: sha("hot-key"), Plan: "shared"}}
 	// This test is about accuracy, not latency: under -race on two cores a
 	// store call can miss a 25ms deadline, and failing open would count

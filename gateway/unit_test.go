@@ -135,32 +135,6 @@ func TestRouteMatch(t *testing.T) {
 	}
 }
 
-func TestIdentityKeys(t *testing.T) {
-	tests := []struct {
-		give, want string
-	}{
-		{"192.0.2.7", "ip:192.0.2.7"},
-		{"::ffff:192.0.2.7", "ip:192.0.2.7"},
-		{"2001:db8:1:2:3:4:5:6", "ip:2001:db8:1:2::/64"},
-		{"2001:db8:1:2::ffff", "ip:2001:db8:1:2::/64"},
-		{"fe80::1%eth0", "ip:fe80::/64"},
-		{"not an ip", "ip:unknown"},
-	}
-	for _, tt := range tests {
-		if got := ipKey(tt.give); got != tt.want {
-			t.Errorf("ipKey(%q) = %q, want %q", tt.give, got, tt.want)
-		}
-	}
-	if got := userKey("alice@example.com"); got != "u:alice@example.com" {
-		t.Errorf("userKey(plain) = %q", got)
-	}
-	for _, u := range []string{"a}b{c", strings.Repeat("x", 500), "with space"} {
-		if got := userKey(u); !strings.HasPrefix(got, "u#") || len(got) != 34 {
-			t.Errorf("userKey(%.20q) = %q, want a hashed key", u, got)
-		}
-	}
-}
-
 func TestLookupKey(t *testing.T) {
 	cfg := validConfig()
 	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: strings.ToUpper(sha("s3cret")), Plan: "pro"}, {SHA256: sha("other"), Plan: "free"}}
@@ -191,10 +165,10 @@ func TestLocalShare(t *testing.T) {
 	cfg.ExpectedGateways = 3
 	cfg.FailurePolicy = FailLocal
 	cfg.Plans["x"] = Plan{Rules: []Rule{
-		{Name: "a", Limit: 100, Period: time.Minute, Burst: 10},
-		{Name: "b", Limit: 2, Period: time.Minute},
-		{Name: "c", Limit: 50, Period: time.Minute, FailurePolicy: FailOpen},
-		{Name: "d", Limit: 50, Period: time.Minute, Shadow: true},
+		{Rule: limiter.Rule{Name: "a", Limit: 100, Period: time.Minute, Burst: 10}},
+		{Rule: limiter.Rule{Name: "b", Limit: 2, Period: time.Minute}},
+		{Rule: limiter.Rule{Name: "c", Limit: 50, Period: time.Minute}, FailurePolicy: FailOpen},
+		{Rule: limiter.Rule{Name: "d", Limit: 50, Period: time.Minute, Shadow: true}},
 	}}
 	st, err := compile(cfg, map[string]*upstream{})
 	if err != nil {
@@ -272,7 +246,7 @@ func (f *fakePublisher) Publish(d event.Decision) {
 func TestPublishesEachDecision(t *testing.T) {
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Name: "minute", Limit: 1, Period: time.Minute}}}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
 	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("raw-secret-key"), Plan: "free"}}
 	cfg.GatewayID = "gw-7"
 	cfg.KeyHashSecret = "hash-secret"
@@ -384,7 +358,7 @@ func TestReload(t *testing.T) {
 	}
 
 	next := cfg
-	next.Plans = map[string]Plan{"free": {Rules: []Rule{{Name: "minute", Limit: 7, Period: time.Minute}}}}
+	next.Plans = map[string]Plan{"free": {Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 7, Period: time.Minute}}}}}
 	if err := gw.Reload(next); err != nil {
 		t.Fatalf("Reload(valid) = %v", err)
 	}

@@ -62,21 +62,23 @@ var (
 )
 
 // Rule is one limit on a key, e.g. 100 requests per minute.
+//
+// The yaml tags are the gateway's configuration syntax, which embeds Rule.
 type Rule struct {
 	// Name identifies the rule in headers, events and Redis keys.
-	Name string
+	Name string `yaml:"name"`
 	// Limit is how many units the rule admits per Period.
-	Limit int64
+	Limit int64 `yaml:"limit"`
 	// Period is the window the limit refers to.
-	Period time.Duration
+	Period time.Duration `yaml:"period"`
 	// Burst is the token bucket's capacity; zero means Limit. Ignored by
 	// SlidingWindow, whose capacity is always Limit.
-	Burst int64
+	Burst int64 `yaml:"burst"`
 	// Algorithm defaults to TokenBucket when empty.
-	Algorithm Algorithm
+	Algorithm Algorithm `yaml:"algorithm"`
 	// Shadow rules are decided and reported but never deny, and a shadow
 	// rule's own denial never stops the other rules from consuming.
-	Shadow bool
+	Shadow bool `yaml:"shadow"`
 }
 
 // Capacity is the most units the rule can admit at once.

@@ -426,7 +426,7 @@ alerts:
 	if err := analyticstest.Insert(ctx, conn, hot.Rows()); err != nil {
 		t.Fatal(err)
 	}
-	key := analytics.DirectiveKey("api_key", "hot-1")
+	key := limiter.DirectiveKey("api_key", "hot-1")
 	deadline = time.Now().Add(20 * time.Second)
 	for {
 		if s, ok := w.Current().Splits[key]; ok {

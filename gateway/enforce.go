@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+)
+
+// call is one question to the enforcement step, whichever entry point
+// (proxied traffic, POST /v1/check) asks it.
+type call struct {
+	id     identity
+	limits limits
+	cost   int64
+	// route names the route in metrics and events ("check" for a decision
+	// API call that names none).
+	route     string
+	method    string
+	userAgent string
+}
+
+// enforce is the one enforcement step behind every entry point: the
+// directives in force, one limiter call (or the failure policy when the
+// store fails), the decision event and the decision metrics. A behaviour
+// fixed here is fixed for every door; an entry point only turns its
+// request into a call and the verdict into its response (answerFor).
+func (g *Gateway) enforce(ctx context.Context, st *state, c *call) verdict {
+	g.applyDirectives(&c.id, &c.limits)
+	v := g.decide(ctx, st, c.limits, c.cost)
+	g.publish(c, v)
+	switch {
+	case v.canceled:
+	case v.err != nil:
+		g.log.Error("limiter refused its input", "route", c.route, "error", v.err.Error())
+	default:
+		g.count(v)
+	}
+	return v
+}
+
+// statusClientClosed is nginx's code for a client that went away before
+// the answer; it only ever reaches metrics and logs.
+const statusClientClosed = 499
+
+// answer is how an entry point answers a verdict.
+type answer struct {
+	// status is 200 when the request may proceed.
+	status int
+	// problem is the body of a refusal; nil when allowed or canceled.
+	problem *problem
+	// retryAfter is the Retry-After value sent, in seconds; 0: none.
+	retryAfter int64
+}
+
+// answerFor writes the verdict's rate-limit headers, and Retry-After when
+// it refuses, into h, and returns the answer every entry point gives.
+func answerFor(h http.Header, v verdict, st *state) answer {
+	switch {
+	case v.canceled:
+		return answer{status: statusClientClosed}
+	case v.err != nil:
+		return answer{status: http.StatusInternalServerError, problem: &problem{Type: probInternal, Status: http.StatusInternalServerError}}
+	}
+	setRateHeaders(h, v)
+	if v.allowed {
+		return answer{status: http.StatusOK}
+	}
+	p, after := denial(v, st.jitter)
+	if after > 0 {
+		h[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
+	}
+	return answer{status: p.Status, problem: &p, retryAfter: after}
+}
+
+// write sends a refusal: its problem, or the bare status without one.
+func (a answer) write(w http.ResponseWriter) {
+	if a.problem == nil {
+		w.WriteHeader(a.status)
+		return
+	}
+	writeProblem(w, *a.problem)
+}
+
+// refusal is the answer to a caller that could not be identified, counted.
+func (g *Gateway) refusal(e identifyError) problem {
+	if e == errUnknownKey {
+		g.m.rejected.WithLabelValues("unknown_key").Inc()
+		return problem{Type: probUnknownKey, Status: http.StatusUnauthorized,
+			Detail: "The API key is not known to this gateway."}
+	}
+	g.m.rejected.WithLabelValues("key_required").Inc()
+	return problem{Type: probKeyRequired, Status: http.StatusUnauthorized,
+		Detail: "This gateway needs an API key (X-API-Key or Authorization: Bearer)."}
+}
