@@ -114,6 +114,7 @@ for i = 1, n do
     -- l, P, c = the limit, period and capacity it was written under}
     local capu = cap * MICRO
     local st = redis.call('HMGET', KEYS[i], 'tk', 'ts', 'l', 'P', 'c')
+    local pn, pd = reduce(period, limit * MICRO) -- us per micro-token
     local tokens = capu
     local ts = now
     local conv = false
@@ -124,7 +125,8 @@ for i = 1, n do
       local ocapu = (tonumber(st[5]) or cap) * MICRO
       local elapsed = now - sts
       if elapsed < 0 then elapsed = 0 end
-      local rn, rd = reduce(ol * MICRO, op)
+      local rn, rd = pd, pn
+      if ol ~= limit or op ~= period then rn, rd = reduce(ol * MICRO, op) end
       local refill = muldiv_floor(elapsed, rn, rd)
       if refill > ocapu then refill = ocapu end
       tokens = tonumber(st[1]) + refill
@@ -132,10 +134,9 @@ for i = 1, n do
       if capu > ocapu then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if sts > ts then ts = sts end
-      conv = ol ~= limit or op ~= period or ocapu ~= capu
+      conv = ol ~= limit or op ~= period or ocapu ~= capu or st[3] == false
     end
     local need = cost * MICRO
-    local pn, pd = reduce(period, limit * MICRO) -- us per micro-token
     if tokens >= need then
       ok = 1
       retry = 0
@@ -148,10 +149,10 @@ for i = 1, n do
     rb = {math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)}
     if ok == 1 then
       ra = {math.floor(rest / MICRO), wait(capu - rest, pn, pd)}
-      writes[i] = {0, KEYS[i], rest, ts, limit, period, cap, ra[2]}
+      writes[i] = {0, KEYS[i], rest, ts, limit, period, cap, not st[1] or conv, ra[2]}
     end
     if conv then
-      converts[i] = {0, KEYS[i], tokens, ts, limit, period, cap, rb[2]}
+      converts[i] = {0, KEYS[i], tokens, ts, limit, period, cap, true, rb[2]}
     end
   else
     -- sliding window counter: hash {w = window index, c = count in it,
@@ -206,10 +207,10 @@ for i = 1, n do
     if room >= 0 and prev * k <= room * D then
       ok = 1
       ra = state(cur + cost)
-      writes[i] = {1, KEYS[i], w, cur + cost, prev, period, left + period}
+      writes[i] = {1, KEYS[i], w, cur + cost, prev, period, not st[1] or conv, left + period}
     end
     if conv then
-      converts[i] = {1, KEYS[i], w, cur, prev, period, left + period}
+      converts[i] = {1, KEYS[i], w, cur, prev, period, true, left + period}
     end
     if ok == 0 and cost <= limit then
       -- (a cost above the limit reaches here only for a shadow rule: no
@@ -253,10 +254,15 @@ res[#res + 1] = now
 local function put(wr)
   -- expiry: when the state would read as fresh anyway, plus a second
   local ttl = math.ceil(wr[#wr] / 1000) + 1000
-  if wr[1] == 0 then
+  -- the rule's fields only when they change (a new or converted state)
+  if wr[1] == 0 and wr[8] then
     redis.call('HSET', wr[2], 'tk', wr[3], 'ts', wr[4], 'l', wr[5], 'P', wr[6], 'c', wr[7])
-  else
+  elseif wr[1] == 0 then
+    redis.call('HSET', wr[2], 'tk', wr[3], 'ts', wr[4])
+  elseif wr[7] then
     redis.call('HSET', wr[2], 'w', wr[3], 'c', wr[4], 'p', wr[5], 'P', wr[6])
+  else
+    redis.call('HSET', wr[2], 'w', wr[3], 'c', wr[4], 'p', wr[5])
   end
   redis.call('PEXPIRE', wr[2], ttl)
 end
