@@ -20,12 +20,15 @@
 --
 -- Arithmetic: Lua numbers are doubles, exact for integers up to 2^53.
 -- Token buckets count micro-tokens (capacity ≤ 2^32, so ≤ 2^52 of them), so
--- the refill of a few microseconds is not truncated away. A refill
--- elapsed × limit × 10^6 / period whose product passes 2^53 is rounded to
--- within one micro-token and then lowered by one, so every rounding is in
--- the limiter's favour; retry and reset times are likewise raised. Sliding
--- windows compare counts times weights in 1/2^20 (≤ 2^52, exact). memory.go
--- mirrors every expression.
+-- the refill of a few microseconds is not truncated away. The refill
+-- elapsed × limit × 10^6 / period is computed with limit × 10^6 / period in
+-- lowest terms, so for round rules the product stays below 2^53 and exact;
+-- a product that still passes 2^53 is rounded to within one micro-token and
+-- then lowered by one, so every rounding is in the limiter's favour. Retry
+-- and reset times are likewise raised (by at most 2 us), capped at 2^53 us.
+-- Sliding windows compare counts times weights in 1/2^20 (≤ 2^52, exact).
+-- memory.go computes the same quantities exactly in 128-bit integers and
+-- the sliding window's weights with the very same double expressions.
 --
 -- Each state records the rule it was written under, so a changed rule
 -- converts it: a token bucket refills at its old rate up to now, then a
