@@ -74,7 +74,7 @@ func newBucketModel(r Rule, now int64) *bucketModel {
 // the capacity; time never runs backwards.
 func (b *bucketModel) at(now int64) *big.Rat {
 	elapsed := max(0, now-b.ts)
-	refill := new(big.Rat).SetFrac64(elapsed*b.rule.Limit, b.rule.Period.Microseconds())
+	refill := new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(elapsed), big.NewInt(b.rule.Limit)), big.NewInt(b.rule.Period.Microseconds()))
 	if elapsed > 0 && refill.Cmp(ratInt(b.rule.Capacity())) > 0 {
 		return ratInt(b.rule.Capacity())
 	}
@@ -334,12 +334,38 @@ func randomRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
 	}
 }
 
+// bigRules draws rules near the largest allowed (2^32 units, 400 days),
+// whose products pass int64 and 2^53.
+func bigRules(r *rand.Rand) []Rule {
+	limit := func() int64 { return 1 + r.Int64N(maxCapacity) }
+	period := func() time.Duration { return time.Hour + time.Duration(r.Int64N(int64(maxPeriod-time.Hour))) }
+	return []Rule{
+		{Name: "tb", Limit: limit(), Period: period(), Burst: limit()},
+		{Name: "gcra", Limit: limit(), Period: period(), Burst: 1 + r.Int64N(1000)},
+		{Name: "sw", Limit: limit(), Period: period(), Algorithm: SlidingWindow},
+	}
+}
+
+// maxCost is the largest cost drawn for a phase: a few units, or for big
+// rules a good share of the smallest capacity.
 func maxCost(rules []Rule) int64 {
-	c := int64(3)
+	c := int64(maxCapacity)
 	for _, r := range rules {
 		c = min(c, r.Capacity())
 	}
-	return c
+	if c > 1000 {
+		return c / 3
+	}
+	return min(c, 3)
+}
+
+// phaseRules draws a phase's rules: usually ordinary ones in the period
+// range, one phase in four big ones.
+func phaseRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
+	if r.IntN(4) == 0 {
+		return bigRules(r)
+	}
+	return randomRules(r, minPeriod, maxPeriod)
 }
 
 func modelSeed(t *testing.T) uint64 {
@@ -377,7 +403,7 @@ func TestModel(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 1))
 		var rules [][]Rule
 		for range phases {
-			rules = append(rules, randomRules(r, 10*time.Millisecond, 10*time.Second))
+			rules = append(rules, phaseRules(r, 10*time.Millisecond, 10*time.Second))
 		}
 		// A fake clock that advances on every read, by steps that make
 		// demand a few times the rules' rates.
@@ -393,11 +419,14 @@ func TestModel(t *testing.T) {
 		}
 		m := NewMemory(clock, 0)
 		events := runModel(t, rules, seed, func(p int) {
-			st := int64(time.Hour)
+			// Each call's mean cost takes Window × cost / Capacity to
+			// refill; a third of that per call keeps demand above supply.
+			st := float64(time.Hour)
+			mean := float64(1+maxCost(rules[p])) / 2
 			for _, rule := range rules[p] {
-				st = min(st, int64(rule.Window())/(3*rule.Capacity()))
+				st = min(st, float64(rule.Window())*mean/float64(3*rule.Capacity()))
 			}
-			step.Store(max(1, st))
+			step.Store(max(1, int64(st)))
 		}, func(p int, calls int) bool { return calls < 500 }, m, nil)
 		replaySets(t, rules, events, seed)
 	})
@@ -418,7 +447,7 @@ func TestModel(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 1))
 			var rules [][]Rule
 			for range phases {
-				rules = append(rules, randomRules(r, 50*time.Millisecond, 300*time.Millisecond))
+				rules = append(rules, phaseRules(r, 50*time.Millisecond, 300*time.Millisecond))
 			}
 			lims := mk(t)
 			var end time.Time
