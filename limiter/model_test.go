@@ -23,12 +23,16 @@ import (
 //   - every admitted request must be admissible by the model, given what
 //     the store admitted before it (so admitted ≤ the model's bound over
 //     every window, with no tolerance);
-//   - every denied request must be inadmissible by the model, but for a
-//     stated tolerance: the stores round in their own favour, a token
+//   - every rule's own verdict must match: a rule that admitted (even in a
+//     request another rule denied) must have room in the model, and one
+//     that denied must not, but for a stated tolerance: the stores round in their own favour, a token
 //     bucket by under a micro-token per write (tolerance 3e-6 tokens per
 //     write so far), a sliding window by 1/2^20 of the previous window's
 //     count (tolerance 2×prev/2^20, plus one unit in a window that carried
 //     use over from another period, which the store rounds up);
+//   - a token bucket's RetryAfter is the model's wait for the missing
+//     tokens, never earlier by a microsecond, later by at most the
+//     tolerance's tokens' worth plus 3µs;
 //   - the documented corollaries hold over every window of one Period:
 //     at most Capacity + Limit units for a token bucket, at most 2×Limit−1
 //     for a sliding window.
@@ -185,6 +189,7 @@ type modelEvent struct {
 	at      int64 // µs, as the decision reports it
 	cost    int64
 	allowed bool
+	rules   []RuleResult // each rule's own verdict
 }
 
 // replay checks a run's decisions against the model; phases[i] are the
@@ -244,19 +249,49 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 			continue
 		}
 		denied++
-		all := true
+		// Each rule's own verdict: one that admitted must have room in
+		// the model; one that denied must not, but for the tolerance, and
+		// a token bucket's RetryAfter must be the model's wait, never
+		// earlier and later only by the tolerance.
 		for i, m := range models {
-			if rooms[i].Cmp(tolerance(m, e.at, writes)) < 0 {
-				all = false
+			rr := e.rules[i]
+			tol := tolerance(m, e.at, writes)
+			switch {
+			case rr.Allowed && rooms[i].Sign() < 0:
+				failures++
+				fail("phase %d, t=%dµs: %+v alone admitted cost %d, the model has %s too few", phase, e.at, rr.Rule, e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
+			case !rr.Allowed && rooms[i].Cmp(tol) >= 0:
+				failures++
+				fail("phase %d, t=%dµs: %+v denied cost %d, the model admits it with room %s", phase, e.at, rr.Rule, e.cost, rooms[i].FloatString(6))
+			case !rr.Allowed:
+				if b, ok := m.(*bucketModel); ok {
+					checkRetry(fail, &failures, phase, e, rr, b, rooms[i], tol)
+				}
 			}
-		}
-		if all {
-			failures++
-			fail("phase %d, t=%dµs: cost %d denied, but every rule's model admits it with room %v", phase, e.at, e.cost, ratStrings(rooms))
 		}
 	}
 	checkWindows(t, phases, events, seed)
 	return admitted, denied
+}
+
+// checkRetry compares a token bucket's RetryAfter with the model's wait
+// for the missing tokens, (cost − tokens) × Period / Limit.
+func checkRetry(fail func(string, ...any), failures *int, phase int, e modelEvent, rr RuleResult, b *bucketModel, room, tol *big.Rat) {
+	perToken := new(big.Rat).SetFrac64(b.rule.Period.Microseconds(), b.rule.Limit)
+	want := new(big.Rat).Mul(new(big.Rat).Neg(room), perToken) // µs
+	if want.Sign() < 0 {
+		want.SetInt64(0)
+	}
+	if want.Cmp(ratInt(maxWait)) > 0 {
+		want.SetInt64(maxWait) // the stores' cap, about 285 years
+	}
+	slack := new(big.Rat).Mul(tol, perToken)
+	slack.Add(slack, ratInt(3))
+	got := ratInt(rr.RetryAfter.Microseconds())
+	if got.Cmp(want) < 0 || got.Cmp(new(big.Rat).Add(want, slack)) > 0 {
+		*failures++
+		fail("phase %d, t=%dµs: %+v cost %d: RetryAfter %v, the model's wait is %sµs (+%sµs tolerance)", phase, e.at, rr.Rule, e.cost, rr.RetryAfter, want.FloatString(1), slack.FloatString(1))
+	}
 }
 
 func cmpInt(a, b int64) int {
@@ -470,9 +505,8 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 	var mu sync.Mutex
 	var events []modelEvent
 	_, isMemory := first.(*Memory)
-	for p, rs := range rules {
+	for p := range rules {
 		start(p)
-		top := maxCost(rs)
 		var wg sync.WaitGroup
 		for c := range callers {
 			wg.Go(func() {
@@ -480,8 +514,8 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 				s := stores[c%len(stores)]
 				var mine []modelEvent
 				for n := 0; more(p, n); n++ {
-					cost := 1 + r.Int64N(top)
 					set := r.IntN(len(sets))
+					cost := 1 + r.Int64N(maxCost(sets[set][p]))
 					d, err := s.Allow(context.Background(), key+strconv.Itoa(set), sets[set][p], cost)
 					if err != nil {
 						t.Errorf("Allow: %v", err)
@@ -491,7 +525,7 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 						t.Errorf("Allow(cost %d) = %+v: want a store decision", cost, d)
 						return
 					}
-					mine = append(mine, modelEvent{set: set, phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed})
+					mine = append(mine, modelEvent{set: set, phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed, rules: d.Rules})
 					if !isMemory {
 						time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
 					}
