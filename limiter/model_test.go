@@ -25,11 +25,12 @@ import (
 //     every window, with no tolerance);
 //   - every rule's own verdict must match: a rule that admitted (even in a
 //     request another rule denied) must have room in the model, and one
-//     that denied must not, but for a stated tolerance: the stores round in their own favour, a token
-//     bucket by under a micro-token per write (tolerance 3e-6 tokens per
-//     write so far), a sliding window by 1/2^20 of the previous window's
-//     count (tolerance 2×prev/2^20, plus one unit in a window that carried
-//     use over from another period, which the store rounds up);
+//     that denied must not, but for a stated tolerance. The stores round
+//     in their own favour: a token bucket by under a micro-token per write
+//     (tolerance 3e-6 tokens per write so far), a sliding window by 1/2^20
+//     of the previous window's count (tolerance 2×prev/2^20, plus one unit
+//     in a window that carried use over from another period, which the
+//     store rounds up);
 //   - a token bucket's RetryAfter is the model's wait for the missing
 //     tokens, never earlier by a microsecond, later by at most the
 //     tolerance's tokens' worth plus 3µs;
