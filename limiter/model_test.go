@@ -240,6 +240,15 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 		if e.allowed {
 			admitted++
 			for i, m := range models {
+				if r := e.rules[i]; r.Rule.Shadow && !r.Allowed {
+					// A shadow rule that denied consumes nothing, and its
+					// denial must be the model's.
+					if rooms[i].Cmp(tolerance(m, e.at, writes)) >= 0 {
+						failures++
+						fail("phase %d, t=%dµs: shadow %+v denied cost %d, the model admits it with room %s", phase, e.at, r.Rule, e.cost, rooms[i].FloatString(6))
+					}
+					continue
+				}
 				if rooms[i].Sign() < 0 {
 					failures++
 					fail("phase %d, t=%dµs: %+v admitted cost %d, the model has %s too few", phase, e.at, phases[phase][i], e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
@@ -319,18 +328,18 @@ func ratStrings(rs []*big.Rat) []string {
 func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) {
 	t.Helper()
 	for p, rules := range phases {
-		var adm []modelEvent
-		for _, e := range events {
-			if e.phase == p && e.allowed {
-				adm = append(adm, e)
+		for k, r := range rules {
+			// Units in [adm[i].at, adm[i].at + Period), for every i.
+			var adm []modelEvent
+			for _, e := range events {
+				if e.phase == p && e.allowed && e.rules[k].Allowed {
+					adm = append(adm, e)
+				}
 			}
-		}
-		for _, r := range rules {
 			bound := r.Capacity() + r.Limit
 			if r.algorithm() == SlidingWindow {
 				bound = 2*r.Limit - 1
 			}
-			// Units in [adm[i].at, adm[i].at + Period), for every i.
 			var sum int64
 			j := 0
 			for i := range adm {
@@ -348,9 +357,16 @@ func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint6
 	}
 }
 
+// setRule is one of a phase's rules in a rule set, maybe made shadow.
+type setRule struct {
+	idx    int
+	shadow bool
+}
+
 // ruleSets are what each key of a run is checked against: each algorithm
-// alone, so its model decides alone, and all three at once, all-or-nothing.
-var ruleSets = [][]int{{0}, {1}, {2}, {0, 1, 2}}
+// alone, so its model decides alone; all three at once, all-or-nothing;
+// and a token bucket beside a shadow sliding window.
+var ruleSets = [][]setRule{{{0, false}}, {{1, false}}, {{2, false}}, {{0, false}, {1, false}, {2, false}}, {{0, false}, {2, true}}}
 
 // randomRules draws one phase's rules: a token bucket, a GCRA (burst 4)
 // and a sliding window, with the given period range.
@@ -550,8 +566,10 @@ func setRules(rules [][]Rule) [][][]Rule {
 	for i, idx := range ruleSets {
 		for _, rs := range rules {
 			var sub []Rule
-			for _, j := range idx {
-				sub = append(sub, rs[j])
+			for _, sr := range idx {
+				r := rs[sr.idx]
+				r.Shadow = sr.shadow
+				sub = append(sub, r)
 			}
 			sets[i] = append(sets[i], sub)
 		}
@@ -576,6 +594,9 @@ func replaySets(t *testing.T, rules [][]Rule, events []modelEvent, seed uint64) 
 		names := make([]string, len(phases[0]))
 		for j, r := range phases[0] {
 			names[j] = r.Name
+			if r.Shadow {
+				names[j] += "(shadow)"
+			}
 		}
 		t.Logf("rules %v: %d admitted, %d denied", names, a, d)
 	}
