@@ -279,10 +279,11 @@ func TestParseReply(t *testing.T) {
 		give    []any
 		wantErr bool
 	}{
-		{"good", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, false},
+		{"good", []any{int64(1), int64(1), int64(0), int64(0), int64(1000), int64(1_800_000_000_000_000)}, false},
 		{"short", []any{int64(1), int64(1)}, true},
-		{"string", []any{int64(1), "1", int64(0), int64(0), int64(1000)}, true},
-		{"overall disagrees", []any{int64(0), int64(1), int64(0), int64(0), int64(1000)}, true},
+		{"no time", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, true},
+		{"string", []any{int64(1), "1", int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"overall disagrees", []any{int64(0), int64(1), int64(0), int64(0), int64(1000), int64(0)}, true},
 	}
 	for _, tt := range tests {
 		_, err := parseReply(tt.give, rules)
