@@ -117,9 +117,9 @@ func TestLargeRules(t *testing.T) {
 	}{
 		{"5M per 30 days", Rule{Name: "r", Limit: 5_000_000, Period: 30 * day, Algorithm: SlidingWindow}},
 		{"200M per day", Rule{Name: "r", Limit: 200_000_000, Period: day, Algorithm: SlidingWindow}},
-		{"largest sliding window", Rule{Name: "r", Limit: maxCapacity, Period: maxPeriod, Algorithm: SlidingWindow}},
+		{"largest sliding window", Rule{Name: "r", Limit: maxCapacity, Period: MaxPeriod, Algorithm: SlidingWindow}},
 		{"1e9 per 30 days", Rule{Name: "r", Limit: 1_000_000_000, Period: 30 * day}},
-		{"largest bucket", Rule{Name: "r", Limit: maxCapacity, Period: maxPeriod}},
+		{"largest bucket", Rule{Name: "r", Limit: maxCapacity, Period: MaxPeriod}},
 		{"odd rate", Rule{Name: "r", Limit: 999_999_937, Period: 29*day + 7*time.Microsecond, Burst: maxCapacity - 3}},
 	}
 	forEachStore(t, func(t *testing.T, s store) {

@@ -370,9 +370,9 @@ var ruleSets = [][]setRule{{{0, false}}, {{1, false}}, {{2, false}}, {{0, false}
 
 // randomRules draws one phase's rules: a token bucket, a GCRA (burst 4)
 // and a sliding window, with the given period range.
-func randomRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
+func randomRules(r *rand.Rand, minPeriod, MaxPeriod time.Duration) []Rule {
 	period := func() time.Duration {
-		return minPeriod + time.Duration(r.Int64N(int64(maxPeriod-minPeriod)))
+		return minPeriod + time.Duration(r.Int64N(int64(MaxPeriod-minPeriod)))
 	}
 	tbLimit := 5 + r.Int64N(60)
 	var burst int64
@@ -390,7 +390,7 @@ func randomRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
 // whose products pass int64 and 2^53.
 func bigRules(r *rand.Rand) []Rule {
 	limit := func() int64 { return 1 + r.Int64N(maxCapacity) }
-	period := func() time.Duration { return time.Hour + time.Duration(r.Int64N(int64(maxPeriod-time.Hour))) }
+	period := func() time.Duration { return time.Hour + time.Duration(r.Int64N(int64(MaxPeriod-time.Hour))) }
 	return []Rule{
 		{Name: "tb", Limit: limit(), Period: period(), Burst: limit()},
 		{Name: "gcra", Limit: limit(), Period: period(), Burst: 1 + r.Int64N(1000)},
@@ -413,11 +413,11 @@ func maxCost(rules []Rule) int64 {
 
 // phaseRules draws a phase's rules: usually ordinary ones in the period
 // range, one phase in four big ones.
-func phaseRules(r *rand.Rand, minPeriod, maxPeriod time.Duration) []Rule {
+func phaseRules(r *rand.Rand, minPeriod, MaxPeriod time.Duration) []Rule {
 	if r.IntN(4) == 0 {
 		return bigRules(r)
 	}
-	return randomRules(r, minPeriod, maxPeriod)
+	return randomRules(r, minPeriod, MaxPeriod)
 }
 
 func modelSeed(t *testing.T) uint64 {
