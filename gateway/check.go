@@ -163,7 +163,12 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		if req.Method == "" {
 			req.Method = http.MethodGet
 		}
-		if rt = st.match(req.Method, req.Path); rt == nil {
+		p, _, _ := strings.Cut(req.Path, "?")
+		p, err := normalizePath(p, st.cfg.Paths)
+		if err != nil {
+			return bad(http.StatusBadRequest, probBadPath, "path holds "+err.Error()+".")
+		}
+		if rt = st.match(req.Method, p); rt == nil {
 			return bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
 		}
 	}

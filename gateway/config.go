@@ -98,8 +98,11 @@ type Config struct {
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// Routes map path prefixes and methods to upstreams, plans and costs.
 	// The longest matching prefix wins; a route naming the method beats one
-	// for any method.
+	// for any method. Routes match the normalised path (see Paths), which
+	// is also the path sent upstream.
 	Routes []Route `yaml:"routes"`
+	// Paths says how request paths are normalised; ambiguous ones get 400.
+	Paths PathConfig `yaml:"paths"`
 	// Upstreams are the services behind the gateway, by name.
 	Upstreams map[string]Upstream `yaml:"upstreams"`
 
@@ -196,6 +199,22 @@ type Upstream struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// ConnectTimeout bounds connecting; default 2s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+}
+
+// PathConfig says how request paths are normalised before routing. The
+// normalised path is the one forwarded; see normalizePath for what it
+// decodes, resolves and refuses.
+type PathConfig struct {
+	// AllowParams accepts ';' in path segments (";jsessionid=…"): routes
+	// then match each segment without its params, as Java stacks route,
+	// and the params are forwarded. Default false: 400, since an upstream
+	// that cuts params could run a route other than the one limited.
+	AllowParams bool `yaml:"allow_params"`
+	// IgnoreCase matches route prefixes case-insensitively, for upstreams
+	// that route so ("/api/EXPORT" is then the export route). Default
+	// false: case-sensitive, like most upstream routers; the path is
+	// forwarded as sent either way.
+	IgnoreCase bool `yaml:"ignore_case"`
 }
 
 // BreakerConfig tunes the circuit breaker around the store.
@@ -438,6 +457,11 @@ func (c Config) Validate() error {
 		field := fmt.Sprintf("routes[%d]", i)
 		if !strings.HasPrefix(r.PathPrefix, "/") {
 			bad(field+".path_prefix", "%q must start with /", r.PathPrefix)
+		} else if n, err := normalizePath(r.PathPrefix, c.Paths); err != nil {
+			bad(field+".path_prefix", "%q: %v", r.PathPrefix, err)
+		} else if n != r.PathPrefix {
+			// Requests are matched in normal form; another form never matches.
+			bad(field+".path_prefix", "%q is not in normal form; write %q", r.PathPrefix, n)
 		}
 		if strings.ContainsAny(r.Name, "{}\"\\ \t\r\n") || len(r.Name) > 128 {
 			bad(field+".name", "%q: route names may not hold braces, quotes, backslashes or spaces, and are at most 128 bytes", r.Name)

@@ -330,15 +330,23 @@ func (g *Gateway) circuitChanged(from, to circuit) {
 func (g *Gateway) handle(c echo.Context) error {
 	st := g.st.Load()
 	r, w := c.Request(), c.Response()
-	if st.cfg.CheckPath != "-" && r.URL.Path == st.cfg.CheckPath && r.Method == http.MethodPost {
-		g.serveCheck(w, r, st)
-		return nil
-	}
 	if r.Method == http.MethodConnect {
 		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusMethodNotAllowed, Detail: "This gateway does not tunnel."})
 		return nil
 	}
-	rt := st.match(r.Method, r.URL.Path)
+	// One path: routes, limits and the upstream all see this one.
+	p, err := normalizePath(requestPath(r.URL.RawPath, r.URL.EscapedPath()), st.cfg.Paths)
+	if err != nil {
+		g.m.rejected.WithLabelValues("bad_path").Inc()
+		writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+			Detail: "The path holds " + err.Error() + ", which services behind this gateway could read differently."})
+		return nil
+	}
+	if st.cfg.CheckPath != "-" && p == st.cfg.CheckPath && r.Method == http.MethodPost {
+		g.serveCheck(w, r, st)
+		return nil
+	}
+	rt := st.match(r.Method, p)
 	if rt == nil {
 		g.m.rejected.WithLabelValues("no_route").Inc()
 		writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
@@ -352,7 +360,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	if rt.Exempt {
-		g.proxy(w, r, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
+		g.proxy(w, r, p, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
 		return nil
 	}
 	id, ierr := st.identify(r)
@@ -365,13 +373,14 @@ func (g *Gateway) handle(c echo.Context) error {
 		a.write(w)
 		return nil
 	}
-	g.proxy(w, r, rt, st, id.peerTrusted)
+	g.proxy(w, r, p, rt, st, id.peerTrusted)
 	return nil
 }
 
-// proxy sends an allowed request upstream, its body bounded.
-func (g *Gateway) proxy(w *echo.Response, r *http.Request, rt *route, st *state, peerTrusted bool) {
-	info := &proxyInfo{route: rt.Name, peerTrusted: peerTrusted, userHeader: st.cfg.UserHeader}
+// proxy sends an allowed request upstream to the normalised path p, its
+// body bounded.
+func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
+	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, userHeader: st.cfg.UserHeader}
 	if r.Body != nil && r.Body != http.NoBody {
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
 		r.Body = info.body

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"net"
-	"path"
 	"slices"
 	"strings"
 
@@ -93,6 +92,9 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	for _, r := range cfg.Routes {
 		rt := &route{Route: r, plan: st.plans[r.Plan], upstream: ups[r.Upstream]}
 		rt.prefix = r.PathPrefix
+		if cfg.Paths.IgnoreCase {
+			rt.prefix = strings.ToLower(rt.prefix)
+		}
 		if len(rt.prefix) > 1 && strings.HasSuffix(rt.prefix, "/") {
 			rt.prefix = strings.TrimSuffix(rt.prefix, "/")
 			rt.subtree = true
@@ -173,16 +175,10 @@ func (st *state) lookupKey(raw string) *apiKey {
 	return found
 }
 
-// match finds the route of a request, by its cleaned path so that "/a/../b"
-// is limited as "/b".
+// match finds the route of a request by its normalised path (see
+// normalizePath): the path the upstream will be sent.
 func (st *state) match(method, p string) *route {
-	if p == "" {
-		p = "/"
-	}
-	clean := path.Clean(p)
-	if strings.HasSuffix(p, "/") && clean != "/" {
-		clean += "/"
-	}
+	clean := routePath(p, st.cfg.Paths)
 	for _, rt := range st.routes {
 		if !rt.matchPath(clean) {
 			continue

@@ -25,7 +25,10 @@ type upstream struct {
 
 // proxyInfo travels with a proxied request, for Rewrite and ErrorHandler.
 type proxyInfo struct {
-	route       string
+	route string
+	// path is the normalised path the route was chosen by; it is the one
+	// forwarded.
+	path        string
 	peerTrusted bool
 	userHeader  string
 	body        *bodyReader
@@ -58,6 +61,10 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			info, _ := pr.In.Context().Value(proxyInfoKey{}).(*proxyInfo)
 			pr.SetURL(target)
+			if info != nil {
+				// Exactly the path decided on, never the client's spelling.
+				pr.Out.URL.Path, pr.Out.URL.RawPath = joinPath(target.EscapedPath(), info.path)
+			}
 			if info != nil && info.peerTrusted {
 				// Rewrite drops X-Forwarded-For; a trusted proxy's chain
 				// is kept and extended.

@@ -124,7 +124,11 @@ func TestRouteMatch(t *testing.T) {
 		{"GET", "/v1/./users/admin", "deep"},
 	}
 	for _, tt := range tests {
-		rt := st.match(tt.method, tt.path)
+		p, err := normalizePath(tt.path, st.cfg.Paths)
+		if err != nil {
+			t.Fatalf("normalizePath(%q): %v", tt.path, err)
+		}
+		rt := st.match(tt.method, p)
 		if rt == nil || rt.Name != tt.want {
 			got := "<nil>"
 			if rt != nil {
