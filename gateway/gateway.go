@@ -385,7 +385,7 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
 		r.Body = info.body
 	}
-	rt.upstream.serve(w, r, info)
+	rt.upstream.serve(newInterimWriter(w), r, info)
 }
 
 // echoError answers errors echo raises itself (e.g. malformed paths).
