@@ -124,12 +124,17 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	var id identity
 	switch {
 	case req.Key != "":
+		ip, ok := st.clientIP(r)
+		if !ok {
+			p := g.refusal(errBadForwardedFor)
+			return call{}, nil, &p
+		}
 		k := st.lookupKey(req.Key)
 		switch {
 		case k != nil:
-			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: st.clientIP(r)}
+			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: ip}
 		case st.cfg.UnknownKey == UnknownKeyAnonymous && st.anonymous != nil:
-			id = identity{kind: event.KindIP, key: ipKey(st.clientIP(r)), plan: st.anonymous, clientIP: st.clientIP(r)}
+			id = identity{kind: event.KindIP, key: ipKey(ip), plan: st.anonymous, clientIP: ip}
 		default:
 			p := g.refusal(errUnknownKey)
 			return call{}, nil, &p

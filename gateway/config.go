@@ -96,6 +96,19 @@ type Config struct {
 	// X-Forwarded-For and UserHeader are believed. Default none: the peer's
 	// address is the client's.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// TrustedHops, when set, picks the client address by position: the
+	// TrustedHops-th X-Forwarded-For entry from the right, for proxies
+	// (e.g. a cloud load balancer) whose addresses are not known; like
+	// Envoy's xff_num_trusted_hops. It does not make a peer trusted for
+	// UserHeader or forwarded headers: that needs TrustedProxies. Default
+	// 0: the chain is walked through TrustedProxies only.
+	TrustedHops int `yaml:"trusted_hops"`
+	// StripHeaders are removed, in any case and with '_' for '-' (as CGI
+	// and WSGI stacks read "X_User_ID"), from the requests of untrusted
+	// peers before they are proxied; every X-Forwarded-* header and
+	// UserHeader always are. Default DefaultStripHeaders. From trusted
+	// proxies only the underscored spellings are removed.
+	StripHeaders []string `yaml:"strip_headers"`
 	// Routes map path prefixes and methods to upstreams, plans and costs.
 	// The longest matching prefix wins; a route naming the method beats one
 	// for any method. Routes match the normalised path (see Paths), which
@@ -274,6 +287,9 @@ func (c Config) WithDefaults() Config {
 	if c.UnknownKey == "" {
 		c.UnknownKey = UnknownKeyReject
 	}
+	if c.StripHeaders == nil {
+		c.StripHeaders = slices.Clone(DefaultStripHeaders)
+	}
 	if c.FailurePolicy == "" {
 		c.FailurePolicy = FailOpen
 	}
@@ -421,6 +437,14 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if c.TrustedHops < 0 {
+		bad("trusted_hops", "%d is negative", c.TrustedHops)
+	}
+	for i, h := range c.StripHeaders {
+		if !validHeaderName(h) {
+			bad(fmt.Sprintf("strip_headers[%d]", i), "%q is not a header name", h)
+		}
+	}
 	for i, p := range c.TrustedProxies {
 		if _, err := parseCIDR(p); err != nil {
 			bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)

@@ -83,6 +83,11 @@ func (a answer) write(w http.ResponseWriter) {
 
 // refusal is the answer to a caller that could not be identified, counted.
 func (g *Gateway) refusal(e identifyError) problem {
+	if e == errBadForwardedFor {
+		g.m.rejected.WithLabelValues("bad_forwarded_for").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}
+	}
 	if e == errUnknownKey {
 		g.m.rejected.WithLabelValues("unknown_key").Inc()
 		return problem{Type: probUnknownKey, Status: http.StatusUnauthorized,

@@ -380,7 +380,7 @@ func (g *Gateway) handle(c echo.Context) error {
 // proxy sends an allowed request upstream to the normalised path p, its
 // body bounded.
 func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
-	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, userHeader: st.cfg.UserHeader}
+	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
 		r.Body = info.body

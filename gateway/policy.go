@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -24,7 +22,7 @@ type state struct {
 	keys      map[uint64][]*apiKey // by the first 8 bytes of the SHA-256
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
-	extractIP echo.IPExtractor
+	strip     headerSet // removed from untrusted peers' requests
 	jitter    int // seconds, ≥ 1
 }
 
@@ -111,21 +109,11 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		// Method-specific routes before any-method ones.
 		return len(b.methods) - len(a.methods)
 	})
-	opts := []echo.TrustOption{
-		// echo trusts loopback, link-local and private ranges by default;
-		// trust only what is configured.
-		echo.TrustLoopback(false), echo.TrustLinkLocal(false), echo.TrustPrivateNet(false),
-	}
 	for _, p := range cfg.TrustedProxies {
 		n, _ := parseCIDR(p)
 		st.trusted = append(st.trusted, n)
-		opts = append(opts, echo.TrustIPRange(n))
 	}
-	if len(st.trusted) == 0 {
-		st.extractIP = echo.ExtractIPDirect()
-	} else {
-		st.extractIP = echo.ExtractIPFromXFFHeader(opts...)
-	}
+	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader)...)
 	st.jitter = max(1, int((cfg.RetryJitter+999_999_999)/1e9))
 	return st, nil
 }

@@ -30,7 +30,7 @@ type proxyInfo struct {
 	// forwarded.
 	path        string
 	peerTrusted bool
-	userHeader  string
+	strip       headerSet
 	body        *bodyReader
 }
 
@@ -65,17 +65,11 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 				// Exactly the path decided on, never the client's spelling.
 				pr.Out.URL.Path, pr.Out.URL.RawPath = joinPath(target.EscapedPath(), info.path)
 			}
-			if info != nil && info.peerTrusted {
-				// Rewrite drops X-Forwarded-For; a trusted proxy's chain
-				// is kept and extended.
-				if xff, ok := pr.In.Header["X-Forwarded-For"]; ok {
-					pr.Out.Header["X-Forwarded-For"] = xff
-				}
-			} else if info != nil && info.userHeader != "" {
-				// Only trusted proxies may name the user, upstream too.
-				pr.Out.Header.Del(info.userHeader)
+			if info == nil {
+				pr.SetXForwarded()
+				return
 			}
-			pr.SetXForwarded()
+			setForwarded(pr, info)
 		},
 		Transport: u.transport,
 		ModifyResponse: func(resp *http.Response) error {
