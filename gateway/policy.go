@@ -23,7 +23,7 @@ type state struct {
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
 	strip     headerSet // removed from untrusted peers' requests
-	jitter    int // seconds, ≥ 1
+	jitter    int       // seconds, ≥ 1
 }
 
 // plan is a compiled list of rules with their failure policies.
