@@ -136,7 +136,8 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		case st.cfg.UnknownKey == UnknownKeyAnonymous && st.anonymous != nil:
 			id = identity{kind: event.KindIP, key: ipKey(ip), plan: st.anonymous, clientIP: ip}
 		default:
-			p := g.refusal(errUnknownKey)
+			p := g.failedAuth(r.Context(), w.Header(), st, errUnknownKey, call{id: identity{clientIP: ip, peerTrusted: peerTrusted},
+				route: "check", method: r.Method, userAgent: r.UserAgent()})
 			return call{}, nil, &p
 		}
 	case req.User != "":
@@ -156,7 +157,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	default:
 		var ierr identifyError
 		if id, ierr = st.identify(r); ierr != identified {
-			p := g.refusal(ierr)
+			p := g.failedAuth(r.Context(), w.Header(), st, ierr, call{id: id, route: "check", method: r.Method, userAgent: r.UserAgent()})
 			return call{}, nil, &p
 		}
 	}

@@ -89,6 +89,12 @@ type Config struct {
 	APIKeys []APIKey `yaml:"api_keys"`
 	// UnknownKey is what happens to an unknown API key; default "reject" (401).
 	UnknownKey UnknownKey `yaml:"unknown_key"`
+	// AuthFailurePlan limits, by client address, requests that fail
+	// authentication (an unknown API key, or none where one is needed)
+	// before they get 401; over it they get 429, so keys cannot be guessed
+	// at line rate. Default: the built-in plan "auth-failure",
+	// DefaultAuthFailureRule (20 a minute per address); "-" disables it.
+	AuthFailurePlan string `yaml:"auth_failure_plan"`
 	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
 	// upstreams that use bearer tokens of their own; default false.
 	IgnoreBearer bool `yaml:"ignore_bearer"`
@@ -254,6 +260,9 @@ type Timeouts struct {
 	Shutdown time.Duration `yaml:"shutdown"`
 }
 
+// DefaultAuthFailureRule is the rule of the built-in auth failure plan.
+var DefaultAuthFailureRule = limiter.Rule{Name: "auth-failure", Limit: 20, Period: time.Minute}
+
 // Defaults.
 const (
 	DefaultListen         = ":8080"
@@ -381,6 +390,9 @@ func (c Config) Validate() error {
 		}
 	}
 	planRef("anonymous_plan", c.AnonymousPlan, false)
+	if c.AuthFailurePlan != "-" {
+		planRef("auth_failure_plan", c.AuthFailurePlan, false)
+	}
 	planRef("user_plan", c.UserPlan, c.UserHeader != "")
 	if c.UserHeader != "" && !validHeaderName(c.UserHeader) {
 		bad("user_header", "%q is not a header name", c.UserHeader)

@@ -364,11 +364,12 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	id, ierr := st.identify(r)
+	q := call{id: id, cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
 	if ierr != identified {
-		writeProblem(w, g.refusal(ierr))
+		writeProblem(w, g.failedAuth(r.Context(), w.Header(), st, ierr, q))
 		return nil
 	}
-	q := call{id: id, limits: st.limitsFor(id, rt), cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
+	q.limits = st.limitsFor(id, rt)
 	if a := answerFor(w.Header(), g.enforce(r.Context(), st, &q), st); a.status != http.StatusOK {
 		a.write(w)
 		return nil

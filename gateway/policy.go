@@ -19,6 +19,8 @@ type state struct {
 	plans     map[string]*plan
 	anonymous *plan // nil: callers need a key
 	user      *plan
+	// authFailure limits failed authentication by address; nil: off.
+	authFailure *plan
 	keys      map[uint64][]*apiKey // by the first 8 bytes of the SHA-256
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
@@ -68,6 +70,13 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	}
 	st.anonymous = st.plans[cfg.AnonymousPlan]
 	st.user = st.plans[cfg.UserPlan]
+	switch cfg.AuthFailurePlan {
+	case "-":
+	case "":
+		st.authFailure = compilePlan(DefaultAuthFailureRule.Name, []Rule{{Rule: DefaultAuthFailureRule}}, cfg)
+	default:
+		st.authFailure = st.plans[cfg.AuthFailurePlan]
+	}
 	for _, k := range cfg.APIKeys {
 		sum := strings.ToLower(k.SHA256)
 		ak := &apiKey{id: k.ID, plan: st.plans[k.Plan]}
