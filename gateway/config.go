@@ -207,6 +207,15 @@ type Route struct {
 	// Exempt routes are proxied without any limit check (no limiter call,
 	// no rate-limit headers, no event), e.g. health checks.
 	Exempt bool `yaml:"exempt"`
+	// Upgrades are the protocols a request may switch to ("Connection:
+	// upgrade" with "Upgrade: websocket"), e.g. [websocket]; default none:
+	// such a request gets 400. A tunnel is charged once, as one request of
+	// the route's cost, and is closed after TunnelMaxDuration.
+	Upgrades []string `yaml:"upgrades"`
+	// TunnelMaxDuration bounds the lifetime of an upgraded connection;
+	// default DefaultTunnelMaxDuration (1h). The listener's read and write
+	// timeouts do not apply to a tunnel.
+	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
 }
 
 // Upstream is a service behind the gateway.
@@ -342,6 +351,9 @@ func (c Config) WithDefaults() Config {
 			}
 			if routes[i].Cost == 0 {
 				routes[i].Cost = 1
+			}
+			if routes[i].TunnelMaxDuration == 0 {
+				routes[i].TunnelMaxDuration = DefaultTunnelMaxDuration
 			}
 		}
 		c.Routes = routes
@@ -513,6 +525,13 @@ func (c Config) Validate() error {
 		if r.Cost < 0 {
 			bad(field+".cost", "%d is negative", r.Cost)
 		}
+		for j, u := range r.Upgrades {
+			if u == "" || strings.Trim(u, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
+				// Tokens such as "websocket" or "h2c"; no versions or lists.
+				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "%q is not an upgrade protocol name", u)
+			}
+		}
+		positive(field+".tunnel_max_duration", r.TunnelMaxDuration)
 		methods := r.Methods
 		if len(methods) == 0 {
 			methods = []string{""}

@@ -359,6 +359,20 @@ func (g *Gateway) handle(c echo.Context) error {
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", st.cfg.MaxBodyBytes)})
 		return nil
 	}
+	up := upgradeOf(r.Header)
+	if up == "h2c" && !rt.allowsUpgrade(up) {
+		// curl --http2 offers h2c on every plain request; a server may
+		// ignore an upgrade (RFC 9110 §7.8), and the request goes on as
+		// HTTP/1.1.
+		r.Header.Del("Upgrade")
+		up = ""
+	}
+	if up != "" && !rt.allowsUpgrade(up) {
+		g.m.rejected.WithLabelValues("upgrade_not_allowed").Inc()
+		writeProblem(w, problem{Type: probUpgrade, Status: http.StatusBadRequest, Route: rt.Name,
+			Detail: fmt.Sprintf("This route does not upgrade to %q.", up)})
+		return nil
+	}
 	if rt.Exempt {
 		g.proxy(w, r, p, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
 		return nil
@@ -381,6 +395,11 @@ func (g *Gateway) handle(c echo.Context) error {
 // proxy sends an allowed request upstream to the normalised path p, its
 // body bounded.
 func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
+	if upgradeOf(r.Header) != "" { // allowed, or handle refused it
+		var cancel context.CancelFunc
+		r, cancel = tunnel(w, r, rt)
+		defer cancel()
+	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bufio"
+	"net"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -78,6 +80,20 @@ func (w *interimWriter) Write(b []byte) (int, error) {
 		w.WriteHeader(http.StatusOK)
 	}
 	return w.resp.Write(b)
+}
+
+// Hijack takes over the connection for a 101's tunnel. The proxy then
+// writes the 101 itself with Header(), which from now on is the response's
+// own map, rate-limit headers included.
+func (w *interimWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if !w.final {
+		w.final = true
+		real := w.resp.Header()
+		for k, v := range w.h {
+			real[k] = v
+		}
+	}
+	return http.NewResponseController(w.resp).Hijack()
 }
 
 // Unwrap gives http.ResponseController (the proxy's flushes, a 101's
