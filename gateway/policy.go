@@ -19,13 +19,14 @@ type state struct {
 	plans     map[string]*plan
 	anonymous *plan // nil: callers need a key
 	user      *plan
-	// authFailure limits failed authentication by address; nil: off.
-	authFailure *plan
 	keys      map[uint64][]*apiKey // by the first 8 bytes of the SHA-256
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
 	strip     headerSet // removed from untrusted peers' requests
 	jitter    int       // seconds, ≥ 1
+
+	// authFailure limits failed authentication by address; nil: off.
+	authFailure *plan
 }
 
 // plan is a compiled list of rules with their failure policies.
