@@ -258,10 +258,14 @@ type BreakerConfig struct {
 type Timeouts struct {
 	// ReadHeader default 5s.
 	ReadHeader time.Duration `yaml:"read_header"`
-	// Read (whole request, body included) default 30s.
+	// Read bounds the request body without progress, default 30s: every
+	// read that makes progress pushes the deadline out again, so a slow
+	// but active upload is not cut and a stalled one gets 408.
 	Read time.Duration `yaml:"read"`
-	// Write (until the response is written) default 60s; it must exceed
-	// every upstream's timeout so a 504 can still be written.
+	// Write bounds a proxied exchange without progress, default 60s: every
+	// write of the response (or read of the body) pushes it out again, so
+	// an active stream (SSE) is not cut and a stalled one is. It must
+	// exceed every upstream's timeout so a 504 can still be written.
 	Write time.Duration `yaml:"write"`
 	// Idle keep-alive default 120s.
 	Idle time.Duration `yaml:"idle"`

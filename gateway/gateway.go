@@ -128,7 +128,7 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.st.Store(st)
-	g.handler = g.newEcho()
+	g.handler = noConnect(g.newEcho())
 	return g, nil
 }
 
@@ -330,10 +330,6 @@ func (g *Gateway) circuitChanged(from, to circuit) {
 func (g *Gateway) handle(c echo.Context) error {
 	st := g.st.Load()
 	r, w := c.Request(), c.Response()
-	if r.Method == http.MethodConnect {
-		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusMethodNotAllowed, Detail: "This gateway does not tunnel."})
-		return nil
-	}
 	// One path: routes, limits and the upstream all see this one.
 	p, err := normalizePath(requestPath(r.URL.RawPath, r.URL.EscapedPath()), st.cfg.Paths)
 	if err != nil {
@@ -395,17 +391,25 @@ func (g *Gateway) handle(c echo.Context) error {
 // proxy sends an allowed request upstream to the normalised path p, its
 // body bounded.
 func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
+	dl := newDeadlines(w, g.boot.Timeouts)
 	if upgradeOf(r.Header) != "" { // allowed, or handle refused it
 		var cancel context.CancelFunc
 		r, cancel = tunnel(w, r, rt)
 		defer cancel()
+	} else {
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		defer dl.arm(func() { cancel(errIdle) })()
+		r = r.WithContext(ctx)
 	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
-		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
+		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), dl: dl}
 		r.Body = info.body
+	} else {
+		dl.noRead()
 	}
-	rt.upstream.serve(newInterimWriter(w), r, info)
+	rt.upstream.serve(newInterimWriter(w, dl), r, info)
 }
 
 // echoError answers errors echo raises itself (e.g. malformed paths).

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -20,12 +21,13 @@ import (
 // survive to the final one instead of being cleared or sent on a 1xx.
 type interimWriter struct {
 	resp  *echo.Response
+	dl    *deadlines
 	h     http.Header // until the final WriteHeader
 	final bool
 }
 
-func newInterimWriter(resp *echo.Response) *interimWriter {
-	return &interimWriter{resp: resp, h: http.Header{}}
+func newInterimWriter(resp *echo.Response, dl *deadlines) *interimWriter {
+	return &interimWriter{resp: resp, dl: dl, h: http.Header{}}
 }
 
 func (w *interimWriter) Header() http.Header {
@@ -76,6 +78,7 @@ func (w *interimWriter) interim(code int) {
 }
 
 func (w *interimWriter) Write(b []byte) (int, error) {
+	w.dl.wrote(time.Now())
 	if !w.final {
 		w.WriteHeader(http.StatusOK)
 	}
