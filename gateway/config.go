@@ -146,6 +146,9 @@ type Config struct {
 
 	// Timeouts of the traffic listener.
 	Timeouts Timeouts `yaml:"timeouts"`
+	// MaxConnections caps the traffic listener's open connections; those
+	// over it are closed on accept. Default DefaultMaxConnections. Restart.
+	MaxConnections int `yaml:"max_connections"`
 	// MaxHeaderBytes bounds request headers (431 above); default 32 KiB. Restart.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxBodyBytes bounds request bodies (413 above); default 10 MiB.
@@ -337,6 +340,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if len(c.Upstreams) > 0 {
 		ups := make(map[string]Upstream, len(c.Upstreams))
@@ -581,6 +587,9 @@ func (c Config) Validate() error {
 	positive("timeouts.shutdown", c.Timeouts.Shutdown)
 	if c.MaxHeaderBytes < 1024 {
 		bad("max_header_bytes", "%d is below 1024", c.MaxHeaderBytes)
+	}
+	if c.MaxConnections < 1 {
+		bad("max_connections", "%d must be at least 1", c.MaxConnections)
 	}
 	if c.MaxBodyBytes < 0 {
 		bad("max_body_bytes", "%d is negative", c.MaxBodyBytes)

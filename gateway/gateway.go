@@ -70,6 +70,7 @@ type Gateway struct {
 	upstreams map[upstreamKey]*upstream
 
 	handler http.Handler
+	conns   *connLimit
 
 	directives        directiveSource
 	directivesApplied *prometheus.CounterVec
@@ -128,6 +129,7 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.st.Store(st)
+	g.conns = &connLimit{max: int64(cfg.MaxConnections), refused: g.m.rejected.WithLabelValues("too_many_connections").Inc}
 	g.handler = noConnect(g.newEcho())
 	return g, nil
 }
@@ -149,8 +151,9 @@ func (g *Gateway) newEcho() *echo.Echo {
 // Handler serves traffic.
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
-// Server returns the traffic listener's server, timeouts and header limit
-// set, for Serve or ListenAndServe.
+// Server returns the traffic listener's server, timeouts, header limit
+// and connection cap set, for Serve or ListenAndServe. Serve one listener
+// per Server: the connection cap counts the connections of all.
 func (g *Gateway) Server() *http.Server {
 	c := g.boot
 	return &http.Server{
@@ -161,6 +164,7 @@ func (g *Gateway) Server() *http.Server {
 		WriteTimeout:      c.Timeouts.Write,
 		IdleTimeout:       c.Timeouts.Idle,
 		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ConnState:         g.conns.state,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 }
@@ -270,6 +274,7 @@ func restartOnly(a, b Config) []string {
 	add("pprof", a.Pprof != b.Pprof)
 	add("timeouts", a.Timeouts != b.Timeouts)
 	add("max_header_bytes", a.MaxHeaderBytes != b.MaxHeaderBytes)
+	add("max_connections", a.MaxConnections != b.MaxConnections)
 	add("local_max_keys", a.LocalMaxKeys != b.LocalMaxKeys)
 	add("key_hash_secret", a.KeyHashSecret != b.KeyHashSecret)
 	return out
@@ -409,7 +414,11 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 	} else {
 		dl.noRead()
 	}
-	rt.upstream.serve(newInterimWriter(w, dl), r, info)
+	iw := newInterimWriter(w, dl)
+	rt.upstream.serve(iw, r, info)
+	if iw.hijacked {
+		g.conns.tunnelClosed()
+	}
 }
 
 // echoError answers errors echo raises itself (e.g. malformed paths).

@@ -24,6 +24,8 @@ type interimWriter struct {
 	dl    *deadlines
 	h     http.Header // until the final WriteHeader
 	final bool
+	// hijacked says the connection became a tunnel.
+	hijacked bool
 }
 
 func newInterimWriter(resp *echo.Response, dl *deadlines) *interimWriter {
@@ -96,7 +98,9 @@ func (w *interimWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			real[k] = v
 		}
 	}
-	return http.NewResponseController(w.resp).Hijack()
+	conn, brw, err := http.NewResponseController(w.resp).Hijack()
+	w.hijacked = err == nil
+	return conn, brw, err
 }
 
 // Unwrap gives http.ResponseController (the proxy's flushes, a 101's
