@@ -133,6 +133,8 @@ func TestFraming(t *testing.T) {
 		{"malformed chunk size", "POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400},
 		{"chunk longer than said", "POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n", 400},
 		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+		{"content-length with chunked", "POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400},
+		{"chunked with content-length", "POST /x HTTP/1.1\r\nHost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 30\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: gw\r\n\r\n", 400},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -165,4 +167,36 @@ func TestFraming(t *testing.T) {
 		})
 	}
 	_ = strconv.Itoa
+}
+
+// TestFramingScan: the scanner finds Content-Length and Transfer-Encoding
+// in one head however the bytes are split across reads, and not in
+// separate heads or in a chunked request alone.
+func TestFramingScan(t *testing.T) {
+	tests := []struct {
+		name string
+		give string
+		want bool
+	}{
+		{"both", "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", true},
+		{"both other order, any case", "POST / HTTP/1.1\r\ntransfer-ENCODING: chunked\r\nHost: x\r\nCONTENT-length: 3\r\n\r\n", true},
+		{"bare newlines", "POST / HTTP/1.1\nContent-Length: 3\nTransfer-Encoding: chunked\n\n", true},
+		{"chunked only", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false},
+		{"two requests", "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcPOST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
+		{"content-transfer-encoding is not it", "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Transfer-Encoding: base64\r\n\r\n", false},
+	}
+	for _, tt := range tests {
+		for split := 1; split <= len(tt.give); split++ {
+			c := &framingConn{}
+			for b := []byte(tt.give); len(b) > 0; {
+				n := min(split, len(b))
+				c.scan(b[:n])
+				b = b[n:]
+			}
+			if got := c.mixed.Load(); got != tt.want {
+				t.Errorf("%s, read %d bytes at a time: mixed = %v, want %v", tt.name, split, got, tt.want)
+				break
+			}
+		}
+	}
 }

@@ -130,7 +130,7 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 	}
 	g.st.Store(st)
 	g.conns = &connLimit{max: int64(cfg.MaxConnections), refused: g.m.rejected.WithLabelValues("too_many_connections").Inc}
-	g.handler = noConnect(g.newEcho())
+	g.handler = g.guard(g.newEcho())
 	return g, nil
 }
 
@@ -152,8 +152,9 @@ func (g *Gateway) newEcho() *echo.Echo {
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // Server returns the traffic listener's server, timeouts, header limit
-// and connection cap set, for Serve or ListenAndServe. Serve one listener
-// per Server: the connection cap counts the connections of all.
+// and connection cap set, to Serve the traffic listener wrapped by
+// Listener (which refuses mixed Content-Length and Transfer-Encoding).
+// Serve one listener per Server: the connection cap counts them all.
 func (g *Gateway) Server() *http.Server {
 	c := g.boot
 	return &http.Server{
@@ -165,6 +166,7 @@ func (g *Gateway) Server() *http.Server {
 		IdleTimeout:       c.Timeouts.Idle,
 		MaxHeaderBytes:    c.MaxHeaderBytes,
 		ConnState:         g.conns.state,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 }

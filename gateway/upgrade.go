@@ -8,25 +8,8 @@ import (
 	"time"
 )
 
-// Problem types of refused upgrades and methods.
-const (
-	probUpgrade          = "urn:edgelimit:problem:upgrade-not-allowed"
-	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
-)
-
-// noConnect answers CONNECT with 405 before echo, whose router has no
-// path to match in an authority-form target and would answer 404.
-func noConnect(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodConnect {
-			next.ServeHTTP(w, r)
-			return
-		}
-		w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
-		writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
-			Detail: "This gateway is not a forward proxy: CONNECT is not served."})
-	})
-}
+// probUpgrade is the problem type of an upgrade a route does not allow.
+const probUpgrade = "urn:edgelimit:problem:upgrade-not-allowed"
 
 // DefaultTunnelMaxDuration bounds an upgraded connection's lifetime.
 const DefaultTunnelMaxDuration = time.Hour
