@@ -393,6 +393,9 @@ func (c Config) Validate() error {
 	}
 	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
 		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)
+	} else if n, err := normalizePath(c.CheckPath, c.Paths); c.CheckPath != "-" && (err != nil || n != c.CheckPath) {
+		// Requests are matched in normal form; another form never matches.
+		bad("check_path", "%q is not a path in normal form", c.CheckPath)
 	}
 	if len(c.Plans) == 0 {
 		bad("plans", "at least one plan is needed")
