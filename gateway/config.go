@@ -520,6 +520,9 @@ func (c Config) Validate() error {
 			bad(field+".path_prefix", "%q must start with /", r.PathPrefix)
 		} else if n, err := normalizePath(r.PathPrefix, c.Paths); err != nil {
 			bad(field+".path_prefix", "%q: %v", r.PathPrefix, err)
+		} else if strings.Contains(r.PathPrefix, ";") {
+			// Routes match paths without their ";params".
+			bad(field+".path_prefix", "%q holds ';'", r.PathPrefix)
 		} else if n != r.PathPrefix {
 			// Requests are matched in normal form; another form never matches.
 			bad(field+".path_prefix", "%q is not in normal form; write %q", r.PathPrefix, n)
