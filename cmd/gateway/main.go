@@ -148,7 +148,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof)
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serve(srv, ln) })
+	g.Go(func() error { return serve(srv, gw.Listener(ln)) })
 	g.Go(func() error { return serve(admin, aln) })
 	if watcher != nil {
 		g.Go(func() error { watcher.Run(gctx); return nil })
