@@ -55,3 +55,18 @@ func TestConnectionCap(t *testing.T) {
 	a.Close()
 	eventually(t, 5*time.Second, "a freed connection slot", func() bool { return askOn(dial()) == 200 })
 }
+
+// TestHugeHeaderAnswered: through Listener, a 431 still reaches a client
+// that sent more than was read (net/http half-closes the connection, so
+// the client reads the answer rather than a reset).
+func TestHugeHeaderAnswered(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.MaxHeaderBytes = 4 << 10
+	gw := startGateway(t, cfg, Options{})
+	for range 5 {
+		if r := get(t, gw.URL+"/", "X-Junk", strings.Repeat("a", 64<<10)); r.status != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("huge header: status %d, want 431", r.status)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -88,6 +89,25 @@ func (c *framingConn) scan(b []byte) {
 		}
 	}
 	c.tail = append(c.tail[:0], buf[keep:]...)
+}
+
+// CloseWrite half-closes the connection as the TCP connection would:
+// net/http does so before closing after an error answer (e.g. 431), so
+// that the client reads the answer instead of a reset.
+func (c *framingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// ReadFrom keeps the TCP connection's sendfile path for responses; only
+// reads are scanned.
+func (c *framingConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
 func hasPrefixFold(b, prefix []byte) bool {
