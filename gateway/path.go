@@ -54,6 +54,28 @@ func requestPath(rawPath, escapedPath string) string {
 // normalizePath returns the one form of the escaped path p that the
 // gateway routes on and forwards, or why it refuses p.
 func normalizePath(p string, pc PathConfig) (string, error) {
+	if plainPath(p) {
+		return p, nil // most paths: already normal, no allocation
+	}
+	return normalizeSlow(p, pc)
+}
+
+// plainPath says p is in normal form for sure: only characters kept as
+// they are, no escape, no ';', no empty or dot segment and no segment
+// ending in '.'. Anything else takes the slow path, which decides.
+func plainPath(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; !(c == '/' || unreserved(c) || strings.IndexByte("!$&'()*+,=:@", c) >= 0) {
+			return false
+		}
+	}
+	return !strings.Contains(p, "//") && !strings.Contains(p, "/.") && !strings.Contains(p, "./") && !strings.HasSuffix(p, ".")
+}
+
+func normalizeSlow(p string, pc PathConfig) (string, error) {
 	if p == "" {
 		return "/", nil
 	}

@@ -101,6 +101,11 @@ func FuzzNormalizePath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, p string, params bool) {
 		pc := PathConfig{AllowParams: params}
+		if plainPath(p) {
+			if slow, err := normalizeSlow(p, pc); err != nil || slow != p {
+				t.Fatalf("plainPath(%q), but its normal form is %q, %v", p, slow, err)
+			}
+		}
 		n, err := normalizePath(p, pc)
 		if err != nil {
 			return
