@@ -105,9 +105,11 @@ type Config struct {
 	// TrustedHops, when set, picks the client address by position: the
 	// TrustedHops-th X-Forwarded-For entry from the right, for proxies
 	// (e.g. a cloud load balancer) whose addresses are not known; like
-	// Envoy's xff_num_trusted_hops. It does not make a peer trusted for
-	// UserHeader or forwarded headers: that needs TrustedProxies. Default
-	// 0: the chain is walked through TrustedProxies only.
+	// Envoy's xff_num_trusted_hops. The peer's X-Forwarded-For,
+	// X-Forwarded-Proto/Host and Forwarded are then kept and extended, but
+	// it is not trusted with UserHeader or other identity headers: that
+	// needs TrustedProxies. Default 0: the chain is walked through
+	// TrustedProxies only.
 	TrustedHops int `yaml:"trusted_hops"`
 	// StripHeaders are removed, in any case and with '_' for '-' (as CGI
 	// and WSGI stacks read "X_User_ID"), from the requests of untrusted

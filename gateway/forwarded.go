@@ -64,14 +64,22 @@ func (s headerSet) scrubUnderscored(h http.Header) {
 // Forwarded are extended with the peer, and its X-Forwarded-Proto and
 // X-Forwarded-Host kept: behind a TLS load balancer the upstream must
 // still learn that the client used https.
+//
+// Under trusted_hops the peer is a proxy of unknown address: its
+// forwarding chain is kept and extended too, but no identity header it
+// passes on (those need trusted_proxies).
 func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	in, out := pr.In.Header, pr.Out.Header
-	if !info.peerTrusted {
+	switch {
+	case info.peerTrusted:
+		info.strip.scrubUnderscored(out)
+	case info.trustedHops:
+		info.strip.scrub(out)
+	default:
 		info.strip.scrub(out)
 		pr.SetXForwarded()
 		return
 	}
-	info.strip.scrubUnderscored(out)
 	// ReverseProxy removed these before Rewrite; the trusted proxy's
 	// values come back.
 	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded"} {

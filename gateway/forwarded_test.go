@@ -94,6 +94,36 @@ func TestTrustedForwardingKept(t *testing.T) {
 	}
 }
 
+// TestTrustedHopsForwarding: behind a proxy known only by trusted_hops
+// the forwarding chain survives, identity headers do not.
+func TestTrustedHopsForwarding(t *testing.T) {
+	up := headerUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.UserHeader = "X-User-ID"
+	cfg.TrustedHops = 1
+	gw := startGateway(t, cfg, Options{})
+	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+
+		"X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n"+
+		"X-Forwarded-Prefix: /admin\r\nX-Real-IP: 203.0.113.1\r\nX-User-ID: mallory\r\nConnection: close\r\n\r\n")
+	if res.status != 200 {
+		t.Fatalf("status %d %s", res.status, res.body)
+	}
+	var got http.Header
+	res.json(t, &got)
+	for _, tt := range []struct{ name, want string }{
+		{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
+		{"X-Forwarded-Proto", "https"},
+		{"X-Forwarded-Host", "api.example.com"},
+		{"X-Forwarded-Prefix", ""},
+		{"X-Real-Ip", ""},
+		{"X-User-Id", ""},
+	} {
+		if v := strings.Join(got[tt.name], ","); v != tt.want {
+			t.Errorf("upstream got %s %q, want %q", tt.name, v, tt.want)
+		}
+	}
+}
+
 // TestMalformedForwardedFor: a malformed entry where a trusted proxy
 // names the client is refused, never limited as the proxy itself.
 func TestMalformedForwardedFor(t *testing.T) {

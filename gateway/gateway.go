@@ -409,7 +409,7 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 		defer dl.arm(func() { cancel(errIdle) })()
 		r = r.WithContext(ctx)
 	}
-	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, strip: st.strip}
+	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
 		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), dl: dl}
 		r.Body = info.body

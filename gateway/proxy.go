@@ -30,6 +30,8 @@ type proxyInfo struct {
 	// forwarded.
 	path        string
 	peerTrusted bool
+	// trustedHops: the peer is a proxy by trusted_hops (see setForwarded).
+	trustedHops bool
 	strip       headerSet
 	body        *bodyReader
 }
