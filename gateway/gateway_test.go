@@ -295,8 +295,10 @@ func TestAPIKeys(t *testing.T) {
 		{"bearer", []string{"Authorization", "Bearer secret-acme"}, 200, "50"},
 		{"override", []string{"X-API-Key", "secret-big"}, 200, "500"},
 		{"anonymous", nil, 200, "5"},
-		{"unknown key", []string{"X-API-Key", "nope"}, 401, ""},
-		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401, ""},
+		// Failed authentication is limited by address first (issue 9):
+		// its headers are the auth failure plan's.
+		{"unknown key", []string{"X-API-Key", "nope"}, 401, "20"},
+		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401, "20"},
 		{"basic auth is not a key", []string{"Authorization", "Basic dXNlcjpwYXNz"}, 200, "5"},
 	}
 	for _, tt := range tests {
