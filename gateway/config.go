@@ -507,11 +507,12 @@ func (c Config) Validate() error {
 		pu, err := url.Parse(u.URL)
 		switch {
 		case err != nil:
-			bad(field+".url", "%v", err)
+			// Not err itself: url's errors quote the whole URL, password and all.
+			bad(field+".url", "%q is not a URL", redactURL(u.URL))
 		case pu.Scheme != "http" && pu.Scheme != "https":
-			bad(field+".url", "%q: scheme must be http or https", u.URL)
+			bad(field+".url", "%q: scheme must be http or https", redactURL(u.URL))
 		case pu.Host == "":
-			bad(field+".url", "%q has no host", u.URL)
+			bad(field+".url", "%q has no host", redactURL(u.URL))
 		}
 		positive(field+".timeout", u.Timeout)
 		positive(field+".connect_timeout", u.ConnectTimeout)
@@ -727,4 +728,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// MarshalYAML prints the upstream as configured but for a password in its
+// URL, which is redacted: what -check prints is safe to paste.
+func (u Upstream) MarshalYAML() (any, error) {
+	type plain Upstream // without the method, or this would recurse
+	p := plain(u)
+	p.URL = redactURL(p.URL)
+	return p, nil
+}
+
+// redactURL hides the password in a URL's user info (http://user:pass@h),
+// also in a URL too malformed to parse, wherever one is printed or logged.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(s, "//")
+	if at := strings.LastIndex(rest, "@"); ok && at >= 0 {
+		return scheme + "//xxxxx" + rest[at:]
+	}
+	return s
 }
