@@ -255,10 +255,6 @@ func (e events) closeCluster() {
 	}
 }
 
-// embeddedTopic is the embedded Kafka's topic when none is set: the
-// publisher's default, which the cluster must hold before the first event.
-const embeddedTopic = "decisions"
-
 func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
 	kc := fc.Kafka
 	switch {
@@ -273,10 +269,9 @@ func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (eve
 	var ev events
 	link := kc.Kafka
 	if len(link.Brokers) == 0 {
-		topic := kc.Topic
-		if topic == "" {
-			topic = embeddedTopic
-		}
+		// The publisher's topic, which the cluster must hold before the
+		// first event.
+		topic := publish.Config{Topic: kc.Topic}.WithDefaults().Topic
 		c, err := embeddedKafka(kc, topic)
 		if err != nil {
 			return events{}, fmt.Errorf("start embedded kafka: %w", err)
