@@ -16,8 +16,10 @@
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
-// SIGHUP reloads the file (an invalid one keeps the running config);
-// SIGTERM or SIGINT drains and stops.
+// SIGHUP reloads the file, and so does a change of its content, looked for
+// every -watch (default 1s; a Kubernetes ConfigMap's symlink swap counts);
+// an invalid file keeps the running config. SIGTERM or SIGINT drains and
+// stops.
 package main
 
 import (
@@ -52,12 +54,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
 	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
+	watch := fs.Duration("watch", time.Second, "how often to look for a changed config file (also a Kubernetes ConfigMap's symlink swap) and reload it; 0: only on SIGHUP")
 	if done, err := fs.Parse(args); done {
 		return err
 	}
 	if *path == "" {
 		return errors.New("-config is required")
 	}
+	// Hash the file before loading it: a change in between is then seen
+	// by the first poll, never missed.
+	fw := boot.NewFileWatch(*path)
 	fc, err := loadConfig(*path, getenv)
 	if err != nil {
 		return err
@@ -130,14 +136,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	actors := []boot.Actor{traffic, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-hup:
-				cur = reload(gw, *path, getenv, cur, log)
-			}
-		}
+		reloads(ctx, hup, fw, *watch, func() { cur = reload(gw, *path, getenv, cur, log) }, log)
+		return nil
 	})}
 	if watcher != nil {
 		actors = append(actors, boot.Func("directives", func(ctx context.Context) error { watcher.Run(ctx); return nil }))
@@ -165,6 +165,33 @@ func newWatcher(rdb redis.UniversalClient, prefix string, log *slog.Logger) *lim
 		lastErr = err != nil
 	}
 	return w
+}
+
+// reloads calls reload on every SIGHUP and, looking every `every` (0:
+// never), when the file's content has changed, until ctx ends. The file's content
+// that a reload read, valid or not, is not reloaded again until it changes:
+// an invalid file is counted once, not once a poll.
+func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, every time.Duration, reload func(), log *slog.Logger) {
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			fw.Seen()
+			reload()
+		case <-tick:
+			if fw.Changed() {
+				log.Info("config file changed; reloading", "config", fw.Path())
+				reload()
+			}
+		}
+	}
 }
 
 // reload re-reads the file; an invalid one keeps cur in force.
