@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgelimit/edgelimit/analytics"
 )
 
 // TestRunbookLinks: every alert rule links to its own section of
@@ -61,6 +63,17 @@ func TestRunbookLinks(t *testing.T) {
 	}
 	if n < 9 {
 		t.Errorf("found %d alerts in alerts.yml, want at least 9", n)
+	}
+
+	// The fleet alerts analytics posts to Alertmanager link the same way.
+	for _, name := range []string{analytics.AlertStoreUnavailable, analytics.AlertFailOpen, analytics.AlertFailClosed} {
+		u, err := url.Parse(analytics.RunbookURL(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body, ok := sections[u.Fragment]; !ok || !strings.Contains(body, "**Meaning.**") {
+			t.Errorf("%s: runbook_url %s has no section with its meaning in docs/runbook.md", name, u)
+		}
 	}
 
 	doc, _ := os.ReadFile("docs/runbook.md")
