@@ -28,6 +28,7 @@ func TestComposeFile(t *testing.T) {
 	// The secrets have no default in the file; a user sets them in .env.
 	t.Setenv("EDGELIMIT_KEY_HASH_SECRET", "compose-test-secret")
 	t.Setenv("EDGELIMIT_ANALYTICS_TOKEN", "compose-test-token-0123")
+	t.Setenv("GRAFANA_ADMIN_PASSWORD", "compose-test-grafana")
 	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("edgelimit"), cli.WithOsEnv)
 	if err != nil {
 		t.Fatal(err)
