@@ -5,6 +5,8 @@
 //	gateway -config gateway.yaml          serve
 //	gateway -config gateway.yaml -check   validate, print the effective config (secrets redacted), exit
 //	gateway -version                      print the version, exit
+//	gateway -hash-key [-key-id ID] [-key-plan PLAN] < key
+//	                                      print the api_keys entry of the API key on stdin, exit
 //
 // Environment overrides (addresses and secrets, so files hold none; a
 // secret X can also be read from the file named by X_FILE):
@@ -16,12 +18,16 @@
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
-// SIGHUP reloads the file (an invalid one keeps the running config);
-// SIGTERM or SIGINT drains and stops.
+// SIGHUP reloads the file, and so does a change of its content, looked for
+// every -watch (default 1s; a Kubernetes ConfigMap's symlink swap counts);
+// an invalid file keeps the running config. SIGTERM or SIGINT drains and
+// stops.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,12 +60,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
 	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
+	hashKey := fs.Bool("hash-key", false, "read one API key from stdin, print its api_keys entry (its SHA-256, never the key), and exit")
+	keyID := fs.String("key-id", "", "with -hash-key: the entry's id (default: the first 16 hex digits of the SHA-256)")
+	keyPlan := fs.String("key-plan", "", "with -hash-key: the entry's plan")
+	watch := fs.Duration("watch", time.Second, "how often to look for a changed config file (also a Kubernetes ConfigMap's symlink swap) and reload it; 0: only on SIGHUP")
 	if done, err := fs.Parse(args); done {
 		return err
+	}
+	if *hashKey {
+		return printKeyEntry(os.Stdin, stdout, *keyID, *keyPlan)
 	}
 	if *path == "" {
 		return errors.New("-config is required")
 	}
+	// Hash the file before loading it: a change in between is then seen
+	// by the first poll, never missed.
+	fw := boot.NewFileWatch(*path)
 	fc, err := loadConfig(*path, getenv)
 	if err != nil {
 		return err
@@ -139,14 +156,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	actors := []boot.Actor{traffic, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-hup:
-				cur = reload(gw, *path, getenv, cur, log)
-			}
-		}
+		reloads(ctx, hup, fw, *watch, func() { cur = reload(gw, *path, getenv, cur, log) }, log)
+		return nil
 	})}
 	if watcher != nil {
 		actors = append(actors, boot.Func("directives", func(ctx context.Context) error { watcher.Run(ctx); return nil }))
@@ -156,6 +167,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	err = boot.Run(ctx, log, defaults.Timeouts.Shutdown, append(actors, admin)...)
 	log.Info("gateway stopped")
+	return err
+}
+
+// printKeyEntry reads one API key from in and writes the api_keys entry
+// that admits it: the config file holds the key's SHA-256, never the key.
+// Surrounding whitespace (echo's newline) is not part of the key; an HTTP
+// header could not carry it anyway.
+func printKeyEntry(in io.Reader, out io.Writer, id, plan string) error {
+	b, err := io.ReadAll(io.LimitReader(in, 64<<10))
+	if err != nil {
+		return fmt.Errorf("read the key from stdin: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	switch {
+	case key == "":
+		return errors.New("-hash-key: no key on stdin (try: printf %s \"$KEY\" | gateway -hash-key)")
+	case strings.ContainsAny(key, " \t\r\n"):
+		return errors.New("-hash-key: the key on stdin contains whitespace; give one key, without spaces")
+	}
+	sum := sha256.Sum256([]byte(key))
+	hexSum := hex.EncodeToString(sum[:])
+	if id == "" {
+		id = hexSum[:16] // the gateway's own default id
+	}
+	comment := ""
+	if plan == "" {
+		plan, comment = "PLAN", "  # PLAN: one of plans (or -key-plan)"
+	}
+	_, err = fmt.Fprintf(out, "- {id: %s, sha256: %s, plan: %s}%s\n", id, hexSum, plan, comment)
 	return err
 }
 
@@ -174,6 +214,33 @@ func newWatcher(rdb redis.UniversalClient, prefix string, log *slog.Logger) *lim
 		lastErr = err != nil
 	}
 	return w
+}
+
+// reloads calls reload on every SIGHUP and, looking every `every` (0:
+// never), when the file's content has changed, until ctx ends. The file's content
+// that a reload read, valid or not, is not reloaded again until it changes:
+// an invalid file is counted once, not once a poll.
+func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, every time.Duration, reload func(), log *slog.Logger) {
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			fw.Seen()
+			reload()
+		case <-tick:
+			if fw.Changed() {
+				log.Info("config file changed; reloading", "config", fw.Path())
+				reload()
+			}
+		}
+	}
 }
 
 // reload re-reads the file; an invalid one keeps cur in force.
