@@ -197,11 +197,14 @@ func TestRedisValidate(t *testing.T) {
 
 func TestClickHouse(t *testing.T) {
 	c := ClickHouse{Addr: "ch:9000", Password: "pw"}
-	o := c.Options(time.Second)
+	o, err := c.Options(time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if o.Auth.Database != "default" || o.Auth.Username != "default" || o.Auth.Password != "pw" || o.Compression == nil || o.ReadTimeout != time.Second {
 		t.Errorf("Options = %+v", o)
 	}
-	err := (ClickHouse{Compression: "zip"}).Validate()
+	err = (ClickHouse{Compression: "zip"}).Validate()
 	if err == nil || !strings.Contains(err.Error(), "clickhouse.addr") || !strings.Contains(err.Error(), "zip") {
 		t.Errorf("Validate = %v, want both problems joined", err)
 	}
