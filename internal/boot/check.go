@@ -18,7 +18,7 @@ import (
 const CheckTimeout = 5 * time.Second
 
 // The kinds of a failed start-up check (errors.Is). ErrAuth, ErrTLS and
-// ErrHangup are configuration problems that waiting will not fix: the
+// ErrProtocol are configuration problems that waiting will not fix: the
 // processes refuse to start on them. ErrUnavailable (refused, timed out,
 // anything else) may be a server that is still coming up or down for a
 // while; each process decides (the gateway starts and lets its failure
@@ -26,7 +26,7 @@ const CheckTimeout = 5 * time.Second
 var (
 	ErrAuth        = errors.New("authentication failed")
 	ErrTLS         = errors.New("TLS handshake")
-	ErrHangup      = errors.New("the server closed the connection (does it require TLS, or SASL?)")
+	ErrProtocol    = errors.New("the server dropped the connection (does it require TLS, or SASL?)")
 	ErrUnavailable = errors.New("unavailable")
 )
 
@@ -37,14 +37,14 @@ var (
 type LinkError struct {
 	// Link names the link and its address, such as "redis (127.0.0.1:6390)".
 	Link string
-	// Kind is one of ErrAuth, ErrTLS, ErrHangup or ErrUnavailable.
+	// Kind is one of ErrAuth, ErrTLS, ErrProtocol or ErrUnavailable.
 	Kind error
 	// Err is the driver's error.
 	Err error
 }
 
 func (e *LinkError) Error() string {
-	if errors.Is(e.Kind, ErrHangup) {
+	if errors.Is(e.Kind, ErrProtocol) {
 		return e.Link + ": " + e.Kind.Error() + ": " + e.Err.Error()
 	}
 	return e.Link + ": " + e.Kind.Error() + ": " + rootCause(e.Err)
@@ -71,8 +71,10 @@ func linkError(link string, err error, isAuth func(error) bool) error {
 		kind = ErrTLS
 	case isAuth(err):
 		kind = ErrAuth
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, net.ErrClosed):
-		kind = ErrHangup
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, net.ErrClosed),
+		// franz-go's reading of a TLS alert sent to a plaintext client.
+		strings.Contains(err.Error(), "speaking to a tls endpoint"):
+		kind = ErrProtocol
 	}
 	return &LinkError{Link: link, Kind: kind, Err: err}
 }
