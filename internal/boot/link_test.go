@@ -96,6 +96,28 @@ func TestRedisLink(t *testing.T) {
 	plain.TLS = TLS{}
 	wantLinkError(t, "no TLS", ping(plain), ErrProtocol, "redis ("+addr+"): the server dropped the connection (does it require TLS")
 
+	// Through a Sentinel that has credentials of its own, over TLS.
+	master, sent := testenv.SecureRedisSentinel(t)
+	viaSentinel := good
+	viaSentinel.Addr, viaSentinel.SentinelAddrs, viaSentinel.SentinelMaster = "", sent.Addrs, master
+	viaSentinel.SentinelUsername, viaSentinel.SentinelPassword = sent.User, Secret(sent.Password)
+	if err := ping(viaSentinel); err != nil {
+		t.Errorf("PingRedis(Sentinel over TLS with its own ACL user) = %v, want nil", err)
+	}
+	sentinelLink := "redis (sentinel " + master + " " + sent.Addrs[0] + ", tls)"
+	wrongSentinel := viaSentinel
+	wrongSentinel.SentinelPassword = "not-the-password"
+	wantLinkError(t, "wrong Sentinel password", ping(wrongSentinel), ErrAuth, sentinelLink+": authentication failed: sentinel: WRONGPASS")
+	noSentinelAuth := viaSentinel
+	noSentinelAuth.SentinelUsername, noSentinelAuth.SentinelPassword = "", ""
+	wantLinkError(t, "no Sentinel credentials", ping(noSentinelAuth), ErrAuth, sentinelLink+": authentication failed: sentinel: NOAUTH")
+	wrongMaster := viaSentinel
+	wrongMaster.Password = "not-the-password"
+	wantLinkError(t, "wrong master password via Sentinel", ping(wrongMaster), ErrAuth, sentinelLink+": authentication failed: WRONGPASS")
+	untrustedSentinel := viaSentinel
+	untrustedSentinel.TLS.CAFile = certs.UntrustedCA
+	wantLinkError(t, "untrusted CA via Sentinel", ping(untrustedSentinel), ErrTLS, sentinelLink+": TLS handshake: x509: certificate signed by unknown authority")
+
 	// A Redis that is down is not a configuration problem: the gateway
 	// starts and its failure policy covers.
 	down := Redis{Addr: testenv.FreeAddr(t)}

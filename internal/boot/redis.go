@@ -190,8 +190,25 @@ func NewRedis(r Redis, t RedisTuning, log *slog.Logger) (redis.UniversalClient, 
 func PingRedis(ctx context.Context, rdb redis.UniversalClient, r Redis) error {
 	ctx, cancel := checkContext(ctx)
 	defer cancel()
-	return linkError(r.link(), rdb.Ping(ctx).Err(), isRedisAuth)
+	err := rdb.Ping(ctx).Err()
+	// go-redis reports every Sentinel failure, a refused password
+	// included, as "all sentinels ... are unreachable: <last error>": say
+	// that it was the Sentinels, and what they said.
+	const allSentinels = "redis: all sentinels specified in configuration are unreachable: "
+	if err != nil && strings.HasPrefix(err.Error(), allSentinels) {
+		err = prefixed{"sentinel: " + strings.TrimPrefix(err.Error(), allSentinels), err}
+	}
+	return linkError(r.link(), err, isRedisAuth)
 }
+
+// prefixed is err with another text, still unwrapping to it.
+type prefixed struct {
+	text string
+	err  error
+}
+
+func (p prefixed) Error() string { return p.text }
+func (p prefixed) Unwrap() error { return p.err }
 
 // isRedisAuth: Redis refused the credentials, or wants some.
 func isRedisAuth(err error) bool {

@@ -72,3 +72,15 @@ func SecureClickHouse(tb testing.TB) Secure {
 		Password: Lookup(tb, "EDGELIMIT_TEST_CLICKHOUSE_PASSWORD", "TLS ClickHouse"),
 	}
 }
+
+// SecureRedisSentinel is a Sentinel watching SecureRedis (its master
+// name), TLS only, with an ACL user of its own: User and Password are the
+// Sentinel's, not the master's.
+func SecureRedisSentinel(tb testing.TB) (master string, s Secure) {
+	tb.Helper()
+	return Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_MASTER", "TLS Redis Sentinel"), Secure{
+		Addrs:    strings.Split(Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_ADDRS", "TLS Redis Sentinel"), ","),
+		User:     Lookup(tb, "EDGELIMIT_TEST_REDIS_SENTINEL_USER", "TLS Redis Sentinel"),
+		Password: Lookup(tb, "EDGELIMIT_TEST_REDIS_SENTINEL_PASSWORD", "TLS Redis Sentinel"),
+	}
+}
