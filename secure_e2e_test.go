@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
@@ -171,7 +174,8 @@ routes:
 // TestSecureLinksEndToEnd: one request through the gateway (Redis over
 // TLS + ACL, Kafka over SASL_SSL SCRAM-SHA-512) and the consumer (Kafka
 // over SASL_SSL, ClickHouse over TLS + password) becomes one row, decided
-// by Redis (store_status ok), read back over the secure ClickHouse link.
+// by Redis (store_status ok), read back over the secure ClickHouse link;
+// a poison record reaches the dead-letter topic over the same link.
 func TestSecureLinksEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the gateway and the consumer")
@@ -267,6 +271,32 @@ func TestSecureLinksEndToEnd(t *testing.T) {
 			t.Fatalf("rows for %s = %d (err %v) after 60s, want 1\ngateway log:\n%s\nconsumer log:\n%s", gwID, n, err, gatewayLog.String(), consumerLog.String())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+
+	// A poison record reaches the dead-letter topic: the consumer's
+	// dead-letter producer uses the same SASL_SSL link.
+	kafkaLink := boot.Kafka{Brokers: s.kafkaSecure.Addrs, TLS: boot.TLS{CAFile: s.certs.CA},
+		SASL: boot.SASL{Mechanism: "SCRAM-SHA-256", Username: s.kafkaSecure.User, Password: boot.Secret(s.kafkaSecure.Password)}}
+	opts, err := kafkaLink.Opts(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcl, err := kgo.NewClient(append(opts, kgo.ConsumeTopics(topic+"-dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := kcl.ProduceSync(pctx, &kgo.Record{Topic: topic, Value: []byte("not an event")}).FirstErr(); err != nil {
+		t.Fatalf("produce over SASL_SSL: %v", err)
+	}
+	for got := false; !got; {
+		fs := kcl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			t.Fatalf("no dead letter after 60s: %v\nconsumer log:\n%s", err, consumerLog.String())
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = got || string(r.Value) == "not an event" })
 	}
 
 	for name, logs := range map[string]string{"gateway -check": string(out), "gateway": gatewayLog.String(), "consumer": consumerLog.String()} {
