@@ -89,7 +89,7 @@ func TestSentinelFailover(t *testing.T) {
 		KeyHashSecret: "failover",
 		StoreDeadline: deadline,
 		FailurePolicy: "open",
-		Plans: map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1_000_000, Period: time.Minute}}}}},
+		Plans:         map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1_000_000, Period: time.Minute}}}}},
 		AnonymousPlan: "anon",
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
