@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -311,4 +313,53 @@ func TestTLSValidate(t *testing.T) {
 	if err := (Kafka{SASL: SASL{Mechanism: "PLAIN", Username: "a"}}).Validate(); err == nil || !strings.Contains(err.Error(), "password") {
 		t.Errorf("Validate(PLAIN without password) = %v, want an error", err)
 	}
+}
+
+// TestRedisClusterLink: a Redis Cluster that speaks TLS only and has an
+// ACL user (a private one: the shared stack's Cluster is plain). Every
+// master answers over TLS as the user; wrong settings fail named.
+func TestRedisClusterLink(t *testing.T) {
+	t.Parallel()
+	certs := testenv.TLSCerts(t)
+	s := testenv.Private(t, "redis-cluster-tls")
+	addrs := strings.Split(s.Get(t, "EDGELIMIT_TEST_REDIS_TLS_CLUSTER_ADDRS"), ",")
+	good := Redis{ClusterAddrs: addrs[:1], Username: s.Get(t, "EDGELIMIT_TEST_REDIS_USER"),
+		Password: Secret(s.Get(t, "EDGELIMIT_TEST_REDIS_PASSWORD")), TLS: TLS{CAFile: certs.CA}}
+	open := func(r Redis) (redis.UniversalClient, error) {
+		t.Helper()
+		if err := r.Validate(); err != nil {
+			t.Fatalf("Validate(%+v) = %v", r, err)
+		}
+		rdb, err := NewRedis(r, RedisTuning{Timeout: 2 * time.Second, MaxRetries: -1}, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rdb.Close() })
+		return rdb, PingRedis(context.Background(), rdb, r)
+	}
+
+	// One seed: the client learns the other masters from it, at their TLS
+	// ports, and reaches each as the ACL user.
+	rdb, err := open(good)
+	if err != nil {
+		t.Fatalf("PingRedis(TLS cluster) = %v, want nil", err)
+	}
+	masters := 0
+	err = rdb.(*redis.ClusterClient).ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		masters++
+		return c.Ping(ctx).Err()
+	})
+	if err != nil || masters != len(addrs) {
+		t.Errorf("ForEachMaster ping = %v over %d masters, want nil over %d", err, masters, len(addrs))
+	}
+
+	link := "redis (cluster " + addrs[0] + ", tls)"
+	wrong := good
+	wrong.Password = "not-the-password"
+	_, err = open(wrong)
+	wantLinkError(t, "cluster wrong password", err, ErrAuth, link+": authentication failed: WRONGPASS")
+	untrusted := good
+	untrusted.TLS.CAFile = certs.UntrustedCA
+	_, err = open(untrusted)
+	wantLinkError(t, "cluster untrusted CA", err, ErrTLS, link+": TLS handshake: x509: certificate signed by unknown authority")
 }
