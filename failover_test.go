@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,7 +53,8 @@ func (s *recordingStore) Allow(ctx context.Context, key string, rules []limiter.
 // boot.NewRedis) keeps answering through its failure policy (open), no
 // store call waits for the failover, and the gateway follows the promoted
 // replica by itself. The figures (seconds without the store, slowest
-// store call) are logged: they are the report, not assertions.
+// store call, writes lost) are logged: they are the report, not
+// assertions.
 func TestSentinelFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a primary, a replica and three Sentinels")
@@ -62,6 +65,75 @@ func TestSentinelFailover(t *testing.T) {
 		SentinelAddrs:  strings.Split(ha.Get(t, "EDGELIMIT_REDIS_SENTINEL_ADDRS"), ","),
 		SentinelMaster: ha.Get(t, "EDGELIMIT_REDIS_SENTINEL_MASTER"),
 	}
+	primary, replica := ha.Get(t, "EDGELIMIT_TEST_REDIS_PRIMARY_ADDR"), ha.Get(t, "EDGELIMIT_TEST_REDIS_REPLICA_ADDR")
+	failover(t, link, "failover:{writes}", func(redis.UniversalClient) (string, time.Time) {
+		at := time.Now()
+		ha.Halt(t)
+		return "primary " + primary, at
+	})
+	// The replica is the master now.
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer rc.Close()
+	if role, err := rc.Do(context.Background(), "ROLE").Slice(); err != nil || len(role) == 0 || role[0] != "master" {
+		t.Errorf("replica ROLE = %v, %v; want master after the failover", role, err)
+	}
+}
+
+// TestClusterFailover is TestSentinelFailover for a Redis Cluster: the
+// master holding the gateway's keys is killed and its replica takes over.
+func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster of three masters and three replicas")
+	}
+	t.Parallel()
+	ha := testenv.Private(t, "redis-cluster-ha")
+	link := boot.Redis{ClusterAddrs: strings.Split(ha.Get(t, "EDGELIMIT_REDIS_CLUSTER_ADDRS"), ",")}
+	// The writes' set shares the hash slot of the gateway's one key ("").
+	failover(t, link, "", func(rdb redis.UniversalClient) (string, time.Time) {
+		cc := rdb.(*redis.ClusterClient)
+		ctx := context.Background()
+		var victim *redis.Client
+		var pid int
+		var addr string
+		var mu sync.Mutex
+		cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			keys, err := c.Keys(ctx, "failover*").Result()
+			if err != nil || len(keys) == 0 {
+				return err
+			}
+			info, err := c.Info(ctx, "server").Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			victim, addr = c, c.Options().Addr
+			for _, line := range strings.Split(info, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+					pid, _ = strconv.Atoi(v)
+				}
+			}
+			return nil
+		})
+		if victim == nil || pid == 0 {
+			t.Fatalf("no master holds the gateway's keys")
+		}
+		// The node is this test's own (started by Private): a crash.
+		at := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		return "master " + addr, at
+	})
+}
+
+// failover runs a gateway on link under load, calls kill (after a second
+// of it; kill says what it killed and when) and measures until the store
+// has answered for a second again.
+// writes is the key of the set that measures lost writes; "": one in the
+// hash slot of the gateway's keys.
+func failover(t *testing.T, link boot.Redis, writes string, kill func(redis.UniversalClient) (what string, at time.Time)) {
+	t.Helper()
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	// cmd/gateway's tuning (openStore): no retries, a 1s socket bound,
 	// context deadlines on the socket.
@@ -128,28 +200,30 @@ func TestSentinelFailover(t *testing.T) {
 			}
 		})
 	}
+	time.Sleep(time.Second)
+
 	// Asynchronous replication loses the writes the primary acknowledged
 	// but had not sent to the replica when it died. Every limiter check is
-	// one such write (one EVALSHA), so a counter written beside them, one
-	// INCR after another on the same client, measures how many checks'
-	// consumption a failover forgets: over-admission, in requests. Each
-	// write adds its own member to a set, so a write whose answer was lost
-	// (it may have happened) does not blur the count.
+	// one such write (one EVALSHA), so writes beside them, one after
+	// another on the same client and in the same hash slot, measure how
+	// many checks' consumption a failover forgets: over-admission, in
+	// requests. Each write adds its own member to a set, so a write whose
+	// answer was lost (it may have happened) does not blur the count.
+	if writes == "" {
+		writes = "failover-writes:" + gatewayTag(t, rdb)
+	}
 	var acked []any
-	const written = "failover:{writes}"
 	wg.Go(func() {
 		for i := 0; !stop.Load(); i++ {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
-			if rdb.SAdd(ctx, written, i).Err() == nil {
+			if rdb.SAdd(ctx, writes, i).Err() == nil {
 				acked = append(acked, i)
 			}
 			cancel()
 		}
 	})
-	time.Sleep(time.Second)
-	primary := ha.Get(t, "EDGELIMIT_TEST_REDIS_PRIMARY_ADDR")
-	killed := time.Now()
-	ha.Halt(t)
+	time.Sleep(500 * time.Millisecond)
+	what, killed := kill(rdb)
 
 	// Wait until the store has answered for a second after a failure, or
 	// give up after 30s.
@@ -197,13 +271,13 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	if back.IsZero() {
-		t.Fatalf("the gateway did not follow the promoted replica within 30s of killing the primary %s (%d store calls after the kill)", primary, during)
+		t.Fatalf("the gateway did not follow the promoted replica within 30s of killing the %s (%d store calls after the kill)", what, during)
 	}
-	t.Logf("primary %s killed; the store answered again after %.2fs (%d calls in the gap, %d failed and were covered by fail-open); "+
+	t.Logf("%s killed; the store answered again after %.2fs (%d calls in the gap, %d failed and were covered by fail-open); "+
 		"%d requests in all, slowest store call %v (deadline %v), %d calls over deadline+50ms",
-		primary, back.Sub(killed).Seconds(), during, failedDuring, requests.Load(), slowest.Round(time.Millisecond), deadline, overDeadline)
+		what, back.Sub(killed).Seconds(), during, failedDuring, requests.Load(), slowest.Round(time.Millisecond), deadline, overDeadline)
 
-	have, err := rdb.SMIsMember(context.Background(), written, acked...).Result()
+	have, err := rdb.SMIsMember(context.Background(), writes, acked...).Result()
 	if err != nil {
 		t.Fatalf("read the writes on the new master: %v", err)
 	}
@@ -213,7 +287,7 @@ func TestSentinelFailover(t *testing.T) {
 			lost++
 		}
 	}
-	t.Logf("asynchronous replication: %d acknowledged writes, %d of them lost with the primary (the over-admission a failover allows, in checks)", len(acked), lost)
+	t.Logf("asynchronous replication: %d acknowledged writes, %d of them lost with the %s (the over-admission a failover allows, in checks)", len(acked), lost, what)
 
 	if n := non200.Load(); n != 0 {
 		t.Errorf("%d of %d requests did not get a 200; the open failure policy should cover the failover", n, requests.Load())
@@ -224,10 +298,33 @@ func TestSentinelFailover(t *testing.T) {
 	if slowest >= time.Second {
 		t.Errorf("a store call took %v: requests waited past the store deadline (%v) for the failover", slowest, deadline)
 	}
-	// The replica is the master now, and it holds the limiter's keys.
-	replica := redis.NewClient(&redis.Options{Addr: ha.Get(t, "EDGELIMIT_TEST_REDIS_REPLICA_ADDR")})
-	defer replica.Close()
-	if role, err := replica.Do(context.Background(), "ROLE").Slice(); err != nil || len(role) == 0 || role[0] != "master" {
-		t.Errorf("replica ROLE = %v, %v; want master after the failover", role, err)
+}
+
+// gatewayTag is the hash tag ("{...}") of the gateway's limiter keys, the
+// only ones under the prefix "failover".
+func gatewayTag(t *testing.T, rdb redis.UniversalClient) string {
+	t.Helper()
+	var keys []string
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c *redis.Client) error {
+		ks, err := c.Keys(ctx, "failover:*").Result()
+		mu.Lock()
+		keys = append(keys, ks...)
+		mu.Unlock()
+		return err
 	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(context.Background(), scan)
+	} else {
+		keys, err = rdb.Keys(context.Background(), "failover:*").Result()
+	}
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("the gateway's keys: %v, %v", keys, err)
+	}
+	i, j := strings.Index(keys[0], "{"), strings.Index(keys[0], "}")
+	if i < 0 || j < i {
+		t.Fatalf("key %q has no hash tag", keys[0])
+	}
+	return keys[0][i : j+1]
 }

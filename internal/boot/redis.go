@@ -177,7 +177,14 @@ func NewRedis(r Redis, t RedisTuning, log *slog.Logger) (redis.UniversalClient, 
 		return redis.NewFailoverClient(o.Failover()), nil
 	case len(r.ClusterAddrs) > 0:
 		o.Addrs = r.ClusterAddrs
-		return redis.NewClusterClient(o.Cluster()), nil
+		co := o.Cluster()
+		// go-redis reloads the slot map on MOVED or on this interval
+		// (default 60s), not on a dead node's dial errors: after a master
+		// dies, its slots stay pointed at it until the reload. One CLUSTER
+		// SLOTS a second per client is cheap and follows a failover in
+		// seconds (TestClusterFailover).
+		co.ClusterStateReloadInterval = time.Second
+		return redis.NewClusterClient(co), nil
 	}
 	o.Addrs = []string{r.Addr}
 	return redis.NewClient(o.Simple()), nil
