@@ -171,16 +171,23 @@ routes:
   - {name: all, path_prefix: /, upstream: app}
 `
 
-// TestSecureLinksEndToEnd: one request through the gateway (Redis over
+// TestSecureLinks builds the binaries once for both halves.
+func TestSecureLinks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the gateway and the consumer")
+	}
+	t.Parallel()
+	s := newSecureStack(t)
+	t.Run("EndToEnd", func(t *testing.T) { secureEndToEnd(t, s) })
+	t.Run("RefuseBadConfig", func(t *testing.T) { secureRefuseBadConfig(t, s) })
+}
+
+// secureEndToEnd: one request through the gateway (Redis over
 // TLS + ACL, Kafka over SASL_SSL SCRAM-SHA-512) and the consumer (Kafka
 // over SASL_SSL, ClickHouse over TLS + password) becomes one row, decided
 // by Redis (store_status ok), read back over the secure ClickHouse link;
 // a poison record reaches the dead-letter topic over the same link.
-func TestSecureLinksEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the gateway and the consumer")
-	}
-	s := newSecureStack(t)
+func secureEndToEnd(t *testing.T, s *secureStack) {
 	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
 	topic, db, gwID := "secure-"+suffix, "edgelimit_secure_"+suffix, "gw-secure-"+suffix
 
@@ -308,13 +315,9 @@ func TestSecureLinksEndToEnd(t *testing.T) {
 	}
 }
 
-// TestSecureLinksRefuseBadConfig: each wrong setting stops the process at
-// start with one line naming the link and the cause.
-func TestSecureLinksRefuseBadConfig(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the gateway and the consumer")
-	}
-	s := newSecureStack(t)
+// secureRefuseBadConfig: each wrong setting stops the process at start
+// with one line naming the link and the cause.
+func secureRefuseBadConfig(t *testing.T, s *secureStack) {
 	dir := t.TempDir()
 	gatewayYAML := filepath.Join(dir, "gateway.yaml")
 	if err := os.WriteFile(gatewayYAML, fmt.Appendf(nil, secureGatewayConfig, "http://127.0.0.1:1"), 0o600); err != nil {
