@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,13 +345,13 @@ func TestRedisClusterLink(t *testing.T) {
 	if err != nil {
 		t.Fatalf("PingRedis(TLS cluster) = %v, want nil", err)
 	}
-	masters := 0
+	var masters atomic.Int32 // ForEachMaster calls in parallel
 	err = rdb.(*redis.ClusterClient).ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
-		masters++
+		masters.Add(1)
 		return c.Ping(ctx).Err()
 	})
-	if err != nil || masters != len(addrs) {
-		t.Errorf("ForEachMaster ping = %v over %d masters, want nil over %d", err, masters, len(addrs))
+	if n := int(masters.Load()); err != nil || n != len(addrs) {
+		t.Errorf("ForEachMaster ping = %v over %d masters, want nil over %d", err, n, len(addrs))
 	}
 
 	link := "redis (cluster " + addrs[0] + ", tls)"
