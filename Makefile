@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X github.com/edgelimit/edgelimit/internal/boot.Version=$(VERSION) -X github.com/edgelimit/edgelimit/internal/boot.Revision=$(REVISION)
 
-.PHONY: all build test test-short bench run stop clean vet
+.PHONY: all build test test-short soak bench run stop clean vet
 
 all: build
 
@@ -28,6 +28,13 @@ test:
 test-short:
 	$(GO) test -count=1 ./...
 	cd tools && $(GO) test -count=1 ./...
+
+# soak runs the limiter's reference-model test (TestModel) for longer:
+# SOAK (default 2m) per store, against real Redis and Redis Cluster. A
+# failure prints EDGELIMIT_MODEL_SEED=... to rerun the same rules and costs.
+SOAK ?= 2m
+soak:
+	EDGELIMIT_MODEL_DURATION=$(SOAK) deploy/local/testenv.sh $(GO) test -race -count=1 -timeout 60m -run 'TestModel' -v ./limiter/
 
 bench:
 	deploy/local/testenv.sh deploy/local/bench.sh

@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -53,11 +55,12 @@ func TestFailOpenAlert(t *testing.T) {
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
 	}
-	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	reg := prometheus.NewRegistry()
+	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Registry: reg, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	traffic, admin := serveOn(t, gw.Server()), serveOn(t, gw.AdminServer())
+	traffic, admin := serveOn(t, gw.Server()), serveOn(t, &http.Server{Handler: boot.Admin{Registry: reg, Ready: gw.Ready}.Handler(), ReadHeaderTimeout: 5 * time.Second})
 
 	// Prometheus scrapes this gateway (file_sd) and loads the shipped rules.
 	rules, err := os.ReadFile("deploy/prometheus/alerts.yml")
@@ -95,19 +98,19 @@ func TestFailOpenAlert(t *testing.T) {
 	})
 
 	firing := func() (bool, error) { return alertActive(amURL, "EdgelimitFailOpen", admin) }
-	waitUntil(t, 60*time.Second, "Prometheus scraping the gateway", func() bool { return scraped(promURL, admin) })
+	testenv.WaitFor(t, 60*time.Second, "Prometheus scraping the gateway", func() bool { return scraped(promURL, admin) })
 	if on, err := firing(); err != nil || on {
 		t.Fatalf("EdgelimitFailOpen active before Redis stopped (err %v)", err)
 	}
 
 	redisSrv.Halt(t)
 	halted := time.Now()
-	waitUntil(t, 3*time.Minute, "EdgelimitFailOpen in Alertmanager", func() bool { on, _ := firing(); return on })
+	testenv.WaitFor(t, 3*time.Minute, "EdgelimitFailOpen in Alertmanager", func() bool { on, _ := firing(); return on })
 	t.Logf("EdgelimitFailOpen reached Alertmanager %.1fs after Redis stopped", time.Since(halted).Seconds())
 
 	redisSrv.Resume(t)
 	resumed := time.Now()
-	waitUntil(t, 4*time.Minute, "EdgelimitFailOpen to resolve", func() bool { on, err := firing(); return err == nil && !on })
+	testenv.WaitFor(t, 4*time.Minute, "EdgelimitFailOpen to resolve", func() bool { on, err := firing(); return err == nil && !on })
 	t.Logf("EdgelimitFailOpen resolved %.1fs after Redis returned", time.Since(resumed).Seconds())
 }
 
@@ -166,17 +169,6 @@ func scraped(promURL, instance string) bool {
 		} `json:"data"`
 	}
 	return json.NewDecoder(resp.Body).Decode(&r) == nil && len(r.Data.Result) > 0
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }
 
 type quietRedis struct{}

@@ -1,6 +1,7 @@
 package analytics
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	_ "embed"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -36,6 +38,19 @@ var dashboardCSP = func() string {
 		"; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 }()
 
+// loginHTML is the sign-in page: a form that POSTs the token, no script
+// and no style, so its CSP allows nothing but the form.
+var loginHTML = []byte(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>edgelimit analytics: sign in</title></head>
+<body><h1>edgelimit analytics</h1>
+<form method="post" action="/login">
+<label>API token <input type="password" name="token" autocomplete="current-password" autofocus required minlength="16"></label>
+<button type="submit">Sign in</button>
+</form></body></html>
+`)
+
+const loginCSP = "default-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+
 // MinTokenLen is the shortest API token accepted.
 const MinTokenLen = 16
 
@@ -43,20 +58,36 @@ const MinTokenLen = 16
 var ErrBadToken = errors.New("analytics: api token must be at least 16 characters")
 
 // API serves the analysts' HTTP JSON API and the dashboard page. Every
-// route but /healthz needs the token: as "Authorization: Bearer <token>",
-// or, for the page in a browser, opened once as /?token=<token>, which
-// sets an HttpOnly, SameSite=Strict session cookie and redirects to /.
+// route but /healthz and the sign-in needs the token: as "Authorization:
+// Bearer <token>", or, in a browser, a session: the page's form POSTs the
+// token to /login (never in a URL, so never in history or proxy logs),
+// which starts a session of its own (a random id in an HttpOnly,
+// SameSite=Lax cookie, Secure over TLS or when configured) that ends after
+// SessionTTL or at POST /logout.
 type API struct {
 	reader *Reader
 	det    *Detector
 	token  string
-	cookie string // the session cookie's value, derived from the token
 	now    func() time.Time
 	log    *slog.Logger
+
+	// SecureCookie marks the session cookie Secure even over plain HTTP,
+	// for an API served behind a TLS proxy; over TLS it always is.
+	SecureCookie bool
+
+	mu       sync.Mutex
+	sessions map[string]time.Time // session id → expiry
 }
 
 // CookieName is the dashboard's session cookie.
 const CookieName = "edgelimit_analytics"
+
+// Sessions: how long one lasts, and how many are kept (the oldest go
+// first), so signing in again and again cannot grow memory.
+const (
+	SessionTTL  = 12 * time.Hour
+	maxSessions = 10000
+)
 
 // NewAPI returns the API over reader; det (optional) supplies the current
 // hot keys, NAT IPs and alerts. now and log default to time.Now and
@@ -71,8 +102,77 @@ func NewAPI(reader *Reader, det *Detector, token string, now func() time.Time, l
 	if log == nil {
 		log = slog.Default()
 	}
-	sum := sha256.Sum256([]byte("edgelimit-analytics-session\x00" + token))
-	return &API{reader: reader, det: det, token: token, cookie: hex.EncodeToString(sum[:]), now: now, log: log}, nil
+	return &API{reader: reader, det: det, token: token, now: now, log: log, sessions: map[string]time.Time{}}, nil
+}
+
+// newSession starts a session and returns its id.
+func (a *API) newSession() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.sessions) >= maxSessions {
+		oldest, at := "", time.Time{}
+		for s, exp := range a.sessions {
+			if !exp.After(now) {
+				delete(a.sessions, s)
+			} else if oldest == "" || exp.Before(at) {
+				oldest, at = s, exp
+			}
+		}
+		if len(a.sessions) >= maxSessions {
+			delete(a.sessions, oldest)
+		}
+	}
+	a.sessions[id] = now.Add(SessionTTL)
+	return id
+}
+
+// session reports whether id is a live session.
+func (a *API) session(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	exp, ok := a.sessions[id]
+	if ok && !exp.After(a.now()) {
+		delete(a.sessions, id)
+		return false
+	}
+	return ok
+}
+
+func (a *API) sessionCookie(r *http.Request, id string, maxAge int) *http.Cookie {
+	return &http.Cookie{
+		Name: CookieName, Value: id, Path: "/", MaxAge: maxAge, HttpOnly: true,
+		// Lax, not Strict: the page is GET-only, and Strict would drop the
+		// cookie on the redirect after signing in from a bookmark or link.
+		// State-changing routes are POSTs, which Lax never sends cross-site.
+		SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil || a.SecureCookie,
+	}
+}
+
+// login starts a session for the token posted in the form field "token".
+func (a *API) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
+	tok := r.PostFormValue("token")
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
+		unauthorized(w, "Wrong token.")
+		return
+	}
+	http.SetCookie(w, a.sessionCookie(r, a.newSession(), int(SessionTTL/time.Second)))
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// logout ends the request's session.
+func (a *API) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(CookieName); err == nil {
+		a.mu.Lock()
+		delete(a.sessions, c.Value)
+		a.mu.Unlock()
+	}
+	http.SetCookie(w, a.sessionCookie(r, "", -1))
+	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 // Handler returns the API's routes. Every error answer, the mux's own
@@ -85,6 +185,8 @@ func (a *API) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /{$}", a.dashboard)
+	mux.HandleFunc("POST /login", a.login)
+	mux.HandleFunc("POST /logout", a.logout)
 	paths := []string{"/healthz", "/{$}"}
 	for _, rt := range []struct {
 		path string
@@ -154,7 +256,7 @@ func (a *API) authorized(r *http.Request) bool {
 		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1
 	}
 	if c, err := r.Cookie(CookieName); err == nil {
-		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(a.cookie)) == 1
+		return a.session(c.Value)
 	}
 	return false
 }
@@ -184,28 +286,26 @@ func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handle
 }
 
 func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
-	if tok := r.URL.Query().Get("token"); tok != "" {
-		if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
-			unauthorized(w, "Wrong token.")
-			return
-		}
-		http.SetCookie(w, &http.Cookie{
-			Name: CookieName, Value: a.cookie, Path: "/", HttpOnly: true,
-			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
-		})
-		http.Redirect(w, r, "/", http.StatusSeeOther) // the token leaves the address bar
-		return
-	}
-	if !a.authorized(r) {
-		unauthorized(w, "Open /?token=<token> once to sign in.")
+	if r.URL.Query().Has("token") {
+		// The token never travels in a URL: history and proxy logs keep them.
+		writeProblem(w, problem{Type: probBadQuery, Status: http.StatusBadRequest,
+			Detail: "Sign in with the form at / (POST /login); a token in the address is refused."})
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Content-Security-Policy", dashboardCSP)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
+	if !a.authorized(r) {
+		h.Set("Content-Security-Policy", loginCSP)
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		h.Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write(loginHTML)
+		return
+	}
+	h.Set("Content-Type", "text/html; charset=utf-8")
 	w.Write(dashboardHTML)
 }
 

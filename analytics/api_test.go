@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -110,7 +111,7 @@ func TestAPIToken(t *testing.T) {
 	c := srv.Client()
 	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-	for _, path := range []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys", "/api/nat-ips", "/api/alerts", "/api/status", "/"} {
+	for _, path := range []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys", "/api/nat-ips", "/api/alerts", "/api/status"} {
 		for name, tok := range map[string]string{"missing": "", "wrong": testToken + "x", "prefix": testToken[:16]} {
 			resp, body := get(t, c, srv.URL+path, tok)
 			wantProblem(t, "GET "+path+" with a "+name+" token", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
@@ -129,23 +130,46 @@ func TestAPIToken(t *testing.T) {
 		t.Errorf("GET /healthz = %d, want 200 without a token", resp.StatusCode)
 	}
 
-	// The page: a wrong ?token is refused; the right one sets a session
-	// cookie and redirects to a clean address; the cookie opens the page
-	// and the API.
-	resp, body = get(t, c, srv.URL+"/?token=nope-nope-nope-nope", "")
-	wantProblem(t, "GET /?token=wrong", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
-	resp, _ = get(t, c, srv.URL+"/?token="+url.QueryEscape(testToken), "")
-	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
-		t.Fatalf("GET /?token= = %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	// The page without a session is the sign-in form, which POSTs the
+	// token: a token in the address is refused (issue 9), a wrong one too;
+	// the right one starts a random session (not derived from the token:
+	// two sign-ins get two sessions) and redirects to the page.
+	resp, body = get(t, c, srv.URL+"/", "")
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `<form method="post" action="/login">`) {
+		t.Fatalf("GET / without a session = %d %.200s, want 401 and the sign-in form", resp.StatusCode, body)
 	}
-	var session *http.Cookie
-	for _, ck := range resp.Cookies() {
-		if ck.Name == analytics.CookieName {
-			session = ck
+	resp, body = get(t, c, srv.URL+"/?token="+url.QueryEscape(testToken), "")
+	wantProblem(t, "GET /?token=", resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
+	login := func(tok string) *http.Response {
+		t.Helper()
+		resp, err := c.PostForm(srv.URL+"/login", url.Values{"token": {tok}})
+		if err != nil {
+			t.Fatal(err)
 		}
+		resp.Body.Close()
+		return resp
 	}
-	if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode || strings.Contains(session.Value, testToken) {
-		t.Fatalf("session cookie = %+v, want HttpOnly, SameSite=Strict, not the token itself", session)
+	if resp := login("nope-nope-nope-nope"); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("POST /login with a wrong token = %d, want 401", resp.StatusCode)
+	}
+	cookieOf := func(resp *http.Response) *http.Cookie {
+		for _, ck := range resp.Cookies() {
+			if ck.Name == analytics.CookieName {
+				return ck
+			}
+		}
+		return nil
+	}
+	resp = login(testToken)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("POST /login = %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	session, other := cookieOf(resp), cookieOf(login(testToken))
+	if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteLaxMode || session.MaxAge <= 0 || session.Secure {
+		t.Fatalf("session cookie = %+v, want HttpOnly, SameSite=Lax, an expiry, not Secure over plain HTTP", session)
+	}
+	if other == nil || other.Value == session.Value || strings.Contains(session.Value, testToken) {
+		t.Errorf("two sign-ins share session %q / %v: sessions must be random", session.Value, other)
 	}
 	jar, _ := cookiejar.New(nil)
 	u, _ := url.Parse(srv.URL)
@@ -162,9 +186,29 @@ func TestAPIToken(t *testing.T) {
 	if resp, _ := get(t, c, srv.URL+"/api/alerts", ""); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /api/alerts with the cookie = %d, want 200", resp.StatusCode)
 	}
-	jar.SetCookies(u, []*http.Cookie{{Name: analytics.CookieName, Value: session.Value + "0"}})
+	// Signing out ends the session on the server, whatever the browser keeps.
+	resp, err = c.Post(srv.URL+"/logout", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	jar.SetCookies(u, []*http.Cookie{session})
+	if resp, _ := get(t, c, srv.URL+"/api/alerts", ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /api/alerts after logout = %d, want 401", resp.StatusCode)
+	}
+	jar.SetCookies(u, []*http.Cookie{{Name: analytics.CookieName, Value: other.Value + "0"}})
 	if resp, _ := get(t, c, srv.URL+"/api/alerts", ""); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("GET /api/alerts with a forged cookie = %d, want 401", resp.StatusCode)
+	}
+	// Behind a TLS proxy the cookie is Secure when configured.
+	secure, _ := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, nil, nil)
+	secure.SecureCookie = true
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(url.Values{"token": {testToken}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	secure.Handler().ServeHTTP(rec, req)
+	if ck := cookieOf(rec.Result()); ck == nil || !ck.Secure {
+		t.Errorf("with SecureCookie, session cookie = %+v, want Secure", ck)
 	}
 }
 
@@ -338,12 +382,20 @@ func TestAPIUnknownRoutes(t *testing.T) {
 func TestDashboardInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv, _ := seededAPI(t)
+	// Sign in as a person would: a form POSTs the token (never a URL with
+	// it), and the browser follows to the page with its session cookie.
+	signIn := filepath.Join(t.TempDir(), "signin.html")
+	page := `<!doctype html><form id="f" method="post" action="` + srv.URL + `/login">` +
+		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
+	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
 		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
-		"--virtual-time-budget=20000", "--dump-dom", srv.URL+"/?token="+url.QueryEscape(testToken))
+		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -371,7 +423,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if png := os.Getenv("EDGELIMIT_DASHBOARD_SCREENSHOT"); png != "" {
 		shot := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 			"--user-data-dir="+t.TempDir(), "--window-size=1400,1900", "--virtual-time-budget=20000",
-			"--screenshot="+png, srv.URL+"/?token="+url.QueryEscape(testToken))
+			"--screenshot="+png, "file://"+signIn)
 		if out, err := shot.CombinedOutput(); err != nil {
 			t.Errorf("screenshot: %v\n%s", err, out)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -56,8 +57,9 @@ func TestPrometheusAlertsEndToEnd(t *testing.T) {
 		FailurePolicy: gateway.FailOpen,
 		StoreDeadline: 250 * time.Millisecond, // -race on busy cores: Redis up must not look down
 	}
+	reg := prometheus.NewRegistry()
 	gw, err := gateway.New(cfg, gateway.Options{
-		Store: lim, Registry: prometheus.NewRegistry(),
+		Store: lim, Registry: reg,
 		Ping:   func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)),
 	})
@@ -67,7 +69,7 @@ func TestPrometheusAlertsEndToEnd(t *testing.T) {
 	defer gw.Close()
 	traffic := httptest.NewServer(gw.Handler())
 	defer traffic.Close()
-	admin := httptest.NewServer(gw.AdminHandler())
+	admin := httptest.NewServer(boot.Admin{Registry: reg, Ready: gw.Ready}.Handler())
 	defer admin.Close()
 	instance := strings.TrimPrefix(admin.URL, "http://")
 

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -9,69 +10,89 @@ import (
 	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
-// columns holds decoded rows column by column, in the order of
-// query/insert_decisions.sql, ready for the driver's columnar append.
-type columns struct {
-	eventID       []string
-	time          []time.Time
-	timeMS        []uint16
-	gatewayID     []string
-	keyID         []string
-	keyKind       []string
-	clientIP      []string
-	userAgentHash []uint64
-	route         []string
-	method        []string
-	plan          []string
-	bindingRule   []string
-	allowed       []uint8
-	ruleLimit     []int64
-	remaining     []int64
-	cost          []int64
-	storeStatus   []string
-	mode          []string
-	latencyUS     []uint32
-	version       []uint8
-	topic         []string
-	partition     []int32
-	offset        []int64
-
-	minTime, maxTime time.Time
+// row is one decoded record, buffered until its batch is inserted.
+type row struct {
+	d         event.Decision
+	topic     string
+	partition int32
+	offset    int64
 }
 
-func (c *columns) len() int { return len(c.offset) }
+// column is one column of the decisions table that the consumer writes.
+type column struct {
+	name string
+	typ  string // as system.columns names it; Migrate checks it
+	// values returns the column's values for every row of a batch, in
+	// order, as the typed slice the driver appends in one call.
+	values func(batch [][]row, n int) any
+}
 
-func (c *columns) add(d *event.Decision, topic string, partition int32, offset int64) {
-	t := d.Time
-	c.eventID = append(c.eventID, string(d.ID[:]))
-	c.time = append(c.time, t)
-	c.timeMS = append(c.timeMS, uint16(t.Nanosecond()/int(time.Millisecond)))
-	c.gatewayID = append(c.gatewayID, d.GatewayID)
-	c.keyID = append(c.keyID, d.KeyID)
-	c.keyKind = append(c.keyKind, d.KeyKind.String())
-	c.clientIP = append(c.clientIP, d.ClientIP)
-	c.userAgentHash = append(c.userAgentHash, d.UserAgentHash)
-	c.route = append(c.route, d.Route)
-	c.method = append(c.method, d.Method)
-	c.plan = append(c.plan, d.Plan)
-	c.bindingRule = append(c.bindingRule, d.BindingRule)
-	c.allowed = append(c.allowed, b2u(d.Allowed))
-	c.ruleLimit = append(c.ruleLimit, d.Limit)
-	c.remaining = append(c.remaining, d.Remaining)
-	c.cost = append(c.cost, d.Cost)
-	c.storeStatus = append(c.storeStatus, d.StoreStatus.String())
-	c.mode = append(c.mode, d.Mode.String())
-	c.latencyUS = append(c.latencyUS, latencyMicros(d.CheckLatency))
-	c.version = append(c.version, event.Version)
-	c.topic = append(c.topic, topic)
-	c.partition = append(c.partition, partition)
-	c.offset = append(c.offset, offset)
-	if c.len() == 1 || t.Before(c.minTime) {
-		c.minTime = t
+// col makes a column whose value in a row is value(row).
+func col[T any](name, typ string, value func(*row) T) column {
+	return column{name: name, typ: typ, values: func(batch [][]row, n int) any {
+		vs := make([]T, 0, n)
+		for _, rows := range batch {
+			for i := range rows {
+				vs = append(vs, value(&rows[i]))
+			}
+		}
+		return vs
+	}}
+}
+
+// decisionColumns is the one map from a decision event to the decisions
+// table: the INSERT's column list, Migrate's check of the table and the
+// batch's columns all come from it. Adding an event field adds a line here
+// (and its migration); nothing else in the consumer changes.
+var decisionColumns = []column{
+	col("event_id", "FixedString(16)", func(r *row) string { return string(r.d.ID[:]) }),
+	col("time", "DateTime", func(r *row) time.Time { return r.d.Time }),
+	col("time_ms", "UInt16", func(r *row) uint16 { return uint16(r.d.Time.Nanosecond() / int(time.Millisecond)) }),
+	col("gateway_id", "String", func(r *row) string { return r.d.GatewayID }),
+	col("key_id", "String", func(r *row) string { return r.d.KeyID }),
+	col("key_kind", "String", func(r *row) string { return r.d.KeyKind.String() }),
+	col("client_ip", "String", func(r *row) string { return r.d.ClientIP }),
+	col("user_agent_hash", "UInt64", func(r *row) uint64 { return r.d.UserAgentHash }),
+	col("route", "String", func(r *row) string { return r.d.Route }),
+	col("method", "String", func(r *row) string { return r.d.Method }),
+	col("plan", "String", func(r *row) string { return r.d.Plan }),
+	col("binding_rule", "String", func(r *row) string { return r.d.BindingRule }),
+	col("allowed", "UInt8", func(r *row) uint8 { return b2u(r.d.Allowed) }),
+	col("rule_limit", "Int64", func(r *row) int64 { return r.d.Limit }),
+	col("remaining", "Int64", func(r *row) int64 { return r.d.Remaining }),
+	col("cost", "Int64", func(r *row) int64 { return r.d.Cost }),
+	col("store_status", "String", func(r *row) string { return r.d.StoreStatus.String() }),
+	col("mode", "String", func(r *row) string { return r.d.Mode.String() }),
+	col("check_latency_us", "UInt32", func(r *row) uint32 { return latencyMicros(r.d.CheckLatency) }),
+	// Every row the consumer accepts passed event.CheckVersion.
+	col("schema_version", "UInt8", func(*row) uint8 { return event.Version }),
+	col("kafka_topic", "String", func(r *row) string { return r.topic }),
+	col("kafka_partition", "Int32", func(r *row) int32 { return r.partition }),
+	col("kafka_offset", "Int64", func(r *row) int64 { return r.offset }),
+}
+
+// qInsertDecisions names its columns (ClickHouse 18.16's native protocol
+// needs that) from decisionColumns, so the list and the values cannot drift
+// apart. Only these constant names are joined into the SQL.
+var qInsertDecisions = "INSERT INTO decisions (" + columnNames() + ")"
+
+func columnNames() string {
+	names := make([]string, len(decisionColumns))
+	for i, c := range decisionColumns {
+		names[i] = c.name
 	}
-	if c.len() == 1 || t.After(c.maxTime) {
-		c.maxTime = t
+	return strings.Join(names, ", ")
+}
+
+// appendBatch adds every row of batch (n in all) to a prepared INSERT, each
+// column built once and appended in one call.
+func appendBatch(b driver.Batch, batch [][]row, n int) error {
+	for i, c := range decisionColumns {
+		if err := b.Column(i).Append(c.values(batch, n)); err != nil {
+			return fmt.Errorf("append column %s: %w", c.name, err)
+		}
 	}
+	return nil
 }
 
 func b2u(b bool) uint8 {
@@ -93,63 +114,16 @@ func latencyMicros(d time.Duration) uint32 {
 	return uint32(us)
 }
 
-// slices returns the columns in insert order.
-func (c *columns) slices() []any {
-	return []any{
-		c.eventID, c.time, c.timeMS, c.gatewayID, c.keyID, c.keyKind, c.clientIP,
-		c.userAgentHash, c.route, c.method, c.plan, c.bindingRule, c.allowed, c.ruleLimit,
-		c.remaining, c.cost, c.storeStatus, c.mode, c.latencyUS, c.version,
-		c.topic, c.partition, c.offset,
-	}
-}
-
-// appendTo adds the rows to a prepared INSERT.
-func (c *columns) appendTo(b driver.Batch) error {
-	for i, col := range c.slices() {
-		if err := b.Column(i).Append(col); err != nil {
-			return fmt.Errorf("append column %d: %w", i, err)
+// timeRange returns the earliest and latest event time of rows, which must
+// not be empty.
+func timeRange(rows []row) (lo, hi time.Time) {
+	lo, hi = rows[0].d.Time, rows[0].d.Time
+	for i := range rows {
+		if t := rows[i].d.Time; t.Before(lo) {
+			lo = t
+		} else if t.After(hi) {
+			hi = t
 		}
 	}
-	return nil
-}
-
-// keep returns the columns holding only the rows for which keep(offset) is
-// true.
-func (c *columns) keep(keep func(offset int64) bool) columns {
-	var out columns
-	for i := range c.offset {
-		if !keep(c.offset[i]) {
-			continue
-		}
-		out.eventID = append(out.eventID, c.eventID[i])
-		out.time = append(out.time, c.time[i])
-		out.timeMS = append(out.timeMS, c.timeMS[i])
-		out.gatewayID = append(out.gatewayID, c.gatewayID[i])
-		out.keyID = append(out.keyID, c.keyID[i])
-		out.keyKind = append(out.keyKind, c.keyKind[i])
-		out.clientIP = append(out.clientIP, c.clientIP[i])
-		out.userAgentHash = append(out.userAgentHash, c.userAgentHash[i])
-		out.route = append(out.route, c.route[i])
-		out.method = append(out.method, c.method[i])
-		out.plan = append(out.plan, c.plan[i])
-		out.bindingRule = append(out.bindingRule, c.bindingRule[i])
-		out.allowed = append(out.allowed, c.allowed[i])
-		out.ruleLimit = append(out.ruleLimit, c.ruleLimit[i])
-		out.remaining = append(out.remaining, c.remaining[i])
-		out.cost = append(out.cost, c.cost[i])
-		out.storeStatus = append(out.storeStatus, c.storeStatus[i])
-		out.mode = append(out.mode, c.mode[i])
-		out.latencyUS = append(out.latencyUS, c.latencyUS[i])
-		out.version = append(out.version, c.version[i])
-		out.topic = append(out.topic, c.topic[i])
-		out.partition = append(out.partition, c.partition[i])
-		out.offset = append(out.offset, c.offset[i])
-		if out.len() == 1 || c.time[i].Before(out.minTime) {
-			out.minTime = c.time[i]
-		}
-		if out.len() == 1 || c.time[i].After(out.maxTime) {
-			out.maxTime = c.time[i]
-		}
-	}
-	return out
+	return lo, hi
 }

@@ -35,11 +35,7 @@ func produceN(b *testing.B, brokers []string, topic string, n int) {
 	for i := range n {
 		d := ds[i%len(ds)]
 		d.ID = event.NewID(d.Time)
-		v, err := event.Encode(d)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cl.Produce(ctx, &kgo.Record{Value: v}, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, record(b, d), func(_ *kgo.Record, err error) {
 			if err != nil {
 				failed.Add(1)
 			}

@@ -206,21 +206,24 @@ func TestDeadLetter(t *testing.T) {
 			ch, _ := newDatabase(t, addr)
 			good := decisions(300)
 			produce(t, kb.brokers, kb.topic, good[:100])
-			v2, err := event.Encode(good[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			v2[0] = 2 // a future schema version
-			produceRaw(t, kb.brokers, kb.topic, []byte{event.Version, 0xff}, v2, nil)
+			bad := record(t, good[0])
+			bad.Value = []byte{0xff} // a truncated varint
+			future := record(t, good[0])
+			future.Headers[0].Value = []byte("3") // a future schema version
+			v1 := record(t, good[0])
+			v1.Headers, v1.Value = nil, append([]byte{1}, v1.Value...) // version 1: a version byte, no header
+			empty := record(t, good[0])
+			empty.Value = nil // decodes, but is no decision: no event id
+			produceRaw(t, kb.brokers, kb.topic, bad, future, v1, empty)
 			produce(t, kb.brokers, kb.topic, good[100:])
 
 			r := start(t, kb.config(), ch, nil)
 			waitFor(t, "good rows in ClickHouse", 60*time.Second, func() bool {
 				return count(t, ch, "SELECT count() FROM decisions") >= 300
 			})
-			dead := consumeAll(t, kb.brokers, kb.dlq, 3)
+			dead := consumeAll(t, kb.brokers, kb.dlq, 4)
 			want := []struct{ reason, offset string }{
-				{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonMalformed, "102"},
+				{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"},
 			}
 			for i, w := range want {
 				h := headers(dead[i])
@@ -228,20 +231,23 @@ func TestDeadLetter(t *testing.T) {
 					t.Errorf("dead letter %d headers = %v, want reason %s offset %s topic %s", i, h, w.reason, w.offset, kb.topic)
 				}
 			}
-			if string(dead[0].Value) != string([]byte{event.Version, 0xff}) {
-				t.Errorf("dead letter 0 value = %q, want the original", dead[0].Value)
+			if string(dead[0].Value) != "\xff" || string(dead[2].Value) != string(v1.Value) {
+				t.Errorf("dead letter values = %q, %q; want the originals", dead[0].Value, dead[2].Value)
+			}
+			if h := headers(dead[1]); h[event.Header] != "3" {
+				t.Errorf("dead letter 1 headers = %v, want the original %s: 3 kept", h, event.Header)
 			}
 			waitFor(t, "dead-letter metric", 5*time.Second, func() bool {
 				return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 2 &&
-					metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 1
+					metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 2
 			})
 			r.stop()
 			if got := count(t, ch, "SELECT count() FROM decisions"); got != 300 {
 				t.Errorf("count() = %d, want 300", got)
 			}
 			// The group's committed offset is past the poison records.
-			if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 303 {
-				t.Errorf("committed offset = %d, want 303", got)
+			if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 304 {
+				t.Errorf("committed offset = %d, want 304", got)
 			}
 		})
 	}

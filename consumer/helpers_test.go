@@ -139,8 +139,8 @@ func decisions(n int) []event.Decision {
 			Limit:         100,
 			Remaining:     int64(i % 100),
 			Cost:          int64(1 + i%3),
-			StoreStatus:   event.StoreStatus(i % 4),
-			Mode:          event.Mode(i % 5),
+			StoreStatus:   event.StoreStatus(1 + i%4),
+			Mode:          event.Mode(1 + i%5),
 			CheckLatency:  time.Duration(100+i%900) * time.Microsecond,
 		}
 	}
@@ -150,18 +150,24 @@ func decisions(n int) []event.Decision {
 // produce writes the events, and any extra raw values, to topic.
 func produce(tb testing.TB, brokers []string, topic string, ds []event.Decision) {
 	tb.Helper()
-	var values [][]byte
+	var recs []*kgo.Record
 	for _, d := range ds {
-		b, err := event.Encode(d)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		values = append(values, b)
+		recs = append(recs, record(tb, d))
 	}
-	produceRaw(tb, brokers, topic, values...)
+	produceRaw(tb, brokers, topic, recs...)
 }
 
-func produceRaw(tb testing.TB, brokers []string, topic string, values ...[]byte) {
+// record is d as the gateway publishes it.
+func record(tb testing.TB, d event.Decision) *kgo.Record {
+	tb.Helper()
+	b, err := event.Encode(d)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}}
+}
+
+func produceRaw(tb testing.TB, brokers []string, topic string, recs ...*kgo.Record) {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
 		kgo.MaxBufferedRecords(1_000_000))
@@ -175,8 +181,8 @@ func produceRaw(tb testing.TB, brokers []string, topic string, values ...[]byte)
 		mu   sync.Mutex
 		perr error
 	)
-	for _, v := range values {
-		cl.Produce(ctx, &kgo.Record{Value: v}, func(_ *kgo.Record, err error) {
+	for _, r := range recs {
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
 				mu.Lock()
 				perr = err

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -12,12 +13,14 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 )
 
 // Migrations are applied in file-name order; each file's number is its
-// version. Every statement is idempotent (IF NOT EXISTS), so a migration
-// interrupted halfway, or run by two consumers at once, is simply applied
-// again.
+// version. Every statement is idempotent (IF NOT EXISTS; an ADD COLUMN of a
+// column already there counts as done, see isDuplicateColumn), so a
+// migration interrupted halfway, or run by two consumers at once, is simply
+// applied again.
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -39,7 +42,7 @@ var (
 	qCreateSchemaMigrations = mustQuery("create_schema_migrations")
 	qAppliedMigrations      = mustQuery("applied_migrations")
 	qInsertMigration        = mustQuery("insert_migration")
-	qInsertDecisions        = mustQuery("insert_decisions")
+	qDecisionsColumns       = mustQuery("decisions_columns")
 	qMaxOffsets             = mustQuery("max_offsets")
 	qStoredOffsets          = mustQuery("stored_offsets")
 	qTablePartitions        = mustQuery("table_partitions")
@@ -150,7 +153,7 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 			continue
 		}
 		for i, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil {
+			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) {
 				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
 			}
 		}
@@ -165,11 +168,61 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 			return fmt.Errorf("record migration %s: %w", m.name, err)
 		}
 	}
+	if err := checkColumns(ctx, conn, decisionColumns); err != nil {
+		return err
+	}
 	ttl, err := SupportsTTL(conn)
 	if err != nil || !ttl {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// isDuplicateColumn reports ClickHouse refusing an ADD COLUMN of a column
+// the table has: "column with this name already exists", ILLEGAL_COLUMN (44)
+// on 18.16, DUPLICATE_COLUMN (15) on later servers. ClickHouse 18.16 has no
+// ADD COLUMN IF NOT EXISTS, so a migration that adds a column and stopped
+// before it was recorded finds the column there when it runs again: that
+// statement is done. checkColumns still catches a column of the wrong type.
+func isDuplicateColumn(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && (ex.Code == 44 || ex.Code == 15) && strings.Contains(ex.Message, "already exists")
+}
+
+// ErrSchema means the decisions table lacks a column the consumer writes, or
+// has it with another type: a migration is missing.
+var ErrSchema = errors.New("consumer: decisions table does not match the insert")
+
+// checkColumns checks the decisions table against cols (decisionColumns),
+// so a field added to the insert without its migration fails at start,
+// naming the column, rather than at the first insert.
+func checkColumns(ctx context.Context, conn driver.Conn, cols []column) error {
+	rows, err := conn.Query(ctx, qDecisionsColumns)
+	if err != nil {
+		return fmt.Errorf("read decisions columns: %w", err)
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return fmt.Errorf("read decisions columns: %w", err)
+		}
+		have[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read decisions columns: %w", err)
+	}
+	var errs []error
+	for _, c := range cols {
+		switch typ, ok := have[c.name]; {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%w: no column %s %s", ErrSchema, c.name, c.typ))
+		case typ != c.typ:
+			errs = append(errs, fmt.Errorf("%w: column %s is %s, want %s", ErrSchema, c.name, typ, c.typ))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func appliedMigrations(ctx context.Context, conn driver.Conn) (map[uint32]bool, error) {

@@ -2,7 +2,9 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +46,47 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	if got := count(t, ch, "SELECT count() FROM schema_migrations"); got != uint64(len(ms)) {
 		t.Errorf("schema_migrations rows = %d, want %d (one per migration, applied once)", got, len(ms))
+	}
+}
+
+// TestCheckColumns: a column the insert writes but no migration created, or
+// created with another type, stops Migrate with the column's name.
+func TestCheckColumns(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t)) // Migrate checked decisionColumns
+	ctx := context.Background()
+	cols := slices.Clone(decisionColumns)
+	cols = append(cols, col("region", "String", func(*row) string { return "" }))
+	for i := range cols {
+		if cols[i].name == "cost" {
+			cols[i].typ = "Int32"
+		}
+	}
+	err := checkColumns(ctx, ch, cols)
+	if !errors.Is(err, ErrSchema) {
+		t.Fatalf("checkColumns(+region, cost Int32) = %v, want %v", err, ErrSchema)
+	}
+	for _, want := range []string{"no column region String", "column cost is Int64, want Int32"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("checkColumns error %q does not say %q", err, want)
+		}
+	}
+}
+
+// TestAddColumnTwice: ClickHouse 18.16 has no ADD COLUMN IF NOT EXISTS, so
+// a migration adding a column must survive running again after a crash.
+func TestAddColumnTwice(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	ctx := context.Background()
+	const add = "ALTER TABLE decisions ADD COLUMN added_twice String DEFAULT ''"
+	if err := ch.Exec(ctx, add); err != nil {
+		t.Fatal(err)
+	}
+	err := ch.Exec(ctx, add)
+	if !isDuplicateColumn(err) {
+		t.Errorf("adding added_twice again: isDuplicateColumn(%v) = false, want true", err)
+	}
+	if err := ch.Exec(ctx, "ALTER TABLE no_such_table ADD COLUMN x String"); isDuplicateColumn(err) {
+		t.Errorf("isDuplicateColumn(%v) = true for another error", err)
 	}
 }
 
@@ -107,17 +150,17 @@ func TestDropExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	var cols columns
+	var rows []row
 	for i, age := range []int{10, 4, 0} {
 		d := decisions(1)[0]
 		d.Time = now.AddDate(0, 0, -age)
-		cols.add(&d, "decisions", 0, int64(i))
+		rows = append(rows, row{d: d, topic: "decisions", offset: int64(i)})
 	}
 	b, err := ch.PrepareBatch(ctx, qInsertDecisions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cols.appendTo(b); err != nil {
+	if err := appendBatch(b, [][]row{rows}, len(rows)); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Send(); err != nil {

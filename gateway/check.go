@@ -124,14 +124,20 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	var id identity
 	switch {
 	case req.Key != "":
+		ip, ok := st.clientIP(r)
+		if !ok {
+			p := g.refusal(errBadForwardedFor)
+			return call{}, nil, &p
+		}
 		k := st.lookupKey(req.Key)
 		switch {
 		case k != nil:
-			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: st.clientIP(r)}
+			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: ip}
 		case st.cfg.UnknownKey == UnknownKeyAnonymous && st.anonymous != nil:
-			id = identity{kind: event.KindIP, key: ipKey(st.clientIP(r)), plan: st.anonymous, clientIP: st.clientIP(r)}
+			id = identity{kind: event.KindIP, key: ipKey(ip), plan: st.anonymous, clientIP: ip}
 		default:
-			p := g.refusal(errUnknownKey)
+			p := g.failedAuth(r.Context(), w.Header(), st, errUnknownKey, call{id: identity{clientIP: ip, peerTrusted: peerTrusted},
+				route: "check", method: r.Method, userAgent: r.UserAgent()})
 			return call{}, nil, &p
 		}
 	case req.User != "":
@@ -151,7 +157,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	default:
 		var ierr identifyError
 		if id, ierr = st.identify(r); ierr != identified {
-			p := g.refusal(ierr)
+			p := g.failedAuth(r.Context(), w.Header(), st, ierr, call{id: id, route: "check", method: r.Method, userAgent: r.UserAgent()})
 			return call{}, nil, &p
 		}
 	}
@@ -163,7 +169,12 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		if req.Method == "" {
 			req.Method = http.MethodGet
 		}
-		if rt = st.match(req.Method, req.Path); rt == nil {
+		p, _, _ := strings.Cut(req.Path, "?")
+		p, err := normalizePath(p, st.cfg.Paths)
+		if err != nil {
+			return bad(http.StatusBadRequest, probBadPath, "path holds "+err.Error()+".")
+		}
+		if rt = st.match(req.Method, p); rt == nil {
 			return bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
 		}
 	}

@@ -89,6 +89,12 @@ type Config struct {
 	APIKeys []APIKey `yaml:"api_keys"`
 	// UnknownKey is what happens to an unknown API key; default "reject" (401).
 	UnknownKey UnknownKey `yaml:"unknown_key"`
+	// AuthFailurePlan limits, by client address, requests that fail
+	// authentication (an unknown API key, or none where one is needed)
+	// before they get 401; over it they get 429, so keys cannot be guessed
+	// at line rate. Default: the built-in plan "auth-failure",
+	// DefaultAuthFailureRule (20 a minute per address); "-" disables it.
+	AuthFailurePlan string `yaml:"auth_failure_plan"`
 	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
 	// upstreams that use bearer tokens of their own; default false.
 	IgnoreBearer bool `yaml:"ignore_bearer"`
@@ -96,10 +102,28 @@ type Config struct {
 	// X-Forwarded-For and UserHeader are believed. Default none: the peer's
 	// address is the client's.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// TrustedHops, when set, picks the client address by position: the
+	// TrustedHops-th X-Forwarded-For entry from the right, for proxies
+	// (e.g. a cloud load balancer) whose addresses are not known; like
+	// Envoy's xff_num_trusted_hops. The peer's X-Forwarded-For,
+	// X-Forwarded-Proto/Host and Forwarded are then kept and extended, but
+	// it is not trusted with UserHeader or other identity headers: that
+	// needs TrustedProxies. Default 0: the chain is walked through
+	// TrustedProxies only.
+	TrustedHops int `yaml:"trusted_hops"`
+	// StripHeaders are removed, in any case and with '_' for '-' (as CGI
+	// and WSGI stacks read "X_User_ID"), from the requests of untrusted
+	// peers before they are proxied; every X-Forwarded-* header and
+	// UserHeader always are. Default DefaultStripHeaders. From trusted
+	// proxies only the underscored spellings are removed.
+	StripHeaders []string `yaml:"strip_headers"`
 	// Routes map path prefixes and methods to upstreams, plans and costs.
 	// The longest matching prefix wins; a route naming the method beats one
-	// for any method.
+	// for any method. Routes match the normalised path (see Paths), which
+	// is also the path sent upstream.
 	Routes []Route `yaml:"routes"`
+	// Paths says how request paths are normalised; ambiguous ones get 400.
+	Paths PathConfig `yaml:"paths"`
 	// Upstreams are the services behind the gateway, by name.
 	Upstreams map[string]Upstream `yaml:"upstreams"`
 
@@ -133,6 +157,9 @@ type Config struct {
 
 	// Timeouts of the traffic listener.
 	Timeouts Timeouts `yaml:"timeouts"`
+	// MaxConnections caps the traffic listener's open connections; those
+	// over it are closed on accept. Default DefaultMaxConnections. Restart.
+	MaxConnections int `yaml:"max_connections"`
 	// MaxHeaderBytes bounds request headers (431 above); default 32 KiB. Restart.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxBodyBytes bounds request bodies (413 above); default 10 MiB.
@@ -194,6 +221,15 @@ type Route struct {
 	// Exempt routes are proxied without any limit check (no limiter call,
 	// no rate-limit headers, no event), e.g. health checks.
 	Exempt bool `yaml:"exempt"`
+	// Upgrades are the protocols a request may switch to ("Connection:
+	// upgrade" with "Upgrade: websocket"), e.g. [websocket]; default none:
+	// such a request gets 400. A tunnel is charged once, as one request of
+	// the route's cost, and is closed after TunnelMaxDuration.
+	Upgrades []string `yaml:"upgrades"`
+	// TunnelMaxDuration bounds the lifetime of an upgraded connection;
+	// default DefaultTunnelMaxDuration (1h). The listener's read and write
+	// timeouts do not apply to a tunnel.
+	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
 }
 
 // Upstream is a service behind the gateway.
@@ -205,6 +241,22 @@ type Upstream struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// ConnectTimeout bounds connecting; default 2s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+}
+
+// PathConfig says how request paths are normalised before routing. The
+// normalised path is the one forwarded; see normalizePath for what it
+// decodes, resolves and refuses.
+type PathConfig struct {
+	// AllowParams accepts ';' in path segments (";jsessionid=…"): routes
+	// then match each segment without its params, as Java stacks route,
+	// and the params are forwarded. Default false: 400, since an upstream
+	// that cuts params could run a route other than the one limited.
+	AllowParams bool `yaml:"allow_params"`
+	// IgnoreCase matches route prefixes case-insensitively, for upstreams
+	// that route so ("/api/EXPORT" is then the export route). Default
+	// false: case-sensitive, like most upstream routers; the path is
+	// forwarded as sent either way.
+	IgnoreCase bool `yaml:"ignore_case"`
 }
 
 // BreakerConfig tunes the circuit breaker around the store.
@@ -220,16 +272,23 @@ type BreakerConfig struct {
 type Timeouts struct {
 	// ReadHeader default 5s.
 	ReadHeader time.Duration `yaml:"read_header"`
-	// Read (whole request, body included) default 30s.
+	// Read bounds the request body without progress, default 30s: every
+	// read that makes progress pushes the deadline out again, so a slow
+	// but active upload is not cut and a stalled one gets 408.
 	Read time.Duration `yaml:"read"`
-	// Write (until the response is written) default 60s; it must exceed
-	// every upstream's timeout so a 504 can still be written.
+	// Write bounds a proxied exchange without progress, default 60s: every
+	// write of the response (or read of the body) pushes it out again, so
+	// an active stream (SSE) is not cut and a stalled one is. It must
+	// exceed every upstream's timeout so a 504 can still be written.
 	Write time.Duration `yaml:"write"`
 	// Idle keep-alive default 120s.
 	Idle time.Duration `yaml:"idle"`
 	// Shutdown bounds the graceful drain; default 20s.
 	Shutdown time.Duration `yaml:"shutdown"`
 }
+
+// DefaultAuthFailureRule is the rule of the built-in auth failure plan.
+var DefaultAuthFailureRule = limiter.Rule{Name: "auth-failure", Limit: 20, Period: time.Minute}
 
 // Defaults.
 const (
@@ -265,6 +324,9 @@ func (c Config) WithDefaults() Config {
 	if c.UnknownKey == "" {
 		c.UnknownKey = UnknownKeyReject
 	}
+	if c.StripHeaders == nil {
+		c.StripHeaders = slices.Clone(DefaultStripHeaders)
+	}
 	if c.FailurePolicy == "" {
 		c.FailurePolicy = FailOpen
 	}
@@ -292,6 +354,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
 	if len(c.Upstreams) > 0 {
 		ups := make(map[string]Upstream, len(c.Upstreams))
 		for name, u := range c.Upstreams {
@@ -309,6 +374,9 @@ func (c Config) WithDefaults() Config {
 			}
 			if routes[i].Cost == 0 {
 				routes[i].Cost = 1
+			}
+			if routes[i].TunnelMaxDuration == 0 {
+				routes[i].TunnelMaxDuration = DefaultTunnelMaxDuration
 			}
 		}
 		c.Routes = routes
@@ -338,6 +406,9 @@ func (c Config) Validate() error {
 	}
 	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
 		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)
+	} else if n, err := normalizePath(c.CheckPath, c.Paths); c.CheckPath != "-" && (err != nil || n != c.CheckPath) {
+		// Requests are matched in normal form; another form never matches.
+		bad("check_path", "%q is not a path in normal form", c.CheckPath)
 	}
 	if len(c.Plans) == 0 {
 		bad("plans", "at least one plan is needed")
@@ -357,6 +428,9 @@ func (c Config) Validate() error {
 		}
 	}
 	planRef("anonymous_plan", c.AnonymousPlan, false)
+	if c.AuthFailurePlan != "-" {
+		planRef("auth_failure_plan", c.AuthFailurePlan, false)
+	}
 	planRef("user_plan", c.UserPlan, c.UserHeader != "")
 	if c.UserHeader != "" && !validHeaderName(c.UserHeader) {
 		bad("user_header", "%q is not a header name", c.UserHeader)
@@ -413,6 +487,14 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if c.TrustedHops < 0 {
+		bad("trusted_hops", "%d is negative", c.TrustedHops)
+	}
+	for i, h := range c.StripHeaders {
+		if !validHeaderName(h) {
+			bad(fmt.Sprintf("strip_headers[%d]", i), "%q is not a header name", h)
+		}
+	}
 	for i, p := range c.TrustedProxies {
 		if _, err := parseCIDR(p); err != nil {
 			bad(fmt.Sprintf("trusted_proxies[%d]", i), "%v", err)
@@ -449,6 +531,14 @@ func (c Config) Validate() error {
 		field := fmt.Sprintf("routes[%d]", i)
 		if !strings.HasPrefix(r.PathPrefix, "/") {
 			bad(field+".path_prefix", "%q must start with /", r.PathPrefix)
+		} else if n, err := normalizePath(r.PathPrefix, c.Paths); err != nil {
+			bad(field+".path_prefix", "%q: %v", r.PathPrefix, err)
+		} else if strings.Contains(r.PathPrefix, ";") {
+			// Routes match paths without their ";params".
+			bad(field+".path_prefix", "%q holds ';'", r.PathPrefix)
+		} else if n != r.PathPrefix {
+			// Requests are matched in normal form; another form never matches.
+			bad(field+".path_prefix", "%q is not in normal form; write %q", r.PathPrefix, n)
 		}
 		if strings.ContainsAny(r.Name, "{}\"\\ \t\r\n") || len(r.Name) > 128 {
 			bad(field+".name", "%q: route names may not hold braces, quotes, backslashes or spaces, and are at most 128 bytes", r.Name)
@@ -464,6 +554,13 @@ func (c Config) Validate() error {
 		if r.Cost < 0 {
 			bad(field+".cost", "%d is negative", r.Cost)
 		}
+		for j, u := range r.Upgrades {
+			if u == "" || strings.Trim(u, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
+				// Tokens such as "websocket" or "h2c"; no versions or lists.
+				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "%q is not an upgrade protocol name", u)
+			}
+		}
+		positive(field+".tunnel_max_duration", r.TunnelMaxDuration)
 		methods := r.Methods
 		if len(methods) == 0 {
 			methods = []string{""}
@@ -512,6 +609,9 @@ func (c Config) Validate() error {
 	positive("timeouts.shutdown", c.Timeouts.Shutdown)
 	if c.MaxHeaderBytes < 1024 {
 		bad("max_header_bytes", "%d is below 1024", c.MaxHeaderBytes)
+	}
+	if c.MaxConnections < 1 {
+		bad("max_connections", "%d must be at least 1", c.MaxConnections)
 	}
 	if c.MaxBodyBytes < 0 {
 		bad("max_body_bytes", "%d is negative", c.MaxBodyBytes)

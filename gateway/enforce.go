@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
 // call is one question to the enforcement step, whichever entry point
@@ -81,8 +83,32 @@ func (a answer) write(w http.ResponseWriter) {
 	writeProblem(w, *a.problem)
 }
 
+// failedAuth answers a caller that failed authentication. It is first
+// limited by its address under the auth failure plan, through enforce
+// like any decision (event, metrics, rate-limit headers into h), so API
+// keys cannot be guessed at line rate: over that limit the answer is the
+// 429, else the refusal (401). The bucket is the address's own, apart
+// from its anonymous traffic's.
+func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e identifyError, c call) problem {
+	if e == errBadForwardedFor || st.authFailure == nil {
+		return g.refusal(e)
+	}
+	c.id.kind, c.id.key, c.id.plan = event.KindIP, ipKey(c.id.clientIP), st.authFailure
+	c.limits = limits{key: c.id.key + "|auth", plan: st.authFailure, rules: st.authFailure.rules}
+	c.cost = 1
+	if a := answerFor(h, g.enforce(ctx, st, &c), st); a.status != http.StatusOK && a.problem != nil {
+		return *a.problem
+	}
+	return g.refusal(e)
+}
+
 // refusal is the answer to a caller that could not be identified, counted.
 func (g *Gateway) refusal(e identifyError) problem {
+	if e == errBadForwardedFor {
+		g.m.rejected.WithLabelValues("bad_forwarded_for").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}
+	}
 	if e == errUnknownKey {
 		g.m.rejected.WithLabelValues("unknown_key").Inc()
 		return problem{Type: probUnknownKey, Status: http.StatusUnauthorized,

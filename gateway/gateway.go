@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -58,7 +56,6 @@ type Gateway struct {
 	breaker   *breaker
 	pub       publisher
 	m         *metrics
-	reg       *prometheus.Registry
 	ping      func(context.Context) error
 	keys      *keyHasher
 	gatewayID string
@@ -70,6 +67,7 @@ type Gateway struct {
 	upstreams map[upstreamKey]*upstream
 
 	handler http.Handler
+	conns   *connLimit
 
 	directives        directiveSource
 	directivesApplied *prometheus.CounterVec
@@ -99,7 +97,6 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		log:       opts.Logger,
 		now:       opts.Now,
 		pub:       opts.Publisher,
-		reg:       opts.Registry,
 		ping:      opts.Ping,
 		gatewayID: cfg.GatewayID,
 		boot:      cfg,
@@ -128,7 +125,8 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.st.Store(st)
-	g.handler = g.newEcho()
+	g.conns = &connLimit{max: int64(cfg.MaxConnections), refused: g.m.rejected.WithLabelValues("too_many_connections").Inc}
+	g.handler = g.guard(g.newEcho())
 	return g, nil
 }
 
@@ -149,8 +147,10 @@ func (g *Gateway) newEcho() *echo.Echo {
 // Handler serves traffic.
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
-// Server returns the traffic listener's server, timeouts and header limit
-// set, for Serve or ListenAndServe.
+// Server returns the traffic listener's server, timeouts, header limit
+// and connection cap set, to Serve the traffic listener wrapped by
+// Listener (which refuses mixed Content-Length and Transfer-Encoding).
+// Serve one listener per Server: the connection cap counts them all.
 func (g *Gateway) Server() *http.Server {
 	c := g.boot
 	return &http.Server{
@@ -161,46 +161,10 @@ func (g *Gateway) Server() *http.Server {
 		WriteTimeout:      c.Timeouts.Write,
 		IdleTimeout:       c.Timeouts.Idle,
 		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ConnState:         g.conns.state,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-}
-
-// AdminServer returns the admin listener's server: /metrics, /healthz,
-// /readyz, and /debug/pprof/ when enabled.
-func (g *Gateway) AdminServer() *http.Server {
-	return &http.Server{
-		Addr:              g.boot.AdminListen,
-		Handler:           g.AdminHandler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		// Long enough for a 30s CPU profile.
-		WriteTimeout: 60 * time.Second,
-		IdleTimeout:  120 * time.Second,
-		ErrorLog:     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-	}
-}
-
-// AdminHandler serves the admin endpoints.
-func (g *Gateway) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{Registry: g.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := g.Ready(r.Context()); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	if g.boot.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	return mux
 }
 
 // Drain makes /readyz fail from now on, so load balancers stop sending
@@ -270,6 +234,7 @@ func restartOnly(a, b Config) []string {
 	add("pprof", a.Pprof != b.Pprof)
 	add("timeouts", a.Timeouts != b.Timeouts)
 	add("max_header_bytes", a.MaxHeaderBytes != b.MaxHeaderBytes)
+	add("max_connections", a.MaxConnections != b.MaxConnections)
 	add("local_max_keys", a.LocalMaxKeys != b.LocalMaxKeys)
 	add("key_hash_secret", a.KeyHashSecret != b.KeyHashSecret)
 	return out
@@ -330,15 +295,19 @@ func (g *Gateway) circuitChanged(from, to circuit) {
 func (g *Gateway) handle(c echo.Context) error {
 	st := g.st.Load()
 	r, w := c.Request(), c.Response()
-	if st.cfg.CheckPath != "-" && r.URL.Path == st.cfg.CheckPath && r.Method == http.MethodPost {
+	// One path: routes, limits and the upstream all see this one.
+	p, err := normalizePath(requestPath(r.URL.RawPath, r.URL.EscapedPath()), st.cfg.Paths)
+	if err != nil {
+		g.m.rejected.WithLabelValues("bad_path").Inc()
+		writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+			Detail: "The path holds " + err.Error() + ", which services behind this gateway could read differently."})
+		return nil
+	}
+	if st.cfg.CheckPath != "-" && p == st.cfg.CheckPath && r.Method == http.MethodPost {
 		g.serveCheck(w, r, st)
 		return nil
 	}
-	if r.Method == http.MethodConnect {
-		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusMethodNotAllowed, Detail: "This gateway does not tunnel."})
-		return nil
-	}
-	rt := st.match(r.Method, r.URL.Path)
+	rt := st.match(r.Method, p)
 	if rt == nil {
 		g.m.rejected.WithLabelValues("no_route").Inc()
 		writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
@@ -351,32 +320,65 @@ func (g *Gateway) handle(c echo.Context) error {
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", st.cfg.MaxBodyBytes)})
 		return nil
 	}
+	up := upgradeOf(r.Header)
+	if up == "h2c" && !rt.allowsUpgrade(up) {
+		// curl --http2 offers h2c on every plain request; a server may
+		// ignore an upgrade (RFC 9110 §7.8), and the request goes on as
+		// HTTP/1.1.
+		r.Header.Del("Upgrade")
+		up = ""
+	}
+	if up != "" && !rt.allowsUpgrade(up) {
+		g.m.rejected.WithLabelValues("upgrade_not_allowed").Inc()
+		writeProblem(w, problem{Type: probUpgrade, Status: http.StatusBadRequest, Route: rt.Name,
+			Detail: fmt.Sprintf("This route does not upgrade to %q.", up)})
+		return nil
+	}
 	if rt.Exempt {
-		g.proxy(w, r, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
+		g.proxy(w, r, p, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
 		return nil
 	}
 	id, ierr := st.identify(r)
+	q := call{id: id, cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
 	if ierr != identified {
-		writeProblem(w, g.refusal(ierr))
+		writeProblem(w, g.failedAuth(r.Context(), w.Header(), st, ierr, q))
 		return nil
 	}
-	q := call{id: id, limits: st.limitsFor(id, rt), cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
+	q.limits = st.limitsFor(id, rt)
 	if a := answerFor(w.Header(), g.enforce(r.Context(), st, &q), st); a.status != http.StatusOK {
 		a.write(w)
 		return nil
 	}
-	g.proxy(w, r, rt, st, id.peerTrusted)
+	g.proxy(w, r, p, rt, st, id.peerTrusted)
 	return nil
 }
 
-// proxy sends an allowed request upstream, its body bounded.
-func (g *Gateway) proxy(w *echo.Response, r *http.Request, rt *route, st *state, peerTrusted bool) {
-	info := &proxyInfo{route: rt.Name, peerTrusted: peerTrusted, userHeader: st.cfg.UserHeader}
-	if r.Body != nil && r.Body != http.NoBody {
-		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes)}
-		r.Body = info.body
+// proxy sends an allowed request upstream to the normalised path p, its
+// body bounded.
+func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
+	dl := newDeadlines(w, g.boot.Timeouts)
+	if upgradeOf(r.Header) != "" { // allowed, or handle refused it
+		var cancel context.CancelFunc
+		r, cancel = tunnel(w, r, rt)
+		defer cancel()
+	} else {
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		defer dl.arm(func() { cancel(errIdle) })()
+		r = r.WithContext(ctx)
 	}
-	rt.upstream.serve(w, r, info)
+	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
+	if r.Body != nil && r.Body != http.NoBody {
+		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), dl: dl}
+		r.Body = info.body
+	} else {
+		dl.noRead()
+	}
+	iw := newInterimWriter(w, dl)
+	rt.upstream.serve(iw, r, info)
+	if iw.hijacked {
+		g.conns.tunnelClosed()
+	}
 }
 
 // echoError answers errors echo raises itself (e.g. malformed paths).

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -109,7 +110,7 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 func scrape(t testing.TB, gw *testGateway) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	gw.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("GET /metrics: %d", rec.Code)
 	}
@@ -294,8 +295,10 @@ func TestAPIKeys(t *testing.T) {
 		{"bearer", []string{"Authorization", "Bearer secret-acme"}, 200, "50"},
 		{"override", []string{"X-API-Key", "secret-big"}, 200, "500"},
 		{"anonymous", nil, 200, "5"},
-		{"unknown key", []string{"X-API-Key", "nope"}, 401, ""},
-		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401, ""},
+		// Failed authentication is limited by address first (issue 9):
+		// its headers are the auth failure plan's.
+		{"unknown key", []string{"X-API-Key", "nope"}, 401, "20"},
+		{"unknown bearer", []string{"Authorization", "Bearer nope"}, 401, "20"},
 		{"basic auth is not a key", []string{"Authorization", "Basic dXNlcjpwYXNz"}, 200, "5"},
 	}
 	for _, tt := range tests {

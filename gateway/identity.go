@@ -31,13 +31,18 @@ const (
 	identified identifyError = iota
 	errUnknownKey
 	errKeyRequired
+	// errBadForwardedFor: a trusted hop names the client unreadably.
+	errBadForwardedFor
 )
 
 // identify finds the caller: API key, then user header from a trusted
 // proxy, then client IP.
 func (st *state) identify(r *http.Request) (identity, identifyError) {
 	id := identity{peerTrusted: st.isTrusted(peerIP(r.RemoteAddr))}
-	id.clientIP = st.clientIP(r)
+	var ok bool
+	if id.clientIP, ok = st.clientIP(r); !ok {
+		return id, errBadForwardedFor
+	}
 	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
 		if k := st.lookupKey(raw); k != nil {
 			id.kind, id.key, id.plan = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan
@@ -83,12 +88,6 @@ func apiKeyOf(r *http.Request, ignoreBearer bool) string {
 		return strings.TrimSpace(a[7:])
 	}
 	return ""
-}
-
-// clientIP is the client's address: the peer's, or from X-Forwarded-For
-// when the peer is a trusted proxy (echo's extractor, configured in compile).
-func (st *state) clientIP(r *http.Request) string {
-	return st.extractIP(r)
 }
 
 func (st *state) isTrusted(ip net.IP) bool {

@@ -7,12 +7,9 @@ import (
 	"encoding/hex"
 	"math"
 	"net"
-	"path"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/labstack/echo/v4"
 
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -27,8 +24,11 @@ type state struct {
 	keys      map[uint64][]*apiKey // by the first 8 bytes of the SHA-256
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
-	extractIP echo.IPExtractor
+	strip     headerSet     // removed from untrusted peers' requests
 	jitter    time.Duration // the most jitter added to Retry-After
+
+	// authFailure limits failed authentication by address; nil: off.
+	authFailure *plan
 }
 
 // plan is a compiled list of rules with their failure policies.
@@ -70,6 +70,13 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	}
 	st.anonymous = st.plans[cfg.AnonymousPlan]
 	st.user = st.plans[cfg.UserPlan]
+	switch cfg.AuthFailurePlan {
+	case "-":
+	case "":
+		st.authFailure = compilePlan(DefaultAuthFailureRule.Name, []Rule{{Rule: DefaultAuthFailureRule}}, cfg)
+	default:
+		st.authFailure = st.plans[cfg.AuthFailurePlan]
+	}
 	for _, k := range cfg.APIKeys {
 		sum := strings.ToLower(k.SHA256)
 		ak := &apiKey{id: k.ID, plan: st.plans[k.Plan]}
@@ -92,6 +99,9 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	for _, r := range cfg.Routes {
 		rt := &route{Route: r, plan: st.plans[r.Plan], upstream: ups[r.Upstream]}
 		rt.prefix = r.PathPrefix
+		if cfg.Paths.IgnoreCase {
+			rt.prefix = strings.ToLower(rt.prefix)
+		}
 		if len(rt.prefix) > 1 && strings.HasSuffix(rt.prefix, "/") {
 			rt.prefix = strings.TrimSuffix(rt.prefix, "/")
 			rt.subtree = true
@@ -108,21 +118,11 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		// Method-specific routes before any-method ones.
 		return len(b.methods) - len(a.methods)
 	})
-	opts := []echo.TrustOption{
-		// echo trusts loopback, link-local and private ranges by default;
-		// trust only what is configured.
-		echo.TrustLoopback(false), echo.TrustLinkLocal(false), echo.TrustPrivateNet(false),
-	}
 	for _, p := range cfg.TrustedProxies {
 		n, _ := parseCIDR(p)
 		st.trusted = append(st.trusted, n)
-		opts = append(opts, echo.TrustIPRange(n))
 	}
-	if len(st.trusted) == 0 {
-		st.extractIP = echo.ExtractIPDirect()
-	} else {
-		st.extractIP = echo.ExtractIPFromXFFHeader(opts...)
-	}
+	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader)...)
 	st.jitter = cfg.RetryJitter
 	return st, nil
 }
@@ -217,16 +217,10 @@ func (st *state) lookupKey(raw string) *apiKey {
 	return found
 }
 
-// match finds the route of a request, by its cleaned path so that "/a/../b"
-// is limited as "/b".
+// match finds the route of a request by its normalised path (see
+// normalizePath): the path the upstream will be sent.
 func (st *state) match(method, p string) *route {
-	if p == "" {
-		p = "/"
-	}
-	clean := path.Clean(p)
-	if strings.HasSuffix(p, "/") && clean != "/" {
-		clean += "/"
-	}
+	clean := routePath(p, st.cfg.Paths)
 	for _, rt := range st.routes {
 		if !rt.matchPath(clean) {
 			continue

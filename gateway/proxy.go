@@ -25,9 +25,14 @@ type upstream struct {
 
 // proxyInfo travels with a proxied request, for Rewrite and ErrorHandler.
 type proxyInfo struct {
-	route       string
+	route string
+	// path is the normalised path the route was chosen by; it is the one
+	// forwarded.
+	path        string
 	peerTrusted bool
-	userHeader  string
+	// trustedHops: the peer is a proxy by trusted_hops (see setForwarded).
+	trustedHops bool
+	strip       headerSet
 	body        *bodyReader
 }
 
@@ -58,17 +63,15 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			info, _ := pr.In.Context().Value(proxyInfoKey{}).(*proxyInfo)
 			pr.SetURL(target)
-			if info != nil && info.peerTrusted {
-				// Rewrite drops X-Forwarded-For; a trusted proxy's chain
-				// is kept and extended.
-				if xff, ok := pr.In.Header["X-Forwarded-For"]; ok {
-					pr.Out.Header["X-Forwarded-For"] = xff
-				}
-			} else if info != nil && info.userHeader != "" {
-				// Only trusted proxies may name the user, upstream too.
-				pr.Out.Header.Del(info.userHeader)
+			if info != nil {
+				// Exactly the path decided on, never the client's spelling.
+				pr.Out.URL.Path, pr.Out.URL.RawPath = joinPath(target.EscapedPath(), info.path)
 			}
-			pr.SetXForwarded()
+			if info == nil {
+				pr.SetXForwarded()
+				return
+			}
+			setForwarded(pr, info)
 		},
 		Transport: u.transport,
 		ModifyResponse: func(resp *http.Response) error {
@@ -90,7 +93,8 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request, info *proxyInfo
 
 // fail answers a proxied request that got no response: 504 when the
 // upstream was too slow, 502 when it could not be reached or answered
-// garbage, 413/408 when the client's body was the problem.
+// garbage, 413/408/400 when the client's body was too large, too slow or
+// malformed.
 func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 	info, _ := r.Context().Value(proxyInfoKey{}).(*proxyInfo)
 	route := ""
@@ -105,10 +109,21 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: route,
 			Detail: "The request body is larger than this gateway accepts."})
-	case bodyErr != nil:
+	case bodyErr != nil && isTimeout(bodyErr):
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probClientTimeout, Status: http.StatusRequestTimeout, Route: route,
 			Detail: "The request body could not be read from the client in time."})
+	case bodyErr != nil:
+		// Malformed chunked framing or a body cut short: the client's
+		// fault, and the connection cannot carry another request.
+		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
+		w.Header()["Connection"] = []string{"close"}
+		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: route,
+			Detail: "The request body is malformed (e.g. its chunked encoding) or ended early."})
+	case errors.Is(context.Cause(r.Context()), errIdle):
+		u.m.upstreamErrors.WithLabelValues(route, "idle").Inc()
+		writeProblem(w, problem{Type: probClientTimeout, Status: http.StatusRequestTimeout, Route: route,
+			Detail: "The request made no progress in time."})
 	case errors.Is(r.Context().Err(), context.Canceled):
 		// The client went away; nobody reads this. 499 as nginx counts it.
 		u.m.upstreamErrors.WithLabelValues(route, "client_gone").Inc()
@@ -136,12 +151,16 @@ func isTimeout(err error) bool {
 // failed proxy call can blame the client rather than the upstream.
 type bodyReader struct {
 	rc  io.ReadCloser
+	dl  *deadlines
 	mu  sync.Mutex
 	err error
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
+	if n > 0 || err == io.EOF {
+		b.dl.readProgress(err == io.EOF)
+	}
 	if err != nil && err != io.EOF {
 		b.mu.Lock()
 		if b.err == nil {

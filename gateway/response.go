@@ -3,7 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -78,11 +77,7 @@ func setRateHeaders(h http.Header, v verdict) {
 // client that spends q units every w seconds is never denied. With burst =
 // limit (the default) this is simply limit per period.
 func quota(r limiter.Rule) (q, w int64) {
-	q = r.Capacity()
-	if q == r.Limit {
-		return q, seconds(r.Period)
-	}
-	return q, seconds(time.Duration(math.Ceil(float64(r.Period) * float64(q) / float64(r.Limit))))
+	return r.Capacity(), seconds(r.Window())
 }
 
 // writeItem writes one structured-field list item: "name";k1=v1;k2=v2.

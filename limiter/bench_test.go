@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -70,5 +71,36 @@ func benchAllow(b *testing.B, a allower, key func(*rand.Rand) string) {
 		b.ReportMetric(float64(len(all))/elapsed.Seconds(), "checks/s")
 		b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 		b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+	}
+}
+
+// BenchmarkMemoryFull measures a store kept at its default bound of 1M
+// states by new keys, reporting the slowest call: a call that sweeps the
+// whole store stalls every caller behind its lock. "expired": every held
+// state reads as full; "live": none does, so each new key evicts one.
+func BenchmarkMemoryFull(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		idle time.Duration
+	}{{"expired", time.Hour}, {"live", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ctx := context.Background()
+			clock := newFakeClock()
+			m := NewMemory(clock.Now, 0)
+			rules := []Rule{{Name: "hour", Limit: 5, Period: time.Hour}}
+			for i := range 1 << 20 {
+				m.Allow(ctx, "fill:"+strconv.Itoa(i), rules, 1)
+			}
+			clock.Add(tc.idle)
+			var worst time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				m.Allow(ctx, "new:"+strconv.Itoa(i), rules, 1)
+				worst = max(worst, time.Since(t0))
+			}
+			b.ReportMetric(float64(worst.Microseconds()), "max-µs")
+		})
 	}
 }

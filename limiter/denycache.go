@@ -49,6 +49,7 @@ func (c *denyCache) get(fp uint64, key string, cost int64, now time.Time) (Decis
 	since := now.Sub(e.at)
 	d := e.d
 	d.Cached = true
+	d.Time = now
 	d.Rules = make([]RuleResult, len(e.d.Rules))
 	for i, r := range e.d.Rules {
 		r.RetryAfter = max(0, r.RetryAfter-since)

@@ -1,8 +1,10 @@
 package limiter
 
 import (
+	"container/heap"
 	"context"
 	"math"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -17,15 +19,33 @@ type Memory struct {
 
 	mu    sync.Mutex
 	state map[string]*memState
+	// byExpiry orders states by when they read as full again, so expired
+	// states are dropped a few per call (no call pays for a sweep of the
+	// whole map) and, over capacity, the state closest to full goes first.
+	// It is lazy: a write that moves a state's expiry later (the usual
+	// case) leaves its entry alone, and the entry is requeued when it
+	// reaches the top, so a write to a held state costs no heap work.
+	byExpiry expiryHeap
 }
 
+// memState is one rule's state for one key. It remembers the rule it was
+// written under, so a changed rule converts it instead of misreading it.
 type memState struct {
-	// token bucket
+	limit, period, capacity int64 // period in µs
+	// token bucket: micro-tokens, last update in µs
 	tokens, ts int64
-	// sliding window
+	// sliding window: window index (in periods), counts in it and the one before
 	window, cur, prev int64
-	expires           int64 // µs
+	expires           int64 // µs: from then on the state reads as full
+
+	key    string
+	queued int64 // the expiry its byExpiry entry carries; ≤ expires
 }
+
+// sweepPerCall bounds the expired states one call drops, so no call
+// stalls; memory is handed back a few states per call. Churn beyond that
+// is bounded by maxKeys, whose eviction takes expired states first anyway.
+const sweepPerCall = 4
 
 // NewMemory returns an in-memory store holding at most maxKeys rule states
 // (default 1<<20 when maxKeys ≤ 0); now defaults to time.Now.
@@ -45,16 +65,24 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		return Decision{}, err
 	}
 	if d, ok := overCapacity(rules, cost); ok {
+		d.Time = m.now()
 		return d, nil
 	}
-	now := m.now().UnixMicro()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	evals := make([]eval, len(rules))
 	keys := make([]string, len(rules))
-	allowed := true
 	for i, rule := range rules {
 		keys[i] = ruleKey("mem", key, rule)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// The clock is read under the lock: a caller that waited for it must
+	// not write a timestamp older than the last one, or the next caller
+	// would refill that interval a second time.
+	at := m.now()
+	now := at.UnixMicro()
+	m.dropExpired(now, sweepPerCall)
+	evals := make([]eval, len(rules))
+	allowed := true
+	for i, rule := range rules {
 		st := m.state[keys[i]]
 		if st != nil && st.expires <= now {
 			st = nil
@@ -73,36 +101,78 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		rr[i] = evals[i].result(rule, allowed)
 	}
 	d := decide(rr)
-	if !d.Allowed {
-		return d, nil
-	}
-	if len(m.state)+len(rules) > m.max {
-		m.sweep(now)
-	}
+	d.Time = at
 	for i := range rules {
-		if !rr[i].Allowed {
-			continue // a shadow rule that denied does not consume
+		switch {
+		case d.Allowed && rr[i].Allowed:
+			m.put(keys[i], evals[i].next)
+		case evals[i].converted:
+			// A state read under another rule is written back converted
+			// (consuming nothing), so the rule change takes effect once and
+			// the RetryAfter just given holds.
+			m.put(keys[i], evals[i].unconsumed(rules[i], cost))
 		}
-		st := evals[i].next
-		m.state[keys[i]] = &st
+		// Otherwise nothing is written: a denied request consumes nothing,
+		// nor does a shadow rule that denied.
+	}
+	// Over capacity, forget the states closest to full: each reads as full
+	// once forgotten, so this mints the fewest tokens, and never those of a
+	// drained key while any state nearer to full is held.
+	for len(m.state) > m.max {
+		if st := m.first(); st != nil {
+			m.evict(st)
+		}
 	}
 	return d, nil
 }
 
-// sweep drops expired states and, if still too full, arbitrary ones:
-// forgetting state only ever makes the limiter more lenient, once.
-func (m *Memory) sweep(now int64) {
-	for k, st := range m.state {
-		if st.expires <= now {
-			delete(m.state, k)
+func (m *Memory) put(key string, next memState) {
+	st := m.state[key]
+	if st == nil {
+		st = &memState{key: key, queued: math.MaxInt64}
+		m.state[key] = st
+	}
+	next.key, next.queued = st.key, st.queued
+	*st = next
+	if st.expires < st.queued {
+		// Earlier than its entry says (a new state, or a rule lowered):
+		// queue it afresh; the old entry is stale and will be skipped.
+		st.queued = st.expires
+		heap.Push(&m.byExpiry, expiryEntry{at: st.expires, st: st})
+	}
+}
+
+// first returns the state that expires first, or nil when the top entry
+// was stale or requeued (each such step is one unit of work).
+func (m *Memory) first() *memState {
+	e := m.byExpiry[0]
+	st := e.st
+	switch {
+	case m.state[st.key] != st || e.at != st.queued:
+		heap.Pop(&m.byExpiry) // stale: evicted, or queued again since
+		return nil
+	case st.expires > e.at:
+		m.byExpiry[0].at, st.queued = st.expires, st.expires
+		heap.Fix(&m.byExpiry, 0)
+		return nil
+	}
+	return st
+}
+
+// dropExpired does at most n steps of dropping states that read as full
+// anyway.
+func (m *Memory) dropExpired(now int64, n int) {
+	for ; n > 0 && len(m.byExpiry) > 0 && m.byExpiry[0].at <= now; n-- {
+		if st := m.first(); st != nil {
+			m.evict(st)
 		}
 	}
-	for k := range m.state {
-		if len(m.state) < m.max*9/10 {
-			break
-		}
-		delete(m.state, k)
-	}
+}
+
+// evict forgets st; its entry must be the heap's top.
+func (m *Memory) evict(st *memState) {
+	heap.Pop(&m.byExpiry)
+	delete(m.state, st.key)
 }
 
 // Len reports how many rule states are held, expired or not.
@@ -112,7 +182,32 @@ func (m *Memory) Len() int {
 	return len(m.state)
 }
 
+// expiryEntry queues a state at the expiry it had when queued.
+type expiryEntry struct {
+	at int64
+	st *memState
+}
+
+// expiryHeap is a min-heap of entries by expiry.
+type expiryHeap []expiryEntry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryEntry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = expiryEntry{}
+	*h = old[:len(old)-1]
+	return e
+}
+
 const micro = 1_000_000
+
+// maxWait caps retry and reset times (2^53 µs, about 285 years), where
+// allow.lua's doubles stop counting microseconds exactly.
+const maxWait = 1 << 53
 
 // eval is one rule's verdict on one request: whether it admits it, how
 // long until it would, and its state if nothing or the request is consumed.
@@ -120,7 +215,24 @@ type eval struct {
 	ok            bool
 	retry         int64 // µs
 	before, after struct{ remaining, reset int64 }
-	next          memState
+	next          memState // the state once the request is consumed
+	// converted is set when the stored state was written under another
+	// rule; convExpires is when it reads as full, nothing consumed.
+	converted   bool
+	convExpires int64
+}
+
+// unconsumed is the state converted to the current rule, without the
+// request's cost.
+func (e eval) unconsumed(r Rule, cost int64) memState {
+	st := e.next
+	if r.algorithm() == SlidingWindow {
+		st.cur -= cost
+	} else {
+		st.tokens += cost * micro
+	}
+	st.expires = e.convExpires
+	return st
 }
 
 // result reports the rule's state after the call: consumed only when the
@@ -139,33 +251,130 @@ func (e eval) result(r Rule, allowed bool) RuleResult {
 	}
 }
 
-// tokenBucket mirrors allow.lua's token bucket.
+// mulDiv returns a×b/c rounded down (or up), exactly, for a, b ≥ 0 and
+// c > 0, saturating at maxWait-sized results rather than overflowing.
+func mulDiv(a, b, c int64, up bool) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if up && r != 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// waitMicros is mulDiv rounded up and capped at maxWait.
+func waitMicros(a, b, c int64) int64 { return min(maxWait, mulDiv(a, b, c, true)) }
+
+// tokenBucket mirrors allow.lua's token bucket. A state written under
+// another rule refills at that rule's rate up to now, then takes the new
+// capacity the way gubernator does: a raised capacity adds its difference
+// to the tokens, a lowered one clamps them.
 func tokenBucket(st *memState, r Rule, cost, now int64) eval {
-	limit, period := float64(r.Limit), float64(r.Period.Microseconds())
+	limit, period := r.Limit, r.Period.Microseconds()
 	capu := r.Capacity() * micro
-	tokens := capu
+	tokens, ts := capu, now
 	if st != nil {
-		elapsed := max(0, now-st.ts)
-		tokens = min(capu, st.tokens+int64(math.Floor(float64(elapsed)*limit*micro/period)))
+		oldCap := st.capacity * micro
+		tokens = min(oldCap, st.tokens+min(oldCap, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false)))
+		if capu > oldCap {
+			tokens += capu - oldCap
+		}
+		tokens = min(tokens, capu)
+		// A clock stepping back never rewinds the timestamp, so no
+		// interval is refilled twice.
+		ts = max(now, st.ts)
+	}
+	var e eval
+	if cost > r.Capacity() {
+		// Only a shadow rule gets here (overCapacity answers the others);
+		// no wait helps, and cost × 10^6 might not fit.
+		e.before.remaining, e.before.reset = tokens/micro, waitMicros(capu-tokens, period, limit*micro)
+		return e
 	}
 	need := cost * micro
 	rate := limit * micro
-	var e eval
 	if tokens >= need {
 		e.ok = true
 	} else {
-		e.retry = int64(math.Ceil(float64(need-tokens) * period / rate))
+		e.retry = waitMicros(need-tokens, period, rate)
 	}
 	rest := tokens - need
 	e.before.remaining = tokens / micro
-	e.before.reset = int64(math.Ceil(float64(capu-tokens) * period / rate))
+	e.before.reset = waitMicros(capu-tokens, period, rate)
 	e.after.remaining = max(0, rest) / micro
-	e.after.reset = int64(math.Ceil(float64(capu-rest) * period / rate))
-	e.next = memState{tokens: rest, ts: now, expires: now + e.after.reset + 1_000_000}
+	e.after.reset = waitMicros(capu-rest, period, rate)
+	e.next = memState{limit: limit, period: period, capacity: r.Capacity(), tokens: rest, ts: ts, expires: now + e.after.reset + micro}
+	if st != nil && (st.limit != limit || st.period != period || st.capacity != r.Capacity()) {
+		e.converted, e.convExpires = true, now+e.before.reset+micro
+	}
 	return e
 }
 
-// slidingWindow mirrors allow.lua's sliding window counter.
+// swDenom is the resolution of the previous window's weight: 2^20, so
+// counts (≤ 2^32) times weights stay below 2^53, exact in Lua's doubles.
+const swDenom = 1 << 20
+
+// prevWeight is the previous window's weight, in 1/swDenom, when left µs
+// of the current window remain: left/period rounded up (so the counter
+// errs by at most prev/2^20 units, in the limiter's favour). allow.lua
+// computes the same expression in the same IEEE doubles, so both agree.
+func prevWeight(left, period int64) int64 {
+	return min(swDenom, int64(math.Floor(float64(left)*swDenom/float64(period)))+1)
+}
+
+// maxWeight is the largest weight k with prev×k ≤ room×swDenom.
+func maxWeight(prev, room int64) int64 {
+	k := min(swDenom, int64(math.Floor(float64(room)*swDenom/float64(prev))))
+	for k > 0 && prev*k > room*swDenom {
+		k--
+	}
+	for k < swDenom && prev*(k+1) <= room*swDenom {
+		k++
+	}
+	return k
+}
+
+// lastLeft is the most µs left in a window at which the previous window's
+// weight is at most k (k ≥ 1).
+func lastLeft(k, period int64) int64 {
+	l := min(period, int64(math.Ceil(float64(k)*float64(period)/swDenom))-1)
+	for l < period && prevWeight(l+1, period) <= k {
+		l++
+	}
+	for l > 0 && prevWeight(l, period) > k {
+		l--
+	}
+	return l
+}
+
+// windowUse is what a sliding window state has used at now, in units, by
+// the period it was written under; the counts of a window that Redis'
+// clock stepped back across are kept whole.
+func windowUse(st *memState, now int64) int64 {
+	w := now / st.period
+	switch {
+	case st.window == w:
+		return st.cur + ceilDiv(st.prev*prevWeight(st.period-(now-w*st.period), st.period), swDenom)
+	case st.window == w-1:
+		return ceilDiv(st.cur*prevWeight(st.period-(now-w*st.period), st.period), swDenom)
+	case st.window > w:
+		return st.cur + st.prev
+	}
+	return 0
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// slidingWindow mirrors allow.lua's sliding window counter. A state
+// written under another period carries what it had used at now into the
+// current window of the new period; a changed limit needs nothing, counts
+// are in units.
 func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	w := now / period
@@ -173,19 +382,22 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	var cur, prev int64
 	if st != nil {
 		switch {
+		case st.period != period:
+			cur = windowUse(st, now)
 		case st.window == w:
 			cur, prev = st.cur, st.prev
 		case st.window == w-1:
 			prev = st.cur
 		case st.window > w:
+			// Redis' clock stepped back across a window: keep the newer counts.
 			w, into = st.window, 0
 			cur, prev = st.cur, st.prev
 		}
 	}
 	left := period - into
-	used := prev*left + cur*period
-	state := func(c, u int64) (rem, reset int64) {
-		rem = max(0, (limit*period-u)/period)
+	k := prevWeight(left, period)
+	state := func(c int64) (rem, reset int64) {
+		rem = max(0, limit-c-ceilDiv(prev*k, swDenom))
 		switch {
 		case c > 0:
 			reset = left + period
@@ -195,23 +407,28 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 		return rem, reset
 	}
 	var e eval
-	e.before.remaining, e.before.reset = state(cur, used)
+	e.before.remaining, e.before.reset = state(cur)
+	room := limit - cur - cost
 	switch {
-	case used+cost*period <= limit*period:
+	case room >= 0 && prev*k <= room*swDenom:
 		e.ok = true
-		e.after.remaining, e.after.reset = state(cur+cost, used+cost*period)
-	case cur+cost <= limit:
+		e.after.remaining, e.after.reset = state(cur + cost)
+	case cost > limit:
+		// only a shadow rule gets here; no wait helps
+	case room >= 0 && maxWeight(prev, room) >= 1:
 		// wait until the previous window has decayed enough
-		need := prev*left - (limit-cur-cost)*period
-		e.retry = int64(math.Ceil(float64(need) / float64(prev)))
+		e.retry = left - lastLeft(maxWeight(prev, room), period)
+	case cur <= limit-cost:
+		// the next window, where cur becomes prev at full weight
+		e.retry = left
+	case maxWeight(cur, limit-cost) >= 1:
+		e.retry = left + period - lastLeft(maxWeight(cur, limit-cost), period)
 	default:
-		// wait for the next window, where cur becomes prev
-		var extra int64
-		if cur > 0 {
-			extra = max(0, period-int64(math.Floor(float64((limit-cost)*period)/float64(cur))))
-		}
-		e.retry = left + extra
+		e.retry = left + period
 	}
-	e.next = memState{window: w, cur: cur + cost, prev: prev, expires: now + left + period + 1_000_000}
+	e.next = memState{limit: limit, period: period, capacity: limit, window: w, cur: cur + cost, prev: prev, expires: now + left + period + micro}
+	if st != nil && st.period != period {
+		e.converted, e.convExpires = true, e.next.expires
+	}
 	return e
 }

@@ -157,6 +157,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		return Decision{}, err
 	}
 	if d, ok := overCapacity(rules, cost); ok {
+		d.Time = r.cfg.Now()
 		return d, nil
 	}
 	var fp uint64
@@ -371,7 +372,7 @@ func scriptArgs(rules []Rule, cost int64) []any {
 
 // parseReply checks the script reply's shape before using it.
 func parseReply(res []any, rules []Rule) (Decision, error) {
-	if len(res) != 1+4*len(rules) {
+	if len(res) != 2+4*len(rules) {
 		return Decision{}, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), len(rules))
 	}
 	ints := make([]int64, len(res))
@@ -397,6 +398,7 @@ func parseReply(res []any, rules []Rule) (Decision, error) {
 	if d.Allowed != (ints[0] == 1) {
 		return Decision{}, fmt.Errorf("%w: overall %d disagrees with rules", ErrBadScriptData, ints[0])
 	}
+	d.Time = time.UnixMicro(ints[len(ints)-1])
 	return d, nil
 }
 

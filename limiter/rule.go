@@ -16,8 +16,21 @@ type Algorithm string
 const (
 	// TokenBucket allows bursts up to Rule.Burst and refills at Limit per Period.
 	TokenBucket Algorithm = "token_bucket"
-	// SlidingWindow approximates a sliding window with two fixed windows; it
-	// never admits more than Limit in any Period, so bursts are forbidden.
+	// SlidingWindow is a sliding window counter: it admits a request when
+	// the units admitted in the current fixed window (Period long, aligned to
+	// the Unix epoch), plus this request, plus the previous window's units
+	// weighted by the share of the previous window still inside the sliding
+	// Period, come to at most Limit. The weight is rounded up to 1/2^20.
+	//
+	// What that guarantees, exactly: at most Limit units in every fixed
+	// window, and on average at most Limit per Period. It is an
+	// approximation of a true sliding window: when a window's units all came
+	// at its very end and the next window's as early as allowed, one interval
+	// of Period holds up to 2×Limit−1 units (10 per 2s: 18 within 1.9s),
+	// never more. To forbid bursts exactly, use a token bucket with Burst 1
+	// (a GCRA): it spaces requests Period/Limit apart, so it admits at most
+	// Limit in any interval of Period (and Burst + Limit×t/Period units in
+	// any interval t in general).
 	SlidingWindow Algorithm = "sliding_window"
 )
 
@@ -75,6 +88,18 @@ func (r Rule) Capacity() int64 {
 		return r.Burst
 	}
 	return r.Limit
+}
+
+// Window is the time Capacity() units take to refill from empty: Period
+// for a sliding window, Capacity × Period / Limit (rounded up to a
+// microsecond) for a token bucket. "Capacity() per Window()" is a quota a
+// client can compute with: Remaining never exceeds Capacity(), and an
+// empty rule is full again after Window().
+func (r Rule) Window() time.Duration {
+	if r.algorithm() == SlidingWindow || r.Capacity() == r.Limit {
+		return r.Period
+	}
+	return time.Duration(waitMicros(r.Capacity(), r.Period.Microseconds(), r.Limit)) * time.Microsecond
 }
 
 func (r Rule) algorithm() Algorithm {
@@ -151,7 +176,9 @@ type RuleResult struct {
 	Rule Rule
 	// Allowed is whether this rule alone would admit the request.
 	Allowed bool
-	// Remaining is how many units the rule admits right after this check.
+	// Remaining is how many units the rule admits right after this check;
+	// never more than Rule.Capacity() (advertise Capacity() per
+	// Rule.Window() beside it, not Limit per Period, when Burst ≠ Limit).
 	Remaining int64
 	// RetryAfter is how long until this rule would admit the request; zero
 	// when it does now.
@@ -176,6 +203,11 @@ type Decision struct {
 	Reason string
 	// Cached is true when the local deny cache answered without a store call.
 	Cached bool
+	// Time is the store's clock when it decided: Redis' TIME for Redis, the
+	// injected clock for Memory; the local clock for a cached denial or a
+	// cost no wait can satisfy. Remaining, RetryAfter and ResetAfter count
+	// from it.
+	Time time.Time
 }
 
 // BindingRule returns the result of the binding rule.

@@ -22,7 +22,10 @@ import (
 // loopback only, and config files that exist in the repository.
 func TestComposeFile(t *testing.T) {
 	t.Chdir("..") // the repository's root, where docker-compose.yml and deploy/ are
-	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("edgelimit"))
+	// The secrets have no default in the file; a user sets them in .env.
+	t.Setenv("EDGELIMIT_KEY_HASH_SECRET", "compose-test-secret")
+	t.Setenv("EDGELIMIT_ANALYTICS_TOKEN", "compose-test-token-0123")
+	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithName("edgelimit"), cli.WithOsEnv)
 	if err != nil {
 		t.Fatal(err)
 	}

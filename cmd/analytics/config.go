@@ -16,10 +16,16 @@ import (
 type fileConfig struct {
 	ClickHouse boot.ClickHouse `yaml:"clickhouse"`
 	Redis      redisConfig     `yaml:"redis"`
-	// Listen serves the API, the dashboard, /metrics and /healthz;
-	// default 127.0.0.1:9092 (loopback: put a proxy with TLS in front to
-	// share it).
+	// Listen serves the API, the dashboard and /healthz; default
+	// 127.0.0.1:9092 (loopback: put a proxy with TLS in front to share it).
 	Listen string `yaml:"listen"`
+	// AdminListen serves /metrics, /healthz and /readyz, apart from the
+	// API so that neither needs the token and neither is exposed with it;
+	// default 127.0.0.1:9094.
+	AdminListen string `yaml:"admin_listen"`
+	// SecureCookie marks the dashboard's session cookie Secure although
+	// analytics serves plain HTTP: set it behind a TLS proxy.
+	SecureCookie bool `yaml:"secure_cookie"`
 	// Token guards the API and the dashboard; at least 16 characters.
 	// Required by serve. Better set through EDGELIMIT_ANALYTICS_TOKEN.
 	Token boot.Secret `yaml:"token"`
@@ -69,6 +75,7 @@ func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 	e.String(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
 	e.Secret(&fc.Token, "EDGELIMIT_ANALYTICS_TOKEN")
 	e.String(&fc.Listen, "EDGELIMIT_ANALYTICS_LISTEN")
+	e.String(&fc.AdminListen, "EDGELIMIT_ANALYTICS_ADMIN_LISTEN")
 	e.String(&fc.Alerts.AlertmanagerURL, "EDGELIMIT_ALERTMANAGER_URL")
 	e.Secret(&fc.Alerts.WebhookURL, "EDGELIMIT_ALERT_WEBHOOK_URL")
 	fc.Alerts.AlertmanagerClient.ApplyEnv(e, "EDGELIMIT_ALERTMANAGER")
@@ -82,6 +89,9 @@ func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 func (fc fileConfig) WithDefaults() fileConfig {
 	if fc.Listen == "" {
 		fc.Listen = "127.0.0.1:9092"
+	}
+	if fc.AdminListen == "" {
+		fc.AdminListen = "127.0.0.1:9094"
 	}
 	if fc.LogLevel == "" {
 		fc.LogLevel = "info"
@@ -99,6 +109,9 @@ func (fc fileConfig) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(fc.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: %w", fc.Listen, err))
+	}
+	if _, _, err := net.SplitHostPort(fc.AdminListen); err != nil {
+		errs = append(errs, fmt.Errorf("admin_listen %q: %w", fc.AdminListen, err))
 	}
 	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)

@@ -177,29 +177,33 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		return fmt.Errorf("config: %w", err)
 	}
 
-	mux := http.NewServeMux()
+	api.SecureCookie = fc.SecureCookie
 	// Ready when ClickHouse answers: every query and detector run needs it.
-	boot.Admin{Registry: reg, Ready: func(ctx context.Context) error {
+	adminHandler := boot.Admin{Registry: reg, Ready: func(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := ch.Ping(pctx); err != nil {
 			return fmt.Errorf("clickhouse: %w", err)
 		}
 		return nil
-	}}.Register(mux)
-	mux.Handle("/", api.Handler())
-	httpActor, ln, err := boot.Listen("http", fc.Listen, boot.NewServer(mux, log))
+	}}.Handler()
+	httpActor, ln, err := boot.Listen("http", fc.Listen, boot.NewServer(api.Handler(), log))
 	if err != nil {
+		return err
+	}
+	adminActor, aln, err := boot.Listen("admin", fc.AdminListen, boot.NewServer(adminHandler, log))
+	if err != nil {
+		ln.Close()
 		return err
 	}
 	if host, _, _ := net.SplitHostPort(fc.Listen); !isLoopback(host) {
 		log.Warn("the API and dashboard listen beyond loopback; they need the token, but put TLS in front", "listen", fc.Listen)
 	}
-	log.Info("analytics serving", "listen", ln.Addr().String(), "clickhouse", fc.ClickHouse.Addr,
+	log.Info("analytics serving", "listen", ln.Addr().String(), "admin_listen", aln.Addr().String(), "clickhouse", fc.ClickHouse.Addr,
 		"database", fc.ClickHouse.Database, "dry_run", fc.DryRun, "interval_ms", cfg.Interval.Milliseconds(),
 		"alertmanager", cfg.Alerts.AlertmanagerURL != "", "webhook", cfg.Alerts.WebhookURL != "", "version", boot.Version)
 	err = boot.Run(ctx, log, 5*time.Second, httpActor,
-		boot.Func("detector", func(ctx context.Context) error { det.Run(ctx); return nil }))
+		boot.Func("detector", func(ctx context.Context) error { det.Run(ctx); return nil }), adminActor)
 	log.Info("analytics stopped")
 	return err
 }

@@ -319,12 +319,13 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	listen := testenv.FreeAddr(t)
+	listen, adminListen := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "analytics-serve-" + run
 	token := "serve-token-" + run + "-0123456789"
 	file := writeFile(t, fmt.Sprintf(`
 listen: %q
+admin_listen: %q
 interval: 1s
 redis: {prefix: %q}
 hot: {min_rate: 20, min_share: -1}
@@ -333,7 +334,7 @@ alerts:
   store_unavailable_ratio: 0.2
   fail_open_ratio: 0.2
   labels: {run: %q}
-`, listen, prefix, run))
+`, listen, adminListen, prefix, run))
 	var logs testenv.LogBuffer
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -364,7 +365,8 @@ alerts:
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	if resp, err := http.Get(base0 + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
+	admin := "http://" + adminListen
+	if resp, err := http.Get(admin + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /readyz = %v, %v; want 200 with ClickHouse up", resp, err)
 	} else {
 		resp.Body.Close()
@@ -463,7 +465,13 @@ alerts:
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	resp, err := http.Get(base0 + "/metrics")
+	// The operator endpoints are on the admin listener only, not beside the API.
+	if resp, err := http.Get(base0 + "/metrics"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /metrics on the API listener = %v, %v; want 404 (not served there)", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	resp, err := http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,7 @@ func TestRunConsumesAndStops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs = append(recs, &kgo.Record{Value: b})
+		recs = append(recs, &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatalf("produce: %v", err)

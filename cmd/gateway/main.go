@@ -30,6 +30,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -122,6 +123,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// Readiness fails first, so load balancers stop sending while the
 	// server finishes what it has.
 	traffic.Stop = func(ctx context.Context) error { gw.Drain(); return srv.Shutdown(ctx) }
+	// The gateway's listener refuses framing net/http would let through
+	// (Content-Length beside Transfer-Encoding) and caps connections.
+	traffic.Run = func() error {
+		if err := srv.Serve(gw.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve traffic %s: %w", ln.Addr(), err)
+		}
+		return nil
+	}
 	admin, aln, err := boot.Listen("admin", defaults.AdminListen,
 		boot.NewServer(boot.Admin{Registry: reg, Ready: gw.Ready, Pprof: fc.Pprof}.Handler(), log))
 	if err != nil {

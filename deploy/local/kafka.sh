@@ -113,7 +113,15 @@ EOF
 }
 
 cluster_id() { # a random UUID in Kafka's base64 form, like kafka-storage.sh random-uuid
-	python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))'
+	# Never one that starts with "-": kafka-storage would take it for an
+	# option (one id in 64 did, and the stack failed to start).
+	python3 -c '
+import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s)
+        break'
 }
 
 # run_broker LIBS: starts the broker and waits until it says it started and

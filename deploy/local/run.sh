@@ -30,7 +30,7 @@ state=$(cd "$state" && pwd)
 base=${EDGELIMIT_PORT_BASE:-18000}
 gw_port=$((base + 80)) up_port=$((base + 81)) admin_port=$((base + 90))
 gw2_port=$((base + 82)) admin2_port=$((base + 93))
-cons_port=$((base + 91)) kafka_port=$((base + 92)) an_port=$((base + 300))
+cons_port=$((base + 91)) kafka_port=$((base + 92)) an_port=$((base + 300)) an_admin_port=$((base + 301))
 servers=(redis clickhouse kafka)
 
 say() { echo "edgelimit: $*" >&2; }
@@ -142,7 +142,7 @@ start_all() {
 		EDGELIMIT_CONSUMER_ADMIN_LISTEN=127.0.0.1:$cons_port \
 			launch consumer "$state/bin/consumer" -config "$root/deploy/demo/consumer.yaml"
 		wait_http consumer "http://127.0.0.1:$cons_port/healthz" || return 1
-		EDGELIMIT_ANALYTICS_LISTEN=127.0.0.1:$an_port \
+		EDGELIMIT_ANALYTICS_LISTEN=127.0.0.1:$an_port EDGELIMIT_ANALYTICS_ADMIN_LISTEN=127.0.0.1:$an_admin_port \
 			launch analytics "$state/bin/analytics" serve -config "$root/deploy/demo/analytics.yaml"
 		wait_http analytics "http://127.0.0.1:$an_port/healthz" || return 1
 	fi
@@ -177,7 +177,7 @@ MSG
 	if [ -n "$EDGELIMIT_CLICKHOUSE_ADDR" ]; then
 		cat >&2 <<MSG
   consumer metrics   $EDGELIMIT_CONSUMER_ADMIN_URL/metrics
-  dashboard          $EDGELIMIT_ANALYTICS_URL/?token=$EDGELIMIT_ANALYTICS_TOKEN
+  dashboard          $EDGELIMIT_ANALYTICS_URL/ (sign in with the token $EDGELIMIT_ANALYTICS_TOKEN)
   ClickHouse         $EDGELIMIT_CLICKHOUSE_ADDR (native)
 MSG
 	fi

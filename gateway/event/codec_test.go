@@ -16,7 +16,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-// golden is the fixture behind testdata/decision_v1.hex. Changing what it
+// golden is the fixture behind testdata/decision_v2.hex. Changing what it
 // encodes to breaks every consumer in the field: add fields, never renumber.
 func golden() Decision {
 	return Decision{
@@ -47,9 +47,10 @@ func TestGolden(t *testing.T) {
 		give Decision
 		file string
 	}{
-		{name: "full", give: golden(), file: "decision_v1.hex"},
-		{name: "zero", give: Decision{}, file: "decision_v1_zero.hex"},
-		{name: "negative", give: Decision{Time: time.Unix(-1, 0).UTC(), Limit: -1, Remaining: -5, Cost: -1, CheckLatency: -1, Allowed: true, Mode: ModeShadow}, file: "decision_v1_negative.hex"},
+		{name: "full", give: golden(), file: "decision_v2.hex"},
+		{name: "zero", give: Decision{}, file: "decision_v2_zero.hex"},
+		{name: "negative", give: Decision{Time: time.Unix(-1, 0).UTC(), Limit: -1, Remaining: -5, Cost: -1, CheckLatency: -1, Allowed: true, Mode: ModeShadow}, file: "decision_v2_negative.hex"},
+		{name: "epoch", give: Decision{Time: time.Unix(0, 0).UTC(), StoreStatus: StoreOK, Mode: ModeEnforced}, file: "decision_v2_epoch.hex"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,15 +87,19 @@ func TestGolden(t *testing.T) {
 }
 
 func TestGoldenFirstBytes(t *testing.T) {
-	// The version byte and the id field lead every record; pin them by hand
-	// so the golden file cannot silently drift with the encoder.
+	// The id field leads every record; pin its first bytes and one whole
+	// field (check_latency_ns, 18, sint64 1.5ms) by hand so the golden file
+	// cannot silently drift with the encoder.
 	b, err := Encode(golden())
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []byte{Version, 0x0a, 16, 0x01, 0x93}
+	want := []byte{0x0a, 16, 0x01, 0x93}
+	if latency := []byte{0x90, 0x01, 0xc0, 0x8d, 0xb7, 0x01}; !bytes.Contains(b, latency) {
+		t.Errorf("Encode(golden) = % x, want check_latency_ns written as % x", b, latency)
+	}
 	if !bytes.HasPrefix(b, want) {
-		t.Errorf("Encode(golden) starts % x, want % x", b[:5], want)
+		t.Errorf("Encode(golden) starts % x, want % x", b[:len(want)], want)
 	}
 	if len(b) > 160 {
 		t.Errorf("len(Encode(golden)) = %d, want a compact record (<= 160 bytes)", len(b))
@@ -111,19 +116,18 @@ func TestDecodeErrors(t *testing.T) {
 		give []byte
 		want error
 	}{
-		{name: "empty", give: nil, want: ErrMalformed},
-		{name: "version 0", give: []byte{0}, want: ErrUnknownVersion},
-		{name: "version 2", give: append([]byte{2}, valid[1:]...), want: ErrUnknownVersion},
+		{name: "version 1 record", give: append([]byte{1}, valid...), want: ErrMalformed},
 		{name: "truncated", give: valid[:len(valid)-1], want: ErrMalformed},
 		{name: "truncated in id", give: valid[:10], want: ErrMalformed},
-		{name: "bad varint", give: []byte{1, 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, want: ErrMalformed},
-		{name: "short id", give: []byte{1, 0x0a, 2, 1, 2}, want: ErrMalformed},
-		{name: "wrong wire type", give: []byte{1, 0x18, 1}, want: ErrMalformed},
-		{name: "field zero", give: []byte{1, 0x00, 1}, want: ErrMalformed},
-		{name: "group wire type", give: []byte{1, 0xa3, 0x01}, want: ErrMalformed},
-		{name: "allowed 2", give: []byte{1, 0x60, 2}, want: ErrMalformed},
-		{name: "mode 300", give: []byte{1, 0x88, 0x01, 0xac, 0x02}, want: ErrMalformed},
-		{name: "long string", give: append([]byte{1, 0x1a, 0x81, 0x08}, bytes.Repeat([]byte("a"), 1025)...), want: ErrMalformed},
+		{name: "bad varint", give: []byte{0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, want: ErrMalformed},
+		{name: "short id", give: []byte{0x0a, 2, 1, 2}, want: ErrMalformed},
+		{name: "wrong wire type", give: []byte{0x18, 1}, want: ErrMalformed},
+		{name: "field zero", give: []byte{0x00, 1}, want: ErrMalformed},
+		{name: "unterminated group", give: []byte{0xa3, 0x01}, want: ErrMalformed},
+		{name: "stray end group", give: []byte{0xa4, 0x01}, want: ErrMalformed},
+		{name: "mode 300", give: []byte{0x88, 0x01, 0xac, 0x02}, want: ErrMalformed},
+		{name: "negative enum", give: []byte{0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, want: ErrMalformed},
+		{name: "long string", give: append([]byte{0x1a, 0x81, 0x08}, bytes.Repeat([]byte("a"), 1025)...), want: ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -135,17 +139,77 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
+func TestDecodeLenient(t *testing.T) {
+	tests := []struct {
+		name string
+		give []byte
+		want Decision
+	}{
+		{name: "empty", give: nil, want: Decision{}},
+		// Any non-zero varint is true to every protobuf decoder.
+		{name: "allowed 2", give: []byte{0x60, 2}, want: Decision{Allowed: true}},
+		// A field repeated: the last one wins, as in protobuf.
+		{name: "repeated field", give: []byte{0x4a, 1, 'a', 0x4a, 1, 'b'}, want: Decision{Method: "b"}},
+		// Zero written explicitly reads as zero.
+		{name: "explicit zero", give: []byte{0x68, 0, 0x88, 0x01, 0}, want: Decision{}},
+		// A newer writer's enum value survives as a number.
+		{name: "new mode", give: []byte{0x88, 0x01, 9}, want: Decision{Mode: 9}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Decode(tt.give)
+			if err != nil {
+				t.Fatalf("Decode(%x): %v", tt.give, err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("Decode(%x) mismatch (-want +got):\n%s", tt.give, diff)
+			}
+		})
+	}
+}
+
+func TestCheckVersion(t *testing.T) {
+	tests := []struct {
+		name string
+		give []byte
+		ok   bool
+	}{
+		{name: "this version", give: HeaderValue(), ok: true},
+		{name: "missing", give: nil},
+		{name: "empty", give: []byte{}},
+		{name: "version 1", give: []byte("1")},
+		{name: "version 3", give: []byte("3")},
+		{name: "padded", give: []byte(" 2")},
+		{name: "binary 2", give: []byte{2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckVersion(tt.give)
+			if tt.ok && err != nil {
+				t.Errorf("CheckVersion(%q) = %v, want nil", tt.give, err)
+			}
+			if !tt.ok && !errors.Is(err, ErrUnknownVersion) {
+				t.Errorf("CheckVersion(%q) = %v, want %v", tt.give, err, ErrUnknownVersion)
+			}
+		})
+	}
+	if got := string(HeaderValue()); got != "2" {
+		t.Errorf("HeaderValue() = %q, want \"2\"", got)
+	}
+}
+
 func TestDecodeSkipsUnknownFields(t *testing.T) {
 	b, err := Encode(golden())
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Field 99 as varint, fixed64, bytes and fixed32: a newer writer's
-	// additions within version 1.
+	// Field 99 as varint, fixed64, bytes, fixed32 and group: a newer
+	// writer's additions within this version.
 	b = append(b, 0x98, 0x06, 0x05)
 	b = append(b, 0x99, 0x06, 1, 2, 3, 4, 5, 6, 7, 8)
 	b = append(b, 0x9a, 0x06, 2, 'h', 'i')
 	b = append(b, 0x9d, 0x06, 1, 2, 3, 4)
+	b = append(b, 0x9b, 0x06, 0x08, 1, 0x9c, 0x06)
 	got, err := Decode(b)
 	if err != nil {
 		t.Fatalf("Decode with unknown fields: %v", err)
@@ -192,9 +256,9 @@ func TestRoundTrip(t *testing.T) {
 		d.Time = now.Add(time.Duration(i) * time.Nanosecond)
 		d.Allowed = i%2 == 0
 		d.Remaining = int64(i - 100)
-		d.KeyKind = KeyKind(i % 4)
-		d.Mode = Mode(i % 5)
-		d.StoreStatus = StoreStatus(i % 4)
+		d.KeyKind = KeyKind(i % len(keyKindNames))
+		d.Mode = Mode(i % len(modeNames))
+		d.StoreStatus = StoreStatus(i % len(storeStatusNames))
 		b, err := Encode(d)
 		if err != nil {
 			t.Fatal(err)
@@ -220,13 +284,14 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{})
-	f.Add([]byte{2, 0x0a})
-	f.Add([]byte{1, 0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{0x0a})
+	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{0x9b, 0x06, 0x08, 1, 0x9c, 0x06})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		d, err := Decode(b)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrUnknownVersion) {
-				t.Fatalf("Decode(%x) error %v wraps neither ErrMalformed nor ErrUnknownVersion", b, err)
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Decode(%x) error %v does not wrap ErrMalformed", b, err)
 			}
 			return
 		}

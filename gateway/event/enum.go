@@ -10,8 +10,8 @@ import (
 // released. Append new values; never renumber or rename.
 var (
 	keyKindNames     = [...]string{"unknown", "api_key", "user", "ip"}
-	storeStatusNames = [...]string{"ok", "unavailable", "timeout", "local_cache"}
-	modeNames        = [...]string{"enforced", "shadow", "fail_open", "fail_closed", "local_fallback"}
+	storeStatusNames = [...]string{"unknown", "ok", "unavailable", "timeout", "local_cache"}
+	modeNames        = [...]string{"unknown", "enforced", "shadow", "fail_open", "fail_closed", "local_fallback"}
 )
 
 // String returns the kind's name: unknown, api_key, user or ip. A value this
@@ -23,8 +23,8 @@ func (k KeyKind) String() string {
 	return "KeyKind(" + strconv.Itoa(int(k)) + ")"
 }
 
-// String returns the status's name: ok, unavailable, timeout or local_cache. A
-// value this version does not know reads StoreStatus(n).
+// String returns the status's name: unknown, ok, unavailable, timeout or
+// local_cache. A value this version does not know reads StoreStatus(n).
 func (s StoreStatus) String() string {
 	if int(s) < len(storeStatusNames) {
 		return storeStatusNames[s]
@@ -32,8 +32,9 @@ func (s StoreStatus) String() string {
 	return "StoreStatus(" + strconv.Itoa(int(s)) + ")"
 }
 
-// String returns the mode's name: enforced, shadow, fail_open, fail_closed or
-// local_fallback. A value this version does not know reads Mode(n).
+// String returns the mode's name: unknown, enforced, shadow, fail_open,
+// fail_closed or local_fallback. A value this version does not know reads
+// Mode(n).
 func (m Mode) String() string {
 	if int(m) < len(modeNames) {
 		return modeNames[m]

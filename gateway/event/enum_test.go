@@ -14,10 +14,12 @@ func TestEnumNames(t *testing.T) {
 		{give: KindAPIKey, want: "api_key"},
 		{give: KindUser, want: "user"},
 		{give: KindIP, want: "ip"},
+		{give: StoreUnknown, want: "unknown"},
 		{give: StoreOK, want: "ok"},
 		{give: StoreUnavailable, want: "unavailable"},
 		{give: StoreTimeout, want: "timeout"},
 		{give: StoreLocalCache, want: "local_cache"},
+		{give: ModeUnknown, want: "unknown"},
 		{give: ModeEnforced, want: "enforced"},
 		{give: ModeShadow, want: "shadow"},
 		{give: ModeFailOpen, want: "fail_open"},
@@ -52,8 +54,8 @@ func TestEnumUnknown(t *testing.T) {
 	if got := KeyKind(200).String(); got != "KeyKind(200)" {
 		t.Errorf("KeyKind(200).String() = %q", got)
 	}
-	if got := StoreStatus(4).String(); got != "StoreStatus(4)" {
-		t.Errorf("StoreStatus(4).String() = %q", got)
+	if got := StoreStatus(5).String(); got != "StoreStatus(5)" {
+		t.Errorf("StoreStatus(5).String() = %q", got)
 	}
 	for _, s := range []string{"", "Enforced", "fail-open", "Mode(9)"} {
 		if _, err := ParseMode(s); err == nil {

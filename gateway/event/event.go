@@ -1,19 +1,29 @@
 // Package event owns the wire contract of a decision event: what a gateway
-// publishes for every rate-limit decision and what the consumer stores.
+// publishes for every rate-limit decision and what the consumer stores. The
+// contract is decision.proto, beside this file: a record's value is that
+// protobuf message and its Header names the schema version.
 package event
 
 import "time"
 
-// Version is the schema version this package writes. Decoders reject any
-// other version with ErrUnknownVersion so the consumer can dead-letter it.
-const Version = 1
+// Version is the schema version this package writes and reads. Version 1
+// (a version byte before the message, no header) is no longer read.
+const Version = 2
+
+// Header is the Kafka record header that carries a record's schema version,
+// in ASCII decimal ("2"). It is a header, not part of the value, so the value
+// is plain protobuf that any Kafka tool can decode with decision.proto.
+const Header = "edgelimit-schema"
+
+// The enums below number their values as decision.proto does, zero being
+// the proto's *_UNSPECIFIED: a Decision that never set one says so.
 
 // KeyKind says what identified the caller.
 type KeyKind uint8
 
 // Key kinds.
 const (
-	KindUnknown KeyKind = iota
+	KindUnknown KeyKind = iota // not set (KEY_KIND_UNSPECIFIED)
 	KindAPIKey
 	KindUser
 	KindIP
@@ -24,7 +34,8 @@ type StoreStatus uint8
 
 // Store statuses.
 const (
-	StoreOK          StoreStatus = iota // Redis answered
+	StoreUnknown     StoreStatus = iota // not set (STORE_STATUS_UNSPECIFIED)
+	StoreOK                             // Redis answered
 	StoreUnavailable                    // Redis failed or the circuit is open
 	StoreTimeout                        // Redis missed the deadline
 	StoreLocalCache                     // the local deny cache answered
@@ -35,7 +46,8 @@ type Mode uint8
 
 // Modes.
 const (
-	ModeEnforced      Mode = iota // the store decided and the decision stands
+	ModeUnknown       Mode = iota // not set (MODE_UNSPECIFIED)
+	ModeEnforced                  // the store decided and the decision stands
 	ModeShadow                    // a shadow rule denied; the request went on
 	ModeFailOpen                  // the store failed; allowed by policy
 	ModeFailClosed                // the store failed; denied by policy

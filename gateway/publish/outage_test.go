@@ -22,7 +22,7 @@ import (
 func TestRealKafkaOutage(t *testing.T) {
 	srv := testenv.Private(t, "kafka")
 	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
-	createTopicB(t, brokers, "decisions", 3)
+	testenv.CreateTopics(t, brokers, 3, "decisions")
 
 	reg := prometheus.NewRegistry()
 	const bound = 2000
@@ -62,12 +62,12 @@ func TestRealKafkaOutage(t *testing.T) {
 	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	t.Cleanup(stopLoad)
 
-	waitFor(t, "events to flow before the outage", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "events to flow before the outage", func() bool {
 		return readMetrics(t, reg).published >= 500
 	})
 	srv.Halt(t)
 	haltedAt := p.Attempted()
-	waitFor(t, "the buffer to fill and drops to start", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the buffer to fill and drops to start", func() bool {
 		m := readMetrics(t, reg)
 		return m.buffered >= bound-10 && m.dropped[ReasonBufferFull] > 0
 	})
@@ -78,7 +78,7 @@ func TestRealKafkaOutage(t *testing.T) {
 		p.Attempted()-haltedAt, time.Duration(slowest.Load()))
 
 	srv.Resume(t)
-	waitFor(t, "the backlog to drain after the broker returned", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the backlog to drain after the broker returned", func() bool {
 		m := readMetrics(t, reg)
 		return m.buffered < bound/4 && m.published > float64(haltedAt)
 	})

@@ -46,6 +46,11 @@ var (
 	ErrBadCompression = errors.New("publish: unknown compression")
 )
 
+// schemaHeaders name the schema version of every record (see
+// event.Header). One slice is shared by all records: franz-go only reads
+// headers, so the request path allocates none.
+var schemaHeaders = []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}
+
 // logEvery spaces out log lines about drops, which come in floods.
 const logEvery = 10 * time.Second
 
@@ -74,8 +79,9 @@ type Config struct {
 	// keeps it until Kafka returns or Close gives up: the buffer is bounded,
 	// and a late event still counts.
 	DeliveryTimeout time.Duration
-	// Opts are extra franz-go options applied last: TLS or SASL in cmd,
-	// or overrides in tests.
+	// Opts are extra franz-go options applied last: the link's logger,
+	// metrics, TLS and SASL (internal/boot builds them), or overrides in
+	// tests.
 	Opts []kgo.Opt
 }
 
@@ -171,7 +177,6 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
 		kgo.DefaultProduceTopic(cfg.Topic),
-		kgo.WithLogger(kgoLogger{log}),
 		// Idempotent writes are franz-go's default and we keep them (no
 		// DisableIdempotentWrite): retries after a broker hiccup must not
 		// duplicate events, or the usage counts would drift upward. They
@@ -256,7 +261,7 @@ func (p *Publisher) Publish(d event.Decision) {
 		p.maybeLog("drop undecodable decision event", err)
 		return
 	}
-	*r = kgo.Record{Topic: p.topic, Value: b}
+	*r = kgo.Record{Topic: p.topic, Value: b, Headers: schemaHeaders}
 	p.pending.Add(1)
 	p.cl.TryProduce(context.Background(), r, p.promiseFn)
 }
@@ -320,17 +325,4 @@ func (p *Publisher) Close(ctx context.Context) error {
 		return fmt.Errorf("flush decision events: %w", err)
 	}
 	return nil
-}
-
-// kgoLogger sends franz-go's warnings and errors to slog.
-type kgoLogger struct{ log *slog.Logger }
-
-func (kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
-
-func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	lv := slog.LevelWarn
-	if level == kgo.LogLevelError {
-		lv = slog.LevelError
-	}
-	l.log.Log(context.Background(), lv, "kafka: "+msg, keyvals...)
 }

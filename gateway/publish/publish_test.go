@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -171,6 +170,9 @@ func TestPublishDelivers(t *testing.T) {
 		if r.Key != nil {
 			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
 		}
+		if len(r.Headers) != 1 || r.Headers[0].Key != event.Header || event.CheckVersion(r.Headers[0].Value) != nil {
+			t.Fatalf("record headers = %v, want only %s: %d", r.Headers, event.Header, event.Version)
+		}
 		d, err := event.Decode(r.Value)
 		if err != nil {
 			t.Fatalf("Decode(record at %d/%d): %v", r.Partition, r.Offset, err)
@@ -236,18 +238,6 @@ func publishAll(t *testing.T, p *Publisher, from, n int) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	c := newCluster(t, 2)
 	reg := prometheus.NewRegistry()
@@ -260,7 +250,7 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 
 	const n = 5 * bound
 	publishAll(t, p, 0, n)
-	waitFor(t, "the buffer to fill and the rest to drop", 10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the buffer to fill and the rest to drop", func() bool {
 		m := readMetrics(t, reg)
 		return m.buffered == bound && m.dropped[ReasonBufferFull] == n-bound
 	})
@@ -269,7 +259,7 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	}
 
 	restore()
-	waitFor(t, "buffered events to reach Kafka", 20*time.Second, func() bool {
+	testenv.WaitFor(t, 20*time.Second, "buffered events to reach Kafka", func() bool {
 		return readMetrics(t, reg).buffered == 0
 	})
 	publishAll(t, p, n, 100) // traffic after the outage goes through
@@ -367,7 +357,7 @@ func BenchmarkPublish(b *testing.B) {
 		brokers = testenv.KafkaBrokers(b)
 	}
 	topic := fmt.Sprintf("bench-publish-%d", time.Now().UnixNano())
-	createTopicB(b, brokers, topic, 4)
+	testenv.CreateTopics(b, brokers, 4, topic)
 	reg := prometheus.NewRegistry()
 	p, err := New(Config{Brokers: brokers, Topic: topic, MaxBuffered: 20_000}, reg, nil)
 	if err != nil {
@@ -406,22 +396,4 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	m := readMetrics(b, reg)
 	b.ReportMetric(m.totalDropped()/float64(p.Attempted()), "dropped/op")
-}
-
-func createTopicB(tb testing.TB, brokers []string, topic string, partitions int32) {
-	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topic)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		tb.Fatalf("create topic: %v", err)
-	}
 }

@@ -1,0 +1,3 @@
+SELECT name, type
+FROM system.columns
+WHERE database = currentDatabase() AND table = 'decisions'

@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// authConfig needs an API key everywhere and limits failed
+// authentication to 3 a minute per address.
+func authConfig(upstreamURL string) Config {
+	cfg := testConfig(upstreamURL)
+	cfg.AnonymousPlan = ""
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("good-key"), Plan: "free"}}
+	cfg.Plans["guess"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "guess", Limit: 3, Period: time.Minute}}}}
+	cfg.AuthFailurePlan = "guess"
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	return cfg
+}
+
+// TestAuthFailureLimited: guessing keys costs like any request: past the
+// auth failure plan an address gets 429, not another 401, and every
+// attempt is a decision with rate-limit headers.
+func TestAuthFailureLimited(t *testing.T) {
+	up := newTestUpstream(t)
+	gw := startGateway(t, authConfig(up.URL), Options{})
+	const client = "192.0.2.1"
+	for i := range 3 {
+		r := get(t, gw.URL+"/a", "X-API-Key", "guess-"+string(rune('a'+i)), "X-Forwarded-For", client)
+		if r.status != http.StatusUnauthorized || r.header.Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("guess %d = %d (X-RateLimit-Limit %q), want 401 with limit 3", i, r.status, r.header.Get("X-RateLimit-Limit"))
+		}
+	}
+	for _, hdr := range [][]string{{"X-API-Key", "guess-z"}, {"Authorization", "Bearer guess-y"}, {}} {
+		r := get(t, gw.URL+"/a", append(hdr, "X-Forwarded-For", client)...)
+		if r.status != http.StatusTooManyRequests || r.retryAfter(t) < 1 {
+			t.Fatalf("over the limit with %q = %d %s, want 429 with Retry-After", hdr, r.status, r.body)
+		}
+	}
+	// Another address still gets its 401; a good key is not held back.
+	if r := get(t, gw.URL+"/a", "X-API-Key", "guess", "X-Forwarded-For", "192.0.2.2"); r.status != http.StatusUnauthorized {
+		t.Errorf("other address = %d, want 401", r.status)
+	}
+	if r := get(t, gw.URL+"/a", "X-API-Key", "good-key", "X-Forwarded-For", client); r.status != http.StatusOK {
+		t.Errorf("good key from the limited address = %d, want 200", r.status)
+	}
+	if n := counter(t, gw.m.decisions.WithLabelValues("denied", "guess", "enforced")); n != 3 {
+		t.Errorf("denied guess decisions = %v, want 3", n)
+	}
+	if n := counter(t, gw.m.rejected.WithLabelValues("unknown_key")); n != 4 {
+		t.Errorf("rejected{unknown_key} = %v, want 4 (the 401s only)", n)
+	}
+	// The decision API is a guessing oracle too.
+	for i := range 4 {
+		r := do(t, "POST", gw.URL+"/v1/check", strings.NewReader(`{"key":"guess"}`), "X-Forwarded-For", "192.0.2.3")
+		want := http.StatusUnauthorized
+		if i == 3 {
+			want = http.StatusTooManyRequests
+		}
+		if r.status != want {
+			t.Fatalf("check guess %d = %d, want %d", i, r.status, want)
+		}
+	}
+}
+
+func TestAuthFailureDefaultPlan(t *testing.T) {
+	up := newTestUpstream(t)
+	for _, tt := range []struct {
+		plan     string
+		want429  bool
+		requests int
+	}{
+		{"", true, int(DefaultAuthFailureRule.Limit) + 1},
+		{"-", false, int(DefaultAuthFailureRule.Limit) + 1},
+	} {
+		cfg := authConfig(up.URL)
+		cfg.AuthFailurePlan = tt.plan
+		gw := startGateway(t, cfg, Options{})
+		var last int
+		for range tt.requests {
+			last = get(t, gw.URL+"/a", "X-API-Key", "nope").status
+		}
+		if got := last == http.StatusTooManyRequests; got != tt.want429 {
+			t.Errorf("auth_failure_plan %q: request %d = %d, want 429: %v", tt.plan, tt.requests, last, tt.want429)
+		}
+	}
+	cfg := authConfig(up.URL)
+	cfg.AuthFailurePlan = "missing"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "auth_failure_plan") {
+		t.Errorf("Validate(auth_failure_plan: missing) = %v, want an auth_failure_plan error", err)
+	}
+}

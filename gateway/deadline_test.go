@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// streamConfig has listener timeouts of 400ms and 600ms: far shorter than
+// the transfers below, which stay active throughout.
+func streamConfig(upstreamURL string) Config {
+	cfg := testConfig(upstreamURL)
+	cfg.Timeouts = Timeouts{Read: 400 * time.Millisecond, Write: 600 * time.Millisecond}
+	cfg.Upstreams["app"] = Upstream{URL: upstreamURL, Timeout: 300 * time.Millisecond}
+	return cfg
+}
+
+// TestStreamingOutlivesWriteTimeout: an SSE stream that sends an event
+// every 50ms runs past the write (and read) timeout to its end.
+func TestStreamingOutlivesWriteTimeout(t *testing.T) {
+	const events = 30 // 1.5s
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := range events {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			_ = rc.Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+	}))
+	t.Cleanup(up.Close)
+	gw := startGateway(t, streamConfig(up.URL), Options{})
+	resp, err := client.Get(gw.URL + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	n := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			n++
+		}
+	}
+	if n != events {
+		t.Fatalf("got %d of %d events (%v): the stream was cut", n, events, sc.Err())
+	}
+}
+
+// TestStalledStreamCut: a stream that stops sending is still cut.
+func TestStalledStreamCut(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: first\n\n")
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(up.Close)
+	gw := startGateway(t, streamConfig(up.URL), Options{})
+	resp, err := client.Get(gw.URL + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadAll(resp.Body); done <- err }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stalled stream was still open after 5s; write timeout 600ms")
+	}
+}
+
+// TestSlowActiveUpload: a body sent a little at a time over 1.2s, past
+// the 400ms read timeout, reaches the upstream whole.
+func TestSlowActiveUpload(t *testing.T) {
+	up := newTestUpstream(t)
+	gw := startGateway(t, streamConfig(up.URL), Options{})
+	pr, pw := io.Pipe()
+	go func() {
+		for range 24 {
+			_, _ = pw.Write([]byte("0123456789"))
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = pw.Close()
+	}()
+	res := do(t, http.MethodPost, gw.URL+"/upload", pr)
+	var s seen
+	if res.status != http.StatusOK {
+		t.Fatalf("slow upload = %d %s, want 200", res.status, res.body)
+	}
+	res.json(t, &s)
+	if s.Body != 240 {
+		t.Errorf("upstream read %d bytes, want 240", s.Body)
+	}
+}
+
+// TestStalledUpload: a body that stops arriving gets 408.
+func TestStalledUpload(t *testing.T) {
+	up := newTestUpstream(t)
+	gw := startGateway(t, streamConfig(up.URL), Options{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "POST /upload HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\nhalf")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("stalled upload = %d, want 408", resp.StatusCode)
+	}
+}
+
+// TestFraming: framing errors are 400 and end the connection.
+func TestFraming(t *testing.T) {
+	up := newTestUpstream(t)
+	gw := startGateway(t, testConfig(up.URL), Options{})
+	tests := []struct {
+		name, req  string
+		wantStatus int
+	}{
+		{"malformed chunk size", "POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400},
+		{"chunk longer than said", "POST /x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n", 400},
+		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+		{"content-length with chunked", "POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400},
+		{"chunked with content-length", "POST /x HTTP/1.1\r\nHost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 30\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: gw\r\n\r\n", 400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(conn, tt.req)
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.wantStatus || resp.Header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("%s = %d %s %s, want %d problem+json", tt.name, resp.StatusCode, resp.Header.Get("Content-Type"), body, tt.wantStatus)
+			}
+			if tt.wantStatus == 405 {
+				if !strings.Contains(string(body), "method-not-allowed") || resp.Header.Get("Allow") == "" {
+					t.Errorf("CONNECT answer %s Allow %q, want a method-not-allowed problem and Allow", body, resp.Header.Get("Allow"))
+				}
+				return
+			}
+			// The connection is closed after the answer.
+			if _, err := br.ReadByte(); err == nil {
+				t.Errorf("connection still open after a framing error")
+			}
+		})
+	}
+	_ = strconv.Itoa
+}
+
+// TestFramingScan: the scanner finds Content-Length and Transfer-Encoding
+// in one head however the bytes are split across reads, and not in
+// separate heads or in a chunked request alone.
+func TestFramingScan(t *testing.T) {
+	tests := []struct {
+		name string
+		give string
+		want bool
+	}{
+		{"both", "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", true},
+		{"both other order, any case", "POST / HTTP/1.1\r\ntransfer-ENCODING: chunked\r\nHost: x\r\nCONTENT-length: 3\r\n\r\n", true},
+		{"bare newlines", "POST / HTTP/1.1\nContent-Length: 3\nTransfer-Encoding: chunked\n\n", true},
+		{"chunked only", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", false},
+		{"two requests", "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcPOST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
+		{"content-transfer-encoding is not it", "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Transfer-Encoding: base64\r\n\r\n", false},
+	}
+	for _, tt := range tests {
+		for split := 1; split <= len(tt.give); split++ {
+			c := &framingConn{}
+			for b := []byte(tt.give); len(b) > 0; {
+				n := min(split, len(b))
+				c.scan(b[:n])
+				b = b[n:]
+			}
+			if got := c.mixed.Load(); got != tt.want {
+				t.Errorf("%s, read %d bytes at a time: mixed = %v, want %v", tt.name, split, got, tt.want)
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package gateway
+
+import (
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+)
+
+// DefaultStripHeaders are the identity and forwarding headers a client
+// could set to pose as someone else, to the gateway's upstreams: removed
+// from requests of untrusted peers (see Config.StripHeaders). Every
+// X-Forwarded-* header and Config.UserHeader are removed as well.
+var DefaultStripHeaders = []string{
+	"Forwarded", "X-Forwarded-For", "X-Real-IP", "True-Client-IP", "X-Client-IP",
+	"X-Original-Forwarded-For", "X-Cluster-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP",
+}
+
+// headerSet matches header names the way CGI and WSGI stacks read them:
+// case-insensitively and with '_' the same as '-', so "X_User_ID" is
+// "X-User-ID" to an upstream and must be stripped like it.
+type headerSet map[string]bool
+
+func newHeaderSet(names ...string) headerSet {
+	s := headerSet{}
+	for _, n := range names {
+		if n != "" {
+			s[foldHeader(n)] = true
+		}
+	}
+	return s
+}
+
+func foldHeader(name string) string {
+	return strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+}
+
+// scrub removes from h every header of the set, in any spelling, and
+// every X-Forwarded-* header.
+func (s headerSet) scrub(h http.Header) {
+	for k := range h {
+		if f := foldHeader(k); s[f] || strings.HasPrefix(f, "x-forwarded-") {
+			delete(h, k)
+		}
+	}
+}
+
+// scrubUnderscored removes the underscore spellings of the set's headers.
+// A trusted proxy sets the real ones; a client's underscored twin passes
+// most proxies untouched and means the same to a CGI or WSGI upstream.
+func (s headerSet) scrubUnderscored(h http.Header) {
+	for k := range h {
+		if strings.Contains(k, "_") {
+			if f := foldHeader(k); s[f] || strings.HasPrefix(f, "x-forwarded-") {
+				delete(h, k)
+			}
+		}
+	}
+}
+
+// setForwarded writes the forwarding headers of a proxied request. From
+// an untrusted peer every client-set identity header is gone and the
+// gateway's own view is written; a trusted proxy's X-Forwarded-For and
+// Forwarded are extended with the peer, and its X-Forwarded-Proto and
+// X-Forwarded-Host kept: behind a TLS load balancer the upstream must
+// still learn that the client used https.
+//
+// Under trusted_hops the peer is a proxy of unknown address: its
+// forwarding chain is kept and extended too, but no identity header it
+// passes on (those need trusted_proxies).
+func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
+	in, out := pr.In.Header, pr.Out.Header
+	switch {
+	case info.peerTrusted:
+		info.strip.scrubUnderscored(out)
+	case info.trustedHops:
+		info.strip.scrub(out)
+	default:
+		info.strip.scrub(out)
+		pr.SetXForwarded()
+		return
+	}
+	// ReverseProxy removed these before Rewrite; the trusted proxy's
+	// values come back.
+	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded"} {
+		if v, ok := in[k]; ok {
+			out[k] = v
+		}
+	}
+	proto, host := out["X-Forwarded-Proto"], out["X-Forwarded-Host"]
+	pr.SetXForwarded() // appends the peer to X-Forwarded-For
+	if proto != nil {
+		out["X-Forwarded-Proto"] = proto
+	}
+	if host != nil {
+		out["X-Forwarded-Host"] = host
+	}
+	if fwd := out["Forwarded"]; fwd != nil {
+		out["Forwarded"] = append(fwd, "for="+forwardedNode(pr.In.RemoteAddr))
+	}
+}
+
+// forwardedNode is an address as RFC 7239 writes it: IPv6 in quoted
+// brackets.
+func forwardedNode(remoteAddr string) string {
+	ip := peerIP(remoteAddr)
+	if ip == nil {
+		return "unknown"
+	}
+	if ip.To4() == nil {
+		return `"[` + ip.String() + `]"`
+	}
+	return ip.String()
+}
+
+// clientIP is the client's address, and false when the request names it
+// in a way that cannot be read: a malformed X-Forwarded-For entry where a
+// trusted hop says the client is. Such a request is refused (400) rather
+// than limited as the proxy's own address, which would put every client
+// behind that proxy into one bucket.
+//
+// Without trusted proxies it is the peer. With trusted_proxies, the
+// X-Forwarded-For chain is walked from the peer leftwards while the
+// address at hand is trusted. With trusted_hops N, the client is the Nth
+// entry from the right, as Envoy's xff_num_trusted_hops.
+func (st *state) clientIP(r *http.Request) (string, bool) {
+	peer := peerIP(r.RemoteAddr)
+	direct := r.RemoteAddr
+	if peer != nil {
+		direct = peer.String()
+	}
+	hops := st.cfg.TrustedHops
+	if len(st.trusted) == 0 && hops == 0 {
+		return direct, true
+	}
+	if hops == 0 && !st.isTrusted(peer) {
+		return direct, true
+	}
+	var chain []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		chain = append(chain, strings.Split(v, ",")...)
+	}
+	if len(chain) == 0 {
+		return direct, true
+	}
+	if hops > 0 {
+		i := max(0, len(chain)-hops)
+		ip := parseForwardedIP(chain[i])
+		if ip == nil {
+			return "", false
+		}
+		return ip.String(), true
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		ip := parseForwardedIP(chain[i])
+		if ip == nil {
+			return "", false
+		}
+		if !st.isTrusted(ip) || i == 0 {
+			return ip.String(), true
+		}
+	}
+	return direct, true // not reached
+}
+
+func parseForwardedIP(s string) net.IP {
+	s = strings.TrimSpace(s)
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+	return net.ParseIP(s)
+}

@@ -1,0 +1,188 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// headerUpstream answers with every header it received.
+func headerUpstream(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(r.Header)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+const spoofed = "X-Real-IP: 203.0.113.1\r\n" +
+	"True-Client-IP: 203.0.113.2\r\n" +
+	"X-Client-IP: 203.0.113.3\r\n" +
+	"X-Forwarded-Port: 443\r\n" +
+	"X-Forwarded-Prefix: /admin\r\n" +
+	"X-Forwarded-Proto: https\r\n" +
+	"X-Forwarded-Host: victim.example\r\n" +
+	"X-Forwarded-For: 203.0.113.4\r\n" +
+	"x_forwarded_for: 203.0.113.5\r\n" +
+	"Forwarded: for=203.0.113.6;proto=https\r\n" +
+	"X-Original-Forwarded-For: 203.0.113.7\r\n" +
+	"CF-Connecting-IP: 203.0.113.8\r\n" +
+	"Fastly-Client-IP: 203.0.113.9\r\n" +
+	"X-User-ID: alice\r\n" +
+	"X_User_ID: mallory\r\n" +
+	"x-real_ip: 203.0.113.10\r\n"
+
+// TestUntrustedHeadersStripped: what an untrusted client sets to name
+// itself never reaches the upstream; the gateway's own view does.
+func TestUntrustedHeadersStripped(t *testing.T) {
+	up := headerUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.UserHeader = "X-User-ID"
+	gw := startGateway(t, cfg, Options{})
+	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.example\r\n"+spoofed+"Connection: close\r\n\r\n")
+	if res.status != 200 {
+		t.Fatalf("status %d %s", res.status, res.body)
+	}
+	var got http.Header
+	res.json(t, &got)
+	want := map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "gw.example"}
+	for k, v := range got {
+		f := foldHeader(k)
+		if w, ok := want[k]; ok {
+			if len(v) != 1 || v[0] != w {
+				t.Errorf("upstream got %s: %q, want %q", k, v, w)
+			}
+			continue
+		}
+		if strings.Contains(f, "forward") || strings.Contains(f, "ip") || strings.Contains(f, "user") {
+			t.Errorf("upstream got client-set %s: %q", k, v)
+		}
+	}
+}
+
+// TestTrustedForwardingKept: behind a trusted TLS load balancer the
+// upstream learns the client's scheme and host, and the chains are
+// extended, not replaced; underscore twins are still removed.
+func TestTrustedForwardingKept(t *testing.T) {
+	up := headerUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.UserHeader = "X-User-ID"
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	gw := startGateway(t, cfg, Options{})
+	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+
+		"X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n"+
+		"Forwarded: for=192.0.2.1;proto=https;host=api.example.com\r\nX-User-ID: carol\r\nX_User_ID: mallory\r\n"+
+		"Connection: close\r\n\r\n")
+	if res.status != 200 {
+		t.Fatalf("status %d %s", res.status, res.body)
+	}
+	var got http.Header
+	res.json(t, &got)
+	for _, tt := range []struct{ name, want string }{
+		{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
+		{"X-Forwarded-Proto", "https"},
+		{"X-Forwarded-Host", "api.example.com"},
+		{"Forwarded", "for=192.0.2.1;proto=https;host=api.example.com,for=127.0.0.1"},
+		{"X-User-Id", "carol"},
+		{"X_user_id", ""},
+	} {
+		if v := strings.Join(got[tt.name], ","); v != tt.want {
+			t.Errorf("upstream got %s %q, want %q", tt.name, v, tt.want)
+		}
+	}
+}
+
+// TestTrustedHopsForwarding: behind a proxy known only by trusted_hops
+// the forwarding chain survives, identity headers do not.
+func TestTrustedHopsForwarding(t *testing.T) {
+	up := headerUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.UserHeader = "X-User-ID"
+	cfg.TrustedHops = 1
+	gw := startGateway(t, cfg, Options{})
+	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+
+		"X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n"+
+		"X-Forwarded-Prefix: /admin\r\nX-Real-IP: 203.0.113.1\r\nX-User-ID: mallory\r\nConnection: close\r\n\r\n")
+	if res.status != 200 {
+		t.Fatalf("status %d %s", res.status, res.body)
+	}
+	var got http.Header
+	res.json(t, &got)
+	for _, tt := range []struct{ name, want string }{
+		{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
+		{"X-Forwarded-Proto", "https"},
+		{"X-Forwarded-Host", "api.example.com"},
+		{"X-Forwarded-Prefix", ""},
+		{"X-Real-Ip", ""},
+		{"X-User-Id", ""},
+	} {
+		if v := strings.Join(got[tt.name], ","); v != tt.want {
+			t.Errorf("upstream got %s %q, want %q", tt.name, v, tt.want)
+		}
+	}
+}
+
+// TestMalformedForwardedFor: a malformed entry where a trusted proxy
+// names the client is refused, never limited as the proxy itself.
+func TestMalformedForwardedFor(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	gw := startGateway(t, cfg, Options{})
+	if r := get(t, gw.URL+"/", "X-Forwarded-For", "192.0.2.1, not-an-ip"); r.status != http.StatusBadRequest {
+		t.Errorf("malformed X-Forwarded-For: %d %s, want 400", r.status, r.body)
+	}
+	// Left of the first untrusted address nothing is believed anyway.
+	if r := get(t, gw.URL+"/", "X-Forwarded-For", "not-an-ip, 192.0.2.1"); r.status != http.StatusOK {
+		t.Errorf("garbage left of the client: %d %s, want 200", r.status, r.body)
+	}
+}
+
+func TestClientIP(t *testing.T) {
+	tests := []struct {
+		name    string
+		trusted []string
+		hops    int
+		peer    string
+		xff     []string
+		want    string // "": refused
+	}{
+		{name: "no trust", peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
+		{name: "untrusted peer", trusted: []string{"10.0.0.0/8"}, peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
+		{name: "trusted peer", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
+		{name: "trusted chain", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.9, 192.0.2.1, 10.0.0.7"}, want: "192.0.2.1"},
+		{name: "two headers", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1", "10.0.0.7"}, want: "192.0.2.1"},
+		{name: "all trusted", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"10.0.0.8, 10.0.0.7"}, want: "10.0.0.8"},
+		{name: "ipv6 brackets", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"[2001:db8::1]"}, want: "2001:db8::1"},
+		{name: "no header", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", want: "10.0.0.1"},
+		{name: "malformed at client", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1:80"}},
+		{name: "malformed behind trusted", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1, bogus, 10.0.0.2"}},
+		{name: "malformed beyond client", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"bogus, 192.0.2.1"}, want: "192.0.2.1"},
+		{name: "hops 1", hops: 1, peer: "10.9.9.9:1", xff: []string{"203.0.113.1, 192.0.2.1"}, want: "192.0.2.1"},
+		{name: "hops 2", hops: 2, peer: "10.9.9.9:1", xff: []string{"203.0.113.1, 192.0.2.1, 10.1.1.1"}, want: "192.0.2.1"},
+		{name: "hops beyond chain", hops: 3, peer: "10.9.9.9:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
+		{name: "hops no header", hops: 1, peer: "192.0.2.7:1", want: "192.0.2.7"},
+		{name: "hops malformed", hops: 1, peer: "10.9.9.9:1", xff: []string{"192.0.2.1, x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := validConfig()
+			cfg.TrustedProxies, cfg.TrustedHops = tt.trusted, tt.hops
+			st, err := compile(cfg, map[string]*upstream{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = tt.peer
+			for _, v := range tt.xff {
+				r.Header.Add("X-Forwarded-For", v)
+			}
+			got, ok := st.clientIP(r)
+			if tt.want == "" && ok || tt.want != "" && (!ok || got != tt.want) {
+				t.Errorf("clientIP(%s, %q) = %q, %v; want %q", tt.peer, tt.xff, got, ok, tt.want)
+			}
+		})
+	}
+}

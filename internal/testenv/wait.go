@@ -1,0 +1,64 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// WaitFor polls cond until it holds, and fails the test if it does not
+// within timeout: the way tests await a condition instead of sleeping for
+// a guessed time. It polls every 10ms at first, backing off to 250ms so a
+// long wait on a server does not flood it.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for every := 10 * time.Millisecond; !cond(); every = min(2*every, 250*time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(every)
+	}
+}
+
+// CreateTopics creates topics with partitions each (replication 1) on
+// brokers.
+func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		tb.Fatalf("create topics %v: %v", topics, err)
+	}
+}
+
+// OpenClickHouse connects to the database db of the ClickHouse server at
+// addr over the native protocol, closed when the test ends.
+func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
+	tb.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{addr},
+		Protocol:    clickhouse.Native,
+		Auth:        clickhouse.Auth{Database: db, Username: "default"},
+		DialTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}

@@ -1,0 +1,269 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Regression tests for issue 14's limiter rows, on every store. Each
+// failed on the code before its fix.
+
+// exactStores are the stores the rows below run on.
+func exactStores(t *testing.T) map[string]func(t *testing.T) store {
+	all := storesUnderTest(t)
+	return map[string]func(t *testing.T) store{"memory": all["memory"], "redis": all["redis"], "redis-cluster": all["redis-cluster"]}
+}
+
+func forEachStore(t *testing.T, run func(t *testing.T, s store)) {
+	for name, mk := range exactStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			run(t, mk(t))
+		})
+	}
+}
+
+// TestRaisedLimit (row 7): a raised limit adds its difference to what is
+// left, a lowered one clamps it. Before: 100/day → 10000/day after using
+// 100 admitted 0 of 200.
+func TestRaisedLimit(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		key := uniqueKey(t)
+		day := Rule{Name: "day", Limit: 100, Period: 24 * time.Hour}
+		if d := mustAllow(t, s, key, []Rule{day}, 100); !d.Allowed {
+			t.Fatalf("Allow(100 of 100/day) = %+v, want allowed", d)
+		}
+		raised := day
+		raised.Limit = 10_000
+		admitted := 0
+		for range 200 {
+			if mustAllow(t, s, key, []Rule{raised}, 1).Allowed {
+				admitted++
+			}
+		}
+		if admitted != 200 {
+			t.Errorf("after raising 100/day to 10000/day: admitted %d of 200, want 200", admitted)
+		}
+		// 10000 - 100 - 200 left; lowering to 500 clamps to 500, not 9700.
+		lowered := day
+		lowered.Limit = 500
+		d := mustAllow(t, s, key, []Rule{lowered}, 1)
+		if !d.Allowed || d.Rules[0].Remaining != 499 {
+			t.Errorf("after lowering to 500/day: Allow = %+v, want allowed with 499 remaining", d.Rules[0])
+		}
+	})
+}
+
+// TestPeriodChange (row 6): a sliding window whose period changes carries
+// its use into the new period and never freezes; a token bucket keeps its
+// tokens. Before: 100ms → 1s stayed denied past its own Retry-After (until
+// the key expired).
+func TestPeriodChange(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		for _, tc := range []struct {
+			name     string
+			from, to time.Duration
+		}{
+			{"short to long", 100 * time.Millisecond, time.Second},
+			// The old window index runs ahead of the new one: before, the
+			// window froze until the old key expired, past RetryAfter.
+			{"slightly longer", time.Second, 1200 * time.Millisecond},
+			{"long to short", time.Second, 100 * time.Millisecond},
+		} {
+			key := uniqueKey(t) + tc.name
+			from := Rule{Name: "sw", Limit: 5, Period: tc.from, Algorithm: SlidingWindow}
+			to := from
+			to.Period = tc.to
+			alignToWindow(t, s, max(tc.from, tc.to))
+			if d := mustAllow(t, s, key, []Rule{from}, 5); !d.Allowed {
+				t.Fatalf("%s: Allow(5 of 5/%v) = %+v, want allowed", tc.name, tc.from, d)
+			}
+			d := mustAllow(t, s, key, []Rule{to}, 1)
+			if d.Allowed {
+				// Use carried over: 5 were admitted a moment ago.
+				t.Errorf("%s: right after the change to 5/%v: Allow = %+v, want denied", tc.name, tc.to, d)
+				continue
+			}
+			if ra := d.RetryAfter(); ra <= 0 || ra > 2*tc.to+10*time.Millisecond {
+				t.Errorf("%s: RetryAfter = %v, want within (0, %v]", tc.name, ra, 2*tc.to)
+			}
+			s.wait(d.RetryAfter())
+			if d2 := mustAllow(t, s, key, []Rule{to}, 1); !d2.Allowed {
+				t.Errorf("%s: after waiting RetryAfter %v: Allow = %+v, want allowed", tc.name, d.RetryAfter(), d2)
+			}
+		}
+		// A token bucket keeps its tokens across a period change.
+		key := uniqueKey(t) + "tb"
+		tb := Rule{Name: "tb", Limit: 10, Period: time.Hour}
+		mustAllow(t, s, key, []Rule{tb}, 4)
+		tb.Period = 24 * time.Hour
+		if d := mustAllow(t, s, key, []Rule{tb}, 1); !d.Allowed || d.Rules[0].Remaining != 5 {
+			t.Errorf("token bucket after 1h → 24h: Allow = %+v, want allowed with 5 remaining", d.Rules[0])
+		}
+	})
+}
+
+// TestLargeRules (row 8): rules whose limit × period passes int64 (and
+// 2^53, where Lua's doubles stop being exact) count exactly. Before: the
+// memory store denied the first request with Retry-After 0.
+func TestLargeRules(t *testing.T) {
+	const day = 24 * time.Hour
+	tests := []struct {
+		name string
+		rule Rule
+	}{
+		{"5M per 30 days", Rule{Name: "r", Limit: 5_000_000, Period: 30 * day, Algorithm: SlidingWindow}},
+		{"200M per day", Rule{Name: "r", Limit: 200_000_000, Period: day, Algorithm: SlidingWindow}},
+		{"largest sliding window", Rule{Name: "r", Limit: maxCapacity, Period: MaxPeriod, Algorithm: SlidingWindow}},
+		{"1e9 per 30 days", Rule{Name: "r", Limit: 1_000_000_000, Period: 30 * day}},
+		{"largest bucket", Rule{Name: "r", Limit: maxCapacity, Period: MaxPeriod}},
+		{"odd rate", Rule{Name: "r", Limit: 999_999_937, Period: 29*day + 7*time.Microsecond, Burst: maxCapacity - 3}},
+	}
+	forEachStore(t, func(t *testing.T, s store) {
+		for _, tt := range tests {
+			key := uniqueKey(t) + strings.ReplaceAll(tt.name, " ", "")
+			rules := []Rule{tt.rule}
+			c := tt.rule.Capacity()
+			d := mustAllow(t, s, key, rules, 1)
+			if !d.Allowed || d.Rules[0].Remaining != c-1 {
+				t.Errorf("%s: first Allow = %+v, want allowed with %d remaining", tt.name, d.Rules[0], c-1)
+				continue
+			}
+			drained := mustAllow(t, s, key, rules, c-1)
+			if !drained.Allowed || drained.Rules[0].Remaining != 0 {
+				t.Errorf("%s: Allow(rest %d) = %+v, want allowed with 0 remaining", tt.name, c-1, drained.Rules[0])
+				continue
+			}
+			d = mustAllow(t, s, key, rules, 1)
+			// One unit refills (or the window slides) after about
+			// Period/Limit; never sooner, and at most a window away.
+			perUnit := time.Duration(float64(tt.rule.Period) / float64(tt.rule.Limit))
+			if d.Allowed {
+				// A fast rule (1e9 per 30 days: one every 2.6ms) may have
+				// refilled one unit meanwhile, by the store's own clock.
+				if since := d.Time.Sub(drained.Time); tt.rule.algorithm() == SlidingWindow || since < perUnit {
+					t.Errorf("%s: Allow %v after draining = %+v, want denied", tt.name, since, d)
+				}
+			} else if ra := d.RetryAfter(); ra < perUnit-time.Second || ra > 2*tt.rule.Period {
+				t.Errorf("%s: Allow after draining = %+v, want RetryAfter about %v", tt.name, d, perUnit)
+			}
+		}
+	})
+}
+
+// TestSlidingWindowBound (row 5) pins what the sliding window counter
+// guarantees (see SlidingWindow): at most Limit in each fixed window, and
+// at most 2×Limit−1 in any interval of Period — a bound it can reach,
+// which is why the old claim "never more than Limit in any Period" was
+// wrong. A token bucket with Burst 1 is the exact way to forbid bursts.
+func TestSlidingWindowBound(t *testing.T) {
+	clock := newFakeClock()
+	m := NewMemory(clock.Now, 0)
+	s := store{a: m, wait: clock.Add, now: clock.Now}
+	period := 2 * time.Second
+	for _, tc := range []struct {
+		rule Rule
+		want int // the most admitted in any interval of period
+	}{
+		{Rule{Name: "sw", Limit: 10, Period: period, Algorithm: SlidingWindow}, 19},
+		{Rule{Name: "gcra", Limit: 10, Period: period, Burst: 1}, 10},
+	} {
+		key := uniqueKey(t) + tc.rule.Name
+		rules := []Rule{tc.rule}
+		alignToWindow(t, s, period)
+		// Idle until the end of the window, then hammer every 1ms for 2 periods.
+		s.wait(period - time.Duration(clock.Now().UnixMicro()%period.Microseconds())*time.Microsecond - 50*time.Millisecond)
+		var times []time.Time
+		for range 2 * period / time.Millisecond {
+			if mustAllow(t, s, key, rules, 1).Allowed {
+				times = append(times, clock.Now())
+			}
+			s.wait(time.Millisecond)
+		}
+		most := 0
+		for i := range times {
+			j := i
+			for j < len(times) && times[j].Sub(times[i]) < period {
+				j++
+			}
+			most = max(most, j-i)
+		}
+		if most != tc.want {
+			t.Errorf("%s: at most %d admitted within %v, want %d", tc.rule.Name, most, period, tc.want)
+		}
+	}
+}
+
+// TestRemainingWithinCapacity (row 13): Remaining never exceeds Capacity,
+// and Capacity per Window is the quota to advertise beside it.
+func TestRemainingWithinCapacity(t *testing.T) {
+	tests := []struct {
+		rule       Rule
+		wantWindow time.Duration
+	}{
+		{Rule{Name: "a", Limit: 10, Period: time.Second, Burst: 50}, 5 * time.Second},
+		{Rule{Name: "a", Limit: 100, Period: time.Minute, Burst: 10}, 6 * time.Second},
+		{Rule{Name: "a", Limit: 3, Period: time.Second, Burst: 1}, 333334 * time.Microsecond},
+		{Rule{Name: "a", Limit: 10, Period: time.Second}, time.Second},
+		{Rule{Name: "a", Limit: 10, Period: time.Second, Burst: 50, Algorithm: SlidingWindow}, time.Second},
+	}
+	for _, tt := range tests {
+		if got := tt.rule.Window(); got != tt.wantWindow {
+			t.Errorf("%+v.Window() = %v, want %v", tt.rule, got, tt.wantWindow)
+		}
+	}
+	forEachStore(t, func(t *testing.T, s store) {
+		for _, tt := range tests {
+			d := mustAllow(t, s, uniqueKey(t)+fmt.Sprint(tt.rule.Burst), []Rule{tt.rule}, 1)
+			if r := d.Rules[0]; r.Remaining > tt.rule.Capacity() || r.Remaining != tt.rule.Capacity()-1 {
+				t.Errorf("%+v: Remaining = %d, want %d (≤ Capacity %d)", tt.rule, r.Remaining, tt.rule.Capacity()-1, tt.rule.Capacity())
+			}
+		}
+	})
+}
+
+// TestDecisionTime: a decision reports the store's clock.
+func TestDecisionTime(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		before := s.now()
+		d := mustAllow(t, s, uniqueKey(t), []Rule{{Name: "a", Limit: 1, Period: time.Second}}, 1)
+		after := s.now()
+		if d.Time.Before(before) || d.Time.After(after) {
+			t.Errorf("Decision.Time = %v, want within [%v, %v]", d.Time, before, after)
+		}
+	})
+}
+
+// TestOlderScriptState: states written by the previous allow.lua (no rule
+// fields) are read as written under the current rule, and a sliding window
+// whose index runs ahead (the old period-change freeze) recovers.
+func TestOlderScriptState(t *testing.T) {
+	rdb := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	ctx := context.Background()
+	key := uniqueKey(t)
+	rules := []Rule{
+		{Name: "tb", Limit: 10, Period: time.Hour},
+		{Name: "sw", Limit: 5, Period: 200 * time.Millisecond, Algorithm: SlidingWindow},
+	}
+	keys := l.Keys(key, rules)
+	now := redisTime(t, rdb).UnixMicro()
+	// 4 tokens left a moment ago; a window index 1000 periods ahead.
+	rdb.HSet(ctx, keys[0], "tk", 4_000_000, "ts", now)
+	rdb.HSet(ctx, keys[1], "w", now/200_000+1000, "c", 3, "p", 1)
+	d, err := l.Allow(ctx, key, rules[:1], 1)
+	if err != nil || !d.Allowed || d.Rules[0].Remaining != 3 {
+		t.Errorf("old token bucket state: Allow = %+v, %v; want allowed with 3 remaining", d, err)
+	}
+	d, err = l.Allow(ctx, key, rules[1:], 2)
+	if err != nil || d.Allowed {
+		t.Fatalf("old frozen window (4 used): Allow(2) = %+v, %v; want denied", d, err)
+	}
+	time.Sleep(d.RetryAfter())
+	if d, err = l.Allow(ctx, key, rules[1:], 2); err != nil || !d.Allowed {
+		t.Errorf("old frozen window after RetryAfter: Allow(2) = %+v, %v; want allowed", d, err)
+	}
+}
