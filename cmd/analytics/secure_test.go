@@ -58,6 +58,7 @@ func TestServeSecureLinks(t *testing.T) {
 		"EDGELIMIT_REDIS_TLS_CA_FILE":             certs.CA,
 		"EDGELIMIT_ANALYTICS_TOKEN":               "secure-token-0123456789",
 		"EDGELIMIT_ANALYTICS_LISTEN":              testenv.FreeAddr(t),
+		"EDGELIMIT_ANALYTICS_ADMIN_LISTEN":        testenv.FreeAddr(t),
 		"EDGELIMIT_ALERTMANAGER_URL":              am.URL,
 		"EDGELIMIT_ALERTMANAGER_USERNAME":         "am",
 		"EDGELIMIT_ALERTMANAGER_PASSWORD":         "am-pass",
@@ -84,14 +85,14 @@ func TestServeSecureLinks(t *testing.T) {
 
 	// serve comes up and is ready over the secure links; the alert
 	// destinations were checked with their own credentials.
-	listen := good["EDGELIMIT_ANALYTICS_LISTEN"]
+	admin := good["EDGELIMIT_ANALYTICS_ADMIN_LISTEN"]
 	ctx, stop := context.WithCancel(context.Background())
 	var logs testenv.LogBuffer
 	done := make(chan error, 1)
 	go func() { done <- runCmd(ctx, []string{"serve"}, env(good), &logs) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + listen + "/readyz")
+		resp, err := http.Get("http://" + admin + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
