@@ -16,6 +16,9 @@
 // EDGELIMIT_REDIS_USERNAME, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB,
 // EDGELIMIT_REDIS_PREFIX, EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
+// EDGELIMIT_REDIS_SENTINEL_USERNAME, EDGELIMIT_REDIS_SENTINEL_PASSWORD,
+// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{REDIS,KAFKA}_TLS_* (see the README's
+// Security section),
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
 // SIGHUP reloads the file, and so does a change of its content, looked for
@@ -104,7 +107,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer st.close()
-	ev, err := openEvents(fc, reg, log)
+	ev, err := openEvents(ctx, fc, reg, log)
 	if err != nil {
 		return err
 	}
@@ -287,17 +290,26 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	// twice and the failure policy handles errors; short timeouts so a
 	// dead node frees its connections quickly; warm connections for the
 	// first requests.
-	rdb := boot.NewRedis(rc.Redis, boot.RedisTuning{
+	rdb, err := boot.NewRedis(rc.Redis, boot.RedisTuning{
 		Timeout: time.Second, MaxRetries: -1, MinIdleConns: 4, ContextTimeout: true,
 	}, log)
+	if err != nil {
+		return store{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
 	lim, err := limiter.New(rdb, limiter.Config{Prefix: rc.Prefix, DenyCache: rc.DenyCache})
 	if err != nil {
 		rdb.Close()
 		return store{}, fmt.Errorf("%w: redis: %w", errConfig, err)
 	}
-	// Preloading is optional (a missing script is loaded on first use); a
-	// Redis that is down now is the failure policy's business, not a reason
-	// to refuse to start.
+	// A Redis that is down now is the failure policy's business, not a
+	// reason to refuse to start; wrong credentials or an untrusted
+	// certificate are a configuration to fix, and no policy should hide
+	// them.
+	if err := boot.PingRedis(ctx, rdb, rc.Redis); boot.Fatal(err) {
+		rdb.Close()
+		return store{}, err
+	}
+	// Preloading is optional (a missing script is loaded on first use).
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := lim.Load(lctx); err != nil {
@@ -322,7 +334,7 @@ func (e events) closeCluster() {
 	}
 }
 
-func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
+func openEvents(ctx context.Context, fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
 	kc := fc.Kafka
 	switch {
 	case kc.Disabled:
@@ -345,15 +357,31 @@ func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (eve
 		}
 		ev.cluster, ev.stop = c, make(chan struct{})
 		go applyRetention(c, ev.stop)
-		link.Brokers = c.ListenAddrs()
+		// The in-process broker speaks neither TLS nor SASL.
+		link = boot.Kafka{Brokers: c.ListenAddrs()}
 		log.Warn("kafka.embedded: decision events go to an in-memory Kafka (kfake) inside this gateway, for trials only: "+
 			"it keeps the last 10 minutes, at most 64 MiB per partition (4 partitions), and costs about twice that in memory; "+
 			"set EDGELIMIT_KAFKA_BROKERS for a real one",
 			"brokers", link.Brokers, "topic", topic)
 	}
+	opts, err := link.Opts(log)
+	if err != nil {
+		ev.closeCluster()
+		return events{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	// Events never block a request, so a broker that is down now only
+	// costs dropped (counted) events; a link that can never work is a
+	// configuration to fix before serving.
+	if ev.cluster == nil {
+		if err := link.Check(ctx, log); boot.Fatal(err) {
+			return events{}, err
+		} else if err != nil {
+			log.Warn("Kafka not reachable at start; decision events are dropped (and counted) until it is", "error", err.Error())
+		}
+	}
 	pub, err := publish.New(publish.Config{
 		Brokers: link.Brokers, Topic: kc.Topic, MaxBuffered: kc.MaxBuffered,
-		Opts: append(link.Opts(log), boot.KafkaMetrics(reg)),
+		Opts: append(opts, boot.KafkaMetrics(reg)),
 	}, reg, log)
 	if err != nil {
 		ev.closeCluster()
