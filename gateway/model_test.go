@@ -255,7 +255,10 @@ type gwModel struct {
 
 func newGWModel(t *testing.T, rdb redis.UniversalClient, seed uint64) *gwModel {
 	m := &gwModel{t: t, seed: seed, r: rand.New(rand.NewPCG(seed, 7))}
-	m.n = 2 + m.r.IntN(2)
+	m.n = 3
+	if m.r.IntN(3) == 0 {
+		m.n = 2
+	}
 	m.dirs.p.Store(&limiter.Directives{})
 	prefix := "gwmodel" + randHex(6)
 	first := m.drawPhase(nil)
@@ -374,7 +377,7 @@ func (m *gwModel) drawSplit() *limiter.SplitDirective {
 	r := m.r
 	shares := map[string]float64{}
 	for i := range m.n {
-		if i == 0 || r.IntN(3) != 0 {
+		if i == 0 || r.IntN(2) == 0 {
 			shares["gw-"+string(rune('a'+i))] = 0.1 + r.Float64()
 		}
 	}
@@ -382,7 +385,7 @@ func (m *gwModel) drawSplit() *limiter.SplitDirective {
 		shares["gw-x"] = 0.1 + r.Float64() // a gateway not in this fleet
 	}
 	if r.IntN(2) == 0 {
-		shares[limiter.OtherGateways] = 0.005 + 0.1*r.Float64()
+		shares[limiter.OtherGateways] = 0.005 + 0.3*r.Float64()
 	}
 	sum := 0.0
 	for _, s := range shares {
@@ -455,17 +458,41 @@ func (m *gwModel) split(p *gwPhase, k, gw int) ([]limiter.Rule, string, bool) {
 }
 
 // wantLocal is the documented local share of r over n gateways: r's rate
-// ÷ n by stretching the period, capacity ⌊C/n⌋ but at least 1.
+// ÷ n by stretching the period, capacity ⌊C/n⌋ but at least 1; where the
+// stretched period would pass MaxPeriod, the limit ÷ n rounded down
+// instead (at least 1).
 func wantLocal(r limiter.Rule, n int64) limiter.Rule {
 	if r.Algorithm == limiter.SlidingWindow {
 		k := max(1, r.Limit/n)
-		r.Period = time.Duration(math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit)))
+		if p := time.Duration(math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit))); p <= limiter.MaxPeriod {
+			r.Limit, r.Period = k, p
+			return r
+		}
 		r.Limit = k
 		return r
 	}
 	r.Burst = max(1, r.Capacity()/n)
-	r.Period *= time.Duration(n)
+	if r.Period <= limiter.MaxPeriod/time.Duration(n) {
+		r.Period *= time.Duration(n)
+	} else {
+		r.Limit = max(1, r.Limit/n)
+	}
 	return r
+}
+
+// localRules are the contract's local rules of gateway gw for key k in
+// phase p: its split share under a split (its local share of the reserve
+// when the split does not name it), its local share otherwise.
+func (m *gwModel) localRules(p *gwPhase, k, gw int) []limiter.Rule {
+	rules, bucket, split := m.split(p, k, gw)
+	if split && bucket != limiter.OtherGateways {
+		return rules
+	}
+	out := make([]limiter.Rule, len(rules))
+	for j, r := range rules {
+		out[j] = wantLocal(r, int64(m.n))
+	}
+	return out
 }
 
 // run drives phases until the budget is spent.
@@ -671,17 +698,17 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 		for j, r := range eff {
 			add(j, r)
 		}
-	case !split:
-		for range m.n {
-			for j, r := range eff {
-				add(j, wantLocal(r, int64(m.n)))
+	case kind == "local":
+		// Each gateway's memory: its split share, or its local share of
+		// the rule or of the split's reserve.
+		for gw := range m.n {
+			for j, r := range m.localRules(p, e.key, gw) {
+				add(j, r)
 			}
 		}
 	default:
-		// Split: the distinct buckets of the fleet, in Redis or, in local
-		// fallback, in the memory of each gateway. Unnamed gateways share
-		// one reserve bucket in Redis, and together may hold no more than
-		// the reserve in local fallback either.
+		// Split: the fleet's distinct buckets in Redis; the gateways the
+		// split does not name share one reserve bucket.
 		seen := map[string]bool{}
 		for gw := range m.n {
 			rules, bucket, _ := m.split(p, e.key, gw)
@@ -727,13 +754,7 @@ func (m *gwModel) checkVerdict(e gwEvent) {
 			m.fail("phase %d gw %d key %d: enforced under rules (-want +got):\n%s", e.phase, e.gw, e.key, diff)
 		}
 	case event.ModeLocalFallback:
-		want, _, split := m.split(p, e.key, e.gw)
-		if !split {
-			want = slices.Clone(want)
-			for j := range want {
-				want[j] = wantLocal(want[j], int64(m.n))
-			}
-		}
+		want := m.localRules(p, e.key, e.gw)
 		if diff := cmp.Diff(want, e.rules); diff != "" {
 			m.fail("phase %d gw %d key %d: local fallback under rules (-want +got):\n%s", e.phase, e.gw, e.key, diff)
 		}
