@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/ratemodel"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -90,19 +92,34 @@ import (
 //   - fail open: unbounded; windows holding a fail-open admission are left
 //     out of the upper bound and counted.
 //
+// The shared bucket is replayed exactly besides: every verdict the
+// contract says it gave (store answers and cached denials outside a split,
+// across outages, reloads and NAT switches, converted as the store converts
+// at a changed rule) goes through the exact model of each rule
+// (internal/ratemodel, as in limiter.TestModel) in the order of the times
+// the decisions report: an admission must have room in every rule's model,
+// with no tolerance; a denial must lack room in some rule's model but for
+// the stores' rounding (3e-6 tokens per write for a token bucket,
+// 2×prev/2^20 and a carried unit for a sliding window) and, for a cached
+// denial timed by the gateway's clock, 50µs of refill. So through the
+// shared path the gateway admits exactly what the model admits: at most
+// its bound, and at least it minus that tolerance.
+//
 // Beside the bound, every verdict is checked for its path: the rules in
 // force are the configured ones (NAT-raised), split when and only when a
 // live, applicable split names the key and no rule is longer than
 // split_max_period, in local fallback the documented local share; the mode
 // is the phase's failure policy and only during or right after an outage.
 //
-// The lower bound: where the shared bucket alone is in force for a whole
+// And a coarser lower bound over whole phases: where the shared bucket alone is in force for a whole
 // phase, demand is far above the limit (8 callers, pauses under 1ms), and
 // the key has one rule, the units admitted after the first Window of the
 // phase until its last decision, over D, are at least
-// L×D/Period − 2C − maxCost − L×(gaps)/Period, where gaps sums the pauses
+// L×(D − gaps)/Period − C − maxCost (− L more for a sliding window, whose
+// first window may follow a quieter one), where gaps sums the pauses
 // longer than 1ms between the key's decisions (a starved process refills
-// nobody).
+// a bucket nobody drains): what a bucket refills is admitted but for what it
+// may hold at the end.
 //
 // EDGELIMIT_GATEWAY_MODEL_SEED reproduces a run's phases, rules and costs
 // (not the interleaving of goroutines nor Redis' clock);
@@ -251,6 +268,15 @@ type gwModel struct {
 	dkeys  [2]string // the keys' directive keys
 	phases []gwPhase
 	events []gwEvent
+	gen    int // rule name generations
+}
+
+// baseName is a rule's name without its generation.
+func baseName(name string) string {
+	if i := strings.LastIndexByte(name, '-'); i >= 0 {
+		return name[:i]
+	}
+	return name
 }
 
 func newGWModel(t *testing.T, rdb redis.UniversalClient, seed uint64) *gwModel {
@@ -339,6 +365,23 @@ func (m *gwModel) drawPhase(prev *gwPhase) gwPhase {
 		if k == keyAPI && r.IntN(3) == 0 {
 			// A rule longer than split_max_period: this check never splits.
 			rules = append(rules, limiter.Rule{Name: "long", Limit: 30 + r.Int64N(200), Period: gwModelSplitMax + time.Duration(1+r.Int64N(int64(500*time.Millisecond)))})
+		}
+		// A rule keeps its name while its algorithm does; otherwise (or when
+		// it comes back) it gets a new one, so its Redis key starts afresh
+		// and the exact model of the shared bucket knows its state.
+		for i, rule := range rules {
+			rules[i].Name = ""
+			if prev != nil {
+				for _, old := range prev.rules[k] {
+					if baseName(old.Name) == rule.Name && old.Algorithm == rule.Algorithm {
+						rules[i].Name = old.Name
+					}
+				}
+			}
+			if rules[i].Name == "" {
+				m.gen++
+				rules[i].Name = rule.Name + "-" + strconv.Itoa(m.gen)
+			}
 		}
 		p.rules[k] = rules
 	}
@@ -767,7 +810,20 @@ func (m *gwModel) check() {
 	if len(m.events) == 0 {
 		t.Fatal("no verdicts")
 	}
-	slices.SortStableFunc(m.events, func(a, b gwEvent) int { return cmpInt64(a.at, b.at) })
+	// By time; ties (two decisions in one microsecond) admissions first, the
+	// order least favourable to the denial check, irrelevant to the bound.
+	slices.SortStableFunc(m.events, func(a, b gwEvent) int {
+		if c := cmpInt64(a.at, b.at); c != 0 {
+			return c
+		}
+		switch {
+		case a.allowed == b.allowed:
+			return 0
+		case a.allowed:
+			return -1
+		}
+		return 1
+	})
 	modes := map[string]int{}
 	for _, e := range m.events {
 		m.checkVerdict(e)
@@ -813,6 +869,9 @@ func (m *gwModel) check() {
 		}
 	}
 	t.Logf("%d windows checked, %d left out for holding a fail-open admission", windows, skipped)
+	for k := range 2 {
+		m.checkShared(k)
+	}
 	m.checkLower()
 }
 
@@ -876,6 +935,7 @@ func (m *gwModel) checkWindows(k, j int, r limiter.Rule, adm []gwEvent) (checked
 // force for a whole phase under demand above the limit.
 func (m *gwModel) checkLower() {
 	checked := 0
+	var lows []string
 	for pi := range m.phases {
 		p := &m.phases[pi]
 		if p.outage || (pi > 0 && m.phases[pi-1].outage) {
@@ -914,15 +974,20 @@ func (m *gwModel) checkLower() {
 			}
 			rate := big.NewRat(r.Limit, r.Period.Microseconds())
 			refill := new(big.Rat).Mul(rate, new(big.Rat).SetInt64(to-from-gaps))
-			want := new(big.Int).Quo(refill.Num(), refill.Denom()).Int64() - 2*r.Capacity() - p.maxCost[k]
+			tol := r.Capacity() + p.maxCost[k]
+			if r.Algorithm == limiter.SlidingWindow {
+				tol += r.Limit // its first window may follow a quieter one
+			}
+			want := new(big.Int).Quo(refill.Num(), refill.Denom()).Int64() - tol
 			checked++
+			lows = append(lows, fmt.Sprintf("%d≥%d (D %dms, gaps %dms, %+v)", units, want, (to-from)/1000, gaps/1000, r))
 			if units < want {
 				m.fail("phase %d key %d rule %+v: shared bucket under steady demand admitted %d units in %dµs (%dµs of pauses), want at least %d",
 					pi, k, r, units, to-from, gaps, want)
 			}
 		}
 	}
-	m.t.Logf("lower bound checked in %d phase-keys", checked)
+	m.t.Logf("lower bound checked in %d phase-keys (admitted ≥ bound−tolerance: %v)", checked, lows)
 }
 
 func cmpInt64(a, b int64) int {
@@ -933,4 +998,91 @@ func cmpInt64(a, b int64) int {
 		return 1
 	}
 	return 0
+}
+
+// modelRule is r as the reference model sees it.
+func modelRule(r limiter.Rule) ratemodel.Rule {
+	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.Algorithm == limiter.SlidingWindow}
+}
+
+// checkShared replays key k's shared bucket, every verdict the contract
+// says it gave (store answers and cached denials outside a split; not the
+// fallbacks, which never reach it), through the exact model of each rule,
+// converting the model at the first verdict under changed rules as the store
+// does: every admission must have room in every rule's model, with no
+// tolerance; every denial must lack room in some rule's model, but for the
+// stores' rounding (as limiter.TestModel: 3e-6 tokens per write for a token
+// bucket, 2×prev/2^20 + one carried unit for a sliding window) and, for a
+// cached denial answered on the gateway's clock, 50µs of refill.
+func (m *gwModel) checkShared(k int) {
+	models := map[string]ratemodel.Model{}
+	epoch, writes, failures, checked := -1, 0, 0, 0
+	for _, e := range m.events {
+		if e.key != k || e.mode != event.ModeEnforced || e.reason != "" {
+			continue
+		}
+		p := &m.phases[e.phase]
+		if _, _, split := m.split(p, k, e.gw); split {
+			continue
+		}
+		eff := p.effective(k)
+		if p.epoch[k] != epoch {
+			epoch = p.epoch[k]
+			for _, r := range eff {
+				if mo, ok := models[r.Name]; ok {
+					mo.Change(modelRule(r), e.at)
+				} else {
+					models[r.Name] = ratemodel.New(modelRule(r), e.at)
+				}
+			}
+		}
+		checked++
+		rooms := make([]*big.Rat, len(eff))
+		for j, r := range eff {
+			rooms[j] = models[r.Name].Room(e.at, e.cost)
+		}
+		if e.allowed {
+			for j, r := range eff {
+				if rooms[j].Sign() < 0 {
+					failures++
+					m.fail("phase %d gw %d key %d t=%dµs: the shared bucket admitted cost %d under %+v, the model has %s too few",
+						e.phase, e.gw, k, e.at, e.cost, r, new(big.Rat).Neg(rooms[j]).FloatString(6))
+				}
+				models[r.Name].Take(e.at, e.cost)
+			}
+			writes++
+		} else {
+			justified := false
+			var why []string
+			for j, r := range eff {
+				tol := new(big.Rat)
+				switch mo := models[r.Name].(type) {
+				case *ratemodel.Bucket:
+					tol.SetFrac64(3*int64(writes+1), 1_000_000)
+				case *ratemodel.Window:
+					_, prev, carried := mo.Used(e.at)
+					tol.SetFrac64(2*prev, 1<<20)
+					if carried {
+						tol.Add(tol, ratemodel.Int(1))
+					}
+				}
+				if e.cached {
+					tol.Add(tol, big.NewRat(50*r.Limit, r.Period.Microseconds()))
+				}
+				if rooms[j].Cmp(tol) < 0 {
+					justified = true
+				}
+				why = append(why, r.Name+": room "+rooms[j].FloatString(6))
+			}
+			if !justified {
+				failures++
+				m.fail("phase %d gw %d key %d t=%dµs: the shared bucket denied cost %d (cached %v), the model admits it: %v",
+					e.phase, e.gw, k, e.at, e.cost, e.cached, why)
+			}
+		}
+		if failures > 5 {
+			return
+		}
+	}
+	m.t.Logf("key %d: %d shared-bucket verdicts replayed through the exact model", k, checked)
 }
