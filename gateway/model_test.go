@@ -936,6 +936,10 @@ func (m *gwModel) checkWindows(k, j int, r limiter.Rule, adm []gwEvent) (checked
 func (m *gwModel) checkLower() {
 	checked := 0
 	var lows []string
+	byPhase := make([][]gwEvent, len(m.phases))
+	for _, e := range m.events {
+		byPhase[e.phase] = append(byPhase[e.phase], e)
+	}
 	for pi := range m.phases {
 		p := &m.phases[pi]
 		if p.outage || (pi > 0 && m.phases[pi-1].outage) {
@@ -952,8 +956,8 @@ func (m *gwModel) checkLower() {
 			r := eff[0]
 			from := p.start + r.Window().Microseconds()
 			var evs []gwEvent
-			for _, e := range m.events {
-				if e.phase == pi && e.key == k && e.at >= from {
+			for _, e := range byPhase[pi] {
+				if e.key == k && e.at >= from {
 					evs = append(evs, e)
 				}
 			}
