@@ -42,7 +42,9 @@ import (
 // (on/off, changed factors), the rules (a reload, g.Reload, changing limits,
 // periods, bursts and algorithms; sometimes a rule longer than
 // split_max_period beside the short one, which must never split), the
-// failure policy (a reload), and each gateway's deny cache (on, or
+// failure policies (a reload: the default, and now and then a rule's own,
+// so that closed beats local beats open within one check), and each
+// gateway's deny cache (on, or
 // limiter.Config DenyCache -1). During a phase the store may fail, on
 // command, for all gateways at once (a wrapper that refuses every call, as
 // a dead Redis would, answering only cached denials): circuits open,
@@ -93,7 +95,8 @@ import (
 //   - fail closed: +0 (it admits nothing; every fail_closed verdict must
 //     deny); a deny-cache answer: +0 (every cached verdict must deny);
 //   - fail open: unbounded; windows holding a fail-open admission are left
-//     out of the upper bound and counted.
+//     out of the upper bound and counted, as are windows of a rule that
+//     fails open holding a local admission of a rule that fails locally.
 //
 // The shared bucket is replayed exactly besides: every verdict the
 // contract says it gave (store answers and cached denials outside a split,
@@ -239,8 +242,9 @@ const (
 type gwPhase struct {
 	start, end int64 // µs: the first caller started, the last one stopped
 	rules      [2][]limiter.Rule
-	policy     FailurePolicy
-	nat        float64 // the IP's NAT factor; 0: none
+	policy     FailurePolicy      // the default
+	pols       [2][]FailurePolicy // each rule's own; "": the default
+	nat        float64            // the IP's NAT factor; 0: none
 	splits     [2]*limiter.SplitDirective
 	splitVer   [2]int // a new number per change of a key's split
 	epoch      [2]int // a new number per change of a key's rule values
@@ -328,14 +332,14 @@ func (m *gwModel) config(id string, p gwPhase) Config {
 	cfg.SplitMaxPeriod = gwModelSplitMax
 	cfg.Breaker = BreakerConfig{Failures: 2, Open: gwModelOpen}
 	cfg.StoreDeadline = 2 * time.Second // failures are injected, not timed out
-	plan := func(rules []limiter.Rule) Plan {
-		var p Plan
-		for _, r := range rules {
-			p.Rules = append(p.Rules, Rule{Rule: r})
+	plan := func(k int) Plan {
+		var pl Plan
+		for j, r := range p.rules[k] {
+			pl.Rules = append(pl.Rules, Rule{Rule: r, FailurePolicy: p.pols[k][j]})
 		}
-		return p
+		return pl
 	}
-	cfg.Plans = map[string]Plan{"free": plan(p.rules[keyIP]), "paid": plan(p.rules[keyAPI])}
+	cfg.Plans = map[string]Plan{"free": plan(keyIP), "paid": plan(keyAPI)}
 	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha(gwModelRawAPIKey), Plan: "paid"}}
 	return cfg
 }
@@ -394,6 +398,15 @@ func (m *gwModel) drawPhase(prev *gwPhase) gwPhase {
 		p.rules[k] = rules
 	}
 	p.policy = []FailurePolicy{FailOpen, FailClosed, FailLocal, FailLocal}[r.IntN(4)]
+	for k := range 2 {
+		// Now and then a rule fails its own way.
+		p.pols[k] = make([]FailurePolicy, len(p.rules[k]))
+		for j := range p.pols[k] {
+			if r.IntN(4) == 0 {
+				p.pols[k][j] = []FailurePolicy{FailOpen, FailClosed, FailLocal}[r.IntN(3)]
+			}
+		}
+	}
 	// NAT for the IP: off, or a factor.
 	switch r.IntN(3) {
 	case 0:
@@ -531,19 +544,47 @@ func wantLocal(r limiter.Rule, n int64) limiter.Rule {
 	return r
 }
 
+// policy is the failure policy of key k's rule j in phase p.
+func (p *gwPhase) policyOf(k, j int) FailurePolicy {
+	if pol := p.pols[k][j]; pol != "" {
+		return pol
+	}
+	return p.policy
+}
+
+// mode is key k's fallback mode in phase p: closed if any rule fails
+// closed, else local if any fails locally, else open.
+func (p *gwPhase) mode(k int) event.Mode {
+	mode := event.ModeFailOpen
+	for j := range p.rules[k] {
+		switch p.policyOf(k, j) {
+		case FailClosed:
+			return event.ModeFailClosed
+		case FailLocal:
+			mode = event.ModeLocalFallback
+		}
+	}
+	return mode
+}
+
 // localRules are the contract's local rules of gateway gw for key k in
-// phase p: its split share under a split (its local share of the reserve
-// when the split does not name it), its local share otherwise.
-func (m *gwModel) localRules(p *gwPhase, k, gw int) []limiter.Rule {
+// phase p, and the indexes of the rules they stand for: those that fail
+// locally, each at its split share under a split (its local share of the
+// reserve when the split does not name it), its local share otherwise.
+func (m *gwModel) localRules(p *gwPhase, k, gw int) ([]limiter.Rule, []int) {
 	rules, bucket, split := m.split(p, k, gw)
-	if split && bucket != limiter.OtherGateways {
-		return rules
-	}
-	out := make([]limiter.Rule, len(rules))
+	var out []limiter.Rule
+	var idx []int
 	for j, r := range rules {
-		out[j] = wantLocal(r, int64(m.n))
+		if p.policyOf(k, j) != FailLocal {
+			continue
+		}
+		if !split || bucket == limiter.OtherGateways {
+			r = wantLocal(r, int64(m.n))
+		}
+		out, idx = append(out, r), append(idx, j)
 	}
-	return out
+	return out, idx
 }
 
 // run drives phases until the budget is spent.
@@ -713,6 +754,7 @@ type modelPath struct {
 	name string
 	caps []int64
 	rate []*big.Rat // units per µs
+	open []bool     // the rule is not enforced on this path (it fails open)
 }
 
 // pathOf classifies an admission by the contract, and checks the verdict's
@@ -736,7 +778,7 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 		return pa
 	}
 	eff := p.effective(e.key)
-	pa := &modelPath{name: name, caps: make([]int64, len(eff)), rate: make([]*big.Rat, len(eff))}
+	pa := &modelPath{name: name, caps: make([]int64, len(eff)), rate: make([]*big.Rat, len(eff)), open: make([]bool, len(eff))}
 	for j := range eff {
 		pa.rate[j] = new(big.Rat)
 	}
@@ -752,9 +794,14 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 	case kind == "local":
 		// Each gateway's memory: its split share, or its local share of
 		// the rule or of the split's reserve.
+		for j := range eff {
+			pa.open[j] = true // a rule that fails open meanwhile
+		}
 		for gw := range m.n {
-			for j, r := range m.localRules(p, e.key, gw) {
-				add(j, r)
+			rules, idx := m.localRules(p, e.key, gw)
+			for i, r := range rules {
+				add(idx[i], r)
+				pa.open[idx[i]] = false
 			}
 		}
 	default:
@@ -782,9 +829,8 @@ func (m *gwModel) checkVerdict(e gwEvent) {
 	outage := p.outage || (e.phase > 0 && m.phases[e.phase-1].outage)
 	switch e.mode {
 	case event.ModeFailClosed, event.ModeFailOpen, event.ModeLocalFallback:
-		want := map[FailurePolicy]event.Mode{FailOpen: event.ModeFailOpen, FailClosed: event.ModeFailClosed, FailLocal: event.ModeLocalFallback}[p.policy]
-		if e.mode != want || !outage {
-			m.fail("phase %d (policy %s, outage %v) gw %d key %d: mode %v", e.phase, p.policy, outage, e.gw, e.key, e.mode)
+		if want := p.mode(e.key); e.mode != want || !outage {
+			m.fail("phase %d (policy %s, rules %v, outage %v) gw %d key %d: mode %v", e.phase, p.policy, p.pols[e.key], outage, e.gw, e.key, e.mode)
 		}
 	}
 	if e.cached && e.allowed {
@@ -805,7 +851,7 @@ func (m *gwModel) checkVerdict(e gwEvent) {
 			m.fail("phase %d gw %d key %d: enforced under rules (-want +got):\n%s", e.phase, e.gw, e.key, diff)
 		}
 	case event.ModeLocalFallback:
-		want := m.localRules(p, e.key, e.gw)
+		want, _ := m.localRules(p, e.key, e.gw)
 		if diff := cmp.Diff(want, e.rules); diff != "" {
 			m.fail("phase %d gw %d key %d: local fallback under rules (-want +got):\n%s", e.phase, e.gw, e.key, diff)
 		}
@@ -902,7 +948,7 @@ func (m *gwModel) checkWindows(k, j int, r limiter.Rule, adm []gwEvent) (checked
 			}
 			units += e.cost
 			pa := e.path
-			if pa == nil {
+			if pa == nil || pa.open[j] {
 				open = true
 				break
 			}
