@@ -331,7 +331,7 @@ func (m *gwModel) config(id string, p gwPhase) Config {
 	cfg.FailurePolicy = p.policy
 	cfg.SplitMaxPeriod = gwModelSplitMax
 	cfg.Breaker = BreakerConfig{Failures: 2, Open: gwModelOpen}
-	cfg.StoreDeadline = 2 * time.Second // failures are injected, not timed out
+	cfg.StoreDeadline = 5 * time.Second // the most allowed: failures are injected, never timeouts
 	plan := func(k int) Plan {
 		var pl Plan
 		for j, r := range p.rules[k] {
@@ -888,7 +888,18 @@ func (m *gwModel) check() {
 			modes["cached denial"]++
 		}
 	}
-	t.Logf("%d phases, %d verdicts; admitted by mode %v", len(m.phases), len(m.events), modes)
+	opens, recovering := 0.0, 0
+	for _, g := range m.gws {
+		opens += counter(t, g.m.circuitOpens)
+	}
+	for _, e := range m.events {
+		p := &m.phases[e.phase]
+		if e.mode != event.ModeEnforced && ((p.outage && e.at > p.up) || (!p.outage && e.phase > 0 && m.phases[e.phase-1].outage)) {
+			recovering++ // the circuit still open or half-open after the store returned
+		}
+	}
+	t.Logf("%d phases, %d verdicts; admitted by mode %v; circuits opened %v times, %d fallback verdicts after the store returned",
+		len(m.phases), len(m.events), modes, opens, recovering)
 	if t.Failed() {
 		return
 	}
