@@ -774,6 +774,11 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 		ver = p.splitVer[e.key]
 	}
 	name := fmt.Sprintf("key%d/%s/epoch%d/split%d", e.key, kind, p.epoch[e.key], ver)
+	if kind == "local" {
+		// Which rules fail locally may change with a reload in an epoch.
+		_, idx := m.localRules(p, e.key, e.gw)
+		name += fmt.Sprintf("/rules%v", idx)
+	}
 	if pa, ok := paths[name]; ok {
 		return pa
 	}
