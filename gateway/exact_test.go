@@ -210,3 +210,59 @@ func TestDenyCacheFollowsDirectives(t *testing.T) {
 		t.Errorf("NAT raised 5/min to 15/min after 5 were used: admitted %d of 11, want 10", got)
 	}
 }
+
+// reserveFleet is three gateways under one split of the acme key's 10/h:
+// half to gw-a, half reserved for the gateways the split does not name
+// (gw-b and gw-c), which must check one bucket together.
+func reserveFleet(t *testing.T, store func() checker) []*Gateway {
+	t.Helper()
+	var fleet []*Gateway
+	dirs := &fixedDirectives{}
+	for _, id := range []string{"gw-a", "gw-b", "gw-c"} {
+		cfg := localConfig(limiter.Rule{Name: "hour", Limit: 10, Period: time.Hour}, 3)
+		cfg.GatewayID = id
+		cfg.SplitMaxPeriod = time.Hour
+		g, err := New(cfg, Options{Store: store(), Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, g)
+	}
+	keyID := fleet[0].keys.id(limiter.APIKeyKey("acme"))
+	dirs.d = &limiter.Directives{Splits: map[string]limiter.SplitDirective{
+		limiter.DirectiveKey("api_key", keyID): {Shares: map[string]float64{"gw-a": 0.5, limiter.OtherGateways: 0.5}, Expires: time.Now().Add(time.Hour)},
+	}}
+	return fleet
+}
+
+// TestSplitReserveIsOneBucket: gateways a split does not name share the
+// reserve in one bucket ({key/gw:*}), so the fleet admits the rule, not the
+// reserve once per unnamed gateway (found by TestGatewayModel: two unnamed
+// gateways each checked a bucket of their own, 15 of a 10/h rule).
+func TestSplitReserveIsOneBucket(t *testing.T) {
+	lim, _ := redisStore(t)
+	fleet := reserveFleet(t, func() checker { return lim })
+	admitted := 0
+	for _, g := range fleet {
+		admitted += enforceN(t, g, 10)
+	}
+	if admitted != 10 {
+		t.Errorf("split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 10", admitted)
+	}
+}
+
+// TestLocalFallbackSplitsReserve: with the store down, an unnamed gateway
+// enforces its local share of the reserve, not the whole reserve, so the
+// unnamed gateways together stay within it but for the local policy's
+// rounding (capacity at least 1 each).
+func TestLocalFallbackSplitsReserve(t *testing.T) {
+	fleet := reserveFleet(t, func() checker { return downStore{} })
+	admitted := 0
+	for _, g := range fleet {
+		admitted += enforceN(t, g, 10)
+	}
+	// gw-a its 5; gw-b and gw-c each ⌊5/3⌋ = 1 of the reserve.
+	if admitted != 7 {
+		t.Errorf("store down, split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 7", admitted)
+	}
+}
