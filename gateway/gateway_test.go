@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -476,14 +475,8 @@ func TestAbuse(t *testing.T) {
 		}
 	})
 	t.Run("slow headers", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: x\r\n") // and never the blank line
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		_, br := rawConn(t, gw.URL, "GET / HTTP/1.1\r\nHost: x\r\n") // and never the blank line
+		resp, err := http.ReadResponse(br, nil)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("the gateway kept a slow client's connection open")
@@ -493,14 +486,8 @@ func TestAbuse(t *testing.T) {
 		}
 	})
 	t.Run("slow body", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 100\r\n\r\nhalf")
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		_, br := rawConn(t, gw.URL, "POST / HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 100\r\n\r\nhalf")
+		resp, err := http.ReadResponse(br, nil)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("the gateway kept a slow body's connection open")
