@@ -182,6 +182,22 @@ func get(t testing.TB, url string, hdr ...string) reply {
 	return do(t, http.MethodGet, url, nil, hdr...)
 }
 
+// admitted sends n GETs to url and counts those admitted; any answer but
+// 200 or 429 fails the test.
+func admitted(t testing.TB, url string, n int, hdr ...string) int {
+	t.Helper()
+	ok := 0
+	for range n {
+		r := get(t, url, hdr...)
+		if r.status == http.StatusOK {
+			ok++
+		} else if r.status != http.StatusTooManyRequests {
+			t.Fatalf("GET %s = %d %s, want 200 or 429", url, r.status, r.body)
+		}
+	}
+	return ok
+}
+
 // counter reads one counter series from g's registry.
 func counter(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
@@ -204,4 +220,33 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// directiveRig is a directive store and its watcher on the shared test
+// Redis, under a prefix of its own; its limiters share that prefix, so
+// gateways started on it share buckets as a fleet does.
+type directiveRig struct {
+	rdb     *redis.Client
+	prefix  string
+	store   *limiter.DirectiveStore
+	watcher *limiter.Watcher // refreshed by hand: its interval is an hour
+}
+
+func newDirectiveRig(t testing.TB) directiveRig {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := "dirtest" + randHex(6)
+	store := limiter.NewDirectiveStore(rdb, prefix)
+	return directiveRig{rdb: rdb, prefix: prefix, store: store, watcher: limiter.NewWatcher(store, time.Hour)}
+}
+
+// start runs a gateway with cfg whose store and directives are the rig's.
+func (d directiveRig) start(t testing.TB, cfg Config) *testGateway {
+	t.Helper()
+	lim, err := limiter.New(d.rdb, limiter.Config{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startGateway(t, cfg, Options{Store: lim, Directives: d.watcher})
 }
