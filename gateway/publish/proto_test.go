@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/bufbuild/protocompile"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -41,19 +40,12 @@ func TestPublishedRecordReadsWithProto(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			topic := fmt.Sprintf("decisions-proto-%d", time.Now().UnixNano())
 			testenv.CreateTopics(t, bs, 1, topic)
-			p, err := New(Config{Brokers: bs, Topic: topic}, prometheus.NewRegistry(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p, _ := mustNew(t, Config{Brokers: bs, Topic: topic})
 			d := decision(1) // Allowed is false for i%3 == 0; 1 is allowed
 			d.UserAgentHash = 0xdeadbeefcafef00d
 			d.StoreStatus, d.Mode = event.StoreLocalCache, event.ModeShadow
 			p.Publish(d)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := p.Close(ctx); err != nil {
-				t.Fatalf("Close: %v", err)
-			}
+			closeWithin(t, p, 10*time.Second)
 			r := consume(t, bs, topic, 1)[0]
 
 			var version []string

@@ -63,6 +63,39 @@ type metrics struct {
 	buffered  float64
 }
 
+// mustNew is a publisher with cfg on a registry of its own.
+func mustNew(tb testing.TB, cfg Config) (*Publisher, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	p, err := New(cfg, reg, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, reg
+}
+
+// closeWithin closes p, failing the test unless every event is settled
+// within d.
+func closeWithin(t testing.TB, p *Publisher, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// accounted reads p's metrics from reg and checks that every event
+// attempted was either published or counted as dropped.
+func accounted(t testing.TB, p *Publisher, reg *prometheus.Registry) metrics {
+	t.Helper()
+	m := readMetrics(t, reg)
+	if attempted := float64(p.Attempted()); m.published+m.totalDropped() != attempted {
+		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
+	}
+	return m
+}
+
 func readMetrics(t testing.TB, reg *prometheus.Registry) metrics {
 	t.Helper()
 	m := metrics{dropped: map[string]float64{}}
@@ -128,11 +161,7 @@ func consume(t testing.TB, brokers []string, topic string, n int) []*kgo.Record 
 
 func TestPublishDelivers(t *testing.T) {
 	c := newCluster(t, 4)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	const n = 3000
 	want := make(map[[16]byte]event.Decision, n)
 	all := make([]event.Decision, n)
@@ -151,11 +180,7 @@ func TestPublishDelivers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
+	closeWithin(t, p, 10*time.Second)
 
 	m := readMetrics(t, reg)
 	if m.published != n || m.totalDropped() != 0 || m.buffered != 0 {
@@ -240,12 +265,8 @@ func publishAll(t *testing.T, p *Publisher, from, n int) {
 
 func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	c := newCluster(t, 2)
-	reg := prometheus.NewRegistry()
 	const bound = 200
-	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond})
 	restore := breakProduce(c)
 
 	const n = 5 * bound
@@ -263,16 +284,8 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 		return readMetrics(t, reg).buffered == 0
 	})
 	publishAll(t, p, n, 100) // traffic after the outage goes through
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	m := readMetrics(t, reg)
-	attempted := float64(p.Attempted())
-	if m.published+m.totalDropped() != attempted {
-		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
-	}
+	closeWithin(t, p, 10*time.Second)
+	m := accounted(t, p, reg)
 	if m.published != bound+100 {
 		t.Errorf("published = %v, want the %d buffered during the outage plus 100 after", m.published, bound)
 	}
@@ -283,11 +296,7 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 
 func TestCloseGivesUpAtDeadline(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: 50}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: 50})
 	breakProduce(c)
 	publishAll(t, p, 0, 80)
 
@@ -311,11 +320,7 @@ func TestCloseGivesUpAtDeadline(t *testing.T) {
 
 func TestPublishEncodeError(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	d := decision(1)
 	d.Route = strings.Repeat("/x", event.MaxFieldLen)
 	p.Publish(d)
@@ -331,11 +336,7 @@ func TestPublishEncodeError(t *testing.T) {
 
 func TestMetricsRegistered(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	defer p.Close(context.Background())
 	if n := testutil.CollectAndCount(reg, "edgelimit_events_dropped_total"); n != len(reasons) {
 		t.Errorf("dropped series = %d, want one per reason (%d) from the start", n, len(reasons))
@@ -358,11 +359,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	topic := fmt.Sprintf("bench-publish-%d", time.Now().UnixNano())
 	testenv.CreateTopics(b, brokers, 4, topic)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: brokers, Topic: topic, MaxBuffered: 20_000}, reg, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, reg := mustNew(b, Config{Brokers: brokers, Topic: topic, MaxBuffered: 20_000})
 	d := decision(1)
 	// Warm up: the new topic's metadata and the producer id are fetched
 	// once, outside the timing.
