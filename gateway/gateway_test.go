@@ -22,15 +22,13 @@ import (
 )
 
 func TestHeadersAllowedAndDenied(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{
-		{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}},
-		{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
-		{Rule: limiter.Rule{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true}},
-	}}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{
+			{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}},
+			{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+			{Rule: limiter.Rule{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true}},
+		}}
+	})
 
 	wantRemaining := []string{"2", "1", "0"}
 	for i, rem := range wantRemaining {
@@ -119,12 +117,10 @@ func scrape(t testing.TB, gw *testGateway) string {
 // TestRetryAfterNeverEarly waits out a denial: the request must be allowed
 // no later than Retry-After said.
 func TestRetryAfterNeverEarly(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second}}}}
-	cfg.RetryJitter = time.Second
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second}}}}
+		cfg.RetryJitter = time.Second
+	})
 
 	for range 2 {
 		if r := get(t, gw.URL+"/"); r.status != http.StatusOK {
@@ -174,13 +170,11 @@ func TestRetryAfterNeverEarly(t *testing.T) {
 }
 
 func TestJitterSpreadsClients(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
-	cfg.TrustedProxies = []string{"127.0.0.1"}
-	cfg.RetryJitter = 5 * time.Second
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
+		cfg.TrustedProxies = []string{"127.0.0.1"}
+		cfg.RetryJitter = 5 * time.Second
+	})
 
 	values := map[int64]int{}
 	for i := range 30 {
@@ -317,19 +311,17 @@ func TestAPIKeys(t *testing.T) {
 }
 
 func TestRoutesAndCost(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
-	cfg.Plans["search"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "search", Limit: 2, Period: time.Minute}}}}
-	cfg.Routes = []Route{
-		{Name: "all", PathPrefix: "/", Upstream: "app"},
-		{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
-		{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
-		{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
-		{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
-	}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
+		cfg.Plans["search"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "search", Limit: 2, Period: time.Minute}}}}
+		cfg.Routes = []Route{
+			{Name: "all", PathPrefix: "/", Upstream: "app"},
+			{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
+			{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
+			{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
+			{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
+		}
+	})
 
 	// An exempt route is proxied without a check: no headers, no cost.
 	for range 3 {
@@ -424,15 +416,13 @@ func TestUpstreamFailures(t *testing.T) {
 }
 
 func TestAbuse(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.MaxHeaderBytes = 4 << 10
-	cfg.MaxBodyBytes = 1 << 20
-	cfg.Timeouts.ReadHeader = 300 * time.Millisecond
-	cfg.Timeouts.Read = 500 * time.Millisecond
-	cfg.APIKeys = []APIKey{{ID: "k", SHA256: sha("k"), Plan: "free"}}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.MaxHeaderBytes = 4 << 10
+		cfg.MaxBodyBytes = 1 << 20
+		cfg.Timeouts.ReadHeader = 300 * time.Millisecond
+		cfg.Timeouts.Read = 500 * time.Millisecond
+		cfg.APIKeys = []APIKey{{ID: "k", SHA256: sha("k"), Plan: "free"}}
+	})
 
 	t.Run("unknown key", func(t *testing.T) {
 		r := get(t, gw.URL+"/", "X-API-Key", "wrong")

@@ -106,6 +106,16 @@ func startGateway(t testing.TB, cfg Config, opts Options) *testGateway {
 	return &testGateway{Gateway: g, URL: "http://" + ln.Addr().String(), reg: opts.Registry}
 }
 
+// redisGateway starts a gateway on a limiter of its own on the shared
+// test Redis, with testConfig to a newTestUpstream changed by edit.
+func redisGateway(t testing.TB, edit func(*Config)) *testGateway {
+	t.Helper()
+	lim, _ := redisStore(t)
+	cfg := testConfig(newTestUpstream(t).URL)
+	edit(&cfg)
+	return startGateway(t, cfg, Options{Store: lim})
+}
+
 // redisStore returns a limiter on the shared test Redis, its keys under a
 // prefix of its own so concurrent tests never share buckets.
 func redisStore(t testing.TB) (*limiter.Redis, *redis.Client) {
