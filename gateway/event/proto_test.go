@@ -2,12 +2,11 @@ package event
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/bufbuild/protocompile"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -18,16 +17,7 @@ import (
 // test time: the generic decoder below knows nothing but that file.
 func mustDecisionDescriptor(tb testing.TB) protoreflect.MessageDescriptor {
 	tb.Helper()
-	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{"."}}}
-	files, err := c.Compile(context.Background(), "decision.proto")
-	if err != nil {
-		tb.Fatalf("compile decision.proto: %v", err)
-	}
-	md := files[0].Messages().ByName("Decision")
-	if md == nil {
-		tb.Fatal("decision.proto has no message Decision")
-	}
-	return md
+	return testenv.ProtoMessage(tb, ".", "decision.proto", "Decision")
 }
 
 // full sets every field to a non-zero value, so a check over it covers the

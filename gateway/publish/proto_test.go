@@ -1,13 +1,11 @@
 package publish
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/bufbuild/protocompile"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -22,15 +20,7 @@ import (
 // decision.proto alone (parsed here, no generated code, nothing from the
 // event package's decoder), and the schema version from the record header.
 func TestPublishedRecordReadsWithProto(t *testing.T) {
-	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{"../event"}}}
-	files, err := c.Compile(context.Background(), "decision.proto")
-	if err != nil {
-		t.Fatalf("compile decision.proto: %v", err)
-	}
-	md := files[0].Messages().ByName("Decision")
-	if md == nil {
-		t.Fatal("decision.proto has no message Decision")
-	}
+	md := testenv.ProtoMessage(t, "../event", "decision.proto", "Decision")
 
 	brokers := map[string][]string{"kfake": newCluster(t, 1).ListenAddrs()}
 	if os.Getenv("EDGELIMIT_KAFKA_BROKERS") != "" || os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {

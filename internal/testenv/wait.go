@@ -7,8 +7,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/bufbuild/protocompile"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // WaitFor polls cond until it holds, and fails the test if it does not
@@ -61,4 +63,21 @@ func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// ProtoMessage parses the .proto file in dir at test time, with no
+// generated code, and returns its message name: how a test reads records
+// the way any protobuf tool would, from the shipped contract alone.
+func ProtoMessage(tb testing.TB, dir, file, name string) protoreflect.MessageDescriptor {
+	tb.Helper()
+	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{dir}}}
+	files, err := c.Compile(context.Background(), file)
+	if err != nil {
+		tb.Fatalf("compile %s: %v", file, err)
+	}
+	md := files[0].Messages().ByName(protoreflect.Name(name))
+	if md == nil {
+		tb.Fatalf("%s has no message %s", file, name)
+	}
+	return md
 }
