@@ -2,6 +2,7 @@ package event
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -136,13 +137,7 @@ func TestProtoAgreesWithCodec(t *testing.T) {
 		if !bytes.Equal(std, enc) {
 			t.Errorf("%d: Encode(%+v) =\n%x\nstandard protobuf writes\n%x", i, d, enc, std)
 		}
-		back, err := Decode(std)
-		if err != nil {
-			t.Fatalf("%d: Decode(standard encoding): %v", i, err)
-		}
-		if diff := cmp.Diff(d, back); diff != "" {
-			t.Errorf("%d: Decode(standard encoding) mismatch (-want +got):\n%s", i, diff)
-		}
+		wantDecode(t, std, d, fmt.Sprintf("%d: standard encoding", i))
 	}
 }
 
