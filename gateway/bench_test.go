@@ -76,26 +76,38 @@ func benchRedis(b *testing.B) checker {
 	return lim
 }
 
-// latencies collects per-request durations from parallel goroutines.
+// latencies collects durations from parallel goroutines.
 type latencies struct {
 	mu  sync.Mutex
 	all []time.Duration
 }
 
-func (l *latencies) add(d []time.Duration) {
+func (l *latencies) add(d ...time.Duration) {
 	l.mu.Lock()
 	l.all = append(l.all, d...)
 	l.mu.Unlock()
 }
 
-func (l *latencies) report(b *testing.B) {
-	if len(l.all) == 0 {
+// take returns the durations collected so far, and starts afresh.
+func (l *latencies) take() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	all := l.all
+	l.all = nil
+	return all
+}
+
+// report takes the durations and reports their median and 99th
+// percentile as metrics named with prefix.
+func (l *latencies) report(b *testing.B, prefix string) {
+	all := l.take()
+	if len(all) == 0 {
 		return
 	}
-	slices.Sort(l.all)
-	q := func(p float64) float64 { return float64(l.all[int(p*float64(len(l.all)-1))].Microseconds()) }
-	b.ReportMetric(q(0.50), "p50-µs")
-	b.ReportMetric(q(0.99), "p99-µs")
+	slices.Sort(all)
+	q := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))].Microseconds()) }
+	b.ReportMetric(q(0.50), prefix+"p50-µs")
+	b.ReportMetric(q(0.99), prefix+"p99-µs")
 }
 
 // BenchmarkGateway sends requests through a started gateway to a trivial
@@ -191,10 +203,10 @@ func measure(b *testing.B, op func() error) {
 				break
 			}
 		}
-		lat.add(mine)
+		lat.add(mine...)
 	})
 	b.StopTimer()
-	lat.report(b)
+	lat.report(b, "")
 }
 
 // benchClient keeps enough idle connections for the parallel senders.
@@ -228,26 +240,14 @@ func benchGet(cl *http.Client, url string, hot bool, ips []string) error {
 // timedStore records how long each limiter call takes.
 type timedStore struct {
 	next checker
-	mu   sync.Mutex
-	took []time.Duration
+	took latencies
 }
 
 func (t *timedStore) Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
 	start := time.Now()
 	d, err := t.next.Allow(ctx, key, rules, cost)
-	took := time.Since(start)
-	t.mu.Lock()
-	t.took = append(t.took, took)
-	t.mu.Unlock()
+	t.took.add(time.Since(start))
 	return d, err
-}
-
-func (t *timedStore) reset() []time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := t.took
-	t.took = nil
-	return out
 }
 
 // BenchmarkGatewayHalfLoad finds the gateway's closed-loop throughput on
@@ -274,7 +274,7 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 		rate := calibrate(b, send) / 2
 
 		b.Run(name, func(b *testing.B) {
-			ts.reset()
+			ts.took.take()
 			failOpen := counter(b, gw.m.failOpen)
 			// Open loop at half load: request i is due at start + i/rate,
 			// whether or not earlier ones came back; 128 workers send them
@@ -292,7 +292,7 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 						}
 						mine = append(mine, time.Since(at))
 					}
-					lat.add(mine)
+					lat.add(mine...)
 				})
 			}
 			b.ResetTimer()
@@ -307,13 +307,8 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 			close(due)
 			reqs.Wait()
 			b.StopTimer()
-			lat.report(b)
-			checks := ts.reset()
-			slices.Sort(checks)
-			if len(checks) > 0 {
-				b.ReportMetric(float64(checks[len(checks)/2].Microseconds()), "check-p50-µs")
-				b.ReportMetric(float64(checks[len(checks)*99/100].Microseconds()), "check-p99-µs")
-			}
+			lat.report(b, "")
+			ts.took.report(b, "check-")
 			b.ReportMetric(rate, "rps")
 			b.ReportMetric(counter(b, gw.m.failOpen)-failOpen, "fail-open")
 		})
