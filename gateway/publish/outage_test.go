@@ -34,9 +34,7 @@ func TestRealKafkaOutage(t *testing.T) {
 		i       atomic.Int64
 	)
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			tick := time.NewTicker(2 * time.Millisecond)
 			defer tick.Stop()
 			for {
@@ -52,7 +50,7 @@ func TestRealKafkaOutage(t *testing.T) {
 					slowest.Store(el)
 				}
 			}
-		}()
+		})
 	}
 	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	t.Cleanup(stopLoad)
