@@ -36,7 +36,7 @@ func TestPublishedRecordReadsWithProto(t *testing.T) {
 			d.StoreStatus, d.Mode = event.StoreLocalCache, event.ModeShadow
 			p.Publish(d)
 			closeWithin(t, p, 10*time.Second)
-			r := consume(t, bs, topic, 1)[0]
+			r := testenv.Consume(t, bs, topic, 1)[0]
 
 			var version []string
 			for _, h := range r.Headers {

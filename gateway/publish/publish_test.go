@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -136,29 +135,6 @@ func decision(i int) event.Decision {
 	}
 }
 
-// consume reads n records from topic, failing at the deadline.
-func consume(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("consumed %d of %d records: %v", len(recs), n, err)
-		}
-		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", topic, p, err) })
-		recs = append(recs, fs.Records()...)
-	}
-	return recs
-}
-
 func TestPublishDelivers(t *testing.T) {
 	c := newCluster(t, 4)
 	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
@@ -191,7 +167,7 @@ func TestPublishDelivers(t *testing.T) {
 	}
 
 	partitions := map[int32]int{}
-	for _, r := range consume(t, c.ListenAddrs(), "decisions", n) {
+	for _, r := range testenv.Consume(t, c.ListenAddrs(), "decisions", n) {
 		if r.Key != nil {
 			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
 		}
@@ -289,7 +265,7 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	if m.published != bound+100 {
 		t.Errorf("published = %v, want the %d buffered during the outage plus 100 after", m.published, bound)
 	}
-	if got := len(consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
+	if got := len(testenv.Consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
 		t.Errorf("topic holds %d records, want %d", got, bound+100)
 	}
 }

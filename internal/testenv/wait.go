@@ -48,6 +48,30 @@ func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...s
 	}
 }
 
+// Consume reads n records from the start of topic on brokers, failing the
+// test after 30s or at a fetch error.
+func Consume(tb testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			tb.Fatalf("consumed %d of %d records from %s: %v", len(recs), n, topic, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { tb.Fatalf("fetch %s/%d: %v", topic, p, err) })
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}
+
 // OpenClickHouse connects to the database db of the ClickHouse server at
 // addr over the native protocol, closed when the test ends.
 func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
