@@ -179,34 +179,17 @@ func TestOpenCircuitKeepsCachedDenials(t *testing.T) {
 // 12; with row 7, a raised limit adds its difference).
 func TestDenyCacheFollowsDirectives(t *testing.T) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	prefix := "denydir" + randHex(6)
-	dstore := limiter.NewDirectiveStore(rdb, prefix)
-	watcher := limiter.NewWatcher(dstore, time.Hour) // refreshed by hand
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rig := newDirectiveRig(t)
 	up := newTestUpstream(t)
-	gw := startGateway(t, testConfig(up.URL), Options{Store: lim, Directives: watcher}) // 5/min per IP
-	allowed := func(n int) int {
-		ok := 0
-		for range n {
-			if r := get(t, gw.URL+"/"); r.status == http.StatusOK {
-				ok++
-			}
-		}
-		return ok
-	}
-	if got := allowed(6); got != 5 {
+	gw := rig.start(t, testConfig(up.URL)) // 5/min per IP
+	if got := admitted(t, gw.URL+"/", 6); got != 5 {
 		t.Fatalf("5/min: admitted %d of 6", got)
 	}
-	if err := dstore.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:127.0.0.1", Factor: 3, Clients: 3, Expires: time.Now().Add(time.Minute)}}); err != nil {
+	if err := rig.store.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:127.0.0.1", Factor: 3, Clients: 3, Expires: time.Now().Add(time.Minute)}}); err != nil {
 		t.Fatal(err)
 	}
-	watcher.Refresh(ctx)
-	if got := allowed(11); got != 10 {
+	rig.watcher.Refresh(ctx)
+	if got := admitted(t, gw.URL+"/", 11); got != 10 {
 		t.Errorf("NAT raised 5/min to 15/min after 5 were used: admitted %d of 11, want 10", got)
 	}
 }
