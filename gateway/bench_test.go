@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -176,7 +177,7 @@ func BenchmarkCheck(b *testing.B) {
 				if bc.hot {
 					l = limits{key: "k:hot", plan: hot}
 				}
-				if v := gw.decide(ctx, st, l, 1); !v.allowed || v.mode != 0 {
+				if v := gw.decide(ctx, st, l, 1); !v.allowed || v.mode != event.ModeEnforced {
 					return fmt.Errorf("verdict %+v", v)
 				}
 				return nil
