@@ -230,6 +230,12 @@ type Route struct {
 	// default DefaultTunnelMaxDuration (1h). The listener's read and write
 	// timeouts do not apply to a tunnel.
 	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
+	// ReadIdle and WriteIdle replace timeouts.read and timeouts.write, the
+	// idle bounds of a proxied exchange, for this route: e.g. a longer
+	// write bound for a stream whose events come minutes apart, a shorter
+	// read bound for an upload endpoint. Zero: the listener's.
+	ReadIdle  time.Duration `yaml:"read_idle"`
+	WriteIdle time.Duration `yaml:"write_idle"`
 }
 
 // Upstream is a service behind the gateway.
@@ -553,6 +559,11 @@ func (c Config) Validate() error {
 			}
 		}
 		notNegative(bad, field+".tunnel_max_duration", r.TunnelMaxDuration)
+		notNegative(bad, field+".read_idle", r.ReadIdle)
+		notNegative(bad, field+".write_idle", r.WriteIdle)
+		if u, ok := c.Upstreams[r.Upstream]; ok && r.WriteIdle > 0 && u.Timeout >= r.WriteIdle {
+			bad(field+".write_idle", "%v must be longer than upstream %q's timeout (%v), or a 504 could not be written", r.WriteIdle, r.Upstream, u.Timeout)
+		}
 		methods := r.Methods
 		if len(methods) == 0 {
 			methods = []string{""}

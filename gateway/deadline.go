@@ -48,6 +48,11 @@ func newDeadlines(w http.ResponseWriter, t Timeouts) *deadlines {
 // arm starts the idle timer: cancel ends the request after the write
 // timeout without progress. stop disarms it.
 func (d *deadlines) arm(cancel func()) (stop func()) {
+	// From now on the bounds are this exchange's (a route may set its
+	// own), not the listener's totals from the start of the request.
+	now := time.Now()
+	_ = d.rc.SetReadDeadline(now.Add(d.read))
+	_ = d.rc.SetWriteDeadline(now.Add(d.write))
 	d.idle = time.AfterFunc(d.write, cancel)
 	return func() { d.idle.Stop() }
 }

@@ -183,3 +183,55 @@ func TestFramingScan(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteIdleBounds: a route may set its own idle bounds. A stream that
+// pauses 1s between events is cut by the listener's 600ms write bound, and
+// runs to its end on a route whose write_idle is 3s (issue 9: idle
+// timeouts per route where it matters).
+func TestRouteIdleBounds(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := range 2 {
+			if i > 0 {
+				select {
+				case <-time.After(time.Second):
+				case <-r.Context().Done():
+					return
+				}
+			}
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			_ = rc.Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	cfg := streamConfig(up.URL)
+	cfg.Routes = append(cfg.Routes, Route{Name: "slow", PathPrefix: "/slow", Upstream: "app", WriteIdle: 3 * time.Second})
+	gw := startGateway(t, cfg, Options{})
+	events := func(path string) int {
+		resp, err := client.Get(gw.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		n := 0
+		for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
+			if strings.HasPrefix(sc.Text(), "data: ") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := events("/slow/events"); n != 2 {
+		t.Errorf("route with write_idle 3s: got %d of 2 events, want the whole stream", n)
+	}
+	if n := events("/events"); n != 1 {
+		t.Errorf("route with the listener's 600ms bound: got %d events, want the stream cut after the first", n)
+	}
+
+	bad := streamConfig(up.URL)
+	bad.Routes = append(bad.Routes, Route{Name: "slow", PathPrefix: "/slow", Upstream: "app", WriteIdle: 100 * time.Millisecond})
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "routes[1].write_idle") {
+		t.Errorf("write_idle below the upstream's timeout: Validate = %v, want an error naming routes[1].write_idle", err)
+	}
+}

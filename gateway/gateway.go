@@ -356,7 +356,14 @@ func (g *Gateway) handle(c echo.Context) error {
 // proxy sends an allowed request upstream to the normalised path p, its
 // body bounded.
 func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
-	dl := newDeadlines(w, g.boot.Timeouts)
+	t := g.boot.Timeouts
+	if rt.ReadIdle > 0 {
+		t.Read = rt.ReadIdle
+	}
+	if rt.WriteIdle > 0 {
+		t.Write = rt.WriteIdle
+	}
+	dl := newDeadlines(w, t)
 	if upgradeOf(r.Header) != "" { // allowed, or handle refused it
 		var cancel context.CancelFunc
 		r, cancel = tunnel(w, r, rt)
