@@ -116,7 +116,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	if req.Cost < 0 {
 		return bad(http.StatusBadRequest, probBadRequest, "cost must be positive")
 	}
-	peerTrusted := st.isTrusted(peerIP(r.RemoteAddr))
+	peerTrusted := st.peerTrusted(r)
 	if !peerTrusted && (req.User != "" || req.IP != "" || req.Plan != "") {
 		return bad(http.StatusForbidden, probForbidden, "Only trusted proxies may check for a user, an ip or a plan.")
 	}

@@ -43,6 +43,9 @@ const (
 	UnknownKeyAnonymous UnknownKey = "anonymous"
 )
 
+// ProxySecretHeader carries TrustedProxySecret from a trusted proxy.
+const ProxySecretHeader = "X-Edgelimit-Proxy-Secret"
+
 // Secret is a string that never prints: fmt, slog and YAML see "[redacted]".
 type Secret string
 
@@ -111,6 +114,13 @@ type Config struct {
 	// needs TrustedProxies. Default 0: the chain is walked through
 	// TrustedProxies only.
 	TrustedHops int `yaml:"trusted_hops"`
+	// TrustedProxySecret, when set, is what a trusted proxy must also
+	// prove: a peer inside TrustedProxies is believed only if its request
+	// carries the secret in ProxySecretHeader. A CIDR alone lets every host
+	// inside the range state any client address and user; the secret
+	// narrows that to the proxies that hold it. The header is removed
+	// before a request goes upstream. Default none: the CIDR decides.
+	TrustedProxySecret Secret `yaml:"trusted_proxy_secret"`
 	// StripHeaders are removed, in any case and with '_' for '-' (as CGI
 	// and WSGI stacks read "X_User_ID"), from the requests of untrusted
 	// peers before they are proxied; every X-Forwarded-* header and

@@ -70,6 +70,7 @@ func (s headerSet) scrubUnderscored(h http.Header) {
 // passes on (those need trusted_proxies).
 func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	in, out := pr.In.Header, pr.Out.Header
+	delete(out, ProxySecretHeader) // a proxy's proof, never the upstream's business
 	switch {
 	case info.peerTrusted:
 		info.strip.scrubUnderscored(out)
@@ -133,7 +134,7 @@ func (st *state) clientIP(r *http.Request) (string, bool) {
 	if len(st.trusted) == 0 && hops == 0 {
 		return direct, true
 	}
-	if hops == 0 && !st.isTrusted(peer) {
+	if hops == 0 && !st.peerTrusted(r) {
 		return direct, true
 	}
 	var chain []string

@@ -188,3 +188,42 @@ func TestClientIP(t *testing.T) {
 		})
 	}
 }
+
+// TestTrustedProxySecret: with trusted_proxy_secret, an address inside
+// trusted_proxies is believed only with the secret, so no other host in
+// the range can state a client address or a user (issue 9: trusted CIDRs
+// let any host inside the range pick its own identity); the secret never
+// reaches the upstream.
+func TestTrustedProxySecret(t *testing.T) {
+	up := headerUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.UserHeader = "X-User-ID"
+	cfg.TrustedProxies = []string{"127.0.0.0/8"}
+	cfg.TrustedProxySecret = "proxy-proof-0123456789"
+	gw := startGateway(t, cfg, Options{})
+	for _, tt := range []struct {
+		name, proof      string
+		wantXFF, wantUsr string
+	}{
+		{"no secret", "", "127.0.0.1", ""},
+		{"wrong secret", "guess", "127.0.0.1", ""},
+		{"the secret", "proxy-proof-0123456789", "192.0.2.9, 127.0.0.1", "alice"},
+	} {
+		hdr := []string{"X-Forwarded-For", "192.0.2.9", "X-User-ID", "alice"}
+		if tt.proof != "" {
+			hdr = append(hdr, ProxySecretHeader, tt.proof)
+		}
+		r := get(t, gw.URL+"/x", hdr...)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: status %d %s", tt.name, r.status, r.body)
+		}
+		var got http.Header
+		r.json(t, &got)
+		if xff, usr := strings.Join(got["X-Forwarded-For"], ","), got.Get("X-User-Id"); xff != tt.wantXFF || usr != tt.wantUsr {
+			t.Errorf("%s: upstream saw X-Forwarded-For %q, user %q; want %q, %q", tt.name, xff, usr, tt.wantXFF, tt.wantUsr)
+		}
+		if v := got.Get(ProxySecretHeader); v != "" {
+			t.Errorf("%s: the proxy's secret reached the upstream: %q", tt.name, v)
+		}
+	}
+}

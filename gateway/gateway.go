@@ -335,7 +335,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	if rt.Exempt {
-		g.proxy(w, r, p, rt, st, st.isTrusted(peerIP(r.RemoteAddr)))
+		g.proxy(w, r, p, rt, st, st.peerTrusted(r))
 		return nil
 	}
 	id, ierr := st.identify(r)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/subtle"
 	"net"
 	"net/http"
 	"strings"
@@ -38,7 +39,7 @@ const (
 // identify finds the caller: API key, then user header from a trusted
 // proxy, then client IP.
 func (st *state) identify(r *http.Request) (identity, identifyError) {
-	id := identity{peerTrusted: st.isTrusted(peerIP(r.RemoteAddr))}
+	id := identity{peerTrusted: st.peerTrusted(r)}
 	var ok bool
 	if id.clientIP, ok = st.clientIP(r); !ok {
 		return id, errBadForwardedFor
@@ -88,6 +89,17 @@ func apiKeyOf(r *http.Request, ignoreBearer bool) string {
 		return strings.TrimSpace(a[7:])
 	}
 	return ""
+}
+
+// peerTrusted reports whether r comes from a trusted proxy: its peer is
+// inside trusted_proxies and, with trusted_proxy_secret, it proves the
+// secret (compared in constant time).
+func (st *state) peerTrusted(r *http.Request) bool {
+	if !st.isTrusted(peerIP(r.RemoteAddr)) {
+		return false
+	}
+	secret := st.cfg.TrustedProxySecret
+	return secret == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(ProxySecretHeader)), []byte(secret)) == 1
 }
 
 func (st *state) isTrusted(ip net.IP) bool {

@@ -122,7 +122,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		n, _ := parseCIDR(p)
 		st.trusted = append(st.trusted, n)
 	}
-	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader)...)
+	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader, ProxySecretHeader)...)
 	st.jitter = cfg.RetryJitter
 	return st, nil
 }

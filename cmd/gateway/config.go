@@ -83,6 +83,11 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 	if key != "" {
 		fc.KeyHashSecret = gateway.Secret(key)
 	}
+	var proof boot.Secret
+	e.Secret(&proof, "EDGELIMIT_TRUSTED_PROXY_SECRET")
+	if proof != "" {
+		fc.TrustedProxySecret = gateway.Secret(proof)
+	}
 	fc.Redis.ApplyEnv(e)
 	e.String(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
 	fc.Kafka.ApplyEnv(e)
