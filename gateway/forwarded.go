@@ -14,6 +14,11 @@ import (
 var DefaultStripHeaders = []string{
 	"Forwarded", "X-Forwarded-For", "X-Real-IP", "True-Client-IP", "X-Client-IP",
 	"X-Original-Forwarded-For", "X-Cluster-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP",
+	// Headers with which frameworks let a proxy override the path or the
+	// method the upstream acts on: from a client they would reach what was
+	// not decided (a GET charged as cheap, run as a DELETE or elsewhere).
+	"X-Original-URL", "X-Rewrite-URL", "X-Override-URL",
+	"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
 }
 
 // headerSet matches header names the way CGI and WSGI stacks read them:
