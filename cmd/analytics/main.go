@@ -183,7 +183,9 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := ch.Ping(pctx); err != nil {
-			return fmt.Errorf("clickhouse: %w", err)
+			// The reason goes to the log; the probe learns only which link.
+			log.Warn("not ready: clickhouse does not answer", "error", err.Error())
+			return errors.New("clickhouse does not answer (see the log)")
 		}
 		return nil
 	}}.Handler()
