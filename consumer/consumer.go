@@ -229,7 +229,10 @@ type partition struct {
 	fence uint32
 	// blocked is set while the partition's dead letters cannot be produced:
 	// its fetches are paused and its rows wait, and no other partition does.
-	blocked bool
+	// The next try is at retryAt, after failures tries.
+	blocked  bool
+	retryAt  time.Time
+	failures int
 }
 
 // deadLetter is a record bound for the dead-letter topic.
@@ -331,7 +334,7 @@ func (c *Consumer) poll(ctx context.Context) {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
 		deadline := c.now().Add(c.cfg.BatchWait)
-		if c.pending > 0 {
+		if c.flushable() > 0 {
 			deadline = c.firstAt.Add(c.cfg.BatchWait)
 		}
 		c.mu.Unlock()
@@ -357,7 +360,7 @@ func (c *Consumer) poll(ctx context.Context) {
 		c.mu.Lock()
 		n := c.flushable()
 		full := n >= c.cfg.BatchSize
-		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait))
+		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait)) || c.deadLetterRetryDue()
 		c.mu.Unlock()
 		if full || due {
 			if err := c.flush(ctx); err != nil && ctx.Err() == nil {
@@ -372,6 +375,7 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var d event.Decision
+	empty := c.flushable() == 0
 	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 		if fp.Topic != c.cfg.Topic {
 			return
@@ -385,8 +389,9 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				continue
 			}
 			p.next = r.Offset + 1
-			if c.pending == 0 {
+			if empty {
 				c.firstAt = c.now()
+				empty = false
 			}
 			c.pending++
 			if !p.hasEnd {
@@ -561,13 +566,7 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 		c.batch = newBatchID()
 	}
 
-	stage, err = c.produceDeadLetters(ctx)
-	if err != nil {
-		return stage, err
-	}
-	if err := c.checkFences(ctx); err != nil {
-		return stageLedger, err
-	}
+	c.produceDeadLetters(ctx)
 
 	var batch []*partition
 	rows := 0
@@ -593,6 +592,11 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.failed = true
 	if err := c.writeLedger(ctx, batch, stateIntent); err != nil {
 		return stageLedger, err
+	}
+	// After the intent, before any row: a new owner either claimed before
+	// this check (seen here) or finds the intent and aborts the batch.
+	if lost, err := c.checkFences(ctx); err != nil || lost {
+		return stageLedger, errors.Join(err, errFenced)
 	}
 	if rows > 0 {
 		start := time.Now()
@@ -634,12 +638,11 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 }
 
 // produceDeadLetters sends each partition's dead letters. A partition whose
-// dead letters fail is blocked (fetches paused, rows kept) and retried at
-// the next flush; the others go on. Callers hold mu.
-func (c *Consumer) produceDeadLetters(ctx context.Context) (string, error) {
-	var failed []error
+// dead letters fail is blocked (fetches paused, rows kept) and tried again
+// after a backoff; the others go on. Callers hold mu.
+func (c *Consumer) produceDeadLetters(ctx context.Context) {
 	for _, p := range c.parts {
-		if len(p.dead) == 0 {
+		if len(p.dead) == 0 || p.blocked && c.now().Before(p.retryAt) {
 			continue
 		}
 		recs := make([]*kgo.Record, len(p.dead))
@@ -648,14 +651,16 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) (string, error) {
 		}
 		if err := c.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			c.m.deadLetterFailures.Inc()
+			c.m.retries.WithLabelValues(stageDeadLetter).Inc()
+			p.retryAt = c.now().Add(backoff(c.cfg.RetryMin, c.cfg.RetryMax, p.failures))
+			p.failures++
 			if !p.blocked {
 				p.blocked = true
 				c.m.blockedPartitions.Inc()
 				c.cl.PauseFetchPartitions(map[string][]int32{c.cfg.Topic: {p.id}})
-				c.log.Error("dead-letter topic refuses this partition's poison records; partition blocked, others go on",
-					"partition", p.id, "records", len(recs), "err", err)
 			}
-			failed = append(failed, fmt.Errorf("partition %d: produce %d dead letters: %w", p.id, len(recs), err))
+			c.log.Error("dead-letter topic refuses this partition's poison records; partition blocked, others go on",
+				"partition", p.id, "records", len(recs), "attempt", p.failures, "err", err)
 			continue
 		}
 		for _, d := range p.dead {
@@ -663,6 +668,7 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) (string, error) {
 		}
 		c.pending -= len(p.dead)
 		p.dead = nil
+		p.failures = 0
 		if p.blocked {
 			p.blocked = false
 			c.m.blockedPartitions.Dec()
@@ -670,14 +676,16 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) (string, error) {
 			c.log.Info("dead letters produced; partition unblocked", "partition", p.id)
 		}
 	}
-	if len(failed) > 0 && c.flushable() == 0 {
-		// Nothing else to store: report the failure so the flush backs off.
-		return stageDeadLetter, errors.Join(failed...)
+}
+
+// deadLetterRetryDue reports a blocked partition due for another try.
+func (c *Consumer) deadLetterRetryDue() bool {
+	for _, p := range c.parts {
+		if p.blocked && !c.now().Before(p.retryAt) {
+			return true
+		}
 	}
-	if len(failed) > 0 {
-		c.m.retries.WithLabelValues(stageDeadLetter).Inc()
-	}
-	return "", nil
+	return false
 }
 
 // fillStage sends the batch's rows into the staging table. Nothing outside

@@ -133,10 +133,10 @@ func (c *Consumer) maxFences(ctx context.Context) (map[int32]uint32, error) {
 // checkFences drops the partitions that another owner has claimed since this
 // one did: this consumer lost them (a lost session, or a flush that outlived
 // a rebalance) and must not write them. Callers hold mu.
-func (c *Consumer) checkFences(ctx context.Context) error {
+func (c *Consumer) checkFences(ctx context.Context) (lostAny bool, err error) {
 	fences, err := c.maxFences(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	var lost []int32
 	for id, p := range c.parts {
@@ -149,8 +149,12 @@ func (c *Consumer) checkFences(ctx context.Context) error {
 		c.log.Warn("partitions claimed by a newer owner; not writing them", "partitions", lost)
 		c.forget(lost)
 	}
-	return nil
+	return len(lost) > 0, nil
 }
+
+// errFenced fails a batch that holds partitions a newer owner claimed: it is
+// aborted and the rest written again without them.
+var errFenced = errors.New("partitions claimed by a newer owner")
 
 // ledgerBatch is one batch of a partition as the ledger holds it.
 type ledgerBatch struct {
@@ -294,8 +298,9 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[
 		tail, foreign := int64(-1), false
 		for _, lb := range bs {
 			switch {
-			case aborted[lb.id]:
-			case lb.state == stateIntent:
+			case aborted[lb.id] || lb.state == stateIntent:
+				// Half written, or aborted by someone who may have died
+				// before deleting its rows: abort (again; it is idempotent).
 				if err := c.abort(ctx, lb.id, nil); err != nil {
 					return nil, err
 				}
