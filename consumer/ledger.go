@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -337,4 +339,20 @@ func (c *Consumer) distrust(part int32, reason string, committed, tail, end int6
 	c.m.offsetsDistrusted.WithLabelValues(reason).Inc()
 	c.log.Error("stored offsets do not fit the topic; not resuming from them",
 		"partition", part, "reason", reason, "committed", committed, "ledger_tail", tail, "high_watermark", end)
+}
+
+// RollUp fills every rollup from the raw rows of one batch, for rows written
+// into the raw table by something other than the consumer (tests, a
+// backfill; batch 0 is every row written before migration 003) or to
+// rebuild a rollup after its rows were lost. It reads the raw table by
+// batch_id, a scan: not for the ingest path. Rolling up a batch twice counts
+// it twice.
+func RollUp(ctx context.Context, conn driver.Conn, batch uint64) error {
+	src := "(SELECT * FROM decisions WHERE batch_id = " + strconv.FormatUint(batch, 10) + ")"
+	for i, q := range qRollups {
+		if err := conn.Exec(ctx, strings.ReplaceAll(q, "{stage}", src), batch); err != nil {
+			return fmt.Errorf("roll up batch %d into %s: %w", batch, batchTables[i+1], err)
+		}
+	}
+	return nil
 }
