@@ -13,6 +13,11 @@ import (
 type Config struct {
 	// Interval is how often the detectors and alerts run. Default 5s.
 	Interval time.Duration `yaml:"interval"`
+	// StaleAfter is how old the newest data may be for a run to act on it.
+	// On staler data a run keeps the directives as they are (they expire
+	// on their own) and resolves no alert. Default 2m: a consumer that
+	// commits every second is never that far behind unless it is stuck.
+	StaleAfter time.Duration `yaml:"stale_after"`
 	// Hot configures hot-key detection and split directives.
 	Hot HotConfig `yaml:"hot"`
 	// NAT configures NAT-shared IP detection and NAT directives.
@@ -145,6 +150,7 @@ var (
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	setDur(&c.Interval, 5*time.Second)
+	setDur(&c.StaleAfter, 2*time.Minute)
 	h := &c.Hot
 	setDur(&h.Window, time.Minute)
 	setDur(&h.MinSpan, min(15*time.Second, h.Window))
