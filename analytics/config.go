@@ -93,6 +93,10 @@ type NATConfig struct {
 	PerClient float64 `yaml:"per_client"`
 	// MaxFactor bounds the raise. Default 50; at most 1000.
 	MaxFactor float64 `yaml:"max_factor"`
+	// UserAgentMaxFactor bounds the raise of an IP flagged on user agents
+	// alone (fewer than MinDistinctKeys authenticated keys): one client can
+	// rotate its User-Agent at will. Default 2.
+	UserAgentMaxFactor float64 `yaml:"user_agent_max_factor"`
 	// CoolRatio keeps a flagged IP flagged until its evidence falls below
 	// CoolRatio × the thresholds. Default 0.5.
 	CoolRatio float64 `yaml:"cool_ratio"`
@@ -169,6 +173,7 @@ func (c Config) WithDefaults() Config {
 	setI64(&n.MinRequests, 100)
 	setF(&n.PerClient, 0.5)
 	setF(&n.MaxFactor, 50)
+	setF(&n.UserAgentMaxFactor, 2)
 	setF(&n.CoolRatio, 0.5)
 	setDur(&n.TTL, 15*time.Minute)
 	setInt(&n.MaxIPs, 1000)

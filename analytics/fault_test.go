@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -86,6 +87,40 @@ func TestFaultStaleData(t *testing.T) {
 	for _, p := range posts {
 		if strings.Contains(p, `"resolved"`) {
 			t.Errorf("an alert was posted resolved on stale data: %s", p)
+		}
+	}
+}
+
+// TestFaultUserAgentRotation (issue 10, row 7): one anonymous client rotates
+// its User-Agent on every request and drives itself into denials. It is not
+// raised 50×: its user agents alone earn at most UserAgentMaxFactor, and its
+// denials are no evidence at all.
+func TestFaultUserAgentRotation(t *testing.T) {
+	conn := mustDatabase(t)
+	now := fleetClock()
+	var rows []analyticstest.Decision
+	for i := range 600 {
+		rows = append(rows, analyticstest.Decision{
+			Time: now.Add(-time.Duration(i) * 500 * time.Millisecond), Gateway: "gw-a",
+			KeyID: "192.0.2.50", KeyKind: "ip", ClientIP: "192.0.2.50",
+			UserAgentHash: uint64(1000 + i), Route: "/a", Method: "GET", Plan: "anon", BindingRule: "per_minute",
+			Allowed: i%2 == 0, Limit: 100,
+		})
+	}
+	mustInsert(t, conn, rows)
+	cfg := analytics.Config{}.WithDefaults().NAT
+	from, to := now.Add(-cfg.Window), now.Add(time.Minute)
+	nats, err := analytics.NewReader(conn).NATIPs(context.Background(), cfg, from, to, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("NAT findings: %+v", nats)
+	for _, n := range nats {
+		if n.Factor > cfg.UserAgentMaxFactor {
+			t.Errorf("one client rotating user agents flagged %+v, want a factor of at most %v", n, cfg.UserAgentMaxFactor)
+		}
+		if n.DistinctUserAgents > 301 {
+			t.Errorf("evidence counts %d user agents, want only the allowed requests' (300)", n.DistinctUserAgents)
 		}
 	}
 }
