@@ -10,6 +10,7 @@ import (
 // reason or a stage, never a key, IP or partition.
 type metrics struct {
 	lag                prometheus.Gauge
+	lagSeconds         prometheus.Gauge
 	rowsInserted       prometheus.Counter
 	batchSeconds       prometheus.Histogram
 	batchRows          prometheus.Histogram
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_consumer_lag",
 			Help: "Decision events in Kafka past the group's committed offsets.",
+		}),
+		lagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_consumer_lag_seconds",
+			Help: "While records wait past the committed offsets: how old the newest stored record's Kafka timestamp is (0 when caught up).",
 		}),
 		rowsInserted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgelimit_consumer_rows_inserted_total",
@@ -93,7 +98,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.rowsInserted, m.batchSeconds, m.batchRows,
+	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
 		m.deadLetterFailures, m.blockedPartitions, m.timeClamped} {
 		if err := reg.Register(c); err != nil {
