@@ -70,7 +70,7 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var src strings.Builder
-	for _, glob := range []string{"../gateway/*.go", "../gateway/publish/*.go", "../consumer/*.go"} {
+	for _, glob := range []string{"../gateway/*.go", "../gateway/publish/*.go", "../consumer/*.go", "*.go"} {
 		files, _ := filepath.Glob(glob)
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {
