@@ -1,10 +1,12 @@
 // Package consumer moves decision events from Kafka into ClickHouse without
-// losing or double-counting any: a group consumer decodes records into
-// batches, inserts each batch with one INSERT, and commits offsets only
-// after ClickHouse accepted it. Each row keeps its Kafka partition and
-// offset; on assignment a partition resumes after the highest offset
-// ClickHouse holds, so a crash between insert and commit repeats nothing.
-// Records that do not decode go to a dead-letter topic.
+// losing or double-counting any, in the raw table or any rollup: a group
+// consumer decodes records into batches, writes each batch (raw rows and
+// rollups, tagged with the batch id) between an intent and a commit row of
+// an offset ledger, aborts and deletes any batch that did not commit, and
+// commits Kafka offsets after. On assignment a partition is claimed with a
+// fence and resumes after the ledger's committed tail. See schema.md,
+// "Exactly once". Records that do not decode go to a dead-letter topic; one
+// that cannot be produced there blocks only its own partition.
 //
 // The schema (migrations/*.sql, see schema.md) is applied by Migrate.
 package consumer
