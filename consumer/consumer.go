@@ -91,6 +91,11 @@ type Config struct {
 	// truncated (the headers point at the original). Default 64 KiB, well
 	// under Kafka's default 1 MB message limit.
 	DeadLetterMaxBytes int
+	// Shards, on a cluster, are connections to every shard's local tables
+	// (the database the Distributed tables read), for what a Distributed
+	// table cannot do: an abort's DELETE and KILL run on each. Empty: the
+	// connection's own tables are the only ones.
+	Shards []driver.Conn
 	// Opts are extra franz-go options applied last: TLS or SASL in cmd,
 	// or overrides in tests.
 	Opts []kgo.Opt
@@ -740,7 +745,11 @@ func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) 
 // table. Each statement has a query id of the batch, so an abort can end it.
 func (c *Consumer) insertFromStage(ctx context.Context) error {
 	for i, q := range append([]string{qInsertRaw}, qRollups...) {
-		qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d", batchQueryPrefix(c.batch), i)))
+		qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d", batchQueryPrefix(c.batch), i)),
+			// Into a Distributed table, return only once every shard
+			// holds its rows: the commit row must not run ahead of them.
+			// No effect on other tables.
+			clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 		if err := c.ch.Exec(qctx, c.stageSQL(q), c.batch); err != nil {
 			return fmt.Errorf("insert into %s: %w", batchTables[i], err)
 		}

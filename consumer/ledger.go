@@ -84,32 +84,50 @@ func (c *Consumer) abort(ctx context.Context, batch uint64, _ []int32) error {
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("abort batch %d: %w", batch, err)
 	}
-	if err := c.ch.Exec(ctx, qKillBatch, batchQueryPrefix(batch)+"%"); err != nil {
+	shards := c.cfg.Shards
+	if len(shards) == 0 {
+		shards = []driver.Conn{c.ch}
+	} else if err := c.ch.Exec(ctx, qKillBatch, batchQueryPrefix(batch)+"%"); err != nil {
+		// The statements run on the server this consumer talks to.
 		return fmt.Errorf("abort batch %d: kill its statements: %w", batch, err)
 	}
+	for _, sh := range shards {
+		if err := deleteBatch(ctx, sh, batch); err != nil {
+			return fmt.Errorf("abort batch %d: %w", batch, err)
+		}
+	}
+	c.m.batchesAborted.Inc()
+	c.log.Warn("aborted a batch that may have been partly written; its rows are deleted and written again", "batch_id", batch)
+	return nil
+}
+
+// deleteBatch ends the batch's statements still running on conn's server and
+// deletes its rows from conn's tables, waiting for the deletes.
+func deleteBatch(ctx context.Context, conn driver.Conn, batch uint64) error {
+	if err := conn.Exec(ctx, qKillBatch, batchQueryPrefix(batch)+"%"); err != nil {
+		return fmt.Errorf("kill its statements: %w", err)
+	}
 	for _, t := range batchTables {
-		if err := c.ch.Exec(ctx, strings.ReplaceAll(qDeleteBatch, "{table}", t), batch); err != nil {
-			return fmt.Errorf("abort batch %d: delete from %s: %w", batch, t, err)
+		if err := conn.Exec(ctx, strings.ReplaceAll(qDeleteBatch, "{table}", t), batch); err != nil {
+			return fmt.Errorf("delete from %s: %w", t, err)
 		}
 	}
 	for _, t := range batchTables {
 		for {
 			var n uint64
-			if err := c.ch.QueryRow(ctx, qMutationsRunning, t).Scan(&n); err != nil {
-				return fmt.Errorf("abort batch %d: wait for the delete from %s: %w", batch, t, err)
+			if err := conn.QueryRow(ctx, qMutationsRunning, t).Scan(&n); err != nil {
+				return fmt.Errorf("wait for the delete from %s: %w", t, err)
 			}
 			if n == 0 {
 				break
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("abort batch %d: wait for the delete from %s: %w", batch, t, ctx.Err())
+				return fmt.Errorf("wait for the delete from %s: %w", t, ctx.Err())
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
 	}
-	c.m.batchesAborted.Inc()
-	c.log.Warn("aborted a batch that may have been partly written; its rows are deleted and written again", "batch_id", batch)
 	return nil
 }
 
@@ -214,10 +232,11 @@ func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int
 		return offsets, nil
 	}
 	for attempt := 0; ; attempt++ {
-		next, err := c.resume(ctx, parts)
+		next, topicID, err := c.resume(ctx, parts)
 		if err == nil {
 			c.mu.Lock()
 			defer c.mu.Unlock()
+			c.topicID = topicID
 			for id, n := range next {
 				c.parts[id] = n
 				if committed := parts[id].EpochOffset().Offset; n.next != committed {
@@ -239,30 +258,30 @@ func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int
 }
 
 // resume works out where each assigned partition starts; see resumeOffsets.
-func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[int32]*partition, error) {
+func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next map[int32]*partition, topicID string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
 	defer cancel()
 	adm := kadm.NewClient(c.cl)
 	topics, err := adm.ListTopics(ctx, c.cfg.Topic)
 	if err != nil {
-		return nil, fmt.Errorf("read topic metadata: %w", err)
+		return nil, "", fmt.Errorf("read topic metadata: %w", err)
 	}
 	td, ok := topics[c.cfg.Topic]
 	if !ok || td.Err != nil {
-		return nil, fmt.Errorf("read topic metadata: %v", errors.Join(td.Err, errors.New("topic missing")))
+		return nil, "", fmt.Errorf("read topic metadata: %v", errors.Join(td.Err, errors.New("topic missing")))
 	}
-	topicID := hex.EncodeToString(td.ID[:])
+	topicID = hex.EncodeToString(td.ID[:])
 	ends, err := adm.ListEndOffsets(ctx, c.cfg.Topic)
 	if err != nil {
-		return nil, fmt.Errorf("read end offsets: %w", err)
+		return nil, "", fmt.Errorf("read end offsets: %w", err)
 	}
 	fences, err := c.maxFences(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	aborted, err := c.abortedBatches(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 
 	// Claim first, then look for orphans: an old owner that writes an intent
@@ -270,19 +289,19 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[
 	// one that wrote it before is found below and aborted.
 	b, err := c.ch.PrepareBatch(ctx, qInsertClaim)
 	if err != nil {
-		return nil, fmt.Errorf("claim partitions: %w", err)
+		return nil, "", fmt.Errorf("claim partitions: %w", err)
 	}
 	defer b.Abort()
 	member, gen := c.cl.GroupMetadata()
-	next := map[int32]*partition{}
+	next = map[int32]*partition{}
 	for id := range parts {
 		next[id] = &partition{id: id, fence: fences[id] + 1}
 		if err := b.Append(c.cfg.Topic, id, fences[id]+1, gen, member); err != nil {
-			return nil, fmt.Errorf("claim partitions: %w", err)
+			return nil, "", fmt.Errorf("claim partitions: %w", err)
 		}
 	}
 	if err := b.Send(); err != nil {
-		return nil, fmt.Errorf("claim partitions: %w", err)
+		return nil, "", fmt.Errorf("claim partitions: %w", err)
 	}
 
 	for id, o := range parts {
@@ -295,7 +314,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[
 		// ledger's rows from there on are read.
 		bs, err := c.ledgerBatches(ctx, id, max(committed-1, -1))
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		tail, foreign := int64(-1), false
 		for _, lb := range bs {
@@ -304,7 +323,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[
 				// Half written, or aborted by someone who may have died
 				// before deleting its rows: abort (again; it is idempotent).
 				if err := c.abort(ctx, lb.id, nil); err != nil {
-					return nil, err
+					return nil, "", err
 				}
 				aborted[lb.id] = true
 			case lb.topicID != topicID:
@@ -330,8 +349,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (map[
 		}
 		next[id].next = start
 	}
-	c.topicID = topicID
-	return next, nil
+	return next, topicID, nil
 }
 
 // distrust counts and logs a stored offset that cannot be right.
