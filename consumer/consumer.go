@@ -190,7 +190,10 @@ type Consumer struct {
 	m   *metrics
 	now func() time.Time
 
-	cl *kgo.Client // set by Run
+	cl *kgo.Client // set by Run, which then closes clReady
+	// clReady is closed once cl is set: the group's callbacks can run
+	// before kgo.NewClient returns.
+	clReady chan struct{}
 	// stage is this consumer's staging table (see flushOnce).
 	stage string
 	// topicID is the topic's Kafka UUID, hex, as of the last assignment.
@@ -271,12 +274,13 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		return nil, err
 	}
 	return &Consumer{
-		cfg:   cfg.withDefaults(),
-		ch:    ch,
-		log:   log,
-		m:     m,
-		now:   time.Now,
-		parts: map[int32]*partition{},
+		cfg:     cfg.withDefaults(),
+		ch:      ch,
+		log:     log,
+		m:       m,
+		now:     time.Now,
+		parts:   map[int32]*partition{},
+		clReady: make(chan struct{}),
 		// Only digits are joined into the SQL.
 		stage: fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
 		batch: newBatchID(),
@@ -307,12 +311,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
 	}
+	c.startedAt = c.now()
 	cl, err := kgo.NewClient(append(opts, c.cfg.Opts...)...)
 	if err != nil {
 		return fmt.Errorf("new kafka client: %w", err)
 	}
 	c.cl = cl
-	c.startedAt = c.now()
+	close(c.clReady)
 
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup

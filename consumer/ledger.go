@@ -259,6 +259,11 @@ func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int
 
 // resume works out where each assigned partition starts; see resumeOffsets.
 func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next map[int32]*partition, topicID string, err error) {
+	select {
+	case <-c.clReady:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
 	defer cancel()
 	adm := kadm.NewClient(c.cl)
