@@ -186,6 +186,14 @@ func (a *Alerter) Firing() []Alert {
 	return out
 }
 
+// firingOrNil is Firing for a possibly nil alerter.
+func (a *Alerter) firingOrNil() []Alert {
+	if a == nil {
+		return nil
+	}
+	return a.Firing()
+}
+
 // Process takes one evaluation's alerts and posts what changed. It returns
 // the posts' errors, joined; the alerts' state advances regardless.
 func (a *Alerter) Process(ctx context.Context, alerts []Alert) error {

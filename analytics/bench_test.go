@@ -10,6 +10,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/consumer"
 )
 
 // benchSeed generates @n decisions server-side over the @span seconds from
@@ -59,6 +60,9 @@ func BenchmarkTrendQueries(b *testing.B) {
 	start := end.Add(-6 * time.Hour)
 	t0 := time.Now()
 	if err := conn.Exec(ctx, benchSeed, clickhouse.Named("start", start), clickhouse.Named("span", int64(6*3600)), clickhouse.Named("n", n)); err != nil {
+		b.Fatal(err)
+	}
+	if err := consumer.RollUp(ctx, conn, 0); err != nil {
 		b.Fatalf("seed: %v", err)
 	}
 	var raw, rollup uint64

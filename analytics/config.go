@@ -13,6 +13,11 @@ import (
 type Config struct {
 	// Interval is how often the detectors and alerts run. Default 5s.
 	Interval time.Duration `yaml:"interval"`
+	// StaleAfter is how old the newest data may be for a run to act on it.
+	// On staler data a run keeps the directives as they are (they expire
+	// on their own) and resolves no alert. Default 2m: a consumer that
+	// commits every second is never that far behind unless it is stuck.
+	StaleAfter time.Duration `yaml:"stale_after"`
 	// Hot configures hot-key detection and split directives.
 	Hot HotConfig `yaml:"hot"`
 	// NAT configures NAT-shared IP detection and NAT directives.
@@ -88,6 +93,10 @@ type NATConfig struct {
 	PerClient float64 `yaml:"per_client"`
 	// MaxFactor bounds the raise. Default 50; at most 1000.
 	MaxFactor float64 `yaml:"max_factor"`
+	// UserAgentMaxFactor bounds the raise of an IP flagged on user agents
+	// alone (fewer than MinDistinctKeys authenticated keys): one client can
+	// rotate its User-Agent at will. Default 2.
+	UserAgentMaxFactor float64 `yaml:"user_agent_max_factor"`
 	// CoolRatio keeps a flagged IP flagged until its evidence falls below
 	// CoolRatio × the thresholds. Default 0.5.
 	CoolRatio float64 `yaml:"cool_ratio"`
@@ -145,6 +154,7 @@ var (
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	setDur(&c.Interval, 5*time.Second)
+	setDur(&c.StaleAfter, 2*time.Minute)
 	h := &c.Hot
 	setDur(&h.Window, time.Minute)
 	setDur(&h.MinSpan, min(15*time.Second, h.Window))
@@ -163,6 +173,7 @@ func (c Config) WithDefaults() Config {
 	setI64(&n.MinRequests, 100)
 	setF(&n.PerClient, 0.5)
 	setF(&n.MaxFactor, 50)
+	setF(&n.UserAgentMaxFactor, 2)
 	setF(&n.CoolRatio, 0.5)
 	setDur(&n.TTL, 15*time.Minute)
 	setInt(&n.MaxIPs, 1000)

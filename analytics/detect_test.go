@@ -233,7 +233,13 @@ func TestDetectNATs(t *testing.T) {
 		{
 			name: "many user agents",
 			rows: []IPTraffic{{IP: "198.51.100.2", Requests: 800, DistinctKeys: 1, DistinctUserAgents: 30}},
-			want: []NATIP{{IP: "198.51.100.2", Key: "ip:198.51.100.2", Requests: 800, DistinctKeys: 1, DistinctUserAgents: 30, Clients: 30, Factor: 15, Reason: "user_agents"}},
+			// User agents alone are cheap to forge: capped at
+			// UserAgentMaxFactor.
+			want: []NATIP{{IP: "198.51.100.2", Key: "ip:198.51.100.2", Requests: 800, DistinctKeys: 1, DistinctUserAgents: 30, Clients: 30, Factor: 2, Reason: "user_agents"}},
+		},
+		{
+			name: "own denials are not evidence",
+			rows: []IPTraffic{{IP: "198.51.100.3", Requests: 5000, Denied: 4950, DistinctKeys: 40, DistinctUserAgents: 40}},
 		},
 		{
 			name: "ordinary clients",

@@ -62,9 +62,12 @@ type Report struct {
 	// SplitsWritten and NATsWritten say whether this run rewrote the
 	// directive sets (they are rewritten when they change or when their
 	// expiry needs refreshing).
-	SplitsWritten bool     `json:"splits_written"`
-	NATsWritten   bool     `json:"nats_written"`
-	Errors        []string `json:"errors,omitempty"`
+	// Freshness is how fresh the data was; on Stale data the run wrote no
+	// directive and resolved no alert.
+	Freshness     Freshness `json:"freshness"`
+	SplitsWritten bool      `json:"splits_written"`
+	NATsWritten   bool      `json:"nats_written"`
+	Errors        []string  `json:"errors,omitempty"`
 }
 
 // NewDetector returns a detector with cfg (defaults applied, validated).
@@ -157,6 +160,28 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		dt.m.writes.WithLabelValues(kind).Inc()
 		return true
 	}
+	// Fresh enough to act on? Unknown freshness counts as stale: acting on
+	// missing data deletes directives still needed and resolves alerts
+	// still true.
+	fresh, err := dt.d.Reader.Freshness(ctx, start)
+	if err != nil {
+		fail("freshness", err)
+	}
+	rep.Freshness = fresh.Judge(start, dt.cfg.StaleAfter)
+	dt.m.dataAge.Set(rep.Freshness.Age.Seconds())
+	if rep.Freshness.Stale {
+		dt.m.stale.Inc()
+		dt.d.Log.Warn("data is stale; keeping directives and alerts as they are",
+			"age_seconds", rep.Freshness.Age.Seconds(), "newest", rep.Freshness.Newest, "last_commit", rep.Freshness.LastCommit)
+		if dt.d.Alerter != nil {
+			// Re-posted so Alertmanager keeps them; none resolves.
+			if err := dt.d.Alerter.Process(ctx, dt.d.Alerter.Firing()); err != nil {
+				fail("post alerts", err)
+			}
+		}
+		rep.Alerts = dt.d.Alerter.firingOrNil()
+		return dt.finish(rep, start)
+	}
 	if !dt.cfg.Hot.Disabled {
 		if hot, err := dt.hotKeys(ctx, start, live); err != nil {
 			fail("hot keys", err)
@@ -192,6 +217,11 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		}
 	}
 
+	return dt.finish(rep, start)
+}
+
+// finish records a run's report and metrics.
+func (dt *Detector) finish(rep Report, start time.Time) Report {
 	dt.mu.Lock()
 	dt.stamp(rep.HotKeys, rep.NATIPs, start)
 	rep.Duration = dt.d.Now().Sub(start)
@@ -369,6 +399,8 @@ type detectorMetrics struct {
 	hot      prometheus.Gauge
 	nat      prometheus.Gauge
 	firing   prometheus.Gauge
+	dataAge  prometheus.Gauge
+	stale    prometheus.Counter
 }
 
 func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
@@ -398,6 +430,14 @@ func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 			Name: "edgelimit_analytics_alerts_firing",
 			Help: "Fleet alerts firing after the last run.",
 		}),
+		dataAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_analytics_data_age_seconds",
+			Help: "How far the newest data in ClickHouse was behind the last run's time.",
+		}),
+		stale: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_analytics_stale_runs_total",
+			Help: "Runs that found the data stale and kept directives and alerts as they were.",
+		}),
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.runs.WithLabelValues(r)
@@ -406,7 +446,7 @@ func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 		m.writes.WithLabelValues(k)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.runs, m.duration, m.writes, m.hot, m.nat, m.firing} {
+		for _, c := range []prometheus.Collector{m.runs, m.duration, m.writes, m.hot, m.nat, m.firing, m.dataAge, m.stale} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register analytics metrics: %w", err)
 			}

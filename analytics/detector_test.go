@@ -42,7 +42,10 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	store := limiter.NewDirectiveStore(rdb, prefix)
 	clk := &clock{t: now}
 	reg := prometheus.NewRegistry()
-	det, err := analytics.NewDetector(analytics.Config{Hot: analytics.HotConfig{MinRate: 10, MinShare: -1}}, analytics.Deps{
+	// The whole seeded fleet stops with the hot key here, so the cold run's
+	// data is 3 minutes old: StaleAfter lets the run act on it
+	// (TestFaultStaleData covers stale data).
+	det, err := analytics.NewDetector(analytics.Config{StaleAfter: 5 * time.Minute, Hot: analytics.HotConfig{MinRate: 10, MinShare: -1}}, analytics.Deps{
 		Reader: analytics.NewReader(conn), Directives: store, Now: clk.Now, Registry: reg,
 	})
 	if err != nil {

@@ -61,7 +61,7 @@ func mustDatabase(tb testing.TB) driver.Conn {
 
 func mustInsert(tb testing.TB, conn driver.Conn, rows []analyticstest.Decision) {
 	tb.Helper()
-	if err := analyticstest.Insert(context.Background(), conn, rows); err != nil {
+	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
 		tb.Fatalf("insert %d rows: %v", len(rows), err)
 	}
 }

@@ -12,9 +12,11 @@ import (
 // IPTraffic is one client address's traffic over a window, as the NAT
 // query returns it. IPv6 clients come grouped by /64.
 type IPTraffic struct {
-	IP                 string
-	Requests           int64
-	Denied             int64
+	IP       string
+	Requests int64
+	Denied   int64
+	// DistinctKeys counts authenticated keys (api_key, user) and
+	// DistinctUserAgents the user agents of allowed requests.
 	DistinctKeys       int64
 	DistinctUserAgents int64
 }
@@ -59,11 +61,14 @@ func DetectNATs(cfg NATConfig, rows []IPTraffic, flagged map[string]bool) []NATI
 			DistinctKeys: r.DistinctKeys, DistinctUserAgents: r.DistinctUserAgents,
 			Clients: max(r.DistinctKeys, r.DistinctUserAgents),
 		}
+		// Only allowed traffic is evidence: a client flooding itself into
+		// denials proves nothing about others sharing its address.
+		allowed := r.Requests - r.Denied
 		over := func(v, threshold int64, ratio float64) bool {
 			return threshold > 0 && float64(v) >= ratio*float64(threshold)
 		}
-		busy := r.Requests >= cfg.MinRequests
-		held := flagged[key] && float64(r.Requests) >= cfg.CoolRatio*float64(cfg.MinRequests)
+		busy := allowed >= cfg.MinRequests
+		held := flagged[key] && float64(allowed) >= cfg.CoolRatio*float64(cfg.MinRequests)
 		switch {
 		case busy && over(r.DistinctKeys, cfg.MinDistinctKeys, 1):
 			n.Reason = "keys"
@@ -76,6 +81,15 @@ func DetectNATs(cfg NATConfig, rows []IPTraffic, flagged map[string]bool) []NATI
 			continue
 		}
 		n.Factor = NATFactor(cfg, n.Clients)
+		ratio := 1.0
+		if n.Reason == "cooling" {
+			ratio = cfg.CoolRatio
+		}
+		if !over(r.DistinctKeys, cfg.MinDistinctKeys, ratio) {
+			// User agents cost nothing to rotate: without enough distinct
+			// authenticated keys the raise stays small.
+			n.Factor = min(n.Factor, cfg.UserAgentMaxFactor)
+		}
 		out = append(out, n)
 	}
 	slices.SortFunc(out, func(a, b NATIP) int {

@@ -36,6 +36,7 @@ var (
 	qTopKeys       = mustSQL("top_keys")
 	qKeyHistory    = mustSQL("key_history")
 	qIPHistory     = mustSQL("ip_history")
+	qFreshness     = mustSQL("freshness")
 )
 
 // querier is the part of a ClickHouse connection the queries need.
@@ -158,6 +159,55 @@ func (r *Reader) TotalRequests(ctx context.Context, from, to time.Time) (int64, 
 		return 0, err
 	}
 	return ns[0], nil
+}
+
+// Freshness is how recent the data analytics reads is.
+type Freshness struct {
+	// Newest is the end of the newest minute in the rollups (zero: none in
+	// the last day).
+	Newest time.Time `json:"newest"`
+	// LastCommit is when the consumer last committed a batch (zero: none
+	// in the last day).
+	LastCommit time.Time `json:"last_commit"`
+	// Age is how far Newest is behind the run's time.
+	Age time.Duration `json:"age_ns"`
+	// Stale says the data is too old to act on (Config.StaleAfter).
+	Stale bool `json:"stale"`
+}
+
+// Freshness reads how fresh the data is at now: the newest rollup minute
+// and the consumer's last commit, looked for over the day before now.
+func (r *Reader) Freshness(ctx context.Context, now time.Time) (Freshness, error) {
+	args := []any{clickhouse.Named("from", now.UTC().Add(-24*time.Hour).Truncate(time.Second))}
+	fs, err := queryRows(ctx, r.ch, "freshness", qFreshness, args, func(rows driver.Rows, f *Freshness) error {
+		var newest, commit uint32
+		if err := rows.Scan(&newest, &commit); err != nil {
+			return err
+		}
+		if newest > 0 {
+			f.Newest = time.Unix(int64(newest), 0).UTC().Add(time.Minute)
+		}
+		if commit > 0 {
+			f.LastCommit = time.Unix(int64(commit), 0).UTC()
+		}
+		return nil
+	})
+	if err != nil || len(fs) == 0 {
+		return Freshness{}, err
+	}
+	return fs[0], nil
+}
+
+// Judge sets f's Age at now and whether it is Stale: data whose newest
+// minute ended more than staleAfter ago, or no data at all, is stale.
+func (f Freshness) Judge(now time.Time, staleAfter time.Duration) Freshness {
+	if f.Newest.IsZero() {
+		f.Age, f.Stale = 24*time.Hour, true
+		return f
+	}
+	f.Age = max(0, now.Sub(f.Newest))
+	f.Stale = f.Age > staleAfter
+	return f
 }
 
 // KeyTraffic returns the keys with at least minRequests allowed decisions

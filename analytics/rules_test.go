@@ -37,7 +37,7 @@ func TestAlertRules(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 9 rules found"},
+		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 18 rules found"},
 		{"rules unit tests", promtool, []string{"test", "rules", "alerts_test.yml"}, "SUCCESS"},
 		{"prometheus config", promtool, []string{"check", "config", "prometheus.yml"}, "is valid prometheus config"},
 		{"alertmanager config", "amtool", []string{"check-config", "alertmanager.yml"}, "SUCCESS"},
@@ -62,14 +62,15 @@ func TestAlertRules(t *testing.T) {
 
 // TestAlertRulesNameRealMetrics keeps the rules in step with the code: every
 // edgelimit_* series an alert reads must be registered by the gateway, its
-// publisher or the consumer (a renamed metric would silence an alert).
+// publisher, the consumer or analytics (a renamed metric would silence an
+// alert).
 func TestAlertRulesNameRealMetrics(t *testing.T) {
 	rules, err := os.ReadFile(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var src strings.Builder
-	for _, glob := range []string{"../gateway/*.go", "../gateway/publish/*.go", "../consumer/*.go"} {
+	for _, glob := range []string{"../gateway/*.go", "../gateway/publish/*.go", "../consumer/*.go", "*.go"} {
 		files, _ := filepath.Glob(glob)
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {

@@ -9,14 +9,20 @@ import (
 // metrics are the consumer's Prometheus series. Labels are bounded: a
 // reason or a stage, never a key, IP or partition.
 type metrics struct {
-	lag               prometheus.Gauge
-	rowsInserted      prometheus.Counter
-	batchSeconds      prometheus.Histogram
-	batchRows         prometheus.Histogram
-	deadLetters       *prometheus.CounterVec
-	retries           *prometheus.CounterVec
-	duplicates        prometheus.Counter
-	partitionsDropped prometheus.Counter
+	lag                prometheus.Gauge
+	lagSeconds         prometheus.Gauge
+	rowsInserted       prometheus.Counter
+	batchSeconds       prometheus.Histogram
+	batchRows          prometheus.Histogram
+	deadLetters        *prometheus.CounterVec
+	retries            *prometheus.CounterVec
+	partitionsDropped  prometheus.Counter
+	batchesAborted     prometheus.Counter
+	fenced             prometheus.Counter
+	offsetsDistrusted  *prometheus.CounterVec
+	deadLetterFailures prometheus.Counter
+	blockedPartitions  prometheus.Gauge
+	timeClamped        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -24,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgelimit_consumer_lag",
 			Help: "Decision events in Kafka past the group's committed offsets.",
+		}),
+		lagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_consumer_lag_seconds",
+			Help: "While records wait past the committed offsets: how old the newest stored record's Kafka timestamp is (0 when caught up).",
 		}),
 		rowsInserted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgelimit_consumer_rows_inserted_total",
@@ -45,11 +55,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgelimit_consumer_retries_total",
-			Help: "Failed attempts that were retried, by stage: insert, dedupe, dead_letter, commit, resume.",
+			Help: "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume.",
 		}, []string{"stage"}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgelimit_consumer_duplicates_skipped_total",
-			Help: "Rows not inserted because ClickHouse already held them (after an insert that failed late).",
+		batchesAborted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_consumer_batches_aborted_total",
+			Help: "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again.",
+		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_consumer_partitions_fenced_total",
+			Help: "Partitions this consumer stopped writing because a newer owner claimed them.",
+		}),
+		offsetsDistrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgelimit_consumer_offsets_distrusted_total",
+			Help: "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark.",
+		}, []string{"reason"}),
+		deadLetterFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_consumer_dead_letter_failures_total",
+			Help: "Failed attempts to produce a partition's dead letters (the partition waits; others go on).",
+		}),
+		blockedPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgelimit_consumer_blocked_partitions",
+			Help: "Partitions waiting for their dead letters to be produced.",
+		}),
+		timeClamped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgelimit_consumer_event_time_clamped_total",
+			Help: "Events whose time was too far from their Kafka timestamp and was replaced by it.",
 		}),
 		partitionsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgelimit_consumer_partitions_dropped_total",
@@ -59,14 +89,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
 		m.deadLetters.WithLabelValues(r)
 	}
-	for _, s := range []string{stageInsert, stageDedupe, stageDeadLetter, stageCommit, stageResume} {
+	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume} {
 		m.retries.WithLabelValues(s)
+	}
+	for _, r := range []string{distrustTopicID, distrustHighWatermark} {
+		m.offsetsDistrusted.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.rowsInserted, m.batchSeconds, m.batchRows,
-		m.deadLetters, m.retries, m.duplicates, m.partitionsDropped} {
+	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
+		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
+		m.deadLetterFailures, m.blockedPartitions, m.timeClamped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register consumer metrics: %w", err)
 		}

@@ -35,7 +35,14 @@ func mustQuery(name string) string {
 	if err != nil {
 		panic(err) // embedded at build time: a missing file is a build bug
 	}
-	return strings.TrimSpace(string(b))
+	// Comment lines go: the driver recognises an INSERT by its first word.
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.TrimSpace(strings.Join(lines, "\n"))
 }
 
 var (
@@ -43,10 +50,24 @@ var (
 	qAppliedMigrations      = mustQuery("applied_migrations")
 	qInsertMigration        = mustQuery("insert_migration")
 	qDecisionsColumns       = mustQuery("decisions_columns")
-	qMaxOffsets             = mustQuery("max_offsets")
-	qStoredOffsets          = mustQuery("stored_offsets")
-	qTablePartitions        = mustQuery("table_partitions")
-	qTableEngine            = mustQuery("table_engine")
+	qInsertLedger           = mustQuery("insert_ledger")
+	qLedgerRows             = mustQuery("ledger_rows")
+	qAbortedBatches         = mustQuery("aborted_batches")
+	qInsertAbort            = mustQuery("insert_abort")
+	qKillBatch              = mustQuery("kill_batch")
+	qMutationsRunning       = mustQuery("mutations_running")
+	qMaxFences              = mustQuery("max_fences")
+	qInsertClaim            = mustQuery("insert_claim")
+	// These name the consumer's staging table ({stage}, made by the
+	// consumer from a random number) or a table of batchTables ({table}).
+	qCreateStage     = mustQuery("create_stage")
+	qTruncateStage   = mustQuery("truncate_stage")
+	qDropStage       = mustQuery("drop_stage")
+	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
+	qDeleteBatch     = mustQuery("delete_batch")
+	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m")}
+	qTablePartitions = mustQuery("table_partitions")
+	qTableEngine     = mustQuery("table_engine")
 	// The two ALTERs name a table, which cannot be a bound parameter; the
 	// {table} and {column} placeholders are filled only from retainedTables.
 	qDropPartition = mustQuery("drop_partition")
@@ -75,7 +96,16 @@ var retainedTables = []retainedTable{
 	{name: "decisions_by_key_1m", column: "minute"},
 	{name: "decisions_by_ip_1m", column: "minute"},
 	{name: "decisions_by_gateway_1m", column: "minute"},
+	{name: "decisions_ledger", column: "written_at", raw: true},
+	// The rollups as they were before migration 003.
+	{name: "decisions_by_key_1m_v1", column: "minute"},
+	{name: "decisions_by_ip_1m_v1", column: "minute"},
+	{name: "decisions_by_gateway_1m_v1", column: "minute"},
 }
+
+// batchTables are the tables a batch writes, each row tagged with its
+// batch_id: an aborted batch's rows are deleted from each.
+var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m"}
 
 func (r Retention) days(t retainedTable) int {
 	if t.raw {
@@ -153,7 +183,7 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 			continue
 		}
 		for i, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) {
+			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) && !isRenamed(s, err) {
 				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
 			}
 		}
@@ -187,6 +217,14 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 func isDuplicateColumn(err error) bool {
 	var ex *proto.Exception
 	return errors.As(err, &ex) && (ex.Code == 44 || ex.Code == 15) && strings.Contains(ex.Message, "already exists")
+}
+
+// isRenamed reports a RENAME that an earlier, interrupted run of its
+// migration already made: the source is gone (UNKNOWN_TABLE, 60) or the
+// target exists (TABLE_ALREADY_EXISTS, 57).
+func isRenamed(stmt string, err error) bool {
+	var ex *proto.Exception
+	return strings.HasPrefix(stmt, "RENAME TABLE") && errors.As(err, &ex) && (ex.Code == 60 || ex.Code == 57)
 }
 
 // ErrSchema means the decisions table lacks a column the consumer writes, or

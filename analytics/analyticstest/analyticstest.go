@@ -1,7 +1,7 @@
 // Package analyticstest makes synthetic decision traffic for analytics'
 // tests and benchmarks: ordinary clients with planted hot keys, NAT-shared
-// addresses and store outages, inserted into the raw decisions table so
-// that the consumer's materialized views fill the rollups as in production.
+// addresses and store outages, inserted into the raw decisions table and
+// rolled up batch by batch as the consumer does.
 package analyticstest
 
 import (
@@ -40,11 +40,17 @@ type Decision struct {
 // on ClickHouse 18.16, and the rest take their defaults.
 const insertSQL = `INSERT INTO decisions (time, time_ms, gateway_id, key_id, key_kind, client_ip,
     user_agent_hash, route, method, plan, binding_rule, allowed, rule_limit, remaining, cost,
-    store_status, mode, check_latency_us, schema_version)`
+    store_status, mode, check_latency_us, schema_version, batch_id)`
 
-// Insert writes rows to conn's decisions table in batches of 100,000.
-func Insert(ctx context.Context, conn driver.Conn, rows []Decision) error {
+// RollUpFunc fills the rollups from the raw rows of one batch
+// (consumer.RollUp; this package may not import the consumer).
+type RollUpFunc func(ctx context.Context, conn driver.Conn, batch uint64) error
+
+// Insert writes rows to conn's decisions table in batches of 100,000, as
+// batches of their own, each rolled up by rollUp as the consumer would.
+func Insert(ctx context.Context, conn driver.Conn, rows []Decision, rollUp RollUpFunc) error {
 	for start := 0; start < len(rows); start += 100000 {
+		batch := rand.Uint64() | 1
 		b, err := conn.PrepareBatch(ctx, insertSQL)
 		if err != nil {
 			return fmt.Errorf("prepare insert: %w", err)
@@ -57,13 +63,16 @@ func Insert(ctx context.Context, conn driver.Conn, rows []Decision) error {
 			t := d.Time.UTC()
 			err := b.Append(t.Truncate(time.Second), uint16(t.Nanosecond()/1e6), d.Gateway, d.KeyID, d.KeyKind, d.ClientIP,
 				d.UserAgentHash, d.Route, d.Method, d.Plan, d.BindingRule, allowed, d.Limit, d.Remaining, max(1, d.Cost),
-				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1))
+				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1), batch)
 			if err != nil {
 				return fmt.Errorf("append row: %w", err)
 			}
 		}
 		if err := b.Send(); err != nil {
 			return fmt.Errorf("send batch: %w", err)
+		}
+		if err := rollUp(ctx, conn, batch); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -2,6 +2,9 @@
 -- [@from, @to), at most @limit of them (busiest first), with their
 -- decisions and denials per gateway: the hot-key detector's input. A key is
 -- judged on what it was allowed, so denied traffic cannot make it hot.
+-- GLOBAL IN: on a Distributed table the subquery runs once, on the
+-- initiator, not once per shard against the whole cluster ("double
+-- distributed", which servers deny by default); on one server it is IN.
 SELECT
     key_id,
     key_kind,
@@ -10,7 +13,7 @@ SELECT
     toInt64(sum(denied_requests)) AS denied
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
-  AND (key_id, key_kind) IN (
+  AND (key_id, key_kind) GLOBAL IN (
     SELECT key_id, key_kind
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to

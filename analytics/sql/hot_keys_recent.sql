@@ -5,6 +5,9 @@
 -- rollups have minutes, and a key that turns hot must be found in seconds.
 -- It stays cheap because the raw table is ordered by (key_id, time): only
 -- the few candidates' last seconds are read.
+-- GLOBAL IN: on a Distributed table the subquery runs once, on the
+-- initiator, not once per shard against the whole cluster ("double
+-- distributed", which servers deny by default); on one server it is IN.
 SELECT
     key_id,
     key_kind,
@@ -12,7 +15,7 @@ SELECT
     toInt64(count()) AS requests,
     toInt64(countIf(allowed = 0)) AS denied
 FROM decisions
-WHERE key_id IN (
+WHERE key_id GLOBAL IN (
     SELECT key_id
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to

@@ -6,9 +6,12 @@
 -- key never ships every key's series. multiIf on bound constants picks the
 -- bucket and the dimension: one query serves every grouping without
 -- building SQL.
+-- GLOBAL IN: on a Distributed table the subquery runs once, on the
+-- initiator, not once per shard against the whole cluster ("double
+-- distributed", which servers deny by default); on one server it is IN.
 SELECT
     bucket,
-    if(@top = 0 OR dim IN (
+    if(@top = 0 OR dim GLOBAL IN (
         SELECT multiIf(@by = 'rule', binding_rule, @by = 'route', route, @by = 'plan', plan,
                        @by = 'gateway', gateway_id, @by = 'key', key_id, '') AS top_dim
         FROM decisions_by_key_1m

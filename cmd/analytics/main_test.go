@@ -175,7 +175,7 @@ func TestQueryCommands(t *testing.T) {
 	conn, addr, db := database(t)
 	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
 	rows := fleet(now).Rows()
-	if err := analyticstest.Insert(context.Background(), conn, rows); err != nil {
+	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
@@ -315,7 +315,7 @@ func TestServe(t *testing.T) {
 	base.Hot = nil
 	base.Outages = nil
 	ctx := context.Background()
-	if err := analyticstest.Insert(ctx, conn, base.Rows()); err != nil {
+	if err := analyticstest.Insert(ctx, conn, base.Rows(), consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
 
@@ -400,7 +400,7 @@ alerts:
 	hotAt := time.Now()
 	hot := analyticstest.Fleet{Now: hotAt, Window: time.Minute, Gateways: base.Gateways, Seed: 9,
 		Hot: []analyticstest.HotKey{{KeyID: "hot-1", Rate: 100, For: 30 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}}}
-	if err := analyticstest.Insert(ctx, conn, hot.Rows()); err != nil {
+	if err := analyticstest.Insert(ctx, conn, hot.Rows(), consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
 	key := limiter.DirectiveKey("api_key", "hot-1")
@@ -429,7 +429,7 @@ alerts:
 			StoreStatus: "unavailable", Mode: "fail_open",
 		})
 	}
-	if err := analyticstest.Insert(ctx, conn, spike); err != nil {
+	if err := analyticstest.Insert(ctx, conn, spike, consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(30 * time.Second)
@@ -448,7 +448,7 @@ alerts:
 	// The store comes back: healthy decisions bring the ratio under the
 	// threshold, and the alert resolves in Alertmanager.
 	healthy := analyticstest.Fleet{Now: time.Now(), Window: 5 * time.Second, Gateways: base.Gateways, Keys: 2000, PerKeyRate: 3, Seed: 11}
-	if err := analyticstest.Insert(ctx, conn, healthy.Rows()); err != nil {
+	if err := analyticstest.Insert(ctx, conn, healthy.Rows(), consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
 	resolveAt := time.Now()

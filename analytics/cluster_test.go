@@ -1,0 +1,147 @@
+package analytics_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// TestFaultClusterQueries (issue 10, row 10; part of scale-out): a two-shard ClickHouse
+// 18.16 cluster (deploy/local/clickhouse-cluster.sh), the data split across
+// the shards' local tables behind Distributed tables, and the same data on
+// one server: every analytics query answers the same on both. On 18.16 a
+// subquery reading the same Distributed table is "double distributed" and
+// denied (distributed_product_mode = deny) unless it is GLOBAL.
+func TestFaultClusterQueries(t *testing.T) {
+	srv := testenv.Private(t, "clickhouse-cluster")
+	cluster := srv.Get(t, "EDGELIMIT_CLICKHOUSE_CLUSTER")
+	ctx := context.Background()
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	local, dist, single := "local_"+suffix, "dist_"+suffix, "single_"+suffix
+	var shards []driver.Conn
+	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
+		addr := srv.Get(t, name)
+		root := openClickHouse(t, addr, "default")
+		for _, db := range []string{local, dist, single} {
+			if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := openClickHouse(t, addr, local)
+		if err := consumer.Migrate(ctx, c, consumer.Retention{}); err != nil {
+			t.Fatal(err)
+		}
+		shards = append(shards, c)
+	}
+	addr1 := srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1")
+	one := openClickHouse(t, addr1, single)
+	if err := consumer.Migrate(ctx, one, consumer.Retention{}); err != nil {
+		t.Fatal(err)
+	}
+	on := openClickHouse(t, addr1, dist)
+	for _, table := range []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger"} {
+		// Names come from the list above and the test's own databases.
+		q := fmt.Sprintf("CREATE TABLE %s.%s AS %s.%s ENGINE = Distributed(%s, %s, %s)", dist, table, local, table, cluster, local, table)
+		if err := on.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	fleetNow := fleetClock()
+	f, _, _ := seededFleet(fleetNow)
+	rows := f.Rows()
+	var halves [2][]analyticstest.Decision
+	for i, r := range rows {
+		halves[i%2] = append(halves[i%2], r)
+	}
+	for i, c := range shards {
+		if err := analyticstest.Insert(ctx, c, halves[i], consumer.RollUp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := analyticstest.Insert(ctx, one, rows, consumer.RollUp); err != nil {
+		t.Fatal(err)
+	}
+
+	args := map[string]any{
+		"from": fleetNow.Add(-15 * time.Minute).Truncate(time.Second), "to": fleetNow.Add(time.Minute).Truncate(time.Second),
+		"recent": fleetNow.Add(-time.Minute).Truncate(time.Second),
+		"bucket": "minute", "by": "key", "top": 5, "top_limit": 6, "limit": 50,
+		"min_requests": 10, "min_keys": 5, "min_user_agents": 5,
+		"key": "hot-1", "ip": "198.51.100.7", "rule": "", "route": "", "plan": "", "gateway": "",
+	}
+	files, err := filepath.Glob("sql/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("queries: %v", err)
+	}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := string(b)
+		var named []any
+		for _, m := range slices.Compact(slices.Sorted(slices.Values(regexp.MustCompile(`@([a-z_]+)`).FindAllString(q, -1)))) {
+			v, ok := args[m[1:]]
+			if !ok {
+				t.Fatalf("%s: no test value for %s", file, m)
+			}
+			named = append(named, clickhouse.Named(m[1:], v))
+		}
+		want, err := dump(ctx, one, q, named)
+		if err != nil {
+			t.Fatalf("%s on one server: %v", file, err)
+		}
+		got, err := dump(ctx, on, q, named)
+		if err != nil {
+			t.Errorf("%s on the Distributed tables: %v", file, err)
+			continue
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: Distributed answers %d rows %v, one server %d rows %v", file, len(got), head(got), len(want), head(want))
+		}
+		t.Logf("%s: %d rows, same on both", file, len(want))
+	}
+}
+
+// dump runs q and returns its rows as sorted strings.
+func dump(ctx context.Context, c driver.Conn, q string, args []any) ([]string, error) {
+	rows, err := c.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var vs []any
+		for _, ct := range rows.ColumnTypes() {
+			vs = append(vs, reflect.New(ct.ScanType()).Interface())
+		}
+		if err := rows.Scan(vs...); err != nil {
+			return nil, err
+		}
+		var parts []string
+		for _, v := range vs {
+			parts = append(parts, fmt.Sprint(reflect.ValueOf(v).Elem().Interface()))
+		}
+		out = append(out, strings.Join(parts, "|"))
+	}
+	slices.Sort(out)
+	return out, rows.Err()
+}
+
+func head(s []string) []string { return s[:min(len(s), 3)] }

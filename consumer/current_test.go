@@ -1,0 +1,266 @@
+package consumer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCurrentClickHouse runs the schema, every migration's DDL (TTLs
+// included), inserts shaped like the consumer's and every analytics query,
+// parameters bound as the driver binds them (client side, into the text), on
+// current ClickHouse: PyPI's chdb-core, in process (deploy/local/chdb.sh
+// installs it into a cache CI keeps). ClickHouse 18.16 runs the real-server
+// tests; this catches SQL that only 18.16 accepts.
+func TestCurrentClickHouse(t *testing.T) {
+	out, err := exec.Command("../deploy/local/chdb.sh").Output()
+	if err != nil {
+		if os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {
+			t.Fatalf("deploy/local/chdb.sh: %v", err)
+		}
+		t.Skipf("no chdb: %v", err)
+	}
+	python := strings.TrimSpace(string(out))
+
+	type step struct {
+		Name string `json:"name"`
+		SQL  string `json:"sql"`
+	}
+	var steps []step
+	add := func(name, sql string, args ...any) {
+		steps = append(steps, step{name, bindPositional(t, sql, args...)})
+	}
+	// addBound adds SQL whose values are already literals (they may hold ?).
+	addBound := func(name, sql string) { steps = append(steps, step{name, sql}) }
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		for i, s := range m.stmts {
+			add(fmt.Sprintf("%s #%d", m.name, i+1), s)
+		}
+	}
+	for _, rt := range retainedTables {
+		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 7)
+	}
+	add("columns", qDecisionsColumns)
+	add("engine", qTableEngine, "decisions")
+
+	// A batch as the consumer writes it.
+	const n = 100
+	ds := decisions(n)
+	rows := make([]row, n)
+	for i, d := range ds {
+		rows[i] = row{d: d, topic: "decisions", partition: int32(i % 2), offset: int64(i / 2)}
+	}
+	c := &Consumer{stage: "decisions_stage_1", batch: 7}
+	add("create stage", c.stageSQL(qCreateStage))
+	add("truncate stage", c.stageSQL(qTruncateStage))
+	addBound("stage rows", "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id) VALUES "+valuesSQL(t, rows, c.batch))
+	addBound("ledger intent", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateIntent, uint32(50), testStart, testStart))
+	add("raw", c.stageSQL(qInsertRaw), c.batch)
+	for i, q := range qRollups {
+		add("rollup "+batchTables[i+1], c.stageSQL(q), c.batch)
+	}
+	addBound("ledger commit", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateCommitted, uint32(50), testStart, testStart))
+	add("count raw", "SELECT count() FROM decisions")
+	add("count key rollup", "SELECT sum(requests) FROM decisions_by_key_1m")
+	add("count ip rollup", "SELECT countMerge(requests) FROM decisions_by_ip_1m")
+	add("count gateway rollup", "SELECT countMerge(requests) FROM decisions_by_gateway_1m")
+	add("ledger rows", qLedgerRows, "decisions", int32(0), int64(-1))
+	addBound("claim", qInsertClaim+" VALUES "+literalTuple(t, "decisions", int32(0), uint32(1), int32(1), "m"))
+	add("fences", qMaxFences, "decisions")
+	add("aborted", qAbortedBatches, "decisions")
+	addBound("abort", qInsertAbort+" VALUES "+literalTuple(t, uint64(8), "decisions"))
+	add("kill", qKillBatch, batchQueryPrefix(8)+"%")
+	for _, tb := range batchTables {
+		add("delete from "+tb, strings.ReplaceAll(qDeleteBatch, "{table}", tb), uint64(8))
+		add("mutations of "+tb, qMutationsRunning, tb)
+	}
+	add("drop stage", c.stageSQL(qDropStage))
+
+	// Every analytics query, its @parameters bound.
+	files, err := filepath.Glob("../analytics/sql/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("analytics queries: %v (%d files)", err, len(files))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, step{"analytics " + filepath.Base(f), bindNamed(t, string(b))})
+	}
+
+	in, err := json.Marshal(steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(python, "testdata/chdb_run.py")
+	cmd.Stdin = bytes.NewReader(in)
+	cmd.Stderr = testWriter{t}
+	res, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chdb_run.py: %v", err)
+	}
+	var results []struct{ Name, Error, Result string }
+	if err := json.Unmarshal(res, &results); err != nil {
+		t.Fatalf("chdb_run.py output: %v\n%s", err, res)
+	}
+	if len(results) != len(steps) {
+		t.Fatalf("%d results for %d steps", len(results), len(steps))
+	}
+	for i, r := range results {
+		if r.Error != "" {
+			t.Errorf("%s on current ClickHouse: %s\nSQL: %s", r.Name, r.Error, steps[i].SQL)
+		}
+		if strings.HasPrefix(r.Name, "count ") && r.Result != strconv.Itoa(n) {
+			t.Errorf("%s = %q, want %d", r.Name, r.Result, n)
+		}
+	}
+}
+
+// literal formats v as the driver's client-side binding does.
+func literal(t *testing.T, v any) string {
+	t.Helper()
+	switch x := v.(type) {
+	case string:
+		var b strings.Builder
+		b.WriteByte('\'')
+		for _, c := range []byte(x) {
+			switch {
+			case c == '\'' || c == '\\':
+				b.WriteByte('\\')
+				b.WriteByte(c)
+			case c < 0x20 || c >= 0x7f:
+				fmt.Fprintf(&b, "\\x%02X", c)
+			default:
+				b.WriteByte(c)
+			}
+		}
+		b.WriteByte('\'')
+		return b.String()
+	case time.Time:
+		return "toDateTime('" + x.UTC().Format("2006-01-02 15:04:05") + "', 'UTC')"
+	case int, int32, int64, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(x)
+	}
+	t.Fatalf("literal of %T", v)
+	return ""
+}
+
+func literalTuple(t *testing.T, vs ...any) string {
+	t.Helper()
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = literal(t, v)
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+// valuesSQL is rows as VALUES tuples in decisionColumns' order, then batch.
+func valuesSQL(t *testing.T, rows []row, batch uint64) string {
+	t.Helper()
+	cols := make([][]any, len(decisionColumns))
+	for i, c := range decisionColumns {
+		vs := c.values([][]row{rows}, len(rows))
+		switch s := vs.(type) {
+		case []string:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []time.Time:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []uint8:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []uint16:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []uint32:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []uint64:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []int32:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		case []int64:
+			for _, v := range s {
+				cols[i] = append(cols[i], v)
+			}
+		default:
+			t.Fatalf("column %s: values of %T", c.name, vs)
+		}
+	}
+	tuples := make([]string, len(rows))
+	for r := range rows {
+		vs := make([]any, 0, len(cols)+1)
+		for i := range cols {
+			vs = append(vs, cols[i][r])
+		}
+		tuples[r] = literalTuple(t, append(vs, batch)...)
+	}
+	return strings.Join(tuples, ", ")
+}
+
+// bindPositional fills each ? with the next argument.
+func bindPositional(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	parts := strings.Split(sql, "?")
+	if len(parts)-1 != len(args) {
+		t.Fatalf("%d placeholders, %d arguments in %s", len(parts)-1, len(args), sql)
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		b.WriteString(p)
+		if i < len(args) {
+			b.WriteString(literal(t, args[i]))
+		}
+	}
+	return b.String()
+}
+
+// namedArgs are plausible values of every analytics parameter.
+var namedArgs = map[string]any{
+	"from": testStart.Add(-time.Hour), "to": testStart.Add(time.Hour), "recent": testStart,
+	"bucket": "minute", "by": "key", "top": 5, "top_limit": 6, "limit": 10,
+	"min_requests": 1, "min_keys": 1, "min_user_agents": 1,
+	"key": "key-1", "ip": "10.0.0.1", "rule": "", "route": "", "plan": "", "gateway": "",
+}
+
+// bindNamed fills each @name (after dropping comment lines, as the driver
+// sees the query).
+func bindNamed(t *testing.T, sql string) string {
+	t.Helper()
+	var lines []string
+	for _, l := range strings.Split(sql, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			lines = append(lines, l)
+		}
+	}
+	return regexp.MustCompile(`@[a-z_]+`).ReplaceAllStringFunc(strings.Join(lines, "\n"), func(m string) string {
+		v, ok := namedArgs[m[1:]]
+		if !ok {
+			t.Fatalf("no test value for parameter %s", m)
+		}
+		return literal(t, v)
+	})
+}

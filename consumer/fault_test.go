@@ -1,0 +1,323 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// The TestFault… tests are issue 10's table of faults, each against the real
+// broker and ClickHouse. Each logs the counts it saw (raw and rollups
+// against events), so a run documents the fault.
+
+// realBackend is the real broker with fresh topics.
+func realBackend(t *testing.T, partitions int32) kafkaBackend {
+	t.Helper()
+	brokers := testenv.KafkaBrokers(t)
+	topic, dlq := realKafka(t, brokers, partitions)
+	return kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq}
+}
+
+// tallies are the events the raw table and each rollup hold.
+type tallies struct{ raw, distinct, key, ip, gateway uint64 }
+
+func (c tallies) String() string {
+	return fmt.Sprintf("raw %d (distinct events %d), key rollup %d, ip rollup %d, gateway rollup %d",
+		c.raw, c.distinct, c.key, c.ip, c.gateway)
+}
+
+func counts(t *testing.T, ch driver.Conn) tallies {
+	t.Helper()
+	return tallies{
+		raw:      count(t, ch, "SELECT count() FROM decisions"),
+		distinct: count(t, ch, "SELECT uniqExact(event_id) FROM decisions"),
+		key:      count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"),
+		ip:       count(t, ch, "SELECT toUInt64(countMerge(requests)) FROM decisions_by_ip_1m"),
+		gateway:  count(t, ch, "SELECT toUInt64(countMerge(requests)) FROM decisions_by_gateway_1m"),
+	}
+}
+
+// wantExact fails unless the raw table and every rollup hold each of n
+// events once.
+func wantExact(t *testing.T, ch driver.Conn, n uint64) {
+	t.Helper()
+	got := counts(t, ch)
+	t.Logf("events %d: %v", n, got)
+	if want := (tallies{n, n, n, n, n}); got != want {
+		t.Errorf("stored %v, want every table at %d events", got, n)
+	}
+}
+
+// waitRaw waits (bounded) for the raw table to hold n rows, then a little
+// longer for anything that would come on top.
+func waitRaw(t *testing.T, ch driver.Conn, n uint64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if got, err := tryCount(ch, "SELECT count() FROM decisions"); err == nil && got >= n {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+}
+
+// failingView makes every insert into table fail until dropped, the way a
+// materialized view that throws at insert time does: a column whose default
+// throws.
+func failingView(t *testing.T, ch driver.Conn, table string) (drop func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := ch.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN boom UInt8 DEFAULT throwIf(requests >= 0)"); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := ch.Exec(ctx, "ALTER TABLE "+table+" DROP COLUMN boom"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFaultViewFailsAtInsert (row 1): the key rollup's insert fails for a
+// while, after the raw rows landed.
+// Each failed attempt is aborted and written again, so when the fault
+// clears every table holds each event once.
+func TestFaultViewFailsAtInsert(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 2)
+	drop := failingView(t, ch, "decisions_by_key_1m")
+	const n = 3000
+	produce(t, kb.brokers, kb.topic, decisions(n))
+	r := start(t, kb.config(), ch, nil)
+	waitFor(t, "two failed attempts", 30*time.Second, func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
+	})
+	t.Logf("while the view fails: %v", counts(t, ch))
+	drop()
+	waitRaw(t, ch, n, 30*time.Second)
+	r.stop()
+	wantExact(t, ch, n)
+}
+
+// TestFaultViewFailsThenCrash (row 2): the same fault, then the consumer is
+// SIGKILLed mid-retry and a new one takes over once the fault is gone.
+func TestFaultViewFailsThenCrash(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	ch, db := newDatabase(t, addr)
+	kb := realBackend(t, 2)
+	drop := failingView(t, ch, "decisions_by_key_1m")
+	const n = 3000
+	produce(t, kb.brokers, kb.topic, decisions(n))
+	cfg := kb.config()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
+		[]string{strings.Join(kb.brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
+	cmd.Stderr = testWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * time.Second) // a few failed attempts
+	cmd.Process.Kill()          // SIGKILL, mid-retry
+	cmd.Wait()
+	t.Logf("after the crash: %v", counts(t, ch))
+	drop()
+	r := start(t, cfg, ch, nil)
+	waitRaw(t, ch, n, 30*time.Second)
+	r.stop()
+	wantExact(t, ch, n)
+}
+
+// TestFaultSlowFlushRebalance (row 3): a flush outlives the rebalance that
+// gives its partitions to another consumer (its session is as good as
+// lost). The new owner claims them; the old one, when it wakes, is fenced
+// and writes nothing twice.
+func TestFaultSlowFlushRebalance(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 2)
+	const n = 1000
+	produce(t, kb.brokers, kb.topic, decisions(n))
+	cfg := kb.config()
+	release := make(chan struct{})
+	slept := false
+	r1 := start(t, cfg, ch, func(c *Consumer) {
+		c.beforeInsert = func() {
+			if !slept {
+				slept = true
+				<-release // holds the flush (and mu) past the rebalance
+			}
+		}
+	})
+	time.Sleep(3 * time.Second) // r1 holds every partition, stuck in its flush
+	r2 := start(t, cfg, ch, nil)
+	waitRaw(t, ch, n, 40*time.Second)
+	close(release)
+	time.Sleep(3 * time.Second) // r1 wakes and flushes
+	r1.stop()
+	r2.stop()
+	wantExact(t, ch, n)
+}
+
+// TestFaultTopicRecreated (row 4): the topic is deleted and created again
+// (or the consumer fails over to a mirror): offsets start over. The ledger's
+// tail belongs to the old topic id, so it is distrusted, loudly, and every
+// new event is stored.
+func TestFaultTopicRecreated(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	cfg := kb.config()
+	ds := decisions(4500)
+	produce(t, kb.brokers, kb.topic, ds[:2000])
+	r := start(t, cfg, ch, nil)
+	waitRaw(t, ch, 2000, 30*time.Second)
+	r.stop()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kb.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := adm.DeleteTopics(ctx, kb.topic); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the topic to be created again", 60*time.Second, func() bool {
+		resp, err := adm.CreateTopics(ctx, 1, 1, nil, kb.topic)
+		return err == nil && resp.Error() == nil
+	})
+	produce(t, kb.brokers, kb.topic, ds[2000:])
+
+	r = start(t, cfg, ch, nil)
+	waitRaw(t, ch, 4500, 30*time.Second)
+	r.stop()
+	wantExact(t, ch, 4500)
+	if got := metric(t, r.reg, "edgelimit_consumer_offsets_distrusted_total"); got < 1 {
+		t.Errorf("offsets_distrusted_total = %v, want at least 1", got)
+	}
+}
+
+// TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
+// dead-letter topic as it is) and a dead-letter topic that refuses
+// everything. The first is truncated and passed on; the second blocks only
+// the poisoned partition.
+func TestFaultDeadLetterFails(t *testing.T) {
+	t.Run("too_large", func(t *testing.T) {
+		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+		kb := realBackend(t, 2)
+		alterMaxMessage(t, kb.brokers, kb.topic)
+		const n = 2000
+		ds := decisions(n)
+		recs := []*kgo.Record{{Partition: 0, Value: make([]byte, 1500<<10)}}
+		for i, d := range ds {
+			rec := record(t, d)
+			rec.Partition = int32(i % 2)
+			recs = append(recs, rec)
+		}
+		produceTo(t, kb.brokers, kb.topic, recs)
+		r := start(t, kb.config(), ch, nil)
+		waitRaw(t, ch, n, 30*time.Second)
+		r.stop()
+		wantExact(t, ch, n)
+		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
+			t.Errorf("dead_letters_total = %v, want 1", got)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+		kb := realBackend(t, 2)
+		const n = 2000
+		recs := []*kgo.Record{{Partition: 0, Value: []byte("poison")}}
+		for i, d := range decisions(n) {
+			rec := record(t, d)
+			rec.Partition = int32(i % 2)
+			recs = append(recs, rec)
+		}
+		produceTo(t, kb.brokers, kb.topic, recs)
+		cfg := kb.config()
+		cfg.DeadLetterTopic = "no such topic!" // every produce fails
+		r := start(t, cfg, ch, nil)
+		waitRaw(t, ch, n/2, 30*time.Second)
+		r.stop()
+		got := counts(t, ch)
+		t.Logf("events %d, %d on the healthy partition: %v", n, n/2, got)
+		if want := (tallies{n / 2, n / 2, n / 2, n / 2, n / 2}); got != want {
+			t.Errorf("stored %v, want the healthy partition's %d events in every table", got, n/2)
+		}
+		if got := count(t, ch, "SELECT count() FROM decisions WHERE kafka_partition = 0"); got != 0 {
+			t.Errorf("rows of the blocked partition = %d, want 0 (its poison record is not yet passed on)", got)
+		}
+		if got := metric(t, r.reg, "edgelimit_consumer_dead_letter_failures_total"); got < 1 {
+			t.Errorf("dead_letter_failures_total = %v, want at least 1", got)
+		}
+	})
+}
+
+// alterMaxMessage lets topic take records of up to 2 MB, as a producer with
+// a raised limit could write.
+func alterMaxMessage(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	v := "2097152"
+	resp, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(),
+		[]kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// produceTo writes recs to the partitions they name.
+func produceTo(t *testing.T, brokers []string, topic string, recs []*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20),
+		kgo.MaxBufferedRecords(1_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// TestFaultEventTimeFarOff (row 9): events whose time is months from their
+// Kafka timestamp (a gateway with a wild clock), over 150 different days.
+// They are stored at their Kafka time, so a batch never spans more days
+// than Kafka's own clock does.
+func TestFaultEventTimeFarOff(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	const n = 300
+	ds := decisions(n)
+	for i := range ds {
+		ds[i].Time = time.Now().AddDate(0, 0, -30-i/2)
+	}
+	produce(t, kb.brokers, kb.topic, ds)
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, n, 30*time.Second)
+	r.stop()
+	wantExact(t, ch, n)
+	if got := count(t, ch, "SELECT uniqExact(toDate(time)) FROM decisions"); got > 2 {
+		t.Errorf("rows span %d days, want at most 2 (Kafka's timestamps)", got)
+	}
+}

@@ -1,0 +1,1 @@
+SELECT batch_id FROM decisions_aborts WHERE kafka_topic = ?

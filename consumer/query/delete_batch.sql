@@ -1,0 +1,1 @@
+ALTER TABLE {table} DELETE WHERE batch_id = ?

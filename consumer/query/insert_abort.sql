@@ -1,0 +1,1 @@
+INSERT INTO decisions_aborts (batch_id, kafka_topic)

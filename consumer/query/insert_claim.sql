@@ -1,0 +1,1 @@
+INSERT INTO decisions_claims (kafka_topic, kafka_partition, fence, generation, member_id)

@@ -1,0 +1,7 @@
+-- The batch's raw rows, unless the batch was aborted: the check runs in the
+-- same statement as the write, so an INSERT that reaches the server after
+-- its batch was aborted writes nothing. {columns} is decisionColumns.
+INSERT INTO decisions ({columns}, batch_id)
+SELECT {columns}, batch_id
+FROM {stage}
+WHERE (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
