@@ -65,7 +65,9 @@ func TestREADMEEnvironment(t *testing.T) {
 	}
 	for _, name := range envNameRE.FindAllString(string(b), -1) {
 		base := strings.TrimSuffix(name, "_FILE")
-		madeFrom := slices.ContainsFunc(known, func(k string) bool { return strings.Count(k, "_") >= 1 && strings.HasPrefix(base, k+"_") && linkPrefix(k) })
+		madeFrom := slices.ContainsFunc(known, func(k string) bool {
+			return strings.Count(k, "_") >= 1 && strings.HasPrefix(base, k+"_") && linkPrefix(k)
+		})
 		if !slices.Contains(known, name) && !slices.Contains(known, base) && !madeFrom {
 			t.Errorf("README.md mentions %s, which no code or script reads", name)
 		}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	stdcmp "cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,7 +137,7 @@ import (
 // EDGELIMIT_GATEWAY_MODEL_DURATION sets the budget per store (default
 // 2s; make soak runs it longer).
 func TestGatewayModel(t *testing.T) {
-	budget := gwModelBudget(t)
+	budget := testenv.Duration(t, "EDGELIMIT_GATEWAY_MODEL_DURATION", 2*time.Second)
 	for name, mk := range map[string]func(t *testing.T) redis.UniversalClient{
 		"redis": func(t *testing.T) redis.UniversalClient {
 			return redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), ContextTimeoutEnabled: true, MaxRetries: -1})
@@ -148,7 +148,7 @@ func TestGatewayModel(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			seed := gwModelSeed(t)
+			seed := testenv.Seed(t, "EDGELIMIT_GATEWAY_MODEL_SEED")
 			rdb := mk(t)
 			t.Cleanup(func() { _ = rdb.Close() })
 			if err := rdb.Ping(t.Context()).Err(); err != nil {
@@ -160,28 +160,6 @@ func TestGatewayModel(t *testing.T) {
 			m.check()
 		})
 	}
-}
-
-func gwModelSeed(t *testing.T) uint64 {
-	if s := os.Getenv("EDGELIMIT_GATEWAY_MODEL_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("EDGELIMIT_GATEWAY_MODEL_SEED=%q: %v", s, err)
-		}
-		return n
-	}
-	return rand.Uint64()
-}
-
-func gwModelBudget(t *testing.T) time.Duration {
-	if s := os.Getenv("EDGELIMIT_GATEWAY_MODEL_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("EDGELIMIT_GATEWAY_MODEL_DURATION=%q: %v", s, err)
-		}
-		return d
-	}
-	return 2 * time.Second
 }
 
 // modelStore is one gateway's shared store as the test drives it: the
@@ -872,7 +850,7 @@ func (m *gwModel) check() {
 	// By time; ties (two decisions in one microsecond) admissions first, the
 	// order least favourable to the denial check, irrelevant to the bound.
 	slices.SortStableFunc(m.events, func(a, b gwEvent) int {
-		if c := cmpInt64(a.at, b.at); c != 0 {
+		if c := stdcmp.Compare(a.at, b.at); c != 0 {
 			return c
 		}
 		switch {
@@ -1063,16 +1041,6 @@ func (m *gwModel) checkLower() {
 		}
 	}
 	m.t.Logf("phase lower bound checked in %d phase-keys, %d of them above 0", checked, positive)
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // modelRule is r as the reference model sees it.

@@ -1,10 +1,10 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"math/big"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/ratemodel"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // The reference model (internal/ratemodel): one exact model of each
@@ -104,7 +105,7 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 	slices.SortStableFunc(events, func(a, b modelEvent) int {
 		switch {
 		case a.at != b.at:
-			return cmpInt(a.at, b.at)
+			return cmp.Compare(a.at, b.at)
 		case a.allowed != b.allowed:
 			if a.allowed {
 				return -1
@@ -206,16 +207,6 @@ func checkRetry(fail func(string, ...any), failures *int, phase int, e modelEven
 		*failures++
 		fail("phase %d, t=%dµs: %+v cost %d: RetryAfter %v, the model's wait is %sµs (+%sµs tolerance)", phase, e.at, rr.Rule, e.cost, rr.RetryAfter, want.FloatString(1), slack.FloatString(1))
 	}
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func ratStrings(rs []*big.Rat) []string {
@@ -324,37 +315,15 @@ func phaseRules(r *rand.Rand, minPeriod, MaxPeriod time.Duration) []Rule {
 	return randomRules(r, minPeriod, MaxPeriod)
 }
 
-func modelSeed(t *testing.T) uint64 {
-	if s := os.Getenv("EDGELIMIT_MODEL_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("EDGELIMIT_MODEL_SEED=%q: %v", s, err)
-		}
-		return n
-	}
-	return rand.Uint64()
-}
-
-func modelBudget(t *testing.T) time.Duration {
-	if s := os.Getenv("EDGELIMIT_MODEL_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("EDGELIMIT_MODEL_DURATION=%q: %v", s, err)
-		}
-		return d
-	}
-	return 1600 * time.Millisecond
-}
-
 // phaseLen is one phase of a Redis run; several periods of its rules.
 const phaseLen = 400 * time.Millisecond
 
 func TestModel(t *testing.T) {
-	budget := modelBudget(t)
+	budget := testenv.Duration(t, "EDGELIMIT_MODEL_DURATION", 1600*time.Millisecond)
 	phases := max(2, int(budget/phaseLen))
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		seed := modelSeed(t)
+		seed := testenv.Seed(t, "EDGELIMIT_MODEL_SEED")
 		t.Logf("seed %d, %d phases", seed, phases)
 		r := rand.New(rand.NewPCG(seed, 1))
 		var rules [][]Rule
@@ -398,7 +367,7 @@ func TestModel(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			seed := modelSeed(t)
+			seed := testenv.Seed(t, "EDGELIMIT_MODEL_SEED")
 			t.Logf("seed %d, %d phases of %v", seed, phases, phaseLen)
 			r := rand.New(rand.NewPCG(seed, 1))
 			var rules [][]Rule

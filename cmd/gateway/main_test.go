@@ -116,6 +116,20 @@ type running struct {
 	done        chan error
 }
 
+// limit is the X-RateLimit-Limit the gateway answers GET / with: the
+// running config's plan.
+func (r *running) limit(t *testing.T) string {
+	t.Helper()
+	_, h, _ := httpGet(t, r.addr+"/")
+	return h.Get("X-RateLimit-Limit")
+}
+
+// reloads is how many config reloads ended with result (ok or failed).
+func (r *running) reloads(t *testing.T, result string) string {
+	t.Helper()
+	return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="`+result+`"}`)
+}
+
 // start runs the gateway in-process until the test ends.
 func start(t *testing.T, args []string, getenv func(string) string) *running {
 	t.Helper()
@@ -318,28 +332,26 @@ func TestReloadAndShutdown(t *testing.T) {
 		})
 	}
 
-	writeConfig(t, path, 2000, up.URL, false)
-	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-		t.Fatal(err)
+	sighup := func() {
+		t.Helper()
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
 	}
-	waitFor(t, "a successful reload", func() bool {
-		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="ok"}`) == "1"
-	})
-	if _, h, _ := httpGet(t, r.addr+"/"); h.Get("X-RateLimit-Limit") != "2000" {
-		t.Errorf("after reload: limit %q, want 2000", h.Get("X-RateLimit-Limit"))
+	writeConfig(t, path, 2000, up.URL, false)
+	sighup()
+	waitFor(t, "a successful reload", func() bool { return r.reloads(t, "ok") == "1" })
+	if got := r.limit(t); got != "2000" {
+		t.Errorf("after reload: limit %q, want 2000", got)
 	}
 
 	if err := os.WriteFile(path, []byte("plans: {broken"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a failed reload", func() bool {
-		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="failed"}`) == "1"
-	})
-	if _, h, _ := httpGet(t, r.addr+"/"); h.Get("X-RateLimit-Limit") != "2000" {
-		t.Errorf("after a failed reload: limit %q, want the old 2000", h.Get("X-RateLimit-Limit"))
+	sighup()
+	waitFor(t, "a failed reload", func() bool { return r.reloads(t, "failed") == "1" })
+	if got := r.limit(t); got != "2000" {
+		t.Errorf("after a failed reload: limit %q, want the old 2000", got)
 	}
 	if line := r.logs.find("config reload failed"); line == nil || !strings.Contains(fmt.Sprint(line["error"]), "gw.yaml") {
 		t.Errorf("no log line naming the broken file: %v", line)
@@ -452,20 +464,13 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 	body := func(limit int) string { return fmt.Sprintf(configTmpl, limit, up.URL, true) }
 	cm := newConfigMap(t, "gateway.yaml", body(1000))
 	r := start(t, []string{"-config", cm.path()}, env(nil)) // the default -watch
-	limit := func() string {
-		_, h, _ := httpGet(t, r.addr+"/")
-		return h.Get("X-RateLimit-Limit")
-	}
-	reloads := func(result string) string {
-		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="`+result+`"}`)
-	}
-	if got := limit(); got != "1000" {
+	if got := r.limit(t); got != "1000" {
 		t.Fatalf("before the swap: limit %q, want 1000", got)
 	}
 
 	cm.update(body(2000))
-	waitFor(t, "the swapped ConfigMap to be loaded", func() bool { return limit() == "2000" })
-	if got := reloads("ok"); got != "1" {
+	waitFor(t, "the swapped ConfigMap to be loaded", func() bool { return r.limit(t) == "2000" })
+	if got := r.reloads(t, "ok"); got != "1" {
 		t.Errorf("reloads ok = %q after one swap, want 1", got)
 	}
 	if r.logs.find("config file changed; reloading") == nil {
@@ -473,14 +478,14 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 	}
 
 	cm.update("plans: {broken")
-	waitFor(t, "the invalid ConfigMap to be refused", func() bool { return reloads("failed") == "1" })
-	if got := limit(); got != "2000" {
+	waitFor(t, "the invalid ConfigMap to be refused", func() bool { return r.reloads(t, "failed") == "1" })
+	if got := r.limit(t); got != "2000" {
 		t.Errorf("after an invalid file: limit %q, want the old 2000", got)
 	}
 
 	cm.update(body(3000))
-	waitFor(t, "the next valid ConfigMap to be loaded", func() bool { return limit() == "3000" })
-	if got, want := reloads("ok")+" "+reloads("failed"), "2 1"; got != want {
+	waitFor(t, "the next valid ConfigMap to be loaded", func() bool { return r.limit(t) == "3000" })
+	if got, want := r.reloads(t, "ok")+" "+r.reloads(t, "failed"), "2 1"; got != want {
 		t.Errorf("reloads ok, failed = %s, want %s (an invalid file counted once)", got, want)
 	}
 }

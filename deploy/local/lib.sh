@@ -57,3 +57,40 @@ stop_pidfile() {
 	fi
 	rm -f "$f"
 }
+
+# start_redis DIR NAME PORT [ARGS...]: a daemonized redis-server that saves
+# nothing, its data under DIR/NAME, pid and log at DIR/NAME.pid and .log;
+# returns once it answers PING. ARGS go to redis-server as they are.
+start_redis() {
+	local dir=$1 name=$2 port=$3; shift 3
+	mkdir -p "$dir/$name"
+	redis-server --bind 127.0.0.1 --port "$port" --dir "$dir/$name" \
+		--save "" --appendonly no --daemonize yes \
+		--pidfile "$dir/$name.pid" --logfile "$dir/$name.log" "$@"
+	wait_for "redis $name on $port" 20 redis-cli -p "$port" ping
+}
+
+# create_cluster LOG REPLICAS CLI... -- ADDR...: makes a Redis Cluster of the
+# nodes at ADDR (host:port) with REPLICAS replicas a master, the output of
+# "--cluster create" to LOG, and returns once every node says cluster_state:ok.
+# CLI is the client command with any TLS and ACL flags (at least redis-cli).
+create_cluster() {
+	local log=$1 replicas=$2 cli=() a; shift 2
+	while [ "$1" != -- ]; do
+		cli+=("$1"); shift
+	done
+	shift
+	"${cli[@]}" --cluster create "$@" --cluster-replicas "$replicas" --cluster-yes >"$log" 2>&1
+	for a in "$@"; do
+		wait_for "cluster state ok on $a" 30 bash -c "$(printf '%q ' "${cli[@]}") -p ${a##*:} cluster info | grep -q cluster_state:ok"
+	done
+}
+
+# redis_tls_conf TLS_DIR PORT: the redis.conf lines of a server that listens
+# on 127.0.0.1 over TLS only (plain port 0) with the test stack's
+# certificates in TLS_DIR; a client certificate is checked when given.
+redis_tls_conf() {
+	printf '%s\n' "bind 127.0.0.1" "port 0" "tls-port $2" \
+		"tls-cert-file $1/server.pem" "tls-key-file $1/server-key.pem" \
+		"tls-ca-cert-file $1/ca.pem" "tls-auth-clients optional"
+}

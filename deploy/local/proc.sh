@@ -66,3 +66,14 @@ stop_watchdog() {
 	[ "$pid" = "$$" ] && return 0
 	kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
 }
+
+# stop_all DIR ENV_FILE: ends DIR's watcher and every process with a pidfile
+# in DIR, then removes ENV_FILE, so nothing is left to point at them.
+stop_all() {
+	local dir=$1 f
+	stop_watchdog "$dir"
+	for f in "$dir"/*.pid; do
+		[ -e "$f" ] && stop_process "$f"
+	done
+	rm -f "$2"
+}

@@ -27,13 +27,7 @@ start)
 		p=$(free_port)
 		mkdir -p "$dir/node$i"
 		cat >"$dir/node$i.conf" <<CONF
-bind 127.0.0.1
-port 0
-tls-port $p
-tls-cert-file $tls/server.pem
-tls-key-file $tls/server-key.pem
-tls-ca-cert-file $tls/ca.pem
-tls-auth-clients optional
+$(redis_tls_conf "$tls" "$p")
 tls-cluster yes
 tls-replication yes
 cluster-enabled yes
@@ -55,10 +49,7 @@ CONF
 		addrs+=("127.0.0.1:$p")
 	done
 	start_watchdog "$0" "$state" "$dir"
-	"${cli[@]}" --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1
-	for a in "${addrs[@]}"; do
-		wait_for "cluster state ok on $a" 30 bash -c "$(printf '%q ' "${cli[@]}") -p ${a##*:} cluster info | grep -q cluster_state:ok"
-	done
+	create_cluster "$dir/cluster-create.log" 0 "${cli[@]}" -- "${addrs[@]}"
 	{
 		echo "export EDGELIMIT_TEST_REDIS_TLS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
 		echo "export EDGELIMIT_TEST_REDIS_USER=edgelimit"
@@ -67,11 +58,7 @@ CONF
 	echo "redis-cluster-tls: ${addrs[*]}" >&2
 	;;
 stop)
-	stop_watchdog "$dir"
-	for f in "$dir"/*.pid; do
-		[ -e "$f" ] && stop_process "$f"
-	done
-	rm -f "$state/redis-cluster-tls.env"
+	stop_all "$dir" "$state/redis-cluster-tls.env"
 	;;
 *)
 	echo "usage: $0 start|stop STATE_DIR" >&2

@@ -18,15 +18,6 @@ state=$(mkdir -p "$state" && cd "$state" && pwd)
 dir=$state/redis-ha
 master=edgelimit-ha
 
-start_redis() { # name port [extra args]
-	local name=$1 port=$2; shift 2
-	mkdir -p "$dir/$name"
-	redis-server --bind 127.0.0.1 --port "$port" --dir "$dir/$name" \
-		--save "" --appendonly no --daemonize yes \
-		--pidfile "$dir/$name.pid" --logfile "$dir/$name.log" "$@"
-	wait_for "redis $name on $port" 20 redis-cli -p "$port" ping
-}
-
 case $cmd in
 start)
 	need_pkg redis-server redis-server
@@ -34,8 +25,8 @@ start)
 	mkdir -p "$dir"
 	p=$(free_port)
 	r=$(free_port)
-	start_redis primary "$p"
-	start_redis replica "$r" --replicaof 127.0.0.1 "$p"
+	start_redis "$dir" primary "$p"
+	start_redis "$dir" replica "$r" --replicaof 127.0.0.1 "$p"
 	wait_for "replica in sync" 20 bash -c "redis-cli -p $r info replication | grep -q master_link_status:up"
 	start_watchdog "$0" "$state" "$dir"
 	addrs=()
@@ -71,11 +62,7 @@ halt)
 	rm -f "$dir/primary.pid"
 	;;
 stop)
-	stop_watchdog "$dir"
-	for f in "$dir"/*.pid; do
-		[ -e "$f" ] && stop_process "$f"
-	done
-	rm -f "$state/redis-ha.env"
+	stop_all "$dir" "$state/redis-ha.env"
 	;;
 *)
 	echo "usage: $0 start|stop|halt STATE_DIR" >&2

@@ -23,15 +23,6 @@ state=${2:?state dir}
 state=$(mkdir -p "$state" && cd "$state" && pwd)
 dir=$state/redis
 
-start_one() { # name port [extra args]
-	local name=$1 port=$2; shift 2
-	mkdir -p "$dir/$name"
-	redis-server --bind 127.0.0.1 --port "$port" --dir "$dir/$name" \
-		--save "" --appendonly no --daemonize yes \
-		--pidfile "$dir/$name.pid" --logfile "$dir/$name.log" "$@"
-	wait_for "redis $name on $port" 20 redis-cli -p "$port" ping
-}
-
 # start_secure: the TLS + ACL Redis (see the header); prints its env lines.
 start_secure() {
 	local tls=$state/tls port pw
@@ -39,15 +30,8 @@ start_secure() {
 	pw=$(openssl rand -hex 16)
 	mkdir -p "$dir/secure"
 	# A config file, not flags: ACL rules hold characters flags would mangle.
-	# tls-auth-clients optional: a client certificate is checked when given.
 	cat >"$dir/secure.conf" <<CONF
-bind 127.0.0.1
-port 0
-tls-port $port
-tls-cert-file $tls/server.pem
-tls-key-file $tls/server-key.pem
-tls-ca-cert-file $tls/ca.pem
-tls-auth-clients optional
+$(redis_tls_conf "$tls" "$port")
 save ""
 appendonly no
 daemonize yes
@@ -72,13 +56,7 @@ CONF
 	spw=$(openssl rand -hex 16)
 	mkdir -p "$dir/secure-sentinel"
 	cat >"$dir/secure-sentinel.conf" <<CONF
-bind 127.0.0.1
-port 0
-tls-port $sport
-tls-cert-file $tls/server.pem
-tls-key-file $tls/server-key.pem
-tls-ca-cert-file $tls/ca.pem
-tls-auth-clients optional
+$(redis_tls_conf "$tls" "$sport")
 tls-replication yes
 daemonize yes
 pidfile $dir/secure-sentinel.pid
@@ -110,7 +88,7 @@ start)
 	mkdir -p "$dir"
 	port=$(free_port)
 	echo "$port" >"$dir/standalone.port"
-	start_one standalone "$port"
+	start_redis "$dir" standalone "$port"
 	start_watchdog "$0" "$state" "$dir"
 	if [ -n "${EDGELIMIT_PRIVATE:-}" ]; then
 		echo "export EDGELIMIT_REDIS_ADDR=127.0.0.1:$port" >"$state/redis.env"
@@ -122,14 +100,11 @@ start)
 		p=$(free_port)
 		# The bus port would default to p+10000, which may be taken or
 		# past 65535; pick a free one explicitly.
-		start_one "cluster$i" "$p" --cluster-enabled yes --cluster-port "$(free_port)" \
+		start_redis "$dir" "cluster$i" "$p" --cluster-enabled yes --cluster-port "$(free_port)" \
 			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
 		addrs+=("127.0.0.1:$p")
 	done
-	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1
-	for a in "${addrs[@]}"; do
-		wait_for "cluster state ok on $a" 30 bash -c "redis-cli -p ${a##*:} cluster info | grep -q cluster_state:ok"
-	done
+	create_cluster "$dir/cluster-create.log" 0 redis-cli -- "${addrs[@]}"
 	# A Sentinel, so clients that find their master through Sentinel are
 	# tested too. With no replica it never fails over; it only answers.
 	sport=$(free_port)
@@ -156,14 +131,10 @@ halt)
 	;;
 resume)
 	[ -f "$dir/standalone.port" ] || { echo "redis: nothing to resume in $dir" >&2; exit 1; }
-	start_one standalone "$(cat "$dir/standalone.port")"
+	start_redis "$dir" standalone "$(cat "$dir/standalone.port")"
 	;;
 stop)
-	stop_watchdog "$dir"
-	for f in "$dir"/*.pid; do
-		[ -e "$f" ] && stop_process "$f"
-	done
-	rm -f "$state/redis.env"
+	stop_all "$dir" "$state/redis.env"
 	;;
 *)
 	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2

@@ -25,8 +25,12 @@ import (
 
 var quiet = slog.New(slog.DiscardHandler)
 
+// wrongPassword is the password the tests give where the server expects
+// another; wantLinkError checks that no error shows it.
+const wrongPassword = "not-the-password"
+
 // wantLinkError fails unless err is a LinkError of kind whose message
-// holds every want.
+// holds every want, on one line, without the wrong password.
 func wantLinkError(t *testing.T, what string, err error, kind error, want ...string) {
 	t.Helper()
 	t.Logf("%s: %v", what, err)
@@ -46,80 +50,77 @@ func wantLinkError(t *testing.T, what string, err error, kind error, want ...str
 	if strings.Count(err.Error(), "\n") > 0 {
 		t.Errorf("%s: err = %q, want one line", what, err)
 	}
+	if strings.Contains(err.Error(), wrongPassword) {
+		t.Errorf("%s: the error shows the password: %v", what, err)
+	}
+}
+
+// openRedis validates r, opens a client that tries once and is closed with
+// the test, and checks the link as the gateway does at start.
+func openRedis(t *testing.T, r Redis) (redis.UniversalClient, error) {
+	t.Helper()
+	if err := r.Validate(); err != nil {
+		t.Fatalf("Validate(%+v) = %v", r, err)
+	}
+	rdb, err := NewRedis(r, RedisTuning{Timeout: 2 * time.Second, MaxRetries: -1}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, PingRedis(context.Background(), rdb, r)
 }
 
 func TestRedisLink(t *testing.T) {
 	t.Parallel()
 	certs, srv := testenv.TLSCerts(t), testenv.SecureRedis(t)
+	master, sent := testenv.SecureRedisSentinel(t)
 	addr := srv.Addrs[0]
 	good := Redis{Addr: addr, Username: srv.User, Password: Secret(srv.Password), TLS: TLS{CAFile: certs.CA}}
 	ping := func(r Redis) error {
 		t.Helper()
-		if err := r.Validate(); err != nil {
-			t.Fatalf("Validate(%+v) = %v", r, err)
-		}
-		rdb, err := NewRedis(r, RedisTuning{Timeout: 2 * time.Second, MaxRetries: -1}, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rdb.Close()
-		return PingRedis(context.Background(), rdb, r)
+		_, err := openRedis(t, r)
+		return err
 	}
-
-	if err := ping(good); err != nil {
-		t.Errorf("PingRedis(TLS + ACL user) = %v, want nil", err)
-	}
-	withCert := good
-	withCert.TLS.CertFile, withCert.TLS.KeyFile, withCert.TLS.MinVersion = certs.Client, certs.ClientKey, "1.3"
-	if err := ping(withCert); err != nil {
-		t.Errorf("PingRedis(TLS 1.3 + client certificate) = %v, want nil", err)
-	}
-
-	wrong := good
-	wrong.Password = "not-the-password"
-	err := ping(wrong)
-	wantLinkError(t, "wrong password", err, ErrAuth, "redis ("+addr+", tls): authentication failed: WRONGPASS")
-	if strings.Contains(err.Error(), "not-the-password") {
-		t.Errorf("the error shows the password: %v", err)
-	}
-
-	anon := good
-	anon.Username, anon.Password = "", ""
-	wantLinkError(t, "no credentials", ping(anon), ErrAuth, "authentication failed: NOAUTH")
-
-	untrusted := good
-	untrusted.TLS.CAFile = certs.UntrustedCA
-	wantLinkError(t, "untrusted CA", ping(untrusted), ErrTLS, "redis ("+addr+", tls): TLS handshake: x509: certificate signed by unknown authority")
-
-	wrongName := good
-	wrongName.TLS.ServerName = "redis.example.com"
-	wantLinkError(t, "wrong server name", ping(wrongName), ErrTLS, "TLS handshake: x509: certificate is valid for localhost, not redis.example.com")
-
-	plain := good
-	plain.TLS = TLS{}
-	wantLinkError(t, "no TLS", ping(plain), ErrProtocol, "redis ("+addr+"): the server dropped the connection (does it require TLS")
-
 	// Through a Sentinel that has credentials of its own, over TLS.
-	master, sent := testenv.SecureRedisSentinel(t)
-	viaSentinel := good
-	viaSentinel.Addr, viaSentinel.SentinelAddrs, viaSentinel.SentinelMaster = "", sent.Addrs, master
-	viaSentinel.SentinelUsername, viaSentinel.SentinelPassword = sent.User, Secret(sent.Password)
-	if err := ping(viaSentinel); err != nil {
-		t.Errorf("PingRedis(Sentinel over TLS with its own ACL user) = %v, want nil", err)
+	viaSentinel := func(r *Redis) {
+		r.Addr, r.SentinelAddrs, r.SentinelMaster = "", sent.Addrs, master
+		r.SentinelUsername, r.SentinelPassword = sent.User, Secret(sent.Password)
 	}
 	sentinelLink := "redis (sentinel " + master + " " + sent.Addrs[0] + ", tls)"
-	wrongSentinel := viaSentinel
-	wrongSentinel.SentinelPassword = "not-the-password"
-	wantLinkError(t, "wrong Sentinel password", ping(wrongSentinel), ErrAuth, sentinelLink+": authentication failed: sentinel: WRONGPASS")
-	noSentinelAuth := viaSentinel
-	noSentinelAuth.SentinelUsername, noSentinelAuth.SentinelPassword = "", ""
-	wantLinkError(t, "no Sentinel credentials", ping(noSentinelAuth), ErrAuth, sentinelLink+": authentication failed: sentinel: NOAUTH")
-	wrongMaster := viaSentinel
-	wrongMaster.Password = "not-the-password"
-	wantLinkError(t, "wrong master password via Sentinel", ping(wrongMaster), ErrAuth, sentinelLink+": authentication failed: WRONGPASS")
-	untrustedSentinel := viaSentinel
-	untrustedSentinel.TLS.CAFile = certs.UntrustedCA
-	wantLinkError(t, "untrusted CA via Sentinel", ping(untrustedSentinel), ErrTLS, sentinelLink+": TLS handshake: x509: certificate signed by unknown authority")
+
+	for _, tt := range []struct {
+		name string
+		give func(*Redis)
+		kind error // nil: the link connects
+		want string
+	}{
+		{name: "TLS + ACL user", give: func(*Redis) {}},
+		{name: "TLS 1.3 + client certificate", give: func(r *Redis) {
+			r.TLS.CertFile, r.TLS.KeyFile, r.TLS.MinVersion = certs.Client, certs.ClientKey, "1.3"
+		}},
+		{"wrong password", func(r *Redis) { r.Password = wrongPassword }, ErrAuth, "redis (" + addr + ", tls): authentication failed: WRONGPASS"},
+		{"no credentials", func(r *Redis) { r.Username, r.Password = "", "" }, ErrAuth, "authentication failed: NOAUTH"},
+		{"untrusted CA", func(r *Redis) { r.TLS.CAFile = certs.UntrustedCA }, ErrTLS, "redis (" + addr + ", tls): TLS handshake: x509: certificate signed by unknown authority"},
+		{"wrong server name", func(r *Redis) { r.TLS.ServerName = "redis.example.com" }, ErrTLS, "TLS handshake: x509: certificate is valid for localhost, not redis.example.com"},
+		{"no TLS", func(r *Redis) { r.TLS = TLS{} }, ErrProtocol, "redis (" + addr + "): the server dropped the connection (does it require TLS"},
+
+		{name: "Sentinel over TLS with its own ACL user", give: viaSentinel},
+		{"wrong Sentinel password", func(r *Redis) { viaSentinel(r); r.SentinelPassword = wrongPassword }, ErrAuth, sentinelLink + ": authentication failed: sentinel: WRONGPASS"},
+		{"no Sentinel credentials", func(r *Redis) { viaSentinel(r); r.SentinelUsername, r.SentinelPassword = "", "" }, ErrAuth, sentinelLink + ": authentication failed: sentinel: NOAUTH"},
+		{"wrong master password via Sentinel", func(r *Redis) { viaSentinel(r); r.Password = wrongPassword }, ErrAuth, sentinelLink + ": authentication failed: WRONGPASS"},
+		{"untrusted CA via Sentinel", func(r *Redis) { viaSentinel(r); r.TLS.CAFile = certs.UntrustedCA }, ErrTLS, sentinelLink + ": TLS handshake: x509: certificate signed by unknown authority"},
+	} {
+		r := good
+		tt.give(&r)
+		err := ping(r)
+		if tt.kind == nil {
+			if err != nil {
+				t.Errorf("PingRedis(%s) = %v, want nil", tt.name, err)
+			}
+			continue
+		}
+		wantLinkError(t, tt.name, err, tt.kind, tt.want)
+	}
 
 	// A Redis that is down is not a configuration problem: the gateway
 	// starts and its failure policy covers.
@@ -152,12 +153,8 @@ func TestKafkaLink(t *testing.T) {
 
 	for _, mech := range []string{"PLAIN", "SCRAM-SHA-512"} {
 		wrong := link(mech)
-		wrong.SASL.Password = "not-the-password"
-		err := check(wrong)
-		wantLinkError(t, "wrong password "+mech, err, ErrAuth, "kafka ("+brokers+", tls, sasl "+mech+"): authentication failed: ")
-		if strings.Contains(err.Error(), "not-the-password") {
-			t.Errorf("the error shows the password: %v", err)
-		}
+		wrong.SASL.Password = wrongPassword
+		wantLinkError(t, "wrong password "+mech, check(wrong), ErrAuth, "kafka ("+brokers+", tls, sasl "+mech+"): authentication failed: ")
 	}
 
 	unknownUser := link("SCRAM-SHA-256")
@@ -203,26 +200,21 @@ func TestClickHouseLink(t *testing.T) {
 	if err := ping(good); err != nil {
 		t.Errorf("PingClickHouse(TLS + password) = %v, want nil", err)
 	}
-
-	wrong := good
-	wrong.Password = "not-the-password"
-	err := ping(wrong)
-	wantLinkError(t, "wrong password", err, ErrAuth, "clickhouse ("+addr+", tls): authentication failed: ")
-	if strings.Contains(err.Error(), "not-the-password") {
-		t.Errorf("the error shows the password: %v", err)
+	for _, tt := range []struct {
+		name string
+		give func(*ClickHouse)
+		kind error
+		want string
+	}{
+		{"wrong password", func(c *ClickHouse) { c.Password = wrongPassword }, ErrAuth, "clickhouse (" + addr + ", tls): authentication failed: "},
+		{"no password", func(c *ClickHouse) { c.Password = "" }, ErrAuth, "authentication failed"},
+		{"untrusted CA", func(c *ClickHouse) { c.TLS.CAFile = certs.UntrustedCA }, ErrTLS, "clickhouse (" + addr + ", tls): TLS handshake: x509: certificate signed by unknown authority"},
+		{"no TLS", func(c *ClickHouse) { c.TLS = TLS{} }, ErrProtocol, "clickhouse (" + addr + "): the server dropped the connection"},
+	} {
+		c := good
+		tt.give(&c)
+		wantLinkError(t, tt.name, ping(c), tt.kind, tt.want)
 	}
-
-	noPassword := good
-	noPassword.Password = ""
-	wantLinkError(t, "no password", ping(noPassword), ErrAuth, "authentication failed")
-
-	untrusted := good
-	untrusted.TLS.CAFile = certs.UntrustedCA
-	wantLinkError(t, "untrusted CA", ping(untrusted), ErrTLS, "clickhouse ("+addr+", tls): TLS handshake: x509: certificate signed by unknown authority")
-
-	plain := good
-	plain.TLS = TLS{}
-	wantLinkError(t, "no TLS", ping(plain), ErrProtocol, "clickhouse ("+addr+"): the server dropped the connection")
 }
 
 // TestHTTPLink: the alert destinations' link, against real HTTPS servers
@@ -326,22 +318,10 @@ func TestRedisClusterLink(t *testing.T) {
 	addrs := strings.Split(s.Get(t, "EDGELIMIT_TEST_REDIS_TLS_CLUSTER_ADDRS"), ",")
 	good := Redis{ClusterAddrs: addrs[:1], Username: s.Get(t, "EDGELIMIT_TEST_REDIS_USER"),
 		Password: Secret(s.Get(t, "EDGELIMIT_TEST_REDIS_PASSWORD")), TLS: TLS{CAFile: certs.CA}}
-	open := func(r Redis) (redis.UniversalClient, error) {
-		t.Helper()
-		if err := r.Validate(); err != nil {
-			t.Fatalf("Validate(%+v) = %v", r, err)
-		}
-		rdb, err := NewRedis(r, RedisTuning{Timeout: 2 * time.Second, MaxRetries: -1}, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rdb.Close() })
-		return rdb, PingRedis(context.Background(), rdb, r)
-	}
 
 	// One seed: the client learns the other masters from it, at their TLS
 	// ports, and reaches each as the ACL user.
-	rdb, err := open(good)
+	rdb, err := openRedis(t, good)
 	if err != nil {
 		t.Fatalf("PingRedis(TLS cluster) = %v, want nil", err)
 	}
@@ -356,11 +336,11 @@ func TestRedisClusterLink(t *testing.T) {
 
 	link := "redis (cluster " + addrs[0] + ", tls)"
 	wrong := good
-	wrong.Password = "not-the-password"
-	_, err = open(wrong)
+	wrong.Password = wrongPassword
+	_, err = openRedis(t, wrong)
 	wantLinkError(t, "cluster wrong password", err, ErrAuth, link+": authentication failed: WRONGPASS")
 	untrusted := good
 	untrusted.TLS.CAFile = certs.UntrustedCA
-	_, err = open(untrusted)
+	_, err = openRedis(t, untrusted)
 	wantLinkError(t, "cluster untrusted CA", err, ErrTLS, link+": TLS handshake: x509: certificate signed by unknown authority")
 }

@@ -2,10 +2,44 @@ package testenv
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
+
+// Seed is a randomized test's seed: the variable name's value when set,
+// so that a failing run can be repeated, else a random one (log it).
+func Seed(tb testing.TB, name string) uint64 {
+	tb.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return rand.Uint64()
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		tb.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return n
+}
+
+// Duration is how long a randomized test runs: the variable name's value
+// when set (a time.ParseDuration string), else def.
+func Duration(tb testing.TB, name string, def time.Duration) time.Duration {
+	tb.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		tb.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return d
+}
 
 // FreeAddr returns a loopback host:port that was free a moment ago, for a
 // process under test that is told where to listen.

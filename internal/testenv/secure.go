@@ -42,11 +42,7 @@ type Secure struct {
 // default user off: User is an ACL user with every permission.
 func SecureRedis(tb testing.TB) Secure {
 	tb.Helper()
-	return Secure{
-		Addrs:    []string{Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_ADDR", "TLS Redis")},
-		User:     Lookup(tb, "EDGELIMIT_TEST_REDIS_USER", "TLS Redis"),
-		Password: Lookup(tb, "EDGELIMIT_TEST_REDIS_PASSWORD", "TLS Redis"),
-	}
+	return lookupSecure(tb, "TLS Redis", "EDGELIMIT_TEST_REDIS_TLS_ADDR", "EDGELIMIT_TEST_REDIS_USER", "EDGELIMIT_TEST_REDIS_PASSWORD")
 }
 
 // SecureKafka is the SASL_SSL listener of the test broker (the same broker
@@ -54,11 +50,7 @@ func SecureRedis(tb testing.TB) Secure {
 // with Password.
 func SecureKafka(tb testing.TB) Secure {
 	tb.Helper()
-	return Secure{
-		Addrs:    strings.Split(Lookup(tb, "EDGELIMIT_TEST_KAFKA_SASL_BROKERS", "SASL_SSL Kafka"), ","),
-		User:     Lookup(tb, "EDGELIMIT_TEST_KAFKA_USER", "SASL_SSL Kafka"),
-		Password: Lookup(tb, "EDGELIMIT_TEST_KAFKA_PASSWORD", "SASL_SSL Kafka"),
-	}
+	return lookupSecure(tb, "SASL_SSL Kafka", "EDGELIMIT_TEST_KAFKA_SASL_BROKERS", "EDGELIMIT_TEST_KAFKA_USER", "EDGELIMIT_TEST_KAFKA_PASSWORD")
 }
 
 // SecureClickHouse is the native TLS port (tcp_port_secure) of the test
@@ -66,11 +58,7 @@ func SecureKafka(tb testing.TB) Secure {
 // password there.
 func SecureClickHouse(tb testing.TB) Secure {
 	tb.Helper()
-	return Secure{
-		Addrs:    []string{Lookup(tb, "EDGELIMIT_TEST_CLICKHOUSE_TLS_ADDR", "TLS ClickHouse")},
-		User:     Lookup(tb, "EDGELIMIT_TEST_CLICKHOUSE_USER", "TLS ClickHouse"),
-		Password: Lookup(tb, "EDGELIMIT_TEST_CLICKHOUSE_PASSWORD", "TLS ClickHouse"),
-	}
+	return lookupSecure(tb, "TLS ClickHouse", "EDGELIMIT_TEST_CLICKHOUSE_TLS_ADDR", "EDGELIMIT_TEST_CLICKHOUSE_USER", "EDGELIMIT_TEST_CLICKHOUSE_PASSWORD")
 }
 
 // SecureRedisSentinel is a Sentinel watching SecureRedis (its master
@@ -78,9 +66,18 @@ func SecureClickHouse(tb testing.TB) Secure {
 // Sentinel's, not the master's.
 func SecureRedisSentinel(tb testing.TB) (master string, s Secure) {
 	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_MASTER", "TLS Redis Sentinel"), Secure{
-		Addrs:    strings.Split(Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_ADDRS", "TLS Redis Sentinel"), ","),
-		User:     Lookup(tb, "EDGELIMIT_TEST_REDIS_SENTINEL_USER", "TLS Redis Sentinel"),
-		Password: Lookup(tb, "EDGELIMIT_TEST_REDIS_SENTINEL_PASSWORD", "TLS Redis Sentinel"),
+	const what = "TLS Redis Sentinel"
+	return Lookup(tb, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_MASTER", what),
+		lookupSecure(tb, what, "EDGELIMIT_TEST_REDIS_TLS_SENTINEL_ADDRS", "EDGELIMIT_TEST_REDIS_SENTINEL_USER", "EDGELIMIT_TEST_REDIS_SENTINEL_PASSWORD")
+}
+
+// lookupSecure reads a Secure from the variables named: addrs (comma
+// separated), user and password; what names the server when one is unset.
+func lookupSecure(tb testing.TB, what, addrs, user, password string) Secure {
+	tb.Helper()
+	return Secure{
+		Addrs:    strings.Split(Lookup(tb, addrs, what), ","),
+		User:     Lookup(tb, user, what),
+		Password: Lookup(tb, password, what),
 	}
 }
