@@ -252,10 +252,6 @@ func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
 				return errors.New("should not specify rate limit unit when unlimited")
 			case !rl.Unlimited && !validUnit:
 				return fmt.Errorf("invalid rate limit unit '%s'", rl.Unit)
-			case !rl.Unlimited && rl.RequestsPerUnit == 0:
-				// ratelimit loads it and then denies every request; a
-				// limit of nothing is refused here instead.
-				return fmt.Errorf("descriptor '%s.%s': requests_per_unit must be positive (use unlimited: false with a limit, or remove the descriptor)", dom, path)
 			}
 			l := &limit{name: rl.Name, unlimited: rl.Unlimited, shadow: d.ShadowMode, detailed: d.DetailedMetric,
 				requestsPerUnit: rl.RequestsPerUnit, unit: unit, period: period, ruleName: ruleName(dom, path)}

@@ -174,6 +174,7 @@ func sortHeaders(hs []*corev3.HeaderValue) {
 type pick struct {
 	rule      int // index into the call's rules; -1: none
 	unlimited bool
+	blocked   bool // requests_per_unit: 0
 	current   *rlsv3.RateLimitResponse_RateLimit
 }
 
@@ -270,6 +271,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	byBucket := map[string]int{}
 	cost := int64(max(1, req.GetHitsAddend()))
 	costSet := false
+	blocked := -1 // a descriptor whose limit is 0
 	for i, f := range all {
 		p := pick{rule: -1}
 		switch {
@@ -277,6 +279,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case f.lim.name != "" && replacing[f.lim.name] && !f.override:
 		case f.lim.unlimited:
 			p.unlimited = true
+		case f.lim.requestsPerUnit == 0:
+			p.blocked, p.current = true, f.lim.current()
+			blocked = i
 		default:
 			b := bucket(dom.name, f.entries)
 			j, ok := byBucket[b]
@@ -298,6 +303,19 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			cost, costSet = c, true
 		}
 		picks[i] = p
+	}
+	if blocked >= 0 {
+		// requests_per_unit: 0 is ratelimit's block list: over the limit
+		// whatever the count, so no store call; all-or-nothing, nothing
+		// else is checked or consumed.
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		for i, p := range picks {
+			resp.Statuses[i] = unchecked(p)
+			if p.blocked {
+				resp.Statuses[i].Code, resp.Statuses[i].CurrentLimit = rlsv3.RateLimitResponse_OVER_LIMIT, p.current
+			}
+		}
+		return resp, nil
 	}
 	if len(rules) > limiter.MaxRules {
 		return nil, status.Errorf(codes.InvalidArgument, "%d distinct limited descriptors, at most %d", len(rules), limiter.MaxRules)

@@ -434,3 +434,53 @@ func TestReloadSwapsTheRules(t *testing.T) {
 		t.Fatalf("after a failed reload: %v, want the previous (empty) rules", st)
 	}
 }
+
+// TestReadmeExamplesBehave serves envoyproxy/ratelimit's README examples
+// as they are and checks what the README says of them.
+func TestReadmeExamplesBehave(t *testing.T) {
+	r := startRLS(t, readmeExamples, Config{}, gatewayConfig(), "")
+	// Example 2: both descriptors in one request, 5 a day for marketing
+	// to one number; the number's own 100 a day counts those 5 too.
+	marketing, number := desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")
+	for i := range 5 {
+		if resp := r.ask(t, "messaging", 0, marketing, number); resp.GetOverallCode() != ok {
+			t.Fatalf("example 2, request %d: %v", i+1, resp)
+		}
+	}
+	resp := r.ask(t, "messaging", 0, marketing, number)
+	if resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != over || resp.GetStatuses()[1].GetCode() != ok {
+		t.Fatalf("example 2, 6th marketing message: %v, want OVER_LIMIT by the marketing limit", resp)
+	}
+	if st := r.ask(t, "messaging", 0, number).GetStatuses()[0]; st.GetCode() != ok || st.GetLimitRemaining() != 94 {
+		t.Fatalf("example 2, a plain message: %v, want OK with 94 of 100 left", st)
+	}
+	// Example 3: the listed address is blocked, others get 10 a second.
+	if resp := r.ask(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.5")); resp.GetOverallCode() != over {
+		t.Errorf("example 3, blocked address: %v, want OVER_LIMIT", resp)
+	}
+	if resp := r.ask(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.1")); resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Errorf("example 3, other address: %v, want OK with 9 left", resp)
+	}
+	// Example 5: unlimited.
+	if st := r.ask(t, "internal", 0, desc("ldap", "x")).GetStatuses()[0]; st.GetLimitRemaining() != math.MaxUint32 {
+		t.Errorf("example 5, ldap: %v, want MaxUint32 remaining", st)
+	}
+	// Example 6: user-a in shadow mode is never limited, user-b is.
+	for range 12 {
+		if resp := r.ask(t, "example6", 0, desc("service", "auth-service", "user", "user-a")); resp.GetOverallCode() != ok {
+			t.Fatalf("example 6, user-a: %v, want OK always", resp)
+		}
+	}
+	// Example 7: with both descriptors, the 10/s limit replaces the 5/s one.
+	one, two := desc("key_1", "value_1", "user", "bkthomps"), desc("key_2", "value_2", "user", "bkthomps")
+	for i := range 10 {
+		resp := r.ask(t, "example7", 0, one, two)
+		if resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			t.Fatalf("example 7, request %d: %v, want OK with the first limit replaced", i+1, resp)
+		}
+	}
+	// The replaced 5/s limit was not affected: its own bucket is full.
+	if st := r.ask(t, "example7", 0, one).GetStatuses()[0]; st.GetLimitRemaining() != 4 {
+		t.Errorf("example 7, key_1 alone: %v, want 4 of 5 left (untouched by the replaced requests)", st)
+	}
+}
