@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,9 +43,16 @@ type rls struct {
 type events struct {
 	mu  sync.Mutex
 	all []event.Decision
+	// countOnly keeps no events, for benchmarks.
+	countOnly bool
+	n         atomic.Int64
 }
 
 func (e *events) Publish(d event.Decision) {
+	if e.countOnly {
+		e.n.Add(1)
+		return
+	}
 	e.mu.Lock()
 	e.all = append(e.all, d)
 	e.mu.Unlock()
@@ -92,6 +100,7 @@ func randHex(n int) string {
 // test Redis (or redisAddr when given).
 func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Config, redisAddr string) *rls {
 	t.Helper()
+	_, bench := t.(*testing.B)
 	if redisAddr == "" {
 		redisAddr = testenv.RedisAddr(t)
 	}
@@ -103,7 +112,7 @@ func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Co
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	ev := &events{}
+	ev := &events{countOnly: bench}
 	gw, err := gateway.New(gcfg, gateway.Options{Store: redisStore(t, redisAddr), Registry: reg, Logger: log, Publisher: ev})
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
@@ -179,3 +188,5 @@ func writeFile(t testing.TB, dir, name, body string) {
 		t.Fatal(err)
 	}
 }
+
+func descs(ds ...*commonv3.RateLimitDescriptor) []*commonv3.RateLimitDescriptor { return ds }
