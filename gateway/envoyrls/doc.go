@@ -65,7 +65,11 @@
 //     closed answers OVER_LIMIT with Retry-After (so Envoy refuses even
 //     with failure_mode_deny false), local enforces this gateway's share.
 //     A descriptor recently denied by Redis stays denied (deny cache).
-//   - detailed_metric is accepted and changes nothing: metric labels never
+//   - quota_mode (newer ratelimit) reports OK over the limit like
+//     shadow_mode; the violation is in the decision event (mode shadow), not
+//     in dynamic metadata. share_threshold is honoured: every value a
+//     share_threshold wildcard matches counts in one bucket.
+//   - detailed_metric and value_to_metric are accepted and change nothing: metric labels never
 //     hold request values; the decision events (and ClickHouse) answer
 //     per-value questions. Events name the domain (route "envoy:<domain>",
 //     plan "<domain>") and carry a keyed hash of all of the request's

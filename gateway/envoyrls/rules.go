@@ -35,7 +35,10 @@ type yamlDescriptor struct {
 	RateLimit      *yamlRateLimit   `yaml:"rate_limit"`
 	Descriptors    []yamlDescriptor `yaml:"descriptors"`
 	ShadowMode     bool             `yaml:"shadow_mode"`
+	QuotaMode      bool             `yaml:"quota_mode"`
 	DetailedMetric bool             `yaml:"detailed_metric"`
+	ValueToMetric  bool             `yaml:"value_to_metric"`
+	ShareThreshold bool             `yaml:"share_threshold"`
 }
 
 type yamlRateLimit struct {
@@ -56,6 +59,8 @@ var validKeys = map[string]bool{
 	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
 	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
 	"name": true, "replaces": true, "detailed_metric": true,
+	// Newer ratelimit versions' keys.
+	"quota_mode": true, "value_to_metric": true, "share_threshold": true,
 }
 
 // units are ratelimit's units (RateLimitResponse.RateLimit.Unit) and the
@@ -93,6 +98,10 @@ type node struct {
 	// path is the node's place in the tree, ratelimit's stats key without
 	// the domain ("key_value.key2"), and names the rule.
 	path string
+	// share: every value this wildcard node matches shares one bucket
+	// (share_threshold); value is the wildcard value ("files/*").
+	share bool
+	value string
 }
 
 // limit is one descriptor's rate_limit.
@@ -243,7 +252,10 @@ func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
 			// end is almost surely a mistake, so say so.
 			return fmt.Errorf("descriptor '%s.%s': a wildcard '*' may only end a value", dom, path)
 		}
-		child := &node{children: map[string]*node{}, path: path}
+		if d.ShareThreshold && !strings.HasSuffix(final, "*") {
+			return fmt.Errorf("share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", final)
+		}
+		child := &node{children: map[string]*node{}, path: path, share: d.ShareThreshold, value: d.Value}
 		if rl := d.RateLimit; rl != nil {
 			unit := strings.ToUpper(rl.Unit)
 			period, validUnit := units[unit]
@@ -253,7 +265,9 @@ func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
 			case !rl.Unlimited && !validUnit:
 				return fmt.Errorf("invalid rate limit unit '%s'", rl.Unit)
 			}
-			l := &limit{name: rl.Name, unlimited: rl.Unlimited, shadow: d.ShadowMode, detailed: d.DetailedMetric,
+			// quota_mode reports OK over the limit, as shadow_mode does;
+			// ratelimit also lists the violation in dynamic metadata.
+			l := &limit{name: rl.Name, unlimited: rl.Unlimited, shadow: d.ShadowMode || d.QuotaMode, detailed: d.DetailedMetric,
 				requestsPerUnit: rl.RequestsPerUnit, unit: unit, period: period, ruleName: ruleName(dom, path)}
 			for _, rep := range rl.Replaces {
 				if rep.Name == "" {
@@ -283,9 +297,11 @@ type entry struct{ key, value string }
 // match finds the limit of one request descriptor the way ratelimit's
 // GetLimit does: at each level "key_value", else the first wildcard whose
 // prefix matches, else "key" (any value); the limit of the node reached by
-// the last entry applies, none if the walk ends early.
-func (d *domain) match(entries []entry) (*node, bool) {
-	n := &d.root
+// the last entry applies, none if the walk ends early. bucketed are the
+// entries the descriptor's bucket is named by: entries itself, but with
+// the wildcard value for entries matched by a share_threshold wildcard.
+func (d *domain) match(entries []entry) (n *node, ok bool, bucketed []entry) {
+	n, bucketed = &d.root, entries
 	for i, e := range entries {
 		next := n.children[e.key+"_"+e.value]
 		if next == nil {
@@ -296,22 +312,28 @@ func (d *domain) match(entries []entry) (*node, bool) {
 					break
 				}
 			}
+			if next != nil && next.share {
+				if &bucketed[0] == &entries[0] {
+					bucketed = slices.Clone(entries)
+				}
+				bucketed[i].value = next.value
+			}
 		}
 		if next == nil {
 			next = n.children[e.key]
 		}
 		if next == nil {
-			return nil, false
+			return nil, false, nil
 		}
 		if i == len(entries)-1 {
-			return next, next.limit != nil
+			return next, next.limit != nil, bucketed
 		}
 		if len(next.children) == 0 {
-			return nil, false
+			return nil, false, nil
 		}
 		n = next
 	}
-	return nil, false
+	return nil, false, nil
 }
 
 // ruleName names a descriptor's rule in headers, metrics and events: the

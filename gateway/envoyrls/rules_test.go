@@ -8,7 +8,7 @@ import (
 )
 
 // readmeExamples are the configuration examples of envoyproxy/ratelimit's
-// README ("Examples" 1–9), as they are written there.
+// README ("Examples" 1–11), as they are written there.
 var readmeExamples = map[string]string{
 	"example1.yaml": `
 domain: mongo_cps
@@ -144,6 +144,39 @@ descriptors:
       unit: minute
       requests_per_unit: 20
 `,
+	"example10.yaml": `
+domain: example10
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit:
+              unit: minute
+              requests_per_unit: 60
+`,
+	"example11.yaml": `
+domain: example11
+descriptors:
+  # With share_threshold: true, all files/* matches share the same threshold
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+
+  # Without share_threshold, each files_no_share/* match has its own isolated threshold
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+`,
 	"example9.yaml": `
 domain: example9
 descriptors:
@@ -208,6 +241,9 @@ func TestReadmeExamplesMatch(t *testing.T) {
 		{"9: wildcard", "example9", entries("key1", "value_1"), "20/MINUTE"},
 		{"9: wildcard 2", "example9", entries("key1", "value_2"), "20/MINUTE"},
 		{"9: no prefix", "example9", entries("key1", "other"), ""},
+		{"10: value_to_metric", "example10", entries("route", "api", "http_method", "GET", "subject_id", "123"), "60/MINUTE"},
+		{"11: shared wildcard", "example11", entries("files", "files/a.pdf"), "10/HOUR"},
+		{"11: isolated wildcard", "example11", entries("files_no_share", "files_no_share/a.pdf"), "10/HOUR"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := r.domains[tc.domain]
@@ -215,7 +251,7 @@ func TestReadmeExamplesMatch(t *testing.T) {
 				t.Fatalf("no domain %q", tc.domain)
 			}
 			got := ""
-			if n, ok := d.match(tc.give); ok {
+			if n, ok, _ := d.match(tc.give); ok {
 				l := n.limit
 				got = strings.TrimSpace(itoa(l.requestsPerUnit) + "/" + l.unit + flag(l.shadow, " shadow") + flag(l.unlimited, " unlimited"))
 			}
@@ -225,7 +261,7 @@ func TestReadmeExamplesMatch(t *testing.T) {
 		})
 	}
 	// Example 7's replaces is kept for the request-level pass.
-	n, _ := r.domains["example7"].match(entries("key_2", "value_2", "user", "bkthomps"))
+	n, _, _ := r.domains["example7"].match(entries("key_2", "value_2", "user", "bkthomps"))
 	if len(n.limit.replaces) != 1 || n.limit.replaces[0] != "specific_limit" {
 		t.Errorf("example7 replaces = %v, want [specific_limit]", n.limit.replaces)
 	}
@@ -268,6 +304,7 @@ func TestRejectedFiles(t *testing.T) {
 		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n", "should not specify rate limit unit when unlimited"},
 		{"empty replaces", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "should not have an empty replaces entry"},
 		{"replaces itself", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n", "replaces should not contain name of same descriptor"},
+		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n  - {key: k, value: v, share_threshold: true}\n", "share_threshold can only be used with wildcard values (ending with '*'), but found key 'k_v'"},
 		{"negative limit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "error loading config file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -162,6 +162,7 @@ func (s *Service) Server() (*grpc.Server, error) {
 type resolved struct {
 	lim      *limit
 	entries  []entry
+	bucketed []entry // the entries the bucket is named by, if not entries
 	override bool
 }
 
@@ -240,9 +241,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				}
 			}
 		}
-		n, ok := dom.match(f.entries)
+		n, ok, bucketed := dom.match(f.entries)
 		if ok {
-			f.lim = n.limit
+			f.lim, f.bucketed = n.limit, bucketed
 		}
 		if o := d.GetLimit(); o != nil {
 			switch cfg.LimitOverrides {
@@ -283,7 +284,11 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			p.blocked, p.current = true, f.lim.current()
 			blocked = i
 		default:
-			b := bucket(dom.name, f.entries)
+			be := f.entries
+			if f.bucketed != nil && !f.override {
+				be = f.bucketed
+			}
+			b := bucket(dom.name, be)
 			j, ok := byBucket[b]
 			if !ok {
 				j = len(rules)

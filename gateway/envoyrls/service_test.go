@@ -479,6 +479,21 @@ func TestReadmeExamplesBehave(t *testing.T) {
 			t.Fatalf("example 7, request %d: %v, want OK with the first limit replaced", i+1, resp)
 		}
 	}
+	// Example 11: files/* share one threshold of 10, files_no_share/* do not.
+	for i, f := range []string{"a.pdf", "a.pdf", "a.pdf", "a.pdf", "a.pdf", "b.csv", "b.csv", "b.csv", "b.csv", "b.csv"} {
+		if resp := r.ask(t, "example11", 0, desc("files", "files/"+f)); resp.GetOverallCode() != ok {
+			t.Fatalf("example 11, shared request %d: %v", i+1, resp)
+		}
+	}
+	if resp := r.ask(t, "example11", 0, desc("files", "files/c.txt")); resp.GetOverallCode() != over {
+		t.Errorf("example 11, files/c.txt after 10 shared: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	for range 10 {
+		r.ask(t, "example11", 0, desc("files_no_share", "files_no_share/a.pdf"))
+	}
+	if resp := r.ask(t, "example11", 0, desc("files_no_share", "files_no_share/b.csv")); resp.GetOverallCode() != ok {
+		t.Errorf("example 11, files_no_share/b.csv: %v, want OK (its own threshold)", resp.GetOverallCode())
+	}
 	// The replaced 5/s limit was not affected: its own bucket is full.
 	if st := r.ask(t, "example7", 0, one).GetStatuses()[0]; st.GetLimitRemaining() != 4 {
 		t.Errorf("example 7, key_1 alone: %v, want 4 of 5 left (untouched by the replaced requests)", st)
