@@ -102,8 +102,16 @@ func parallel(b *testing.B, op func(w, i int) error) {
 func BenchmarkShouldRateLimit(b *testing.B) {
 	addr := os.Getenv("EDGELIMIT_RLS_BENCH_ADDR")
 	if addr == "" {
-		addr = serveBench(b)
+		addr = serveBench(b, "")
 	}
+	benchRLS(b, addr)
+}
+
+// BenchmarkShouldRateLimitMemory is the same load on the gateway's
+// in-memory store: the door's own cost, without Redis.
+func BenchmarkShouldRateLimitMemory(b *testing.B) { benchRLS(b, serveBench(b, "memory")) }
+
+func benchRLS(b *testing.B, addr string) {
 	for _, conns := range []int{1, 4} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			clients := make([]rlsv3.RateLimitServiceClient, conns)
@@ -178,9 +186,10 @@ func BenchmarkHTTPCheck(b *testing.B) {
 	})
 }
 
-// serveBench starts the gateway's gRPC service with benchRules.
-func serveBench(b *testing.B) string {
+// serveBench starts the gateway's gRPC service with benchRules on
+// redisAddr (see startRLS).
+func serveBench(b *testing.B, redisAddr string) string {
 	b.Helper()
-	r := startRLS(b, map[string]string{"bench.yaml": benchRules}, Config{}, gatewayConfig(), "")
+	r := startRLS(b, map[string]string{"bench.yaml": benchRules}, Config{}, gatewayConfig(), redisAddr)
 	return r.conn.Target()
 }

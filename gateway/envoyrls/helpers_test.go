@@ -104,6 +104,10 @@ func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Co
 	if redisAddr == "" {
 		redisAddr = testenv.RedisAddr(t)
 	}
+	var store *limiter.Redis
+	if redisAddr != "memory" { // "memory": the gateway's in-memory store
+		store = redisStore(t, redisAddr)
+	}
 	dir := t.TempDir()
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
@@ -113,7 +117,11 @@ func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Co
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	ev := &events{countOnly: bench}
-	gw, err := gateway.New(gcfg, gateway.Options{Store: redisStore(t, redisAddr), Registry: reg, Logger: log, Publisher: ev})
+	opts := gateway.Options{Registry: reg, Logger: log, Publisher: ev}
+	if store != nil {
+		opts.Store = store
+	}
+	gw, err := gateway.New(gcfg, opts)
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
 	}
