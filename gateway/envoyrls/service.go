@@ -281,8 +281,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case f.lim.unlimited:
 			p.unlimited = true
 		case f.lim.requestsPerUnit == 0:
-			p.blocked, p.current = true, f.lim.current()
-			blocked = i
+			// In shadow mode it is reported (OK, nothing remaining) and
+			// never blocks.
+			p.current = f.lim.current()
+			if !f.lim.shadow && !cfg.ShadowMode {
+				p.blocked, blocked = true, i
+			}
 		default:
 			be := f.entries
 			if f.bucketed != nil && !f.override {
@@ -388,7 +392,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 // ratelimit's answer, OK with no current limit; an unlimited one has all
 // of its (unbounded) limit remaining.
 func unchecked(p pick) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: p.current}
 	if p.unlimited {
 		st.LimitRemaining = math.MaxUint32
 	}

@@ -461,6 +461,14 @@ func TestReadmeExamplesBehave(t *testing.T) {
 	if resp := r.ask(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.1")); resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != 9 {
 		t.Errorf("example 3, other address: %v, want OK with 9 left", resp)
 	}
+	// All-or-nothing with a blocked descriptor: the other is not consumed.
+	if resp := r.ask(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.1"), desc("remote_address", "50.0.0.5")); resp.GetOverallCode() != over ||
+		resp.GetStatuses()[0].GetCode() != ok || resp.GetStatuses()[1].GetCode() != over || resp.GetStatuses()[1].GetCurrentLimit().GetRequestsPerUnit() != 0 {
+		t.Errorf("example 3, both addresses: %v, want OVER_LIMIT by the blocked one", resp)
+	}
+	if st := r.ask(t, "edge_proxy_per_ip", 0, desc("remote_address", "50.0.0.1")).GetStatuses()[0]; st.GetLimitRemaining() < 8 {
+		t.Errorf("example 3, after a blocked request: %v, want 8 (or more, refilled) left", st)
+	}
 	// Example 5: unlimited.
 	if st := r.ask(t, "internal", 0, desc("ldap", "x")).GetStatuses()[0]; st.GetLimitRemaining() != math.MaxUint32 {
 		t.Errorf("example 5, ldap: %v, want MaxUint32 remaining", st)
