@@ -75,10 +75,10 @@
 //     plan "<domain>") and carry a keyed hash of all of the request's
 //     entries as key id, never the values; remote_address, when present,
 //     is the event's client IP.
-//   - A '*' anywhere but at the end of a value is refused (ratelimit
-//     matches it literally); so is a file ratelimit refuses, with its
-//     message. MERGE_DOMAIN_CONFIG is not supported: a domain in two files
-//     is refused.
+//   - A file ratelimit refuses is refused, with its message and the
+//     file's name (its own test configurations are checked by
+//     TestRatelimitTestConfigs). MERGE_DOMAIN_CONFIG is not supported: a
+//     domain in two files is refused.
 //   - response_headers_to_add carries the gateway's headers
 //     (X-RateLimit-Limit/Remaining/Reset of the binding descriptor,
 //     RateLimit-Policy, RateLimit, Retry-After when over), lower-cased,

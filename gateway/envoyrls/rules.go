@@ -247,11 +247,8 @@ func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
 		if _, dup := n.children[final]; dup {
 			return fmt.Errorf("duplicate descriptor composite key '%s.%s'", dom, path)
 		}
-		if i := strings.IndexByte(d.Value, '*'); i >= 0 && i != len(d.Value)-1 {
-			// ratelimit would take it literally; a '*' anywhere but at the
-			// end is almost surely a mistake, so say so.
-			return fmt.Errorf("descriptor '%s.%s': a wildcard '*' may only end a value", dom, path)
-		}
+		// A '*' ends a wildcard value only at its end; elsewhere it is a
+		// character like any other, as in ratelimit.
 		if d.ShareThreshold && !strings.HasSuffix(final, "*") {
 			return fmt.Errorf("share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", final)
 		}
