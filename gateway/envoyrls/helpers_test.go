@@ -100,7 +100,6 @@ func randHex(n int) string {
 // test Redis (or redisAddr when given).
 func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Config, redisAddr string) *rls {
 	t.Helper()
-	_, bench := t.(*testing.B)
 	if redisAddr == "" {
 		redisAddr = testenv.RedisAddr(t)
 	}
@@ -108,6 +107,13 @@ func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Co
 	if redisAddr != "memory" { // "memory": the gateway's in-memory store
 		store = redisStore(t, redisAddr)
 	}
+	return startRLSOn(t, files, cfg, gcfg, store)
+}
+
+// startRLSOn is startRLS on store (nil: the gateway's in-memory store).
+func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Config, store *limiter.Redis) *rls {
+	t.Helper()
+	_, bench := t.(*testing.B)
 	dir := t.TempDir()
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {

@@ -13,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 const (
@@ -505,5 +507,27 @@ func TestReadmeExamplesBehave(t *testing.T) {
 	// The replaced 5/s limit was not affected: its own bucket is full.
 	if st := r.ask(t, "example7", 0, one).GetStatuses()[0]; st.GetLimitRemaining() != 4 {
 		t.Errorf("example 7, key_1 alone: %v, want 4 of 5 left (untouched by the replaced requests)", st)
+	}
+}
+
+// TestOnRedisCluster: a request's descriptors live in one slot (the
+// domain's hash tag), so the one call works on Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: "rlscluster" + randHex(6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRLSOn(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), lim)
+	five, one := desc("generic_key", "five"), desc("generic_key", "one")
+	if resp := r.ask(t, "test", 0, five, one, desc("remote_address", "10.1.1.1")); resp.GetOverallCode() != ok || resp.GetStatuses()[1].GetLimitRemaining() != 0 {
+		t.Fatalf("first on the cluster: %v", resp)
+	}
+	if resp := r.ask(t, "test", 0, five, one); resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != ok {
+		t.Fatalf("second on the cluster: %v, want OVER_LIMIT by the second descriptor", resp)
+	}
+	if evs := r.events.list(); evs[len(evs)-1].StoreStatus != event.StoreOK {
+		t.Errorf("store status %v, want ok (Redis decided, no CROSSSLOT)", evs[len(evs)-1].StoreStatus)
 	}
 }

@@ -52,6 +52,41 @@ func TestRatelimitTestConfigs(t *testing.T) {
 			}
 		}
 	}
+	// basic_config.yaml: what ratelimit's TestBasicConfig expects of it.
+	if r, err := Parse(map[string][]byte{"b.yaml": mustRead(t, filepath.Join(dir, "basic_config.yaml"))}); err == nil {
+		d := r.domains["test-domain"]
+		for _, tc := range []struct {
+			give []entry
+			want string // "N/UNIT", "unlimited" or "" (no limit)
+		}{
+			{nil, ""},
+			{entries("key1", "something"), ""},
+			{entries("key1", "value1"), ""},
+			{entries("key2", "value2", "subkey", "subvalue"), ""},
+			{entries("key5", "value5", "subkey5", "subvalue"), ""},
+			{entries("key1", "value1", "subkey1", "something"), "5/SECOND"},
+			{entries("key1", "value1", "subkey1", "subvalue1"), "10/SECOND"},
+			{entries("key2", "something"), "20/MINUTE"},
+			{entries("key2", "value2"), "30/MINUTE"},
+			{entries("key2", "value3"), ""},
+			{entries("key3", "foo"), "1/HOUR"},
+			{entries("key4", "foo"), "1/DAY"},
+			{entries("key6", "foo"), "unlimited"},
+			{entries("key7", "unspecified_value"), "70/MINUTE"},
+			{entries("key7", "another_value"), "70/MINUTE"},
+		} {
+			got := ""
+			if n, ok, _ := d.match(tc.give); ok {
+				got = itoa(n.limit.requestsPerUnit) + "/" + n.limit.unit
+				if n.limit.unlimited {
+					got = "unlimited"
+				}
+			}
+			if got != tc.want {
+				t.Errorf("basic_config.yaml: match(%v) = %q, want %q", tc.give, got, tc.want)
+			}
+		}
+	}
 	for _, name := range []string{"basic_config.yaml", "shadowmode_config.yaml", "wildcard.yaml", "share_threshold.yaml", "merge_domain_key1.yaml", "merge_domain_key2.yaml"} {
 		if err := load(name); err != nil {
 			t.Errorf("%s: %v, want it loaded", name, err)
