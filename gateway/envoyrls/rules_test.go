@@ -363,3 +363,24 @@ func TestRuleNamesAreBounded(t *testing.T) {
 		t.Error("buckets of different entries collide")
 	}
 }
+
+func TestIdentityNamesTheWholeRequest(t *testing.T) {
+	d := &domain{name: "d", tag: domainTag("d")}
+	req := func(ds ...[]entry) []resolved {
+		var out []resolved
+		for _, e := range ds {
+			out = append(out, resolved{entries: e})
+		}
+		return out
+	}
+	a := identity(d, req(entries("k", "v"), entries("x", "y")))
+	if a != identity(d, req(entries("k", "v"), entries("x", "y"))) {
+		t.Error("the same request has two identities")
+	}
+	if a == identity(d, req(entries("k", "v", "x", "y"))) {
+		t.Error("one descriptor of two entries names the same identity as two descriptors of one")
+	}
+	if strings.Contains(a, "v") && strings.Contains(a, "y") && strings.Contains(a, "|k") {
+		t.Errorf("identity %q holds the values", a)
+	}
+}

@@ -2,6 +2,9 @@ package envoyrls
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math"
@@ -222,7 +225,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 	// Resolve each descriptor to its limit, as ratelimit's GetLimit does.
 	all := make([]resolved, len(descs))
-	replacing := map[string]bool{}
+	var replacing map[string]bool // limit names other limits replace
 	var clientIP string
 	for i, d := range descs {
 		es := d.GetEntries()
@@ -257,7 +260,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				f.lim, f.override = l, true
 			}
 		}
-		if f.lim != nil {
+		if f.lim != nil && len(f.lim.replaces) > 0 {
+			if replacing == nil {
+				replacing = map[string]bool{}
+			}
 			for _, r := range f.lim.replaces {
 				replacing[r] = true
 			}
@@ -269,7 +275,6 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// rules, one per distinct bucket.
 	picks := make([]pick, len(descs))
 	var rules []gateway.Rule
-	byBucket := map[string]int{}
 	cost := int64(max(1, req.GetHitsAddend()))
 	costSet := false
 	blocked := -1 // a descriptor whose limit is 0
@@ -293,10 +298,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				be = f.bucketed
 			}
 			b := bucket(dom.name, be)
-			j, ok := byBucket[b]
-			if !ok {
+			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == b })
+			if j < 0 {
 				j = len(rules)
-				byBucket[b] = j
 				rules = append(rules, cfg.rule(f.lim, b))
 			}
 			p.rule = j
@@ -338,7 +342,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 	h := http.Header{}
 	v := s.g.Enforce(ctx, gateway.Call{
-		Key: dom.tag, Identity: identity(dom, all2entries(all)), ClientIP: clientIP,
+		Key: dom.tag, Identity: identity(dom, all), ClientIP: clientIP,
 		Plan: dom.name, Rules: rules, Cost: cost,
 		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
 	}, h)
@@ -446,18 +450,23 @@ func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimi
 }
 
 // identity names one request's descriptors in events: the domain and a
-// hash of every entry, which the event hashes again with the gateway's key.
-func identity(d *domain, entries []entry) string {
-	return d.tag + "|" + bucket(d.name, entries)
-}
-
-// all2entries flattens a request's descriptors, each ended by a marker no
-// entry can be, so different splits of the same entries differ.
-func all2entries(all []resolved) []entry {
-	var out []entry
-	for _, f := range all {
-		out = append(out, f.entries...)
-		out = append(out, entry{key: "\x00", value: "\x00"})
+// hash of every entry of every descriptor, which the event hashes again
+// with the gateway's key.
+func identity(d *domain, all []resolved) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	field := func(s string) { // length-prefixed, so no two requests collide
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
 	}
-	return out
+	field(d.name)
+	for _, f := range all {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f.entries)))])
+		for _, e := range f.entries {
+			field(e.key)
+			field(e.value)
+		}
+	}
+	var sum [sha256.Size]byte
+	return d.tag + "|" + hex.EncodeToString(h.Sum(sum[:0])[:16])
 }
