@@ -67,7 +67,7 @@ descriptors:
   - key: remote_address
     detailed_metric: true
     rate_limit:
-      unit: second
+      unit: minute
       requests_per_unit: 2
   - key: database
     value: users
@@ -304,9 +304,9 @@ func TestFailurePoliciesWithRedisStopped(t *testing.T) {
 	} {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			srv := testenv.Private(t, "redis")
-			gcfg := gatewayConfig()
-			gcfg.StoreDeadline = 50 * time.Millisecond
-			r := startRLS(t, map[string]string{"test.yaml": features}, Config{FailurePolicy: tc.policy}, gcfg, srv.Get(t, "EDGELIMIT_REDIS_ADDR"))
+			// The default 1s deadline: a loaded machine must not fail the
+			// call with Redis up; a stopped Redis refuses at once.
+			r := startRLS(t, map[string]string{"test.yaml": features}, Config{FailurePolicy: tc.policy}, gatewayConfig(), srv.Get(t, "EDGELIMIT_REDIS_ADDR"))
 			if resp := r.ask(t, "test", 0, desc("generic_key", "one")); resp.GetOverallCode() != ok {
 				t.Fatalf("with Redis: %v", resp.GetOverallCode())
 			}
