@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -62,6 +63,9 @@ type Verdict struct {
 	RetryAfter int64
 	// Detail explains a refusal in words.
 	Detail string
+	// Problem is the application/problem+json body an HTTP entry point
+	// sends with a refusal (naming the violated rules); nil when allowed.
+	Problem []byte
 }
 
 // Enforce decides c with the enforcement step every entry point shares and
@@ -84,7 +88,12 @@ func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
 	out := Verdict{Status: a.status, Allowed: v.allowed && !v.canceled && v.err == nil, Decision: v.d, Known: v.known,
 		Rules: v.rules, Mode: v.mode, Store: v.store, RetryAfter: a.retryAfter}
 	if a.problem != nil {
-		out.Detail = a.problem.Detail
+		p := *a.problem
+		if p.Title == "" {
+			p.Title = http.StatusText(p.Status)
+		}
+		out.Detail = p.Detail
+		out.Problem, _ = json.Marshal(p)
 	}
 	return out
 }

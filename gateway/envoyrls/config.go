@@ -60,6 +60,10 @@ type Config struct {
 	// true (the gateway's rate-limit headers, and Retry-After over the
 	// limit).
 	ResponseHeaders *bool `yaml:"response_headers"`
+	// ProblemBody: false leaves raw_body empty; default true (over the
+	// limit, the application/problem+json body of the HTTP door, which
+	// Envoy sends as the 429's body, with its Content-Type).
+	ProblemBody *bool `yaml:"problem_body"`
 	// ShadowMode decides and reports every descriptor but never answers
 	// OVER_LIMIT, like ratelimit's SHADOW_MODE; default false.
 	ShadowMode bool `yaml:"shadow_mode"`
@@ -110,9 +114,12 @@ func (c Config) WithDefaults() Config {
 	if c.LimitOverrides == "" {
 		c.LimitOverrides = OverridesHonor
 	}
+	t := true
 	if c.ResponseHeaders == nil {
-		t := true
 		c.ResponseHeaders = &t
+	}
+	if c.ProblemBody == nil {
+		c.ProblemBody = &t
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 1 << 20

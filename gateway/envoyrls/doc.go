@@ -83,7 +83,10 @@
 //     (X-RateLimit-Limit/Remaining/Reset of the binding descriptor,
 //     RateLimit-Policy, RateLimit, Retry-After when over), lower-cased,
 //     always unless grpc.response_headers is false; ratelimit adds its
-//     x-ratelimit-* only when RESPONSE_HEADERS_ENABLED.
+//     x-ratelimit-* only when RESPONSE_HEADERS_ENABLED. Over the limit,
+//     raw_body is the HTTP door's application/problem+json body naming the
+//     violated descriptors (grpc.problem_body), which Envoy sends as the
+//     429's body; ratelimit sends none.
 //   - At most 64 descriptors of 32 entries per request, and 16 distinct
 //     limited descriptors (one limiter call's rules).
 package envoyrls

@@ -381,6 +381,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		resp.Statuses[i] = st
 	}
+	if !v.Allowed && len(v.Problem) > 0 && *cfg.ProblemBody {
+		// Envoy sends raw_body as the 429's body: the same problem the
+		// HTTP door answers, naming the violated descriptors.
+		resp.RawBody = v.Problem
+		h["Content-Type"] = []string{"application/problem+json"}
+	}
 	if *cfg.ResponseHeaders {
 		for k, vs := range h {
 			for _, val := range vs {

@@ -103,6 +103,9 @@ func TestOverLimitAfterTheLimit(t *testing.T) {
 		if d := st.GetDurationUntilReset().AsDuration(); d <= 0 || d > time.Minute {
 			t.Errorf("duration_until_reset = %v, want within a minute", d)
 		}
+		if resp.GetRawBody() != nil || header(resp, "content-type") != "" {
+			t.Errorf("allowed with a body %q", resp.GetRawBody())
+		}
 		if got, want := header(resp, "x-ratelimit-remaining"), []string{"2", "1", "0"}[i]; got != want {
 			t.Errorf("x-ratelimit-remaining = %q, want %q", got, want)
 		}
@@ -116,6 +119,9 @@ func TestOverLimitAfterTheLimit(t *testing.T) {
 	}
 	if got := header(resp, "ratelimit-policy"); got != `"test.generic_key_three";q=3;w=60` {
 		t.Errorf("ratelimit-policy = %q", got)
+	}
+	if body := string(resp.GetRawBody()); !strings.Contains(body, `"violated_rules":[{"name":"test.generic_key_three"`) || header(resp, "content-type") != "application/problem+json" {
+		t.Errorf("raw_body %s, content-type %q: want the problem naming the descriptor", body, header(resp, "content-type"))
 	}
 	if got := testutil.ToFloat64(r.svc.calls.WithLabelValues("over_limit")); got != 1 {
 		t.Errorf("grpc_ratelimit_requests_total{code=over_limit} = %v, want 1", got)
