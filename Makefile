@@ -29,12 +29,14 @@ test-short:
 	$(GO) test -count=1 ./...
 	cd tools && $(GO) test -count=1 ./...
 
-# soak runs the limiter's reference-model test (TestModel) for longer:
-# SOAK (default 2m) per store, against real Redis and Redis Cluster. A
-# failure prints EDGELIMIT_MODEL_SEED=... to rerun the same rules and costs.
+# soak runs the reference-model tests for longer: the limiter's (TestModel,
+# every store) and the gateway's (TestGatewayModel, its paths over a fleet
+# of gateways), SOAK (default 2m) per store, against real Redis and Redis
+# Cluster. A failure prints EDGELIMIT_MODEL_SEED=... or
+# EDGELIMIT_GATEWAY_MODEL_SEED=... to rerun the same rules, phases and costs.
 SOAK ?= 2m
 soak:
-	EDGELIMIT_MODEL_DURATION=$(SOAK) deploy/local/testenv.sh $(GO) test -race -count=1 -timeout 60m -run 'TestModel' -v ./limiter/
+	EDGELIMIT_MODEL_DURATION=$(SOAK) EDGELIMIT_GATEWAY_MODEL_DURATION=$(SOAK) deploy/local/testenv.sh $(GO) test -race -count=1 -timeout 60m -run '^(TestModel|TestGatewayModel)$$' -v ./limiter/ ./gateway/
 
 bench:
 	deploy/local/testenv.sh deploy/local/bench.sh

@@ -42,19 +42,11 @@ func TestFailOpenAlert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	defer upstream.Close()
-	cfg := gateway.Config{
-		GatewayID:     "alert-gw",
-		Listen:        "127.0.0.1:0",
-		AdminListen:   "127.0.0.1:0",
-		StoreDeadline: 50 * time.Millisecond,
-		FailurePolicy: gateway.FailOpen,
-		Plans:         map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}}},
-		AnonymousPlan: "anon",
-		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
-		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
-	}
+	cfg := proxyConfig(t, "alert-gw")
+	cfg.StoreDeadline = 50 * time.Millisecond
+	cfg.FailurePolicy = gateway.FailOpen
+	cfg.Plans = map[string]gateway.Plan{"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}}}
+	cfg.AnonymousPlan = "anon"
 	reg := prometheus.NewRegistry()
 	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Registry: reg, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	if err != nil {
@@ -114,6 +106,23 @@ func TestFailOpenAlert(t *testing.T) {
 	t.Logf("EdgelimitFailOpen resolved %.1fs after Redis returned", time.Since(resumed).Seconds())
 }
 
+// proxyConfig starts an upstream that answers "ok" until the test ends,
+// and returns the configuration of a gateway named id that proxies every
+// path to it on loopback listeners; the caller adds the plans.
+func proxyConfig(t *testing.T, id string) gateway.Config {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(upstream.Close)
+	return gateway.Config{
+		GatewayID:   id,
+		Listen:      "127.0.0.1:0",
+		AdminListen: "127.0.0.1:0",
+		Upstreams:   map[string]gateway.Upstream{"app": {URL: upstream.URL}},
+		Routes:      []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
+	}
+}
+
+// serveOn serves srv on a loopback port until the test ends, and returns
+// its address.
 func serveOn(t *testing.T, srv *http.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

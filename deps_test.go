@@ -3,6 +3,7 @@ package edgelimit_test
 import (
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,7 +56,7 @@ func TestImportGraph(t *testing.T) {
 			if topLevel(dep, allowed) == topLevel(pkg, allowed) {
 				continue // a package's own subpackages
 			}
-			if !contains(may, topLevel(dep, allowed)) {
+			if !slices.Contains(may, topLevel(dep, allowed)) {
 				t.Errorf("%s imports %s; the policy allows only %v", pkg, dep, may)
 			}
 		}
@@ -77,15 +78,6 @@ func topLevel(pkg string, allowed map[string][]string) string {
 		return pkg
 	}
 	return best
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestThirdPartyImports pins which outside modules each product package

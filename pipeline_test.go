@@ -6,9 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
@@ -79,35 +77,20 @@ func TestRequestsBecomeRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	defer upstream.Close()
-	cfg := gateway.Config{
-		GatewayID:     "pipeline-gw",
-		Listen:        "127.0.0.1:0",
-		AdminListen:   "127.0.0.1:0",
-		KeyHashSecret: "pipeline-secret",
-		StoreDeadline: time.Second, // -race on two cores: keep every answer the store's
-		Plans: map[string]gateway.Plan{
-			"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "hour", Limit: 60, Period: time.Hour}}}},
-			"paid": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute, Burst: 20}}, {Rule: limiter.Rule{Name: "day", Limit: 1000, Period: 24 * time.Hour}}}},
-		},
-		AnonymousPlan: "anon",
-		APIKeys:       []gateway.APIKey{{ID: "acme", SHA256: "1d5e8a8f6a5f0ba30a6a1bb3ee2ad0d3dc6a2b7c81a0dbd9bb7f2f2d2b0e5a0e", Plan: "paid"}},
-		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
-		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
+	cfg := proxyConfig(t, "pipeline-gw")
+	cfg.KeyHashSecret = "pipeline-secret"
+	cfg.StoreDeadline = time.Second // -race on two cores: keep every answer the store's
+	cfg.Plans = map[string]gateway.Plan{
+		"anon": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "hour", Limit: 60, Period: time.Hour}}}},
+		"paid": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute, Burst: 20}}, {Rule: limiter.Rule{Name: "day", Limit: 1000, Period: 24 * time.Hour}}}},
 	}
-	cfg.APIKeys[0].SHA256 = sha256Hex("acme-key")
+	cfg.AnonymousPlan = "anon"
+	cfg.APIKeys = []gateway.APIKey{{ID: "acme", SHA256: sha256Hex("acme-key"), Plan: "paid"}}
 	gw, err := gateway.New(cfg, gateway.Options{Store: lim, Publisher: pub, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := gw.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Close()
+	addr := serveOn(t, gw.Server())
 
 	cons, err := consumer.New(consumer.Config{Brokers: brokers, Topic: topic, Group: "pipeline-" + suffix, DeadLetterTopic: topic + "-dlq", BatchWait: 200 * time.Millisecond}, ch, prometheus.NewRegistry(), log)
 	if err != nil {
@@ -119,7 +102,7 @@ func TestRequestsBecomeRows(t *testing.T) {
 	const n = 400
 	allowed := 0
 	for i := range n {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/item", nil)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/item", nil)
 		if i%2 == 0 {
 			req.Header.Set("X-API-Key", "acme-key")
 		}

@@ -47,6 +47,13 @@ const (
 	AlertFailClosed       = "EdgelimitFleetFailClosed"
 )
 
+// RunbookURL is the runbook section of the alert named name, posted as its
+// runbook_url annotation (the Prometheus rules' convention): the section of
+// docs/runbook.md whose heading is the name.
+func RunbookURL(name string) string {
+	return "https://github.com/edgelimit/edgelimit/blob/main/docs/runbook.md#" + strings.ToLower(name)
+}
+
 // Alert is one alert's evaluation: firing or not, with its evidence.
 type Alert struct {
 	Name     string `json:"name"`
@@ -263,6 +270,7 @@ func (a *Alerter) postable(st *alertState, now time.Time) postableAlert {
 			"summary":     st.alert.Summary,
 			"description": st.alert.Description,
 			"runbook":     st.alert.Runbook,
+			"runbook_url": RunbookURL(st.alert.Name),
 			"value":       strconv.FormatFloat(st.alert.Ratio, 'f', 4, 64),
 		},
 		StartsAt:     st.startsAt.UTC(),

@@ -325,13 +325,13 @@ func TestAPIStoreFailure(t *testing.T) {
 			Msg      string   `json:"msg"`
 			Path     string   `json:"path"`
 			Error    string   `json:"error"`
-			Duration *float64 `json:"duration_seconds"`
+			Duration *float64 `json:"duration_ms"`
 		}
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
 		if rec.Msg != "analytics api" || rec.Path == "" || !strings.Contains(rec.Error, db) || rec.Duration == nil {
-			t.Errorf("log line %s: want msg \"analytics api\", the path, duration_seconds and ClickHouse's error under \"error\"", line)
+			t.Errorf("log line %s: want msg \"analytics api\", the path, duration_ms and ClickHouse's error under \"error\"", line)
 		}
 		n++
 	}

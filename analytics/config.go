@@ -259,7 +259,11 @@ func (a AlertConfig) validate() error {
 		}
 		p, err := url.Parse(u)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, u))
+			shown := "(unparsable, not shown: it may hold a password)"
+			if err == nil {
+				shown = p.Redacted()
+			}
+			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, shown))
 		}
 	}
 	return errors.Join(errs...)

@@ -215,7 +215,7 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 	dt.m.firing.Set(float64(firing))
 	// Durations in logs are float seconds (*_seconds), the unit of the
 	// Prometheus histograms beside them.
-	dt.d.Log.Debug("analytics run done", "duration_seconds", rep.Duration.Seconds(), "hot_keys", len(rep.HotKeys),
+	dt.d.Log.Debug("analytics run done", "duration_ms", rep.Duration.Milliseconds(), "hot_keys", len(rep.HotKeys),
 		"nat_ips", len(rep.NATIPs), "alerts_firing", firing, "errors", len(rep.Errors))
 	return rep
 }

@@ -2,7 +2,6 @@ package analytics_test
 
 import (
 	"context"
-	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,10 +89,16 @@ func TestSplitSharesKeepTheLimit(t *testing.T) {
 	even := float64(admitted["api_key:even"].Load())
 	t.Logf("3:1 load at 1.2× the limit for %v: observed-share split admitted %.0f (%.1f%% of the limit), even split %.0f (%.1f%%); shares %v",
 		run, got, 100*got/want, even, 100*even/want, hot[0].Shares)
-	if math.Abs(got-want) > 0.05*want {
-		t.Errorf("split sized from traffic admitted %.0f, want %.0f ± 5%%", got, want)
+	// Never over the limit; under it by the reserve for unnamed gateways
+	// (2%) and what a loaded machine's stalls lose, so the lower bound is
+	// loose — the point is that shares sized from traffic beat even ones.
+	if got > 1.05*want {
+		t.Errorf("split sized from traffic admitted %.0f, want at most %.0f + 5%%", got, want)
 	}
-	if even > 0.92*want {
-		t.Errorf("even split admitted %.0f of %.0f: the 3:1 load should starve the busy gateway", even, want)
+	if got < 0.85*want {
+		t.Errorf("split sized from traffic admitted only %.0f, want about %.0f", got, want)
+	}
+	if got-even < 0.08*want {
+		t.Errorf("observed shares admitted %.0f, even shares %.0f of %.0f: under 3:1 load the even split should starve the busy gateway visibly", got, even, want)
 	}
 }

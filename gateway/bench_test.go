@@ -16,9 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -78,26 +77,38 @@ func benchRedis(b *testing.B) checker {
 	return lim
 }
 
-// latencies collects per-request durations from parallel goroutines.
+// latencies collects durations from parallel goroutines.
 type latencies struct {
 	mu  sync.Mutex
 	all []time.Duration
 }
 
-func (l *latencies) add(d []time.Duration) {
+func (l *latencies) add(d ...time.Duration) {
 	l.mu.Lock()
 	l.all = append(l.all, d...)
 	l.mu.Unlock()
 }
 
-func (l *latencies) report(b *testing.B) {
-	if len(l.all) == 0 {
+// take returns the durations collected so far, and starts afresh.
+func (l *latencies) take() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	all := l.all
+	l.all = nil
+	return all
+}
+
+// report takes the durations and reports their median and 99th
+// percentile as metrics named with prefix.
+func (l *latencies) report(b *testing.B, prefix string) {
+	all := l.take()
+	if len(all) == 0 {
 		return
 	}
-	slices.Sort(l.all)
-	q := func(p float64) float64 { return float64(l.all[int(p*float64(len(l.all)-1))].Microseconds()) }
-	b.ReportMetric(q(0.50), "p50-µs")
-	b.ReportMetric(q(0.99), "p99-µs")
+	slices.Sort(all)
+	q := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))].Microseconds()) }
+	b.ReportMetric(q(0.50), prefix+"p50-µs")
+	b.ReportMetric(q(0.99), prefix+"p99-µs")
 }
 
 // BenchmarkGateway sends requests through a started gateway to a trivial
@@ -130,39 +141,8 @@ func BenchmarkGateway(b *testing.B) {
 				opts.Publisher = benchPublisher(b)
 			}
 			gw := startGateway(b, benchConfig(up.URL), opts)
-			cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
-			b.Cleanup(cl.CloseIdleConnections)
-			var lat latencies
-			b.ReportAllocs()
-			b.SetParallelism(16)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				var mine []time.Duration
-				for pb.Next() {
-					req, _ := http.NewRequest(http.MethodGet, gw.URL+bc.path, nil)
-					if bc.hot {
-						req.Header.Set("X-API-Key", "hot-key")
-					} else {
-						req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
-					}
-					start := time.Now()
-					resp, err := cl.Do(req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					mine = append(mine, time.Since(start))
-					if resp.StatusCode != http.StatusOK {
-						b.Errorf("status %d", resp.StatusCode)
-						return
-					}
-				}
-				lat.add(mine)
-			})
-			b.StopTimer()
-			lat.report(b)
+			cl := benchClient(b)
+			measure(b, func() error { return benchGet(cl, gw.URL+bc.path, bc.hot, ips) })
 			if n := counter(b, gw.m.failOpen); n > 0 {
 				b.Errorf("%v requests failed open (store deadline missed)", n)
 			}
@@ -191,57 +171,84 @@ func BenchmarkCheck(b *testing.B) {
 			gw := startGateway(b, benchConfig("http://127.0.0.1:1"), opts)
 			st := gw.st.Load()
 			hot := st.plans["hot"]
-			var lat latencies
-			b.ReportAllocs()
-			b.SetParallelism(16)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				var mine []time.Duration
-				ctx := context.Background()
-				for pb.Next() {
-					l := limits{key: ipKey(ips[rand.IntN(len(ips))]), plan: st.anonymous}
-					if bc.hot {
-						l = limits{key: "k:hot", plan: hot}
-					}
-					start := time.Now()
-					v := gw.decide(ctx, st, l, 1)
-					mine = append(mine, time.Since(start))
-					if !v.allowed || v.mode != 0 {
-						b.Errorf("verdict %+v", v)
-						return
-					}
+			ctx := context.Background()
+			measure(b, func() error {
+				l := limits{key: ipKey(ips[rand.IntN(len(ips))]), plan: st.anonymous}
+				if bc.hot {
+					l = limits{key: "k:hot", plan: hot}
 				}
-				lat.add(mine)
+				if v := gw.decide(ctx, st, l, 1); !v.allowed || v.mode != event.ModeEnforced {
+					return fmt.Errorf("verdict %+v", v)
+				}
+				return nil
 			})
-			b.StopTimer()
-			lat.report(b)
 		})
 	}
+}
+
+// measure runs op from 16 goroutines per CPU, b.N times in all, and
+// reports the latencies of its calls; an error ends that goroutine's run.
+func measure(b *testing.B, op func() error) {
+	var lat latencies
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			start := time.Now()
+			err := op()
+			mine = append(mine, time.Since(start))
+			if err != nil {
+				b.Error(err)
+				break
+			}
+		}
+		lat.add(mine...)
+	})
+	b.StopTimer()
+	lat.report(b, "")
+}
+
+// benchClient keeps enough idle connections for the parallel senders.
+func benchClient(b *testing.B) *http.Client {
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+	b.Cleanup(cl.CloseIdleConnections)
+	return cl
+}
+
+// benchGet sends one GET to url as the hot key or, when not hot, from a
+// random one of ips, and wants 200.
+func benchGet(cl *http.Client, url string, hot bool, ips []string) error {
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if hot {
+		req.Header.Set("X-API-Key", "hot-key")
+	} else {
+		req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }
 
 // timedStore records how long each limiter call takes.
 type timedStore struct {
 	next checker
-	mu   sync.Mutex
-	took []time.Duration
+	took latencies
 }
 
 func (t *timedStore) Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
 	start := time.Now()
 	d, err := t.next.Allow(ctx, key, rules, cost)
-	took := time.Since(start)
-	t.mu.Lock()
-	t.took = append(t.took, took)
-	t.mu.Unlock()
+	t.took.add(time.Since(start))
 	return d, err
-}
-
-func (t *timedStore) reset() []time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := t.took
-	t.took = nil
-	return out
 }
 
 // BenchmarkGatewayHalfLoad finds the gateway's closed-loop throughput on
@@ -263,30 +270,12 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 		cfg := benchConfig(up.URL)
 		cfg.StoreDeadline = DefaultStoreDeadline // as deployed
 		gw := startGateway(b, cfg, Options{Store: ts})
-		cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
-		b.Cleanup(cl.CloseIdleConnections)
-		send := func() error {
-			req, _ := http.NewRequest(http.MethodGet, gw.URL+"/", nil)
-			if hot {
-				req.Header.Set("X-API-Key", "hot-key")
-			} else {
-				req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
-			}
-			resp, err := cl.Do(req)
-			if err != nil {
-				return err
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("status %d", resp.StatusCode)
-			}
-			return nil
-		}
+		cl := benchClient(b)
+		send := func() error { return benchGet(cl, gw.URL+"/", hot, ips) }
 		rate := calibrate(b, send) / 2
 
 		b.Run(name, func(b *testing.B) {
-			ts.reset()
+			ts.took.take()
 			failOpen := counter(b, gw.m.failOpen)
 			// Open loop at half load: request i is due at start + i/rate,
 			// whether or not earlier ones came back; 128 workers send them
@@ -304,7 +293,7 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 						}
 						mine = append(mine, time.Since(at))
 					}
-					lat.add(mine)
+					lat.add(mine...)
 				})
 			}
 			b.ResetTimer()
@@ -319,13 +308,8 @@ func BenchmarkGatewayHalfLoad(b *testing.B) {
 			close(due)
 			reqs.Wait()
 			b.StopTimer()
-			lat.report(b)
-			checks := ts.reset()
-			slices.Sort(checks)
-			if len(checks) > 0 {
-				b.ReportMetric(float64(checks[len(checks)/2].Microseconds()), "check-p50-µs")
-				b.ReportMetric(float64(checks[len(checks)*99/100].Microseconds()), "check-p99-µs")
-			}
+			lat.report(b, "")
+			ts.took.report(b, "check-")
 			b.ReportMetric(rate, "rps")
 			b.ReportMetric(counter(b, gw.m.failOpen)-failOpen, "fail-open")
 		})
@@ -359,15 +343,7 @@ func calibrate(b *testing.B, send func() error) float64 {
 func benchPublisher(b *testing.B) *publish.Publisher {
 	brokers := testenv.KafkaBrokers(b)
 	topic := "bench-" + randHex(6)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, err = kadm.NewClient(cl).CreateTopics(context.Background(), 4, 1, nil, topic)
-	cl.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	testenv.CreateTopics(b, brokers, 4, topic)
 	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic}, prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)

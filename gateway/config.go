@@ -394,11 +394,6 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
 	}
-	positive := func(field string, d time.Duration) {
-		if d < 0 {
-			bad(field, "%v is negative", d)
-		}
-	}
 
 	if strings.ContainsAny(c.GatewayID, "{}\" \t\r\n") || len(c.GatewayID) > 128 {
 		// It becomes part of limiter keys under split directives.
@@ -487,9 +482,7 @@ func (c Config) Validate() error {
 		}
 	}
 
-	if c.TrustedHops < 0 {
-		bad("trusted_hops", "%d is negative", c.TrustedHops)
-	}
+	notNegative(bad, "trusted_hops", c.TrustedHops)
 	for i, h := range c.StripHeaders {
 		if !validHeaderName(h) {
 			bad(fmt.Sprintf("strip_headers[%d]", i), "%q is not a header name", h)
@@ -507,14 +500,15 @@ func (c Config) Validate() error {
 		pu, err := url.Parse(u.URL)
 		switch {
 		case err != nil:
-			bad(field+".url", "%v", err)
+			// Not err itself: url's errors quote the whole URL, password and all.
+			bad(field+".url", "%q is not a URL", redactURL(u.URL))
 		case pu.Scheme != "http" && pu.Scheme != "https":
-			bad(field+".url", "%q: scheme must be http or https", u.URL)
+			bad(field+".url", "%q: scheme must be http or https", redactURL(u.URL))
 		case pu.Host == "":
-			bad(field+".url", "%q has no host", u.URL)
+			bad(field+".url", "%q has no host", redactURL(u.URL))
 		}
-		positive(field+".timeout", u.Timeout)
-		positive(field+".connect_timeout", u.ConnectTimeout)
+		notNegative(bad, field+".timeout", u.Timeout)
+		notNegative(bad, field+".connect_timeout", u.ConnectTimeout)
 		if u.Timeout >= c.Timeouts.Write {
 			bad(field+".timeout", "%v must be shorter than timeouts.write (%v), or a 504 could not be written", u.Timeout, c.Timeouts.Write)
 		}
@@ -551,16 +545,14 @@ func (c Config) Validate() error {
 			bad(field+".upstream", "unknown upstream %q", r.Upstream)
 		}
 		planRef(field+".plan", r.Plan, false)
-		if r.Cost < 0 {
-			bad(field+".cost", "%d is negative", r.Cost)
-		}
+		notNegative(bad, field+".cost", r.Cost)
 		for j, u := range r.Upgrades {
 			if u == "" || strings.Trim(u, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
 				// Tokens such as "websocket" or "h2c"; no versions or lists.
 				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "%q is not an upgrade protocol name", u)
 			}
 		}
-		positive(field+".tunnel_max_duration", r.TunnelMaxDuration)
+		notNegative(bad, field+".tunnel_max_duration", r.TunnelMaxDuration)
 		methods := r.Methods
 		if len(methods) == 0 {
 			methods = []string{""}
@@ -592,31 +584,30 @@ func (c Config) Validate() error {
 	if c.Breaker.Failures < 1 {
 		bad("breaker.failures", "%d must be at least 1", c.Breaker.Failures)
 	}
-	positive("breaker.open", c.Breaker.Open)
-	if c.RetryJitter < 0 {
-		bad("retry_jitter", "%v is negative", c.RetryJitter)
-	}
-	if c.SplitMaxPeriod < 0 {
-		bad("split_max_period", "%v is negative", c.SplitMaxPeriod)
-	}
-	if c.LocalMaxKeys < 0 {
-		bad("local_max_keys", "%d is negative", c.LocalMaxKeys)
-	}
-	positive("timeouts.read_header", c.Timeouts.ReadHeader)
-	positive("timeouts.read", c.Timeouts.Read)
-	positive("timeouts.write", c.Timeouts.Write)
-	positive("timeouts.idle", c.Timeouts.Idle)
-	positive("timeouts.shutdown", c.Timeouts.Shutdown)
+	notNegative(bad, "breaker.open", c.Breaker.Open)
+	notNegative(bad, "retry_jitter", c.RetryJitter)
+	notNegative(bad, "split_max_period", c.SplitMaxPeriod)
+	notNegative(bad, "local_max_keys", c.LocalMaxKeys)
+	notNegative(bad, "timeouts.read_header", c.Timeouts.ReadHeader)
+	notNegative(bad, "timeouts.read", c.Timeouts.Read)
+	notNegative(bad, "timeouts.write", c.Timeouts.Write)
+	notNegative(bad, "timeouts.idle", c.Timeouts.Idle)
+	notNegative(bad, "timeouts.shutdown", c.Timeouts.Shutdown)
 	if c.MaxHeaderBytes < 1024 {
 		bad("max_header_bytes", "%d is below 1024", c.MaxHeaderBytes)
 	}
 	if c.MaxConnections < 1 {
 		bad("max_connections", "%d must be at least 1", c.MaxConnections)
 	}
-	if c.MaxBodyBytes < 0 {
-		bad("max_body_bytes", "%d is negative", c.MaxBodyBytes)
-	}
+	notNegative(bad, "max_body_bytes", c.MaxBodyBytes)
 	return errors.Join(errs...)
+}
+
+// notNegative reports field through bad when v is below zero.
+func notNegative[T ~int | ~int64](bad func(field, format string, args ...any), field string, v T) {
+	if v < 0 {
+		bad(field, "%v is negative", v)
+	}
 }
 
 func (c Config) validatePlan(name string, p Plan, bad func(field, format string, args ...any)) {
@@ -727,4 +718,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// MarshalYAML prints the upstream as configured but for a password in its
+// URL, which is redacted: what -check prints is safe to paste.
+func (u Upstream) MarshalYAML() (any, error) {
+	type plain Upstream // without the method, or this would recurse
+	p := plain(u)
+	p.URL = redactURL(p.URL)
+	return p, nil
+}
+
+// redactURL hides the password in a URL's user info (http://user:pass@h),
+// also in a URL too malformed to parse, wherever one is printed or logged.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(s, "//")
+	if at := strings.LastIndex(rest, "@"); ok && at >= 0 {
+		return scheme + "//xxxxx" + rest[at:]
+	}
+	return s
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/limiter"
+	"go.yaml.in/yaml/v3"
 )
 
 func validConfig() Config {
@@ -141,5 +142,25 @@ func TestSecretRedacted(t *testing.T) {
 	}
 	if v, _ := s.MarshalYAML(); v != "[redacted]" {
 		t.Errorf("MarshalYAML() = %v", v)
+	}
+}
+
+// TestPasswordsInURLsRedacted: -check and validation errors never show a
+// password inside an upstream URL (issue 9).
+func TestPasswordsInURLsRedacted(t *testing.T) {
+	for _, raw := range []string{"http://svc:s3cret-pw@upstream:8080/", "ftp://svc:s3cret-pw@upstream/", "http://svc:s3cret-pw@%zz/"} {
+		cfg := validConfig()
+		cfg.Upstreams = map[string]Upstream{"app": {URL: raw}}
+		out, err := yaml.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := ""
+		if err := cfg.Validate(); err != nil {
+			msg = err.Error()
+		}
+		if strings.Contains(string(out), "s3cret-pw") || strings.Contains(msg, "s3cret-pw") {
+			t.Errorf("URL %q: password shown in YAML %q or error %q", raw, out, msg)
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // TestConnectionCap: connections over max_connections are closed on
@@ -53,7 +55,7 @@ func TestConnectionCap(t *testing.T) {
 		t.Errorf("rejected{too_many_connections} = %v, want 1", n)
 	}
 	a.Close()
-	eventually(t, 5*time.Second, "a freed connection slot", func() bool { return askOn(dial()) == 200 })
+	testenv.WaitFor(t, 5*time.Second, "a freed connection slot", func() bool { return askOn(dial()) == 200 })
 }
 
 // TestHugeHeaderAnswered: through Listener, a 431 still reaches a client

@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,18 +20,14 @@ func streamConfig(upstreamURL string) Config {
 	return cfg
 }
 
-// TestStreamingOutlivesWriteTimeout: an SSE stream that sends an event
-// every 50ms runs past the write (and read) timeout to its end.
-func TestStreamingOutlivesWriteTimeout(t *testing.T) {
-	const events = 30 // 1.5s
+// streamThrough asks a gateway with streamConfig for /events from an
+// upstream that streams with send, and returns the response, its body
+// closed when the test ends.
+func streamThrough(t *testing.T, send http.HandlerFunc) *http.Response {
+	t.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		for i := range events {
-			fmt.Fprintf(w, "data: %d\n\n", i)
-			_ = rc.Flush()
-			time.Sleep(50 * time.Millisecond)
-		}
+		send(w, r)
 	}))
 	t.Cleanup(up.Close)
 	gw := startGateway(t, streamConfig(up.URL), Options{})
@@ -41,7 +35,22 @@ func TestStreamingOutlivesWriteTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// TestStreamingOutlivesWriteTimeout: an SSE stream that sends an event
+// every 50ms runs past the write (and read) timeout to its end.
+func TestStreamingOutlivesWriteTimeout(t *testing.T) {
+	const events = 30 // 1.5s
+	resp := streamThrough(t, func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		for i := range events {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			_ = rc.Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	n := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -56,19 +65,11 @@ func TestStreamingOutlivesWriteTimeout(t *testing.T) {
 
 // TestStalledStreamCut: a stream that stops sending is still cut.
 func TestStalledStreamCut(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
+	resp := streamThrough(t, func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "data: first\n\n")
 		_ = http.NewResponseController(w).Flush()
 		<-r.Context().Done()
-	}))
-	t.Cleanup(up.Close)
-	gw := startGateway(t, streamConfig(up.URL), Options{})
-	resp, err := client.Get(gw.URL + "/events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	})
 	done := make(chan error, 1)
 	go func() { _, err := io.ReadAll(resp.Body); done <- err }()
 	select {
@@ -106,19 +107,9 @@ func TestSlowActiveUpload(t *testing.T) {
 func TestStalledUpload(t *testing.T) {
 	up := newTestUpstream(t)
 	gw := startGateway(t, streamConfig(up.URL), Options{})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(conn, "POST /upload HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\nhalf")
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusRequestTimeout {
-		t.Errorf("stalled upload = %d, want 408", resp.StatusCode)
+	res := rawDo(t, gw.URL, "POST /upload HTTP/1.1\r\nHost: gw\r\nContent-Length: 100\r\n\r\nhalf")
+	if res.status != http.StatusRequestTimeout {
+		t.Errorf("stalled upload = %d, want 408", res.status)
 	}
 }
 
@@ -138,14 +129,7 @@ func TestFraming(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = io.WriteString(conn, tt.req)
-			br := bufio.NewReader(conn)
+			_, br := rawConn(t, gw.URL, tt.req)
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -166,7 +150,6 @@ func TestFraming(t *testing.T) {
 			}
 		})
 	}
-	_ = strconv.Itoa
 }
 
 // TestFramingScan: the scanner finds Content-Length and Transfer-Encoding

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,9 +38,13 @@ func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 		}
 	}
 	if len(d.Splits) > 0 && longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod {
-		if _, rules, ok := d.Split(limiter.DirectiveKey(id.kind.String(), g.keyID(id)), g.gatewayID, l.rules, now); ok {
-			l.key += "/gw:" + g.gatewayID
+		dk := limiter.DirectiveKey(id.kind.String(), g.keyID(id))
+		if sk, rules, ok := d.Split(dk, g.gatewayID, l.rules, now); ok {
+			// "/gw:<this gateway>", or "/gw:*": the gateways a split does
+			// not name check the reserve in one bucket together.
+			l.key += strings.TrimPrefix(sk, dk)
 			l.rules, l.split = rules, true
+			l.reserve = strings.HasSuffix(sk, "/gw:"+limiter.OtherGateways)
 			g.directivesApplied.WithLabelValues("split").Inc()
 		}
 	}

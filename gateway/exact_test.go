@@ -179,34 +179,73 @@ func TestOpenCircuitKeepsCachedDenials(t *testing.T) {
 // 12; with row 7, a raised limit adds its difference).
 func TestDenyCacheFollowsDirectives(t *testing.T) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	prefix := "denydir" + randHex(6)
-	dstore := limiter.NewDirectiveStore(rdb, prefix)
-	watcher := limiter.NewWatcher(dstore, time.Hour) // refreshed by hand
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rig := newDirectiveRig(t)
 	up := newTestUpstream(t)
-	gw := startGateway(t, testConfig(up.URL), Options{Store: lim, Directives: watcher}) // 5/min per IP
-	allowed := func(n int) int {
-		ok := 0
-		for range n {
-			if r := get(t, gw.URL+"/"); r.status == http.StatusOK {
-				ok++
-			}
-		}
-		return ok
-	}
-	if got := allowed(6); got != 5 {
+	gw := rig.start(t, testConfig(up.URL)) // 5/min per IP
+	if got := admitted(t, gw.URL+"/", 6); got != 5 {
 		t.Fatalf("5/min: admitted %d of 6", got)
 	}
-	if err := dstore.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:127.0.0.1", Factor: 3, Clients: 3, Expires: time.Now().Add(time.Minute)}}); err != nil {
+	if err := rig.store.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:127.0.0.1", Factor: 3, Clients: 3, Expires: time.Now().Add(time.Minute)}}); err != nil {
 		t.Fatal(err)
 	}
-	watcher.Refresh(ctx)
-	if got := allowed(11); got != 10 {
+	rig.watcher.Refresh(ctx)
+	if got := admitted(t, gw.URL+"/", 11); got != 10 {
 		t.Errorf("NAT raised 5/min to 15/min after 5 were used: admitted %d of 11, want 10", got)
+	}
+}
+
+// reserveFleet is three gateways under one split of the acme key's 10/h:
+// half to gw-a, half reserved for the gateways the split does not name
+// (gw-b and gw-c), which must check one bucket together.
+func reserveFleet(t *testing.T, store func() checker) []*Gateway {
+	t.Helper()
+	var fleet []*Gateway
+	dirs := &fixedDirectives{}
+	for _, id := range []string{"gw-a", "gw-b", "gw-c"} {
+		cfg := localConfig(limiter.Rule{Name: "hour", Limit: 10, Period: time.Hour}, 3)
+		cfg.GatewayID = id
+		cfg.SplitMaxPeriod = time.Hour
+		g, err := New(cfg, Options{Store: store(), Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, g)
+	}
+	keyID := fleet[0].keys.id(limiter.APIKeyKey("acme"))
+	dirs.d = &limiter.Directives{Splits: map[string]limiter.SplitDirective{
+		limiter.DirectiveKey("api_key", keyID): {Shares: map[string]float64{"gw-a": 0.5, limiter.OtherGateways: 0.5}, Expires: time.Now().Add(time.Hour)},
+	}}
+	return fleet
+}
+
+// TestSplitReserveIsOneBucket: gateways a split does not name share the
+// reserve in one bucket ({key/gw:*}), so the fleet admits the rule, not the
+// reserve once per unnamed gateway (found by TestGatewayModel: two unnamed
+// gateways each checked a bucket of their own, 15 of a 10/h rule).
+func TestSplitReserveIsOneBucket(t *testing.T) {
+	lim, _ := redisStore(t)
+	fleet := reserveFleet(t, func() checker { return lim })
+	admitted := 0
+	for _, g := range fleet {
+		admitted += enforceN(t, g, 10)
+	}
+	if admitted != 10 {
+		t.Errorf("split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 10", admitted)
+	}
+}
+
+// TestLocalFallbackSplitsReserve: with the store down, an unnamed gateway
+// enforces its local share of the reserve, not the whole reserve, so the
+// unnamed gateways together stay within it but for the local policy's
+// rounding (capacity at least 1 each).
+func TestLocalFallbackSplitsReserve(t *testing.T) {
+	fleet := reserveFleet(t, func() checker { return downStore{} })
+	admitted := 0
+	for _, g := range fleet {
+		admitted += enforceN(t, g, 10)
+	}
+	// gw-a its 5; gw-b and gw-c each ⌊5/3⌋ = 1 of the reserve.
+	if admitted != 7 {
+		t.Errorf("store down, split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 7", admitted)
 	}
 }

@@ -149,7 +149,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 		gw := gws[pol]
 		// Enforcement resumes by itself: the breaker probes, and the
 		// shared store's full limit is back in the headers.
-		eventually(t, 10*time.Second, string(pol)+" to use Redis again", func() bool {
+		testenv.WaitFor(t, 10*time.Second, string(pol)+" to use Redis again", func() bool {
 			r, took := timedGet(t, gw, "192.0.2.3")
 			if took > testDeadline+margin {
 				t.Errorf("%s, Redis back: a request took %v", pol, took)

@@ -34,19 +34,29 @@ const spoofed = "X-Real-IP: 203.0.113.1\r\n" +
 	"X_User_ID: mallory\r\n" +
 	"x-real_ip: 203.0.113.10\r\n"
 
-// TestUntrustedHeadersStripped: what an untrusted client sets to name
-// itself never reaches the upstream; the gateway's own view does.
-func TestUntrustedHeadersStripped(t *testing.T) {
+// forwardedHeaders sends the raw request head through a gateway that
+// trusts the user header under cfg's trust settings, and returns the
+// headers the upstream received.
+func forwardedHeaders(t *testing.T, trusted []string, hops int, head string) http.Header {
+	t.Helper()
 	up := headerUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.UserHeader = "X-User-ID"
+	cfg.TrustedProxies, cfg.TrustedHops = trusted, hops
 	gw := startGateway(t, cfg, Options{})
-	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.example\r\n"+spoofed+"Connection: close\r\n\r\n")
+	res := rawDo(t, gw.URL, head)
 	if res.status != 200 {
 		t.Fatalf("status %d %s", res.status, res.body)
 	}
 	var got http.Header
 	res.json(t, &got)
+	return got
+}
+
+// TestUntrustedHeadersStripped: what an untrusted client sets to name
+// itself never reaches the upstream; the gateway's own view does.
+func TestUntrustedHeadersStripped(t *testing.T) {
+	got := forwardedHeaders(t, nil, 0, "GET /x HTTP/1.1\r\nHost: gw.example\r\n"+spoofed+"Connection: close\r\n\r\n")
 	want := map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "gw.example"}
 	for k, v := range got {
 		f := foldHeader(k)
@@ -62,65 +72,57 @@ func TestUntrustedHeadersStripped(t *testing.T) {
 	}
 }
 
-// TestTrustedForwardingKept: behind a trusted TLS load balancer the
-// upstream learns the client's scheme and host, and the chains are
-// extended, not replaced; underscore twins are still removed.
-func TestTrustedForwardingKept(t *testing.T) {
-	up := headerUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.UserHeader = "X-User-ID"
-	cfg.TrustedProxies = []string{"127.0.0.1"}
-	gw := startGateway(t, cfg, Options{})
-	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+
-		"X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n"+
-		"Forwarded: for=192.0.2.1;proto=https;host=api.example.com\r\nX-User-ID: carol\r\nX_User_ID: mallory\r\n"+
-		"Connection: close\r\n\r\n")
-	if res.status != 200 {
-		t.Fatalf("status %d %s", res.status, res.body)
+// TestTrustedForwarding: behind a trusted TLS load balancer the upstream
+// learns the client's scheme and host, and the chains are extended, not
+// replaced; underscore twins are still removed. Behind a proxy known only
+// by trusted_hops the forwarding chain survives, identity headers do not.
+func TestTrustedForwarding(t *testing.T) {
+	type header struct{ name, want string }
+	tests := []struct {
+		name    string
+		trusted []string
+		hops    int
+		give    string // request headers after Host
+		want    []header
+	}{
+		{
+			name:    "trusted proxy",
+			trusted: []string{"127.0.0.1"},
+			give: "X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n" +
+				"Forwarded: for=192.0.2.1;proto=https;host=api.example.com\r\nX-User-ID: carol\r\nX_User_ID: mallory\r\n",
+			want: []header{
+				{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
+				{"X-Forwarded-Proto", "https"},
+				{"X-Forwarded-Host", "api.example.com"},
+				{"Forwarded", "for=192.0.2.1;proto=https;host=api.example.com,for=127.0.0.1"},
+				{"X-User-Id", "carol"},
+				{"X_user_id", ""},
+			},
+		},
+		{
+			name: "trusted hops",
+			hops: 1,
+			give: "X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n" +
+				"X-Forwarded-Prefix: /admin\r\nX-Real-IP: 203.0.113.1\r\nX-User-ID: mallory\r\n",
+			want: []header{
+				{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
+				{"X-Forwarded-Proto", "https"},
+				{"X-Forwarded-Host", "api.example.com"},
+				{"X-Forwarded-Prefix", ""},
+				{"X-Real-Ip", ""},
+				{"X-User-Id", ""},
+			},
+		},
 	}
-	var got http.Header
-	res.json(t, &got)
-	for _, tt := range []struct{ name, want string }{
-		{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
-		{"X-Forwarded-Proto", "https"},
-		{"X-Forwarded-Host", "api.example.com"},
-		{"Forwarded", "for=192.0.2.1;proto=https;host=api.example.com,for=127.0.0.1"},
-		{"X-User-Id", "carol"},
-		{"X_user_id", ""},
-	} {
-		if v := strings.Join(got[tt.name], ","); v != tt.want {
-			t.Errorf("upstream got %s %q, want %q", tt.name, v, tt.want)
-		}
-	}
-}
-
-// TestTrustedHopsForwarding: behind a proxy known only by trusted_hops
-// the forwarding chain survives, identity headers do not.
-func TestTrustedHopsForwarding(t *testing.T) {
-	up := headerUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.UserHeader = "X-User-ID"
-	cfg.TrustedHops = 1
-	gw := startGateway(t, cfg, Options{})
-	res := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+
-		"X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n"+
-		"X-Forwarded-Prefix: /admin\r\nX-Real-IP: 203.0.113.1\r\nX-User-ID: mallory\r\nConnection: close\r\n\r\n")
-	if res.status != 200 {
-		t.Fatalf("status %d %s", res.status, res.body)
-	}
-	var got http.Header
-	res.json(t, &got)
-	for _, tt := range []struct{ name, want string }{
-		{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
-		{"X-Forwarded-Proto", "https"},
-		{"X-Forwarded-Host", "api.example.com"},
-		{"X-Forwarded-Prefix", ""},
-		{"X-Real-Ip", ""},
-		{"X-User-Id", ""},
-	} {
-		if v := strings.Join(got[tt.name], ","); v != tt.want {
-			t.Errorf("upstream got %s %q, want %q", tt.name, v, tt.want)
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := forwardedHeaders(t, tt.trusted, tt.hops, "GET /x HTTP/1.1\r\nHost: gw.internal\r\n"+tt.give+"Connection: close\r\n\r\n")
+			for _, h := range tt.want {
+				if v := strings.Join(got[h.name], ","); v != h.want {
+					t.Errorf("upstream got %s %q, want %q", h.name, v, h.want)
+				}
+			}
+		})
 	}
 }
 

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -23,15 +22,13 @@ import (
 )
 
 func TestHeadersAllowedAndDenied(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{
-		{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}},
-		{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
-		{Rule: limiter.Rule{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true}},
-	}}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{
+			{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}},
+			{Rule: limiter.Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+			{Rule: limiter.Rule{Name: "canary", Limit: 1, Period: time.Hour, Shadow: true}},
+		}}
+	})
 
 	wantRemaining := []string{"2", "1", "0"}
 	for i, rem := range wantRemaining {
@@ -120,12 +117,10 @@ func scrape(t testing.TB, gw *testGateway) string {
 // TestRetryAfterNeverEarly waits out a denial: the request must be allowed
 // no later than Retry-After said.
 func TestRetryAfterNeverEarly(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second}}}}
-	cfg.RetryJitter = time.Second
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second}}}}
+		cfg.RetryJitter = time.Second
+	})
 
 	for range 2 {
 		if r := get(t, gw.URL+"/"); r.status != http.StatusOK {
@@ -175,13 +170,11 @@ func TestRetryAfterNeverEarly(t *testing.T) {
 }
 
 func TestJitterSpreadsClients(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
-	cfg.TrustedProxies = []string{"127.0.0.1"}
-	cfg.RetryJitter = 5 * time.Second
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
+		cfg.TrustedProxies = []string{"127.0.0.1"}
+		cfg.RetryJitter = 5 * time.Second
+	})
 
 	values := map[int64]int{}
 	for i := range 30 {
@@ -318,19 +311,17 @@ func TestAPIKeys(t *testing.T) {
 }
 
 func TestRoutesAndCost(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
-	cfg.Plans["search"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "search", Limit: 2, Period: time.Minute}}}}
-	cfg.Routes = []Route{
-		{Name: "all", PathPrefix: "/", Upstream: "app"},
-		{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
-		{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
-		{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
-		{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
-	}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
+		cfg.Plans["search"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "search", Limit: 2, Period: time.Minute}}}}
+		cfg.Routes = []Route{
+			{Name: "all", PathPrefix: "/", Upstream: "app"},
+			{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
+			{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
+			{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
+			{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
+		}
+	})
 
 	// An exempt route is proxied without a check: no headers, no cost.
 	for range 3 {
@@ -425,15 +416,13 @@ func TestUpstreamFailures(t *testing.T) {
 }
 
 func TestAbuse(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newTestUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.MaxHeaderBytes = 4 << 10
-	cfg.MaxBodyBytes = 1 << 20
-	cfg.Timeouts.ReadHeader = 300 * time.Millisecond
-	cfg.Timeouts.Read = 500 * time.Millisecond
-	cfg.APIKeys = []APIKey{{ID: "k", SHA256: sha("k"), Plan: "free"}}
-	gw := startGateway(t, cfg, Options{Store: lim})
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.MaxHeaderBytes = 4 << 10
+		cfg.MaxBodyBytes = 1 << 20
+		cfg.Timeouts.ReadHeader = 300 * time.Millisecond
+		cfg.Timeouts.Read = 500 * time.Millisecond
+		cfg.APIKeys = []APIKey{{ID: "k", SHA256: sha("k"), Plan: "free"}}
+	})
 
 	t.Run("unknown key", func(t *testing.T) {
 		r := get(t, gw.URL+"/", "X-API-Key", "wrong")
@@ -476,14 +465,8 @@ func TestAbuse(t *testing.T) {
 		}
 	})
 	t.Run("slow headers", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: x\r\n") // and never the blank line
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		_, br := rawConn(t, gw.URL, "GET / HTTP/1.1\r\nHost: x\r\n") // and never the blank line
+		resp, err := http.ReadResponse(br, nil)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("the gateway kept a slow client's connection open")
@@ -493,14 +476,8 @@ func TestAbuse(t *testing.T) {
 		}
 	})
 	t.Run("slow body", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 100\r\n\r\nhalf")
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		_, br := rawConn(t, gw.URL, "POST / HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 100\r\n\r\nhalf")
+		resp, err := http.ReadResponse(br, nil)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("the gateway kept a slow body's connection open")

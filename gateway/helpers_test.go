@@ -106,6 +106,16 @@ func startGateway(t testing.TB, cfg Config, opts Options) *testGateway {
 	return &testGateway{Gateway: g, URL: "http://" + ln.Addr().String(), reg: opts.Registry}
 }
 
+// redisGateway starts a gateway on a limiter of its own on the shared
+// test Redis, with testConfig to a newTestUpstream changed by edit.
+func redisGateway(t testing.TB, edit func(*Config)) *testGateway {
+	t.Helper()
+	lim, _ := redisStore(t)
+	cfg := testConfig(newTestUpstream(t).URL)
+	edit(&cfg)
+	return startGateway(t, cfg, Options{Store: lim})
+}
+
 // redisStore returns a limiter on the shared test Redis, its keys under a
 // prefix of its own so concurrent tests never share buckets.
 func redisStore(t testing.TB) (*limiter.Redis, *redis.Client) {
@@ -182,6 +192,22 @@ func get(t testing.TB, url string, hdr ...string) reply {
 	return do(t, http.MethodGet, url, nil, hdr...)
 }
 
+// admitted sends n GETs to url and counts those admitted; any answer but
+// 200 or 429 fails the test.
+func admitted(t testing.TB, url string, n int, hdr ...string) int {
+	t.Helper()
+	ok := 0
+	for range n {
+		r := get(t, url, hdr...)
+		if r.status == http.StatusOK {
+			ok++
+		} else if r.status != http.StatusTooManyRequests {
+			t.Fatalf("GET %s = %d %s, want 200 or 429", url, r.status, r.body)
+		}
+	}
+	return ok
+}
+
 // counter reads one counter series from g's registry.
 func counter(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
@@ -206,14 +232,31 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+// directiveRig is a directive store and its watcher on the shared test
+// Redis, under a prefix of its own; its limiters share that prefix, so
+// gateways started on it share buckets as a fleet does.
+type directiveRig struct {
+	rdb     *redis.Client
+	prefix  string
+	store   *limiter.DirectiveStore
+	watcher *limiter.Watcher // refreshed by hand: its interval is an hour
+}
+
+func newDirectiveRig(t testing.TB) directiveRig {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := "dirtest" + randHex(6)
+	store := limiter.NewDirectiveStore(rdb, prefix)
+	return directiveRig{rdb: rdb, prefix: prefix, store: store, watcher: limiter.NewWatcher(store, time.Hour)}
+}
+
+// start runs a gateway with cfg whose store and directives are the rig's.
+func (d directiveRig) start(t testing.TB, cfg Config) *testGateway {
+	t.Helper()
+	lim, err := limiter.New(d.rdb, limiter.Config{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return startGateway(t, cfg, Options{Store: lim, Directives: d.watcher})
 }

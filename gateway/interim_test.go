@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -94,14 +92,7 @@ func TestExpectContinue(t *testing.T) {
 	t.Cleanup(up.Close)
 	gw := startGateway(t, testConfig(up.URL), Options{})
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(conn, "PUT /upload HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
-	br := bufio.NewReader(conn)
+	conn, br := rawConn(t, gw.URL, "PUT /upload HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusContinue {
 		t.Fatalf("first response = %v, %v; want 100 Continue", resp, err)

@@ -26,22 +26,10 @@ const ns = "edgelimit_gateway"
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "decisions_total",
-			Help: "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback).",
-		}, []string{"result", "rule", "mode"}),
-		storeUnavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_unavailable_total",
-			Help: "Decisions the shared store could not make, by reason (error, timeout, circuit_open).",
-		}, []string{"reason"}),
-		failOpen: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "fail_open_total",
-			Help: "Requests allowed unchecked because the store was unavailable.",
-		}),
-		failClosed: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "fail_closed_total",
-			Help: "Requests refused with 503 because the store was unavailable.",
-		}),
+		decisions:        newCounterVec("decisions_total", "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback).", "result", "rule", "mode"),
+		storeUnavailable: newCounterVec("store_unavailable_total", "Decisions the shared store could not make, by reason (error, timeout, circuit_open).", "reason"),
+		failOpen:         newCounter("fail_open_total", "Requests allowed unchecked because the store was unavailable."),
+		failClosed:       newCounter("fail_closed_total", "Requests refused with 503 because the store was unavailable."),
 		checkLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "check_duration_seconds",
 			Help:    "Latency of one limiter call, by store (shared, local) and status (ok, error, timeout).",
@@ -51,26 +39,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: ns, Name: "circuit_state",
 			Help: "Store circuit breaker: 0 closed, 1 half-open, 2 open.",
 		}),
-		circuitOpens: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "circuit_opens_total",
-			Help: "Times the store circuit breaker opened.",
-		}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "requests_total",
-			Help: "Responses by route and status code.",
-		}, []string{"route", "code"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "upstream_errors_total",
-			Help: "Proxied requests that failed, by route and kind (timeout, unreachable, client_body).",
-		}, []string{"route", "kind"}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "rejected_total",
-			Help: "Requests refused before any limit was checked, by reason.",
-		}, []string{"reason"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "config_reloads_total",
-			Help: "Configuration reloads by result (ok, failed).",
-		}, []string{"result"}),
+		circuitOpens:   newCounter("circuit_opens_total", "Times the store circuit breaker opened."),
+		requests:       newCounterVec("requests_total", "Responses by route and status code.", "route", "code"),
+		upstreamErrors: newCounterVec("upstream_errors_total", "Proxied requests that failed, by route and kind (timeout, unreachable, client_body).", "route", "kind"),
+		rejected:       newCounterVec("rejected_total", "Requests refused before any limit was checked, by reason.", "reason"),
+		reloads:        newCounterVec("config_reloads_total", "Configuration reloads by result (ok, failed).", "result"),
 	}
 	reg.MustRegister(m.decisions, m.storeUnavailable, m.failOpen, m.failClosed, m.checkLatency,
 		m.circuitState, m.circuitOpens, m.requests, m.upstreamErrors, m.rejected, m.reloads)
@@ -83,4 +56,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.reloads.WithLabelValues(r)
 	}
 	return m
+}
+
+// newCounterVec is the gateway's counter name (under ns) with labels.
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+}
+
+// newCounter is the gateway's counter name (under ns), without labels.
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
 }

@@ -154,21 +154,30 @@ func (u *pathUpstream) take() []string {
 	return s
 }
 
-// rawDo writes req (a request line and headers, "\r\n" separated) on a
-// new connection and reads the response: nothing on the way rewrites
-// the path.
-func rawDo(t *testing.T, gwURL, req string) reply {
+// rawConn opens a connection to the gateway at gwURL, closed when the
+// test ends, and writes req on it as it stands: the bytes no client
+// library would send. Reads from the returned reader fail after 10s.
+func rawConn(t testing.TB, gwURL, req string) (net.Conn, *bufio.Reader) {
 	t.Helper()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	return conn, bufio.NewReader(conn)
+}
+
+// rawDo writes req (a request line and headers, "\r\n" separated) on a
+// new connection and reads the response: nothing on the way rewrites
+// the path.
+func rawDo(t testing.TB, gwURL, req string) reply {
+	t.Helper()
+	_, br := rawConn(t, gwURL, req)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("read response to %q: %v", req, err)
 	}

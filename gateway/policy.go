@@ -153,14 +153,16 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 // localRules are the rules this gateway enforces in memory while the
 // shared store is unavailable: those of l's rules (as directives left them)
 // whose policy is local, each at this gateway's share. Under a split the
-// rules already are this gateway's share.
+// rules already are this gateway's share, but for the reserve of the
+// gateways the split does not name: they share it, so each enforces its
+// local share of it.
 func (st *state) localRules(l limits) []limiter.Rule {
 	var out []limiter.Rule
 	for i, r := range l.rules {
 		if r.Shadow || l.plan.policies[i] != FailLocal {
 			continue
 		}
-		if !l.split {
+		if !l.split || l.reserve {
 			r = localShare(r, int64(st.cfg.ExpectedGateways))
 		}
 		out = append(out, r)
@@ -253,6 +255,9 @@ type limits struct {
 	plan *plan
 	// split: a split directive gave this gateway its own share of rules.
 	split bool
+	// reserve: under the split, this gateway is one the split does not
+	// name, sharing the reserve with every other such gateway.
+	reserve bool
 	// rules are the plan's rules as directives leave them.
 	rules []limiter.Rule
 }

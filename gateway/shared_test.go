@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -103,10 +102,17 @@ func TestTenGatewaysShareOneLimit(t *testing.T) {
 	// A full bucket, then refill at limit/period for the whole run.
 	want := float64(limit) + float64(limit)*elapsed.Seconds()/period.Seconds()
 	got := float64(allowed.Load())
-	t.Logf("allowed %v of %d requests over %v; want %.1f ±2%%; per gateway %v",
+	t.Logf("allowed %v of %d requests over %v; want %.1f, at most +2%%; per gateway %v",
 		got, allowed.Load()+denied.Load(), elapsed.Round(time.Millisecond), want, loads(perGateway))
-	if math.Abs(got-want) > 0.02*want {
-		t.Errorf("ten gateways allowed %v, want %.1f ±2%% (one shared limit of %d per %v)", got, want, limit, period)
+	// Over the limit is the limiter's fault: 2% covers the clocks. Under it
+	// can also be the machine's: a loaded CPU stalls every caller while the
+	// bucket sits full and its refill is lost, so the lower bound is only
+	// a sanity check (the exact bound is TestModel's and TestGatewayModel's).
+	if got > 1.02*want {
+		t.Errorf("ten gateways allowed %v, want at most %.1f +2%% (one shared limit of %d per %v)", got, want, limit, period)
+	}
+	if got < 0.85*want {
+		t.Errorf("ten gateways allowed only %v, want about %.1f (one shared limit of %d per %v)", got, want, limit, period)
 	}
 	if denied.Load() < allowed.Load() {
 		t.Errorf("only %d denials: the load did not saturate the limit, so the test proves little", denied.Load())

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,14 +38,7 @@ func echoTunnelUpstream(t *testing.T, opened *atomic.Int64) *httptest.Server {
 // returns the connection, its reader and the response.
 func dialUpgrade(t *testing.T, gwURL, path, proto string) (net.Conn, *bufio.Reader, *http.Response) {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(conn, "GET "+path+" HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: "+proto+"\r\n\r\n")
-	br := bufio.NewReader(conn)
+	conn, br := rawConn(t, gwURL, "GET "+path+" HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: "+proto+"\r\n\r\n")
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)

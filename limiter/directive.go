@@ -247,17 +247,19 @@ func (s *DirectiveStore) key(name string) string { return s.prefix + ":{directiv
 // WriteSplits replaces the split directives with ds (pruning the rest) and
 // bumps the version, atomically.
 func (s *DirectiveStore) WriteSplits(ctx context.Context, ds []SplitDirective) error {
-	return writeAll(ctx, s, "split", ds, func(d SplitDirective) (string, time.Time, error) {
-		return d.Key, d.Expires, d.Validate()
-	})
+	return writeAll(ctx, s, "split", ds, splitMeta)
 }
 
 // WriteNATs replaces the NAT directives with ds and bumps the version.
 func (s *DirectiveStore) WriteNATs(ctx context.Context, ds []NATDirective) error {
-	return writeAll(ctx, s, "nat", ds, func(d NATDirective) (string, time.Time, error) {
-		return d.Key, d.Expires, d.Validate()
-	})
+	return writeAll(ctx, s, "nat", ds, natMeta)
 }
+
+// splitMeta and natMeta give what writeAll and readAll need of a
+// directive: the key it is stored under, its expiry, and whether it is
+// valid.
+func splitMeta(d SplitDirective) (string, time.Time, error) { return d.Key, d.Expires, d.Validate() }
+func natMeta(d NATDirective) (string, time.Time, error)     { return d.Key, d.Expires, d.Validate() }
 
 // writeAll validates and encodes ds, then replaces the set called name.
 func writeAll[T any](ctx context.Context, s *DirectiveStore, name string, ds []T, meta func(T) (string, time.Time, error)) error {
@@ -328,25 +330,27 @@ func (s *DirectiveStore) Load(ctx context.Context) (d Directives, bad int, err e
 		return Directives{}, 0, fmt.Errorf("load directives: %w", err)
 	}
 	d.Version, _ = strconv.ParseInt(ver.Val(), 10, 64)
-	d.Splits = make(map[string]SplitDirective, len(splits.Val()))
-	for k, v := range splits.Val() {
-		var sd SplitDirective
-		if json.Unmarshal([]byte(v), &sd) != nil || sd.Key != k || sd.Validate() != nil {
-			bad++
-			continue
-		}
-		d.Splits[k] = sd
-	}
-	d.NATs = make(map[string]NATDirective, len(nats.Val()))
-	for k, v := range nats.Val() {
-		var nd NATDirective
-		if json.Unmarshal([]byte(v), &nd) != nil || nd.Key != k || nd.Validate() != nil {
-			bad++
-			continue
-		}
-		d.NATs[k] = nd
-	}
+	d.Splits = readAll(splits.Val(), splitMeta, &bad)
+	d.NATs = readAll(nats.Val(), natMeta, &bad)
 	return d, bad, nil
+}
+
+// readAll decodes the fields of one directive hash, keeping the
+// directives that are valid and stored under their own key, and counting
+// the rest in bad.
+func readAll[T any](fields map[string]string, meta func(T) (string, time.Time, error), bad *int) map[string]T {
+	ds := make(map[string]T, len(fields))
+	for k, v := range fields {
+		var d T
+		if json.Unmarshal([]byte(v), &d) == nil {
+			if key, _, err := meta(d); key == k && err == nil {
+				ds[k] = d
+				continue
+			}
+		}
+		*bad++
+	}
+	return ds
 }
 
 // Watcher keeps a gateway's copy of the directives fresh in the

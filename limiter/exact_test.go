@@ -127,20 +127,30 @@ func TestLargeRules(t *testing.T) {
 			key := uniqueKey(t) + strings.ReplaceAll(tt.name, " ", "")
 			rules := []Rule{tt.rule}
 			c := tt.rule.Capacity()
-			d := mustAllow(t, s, key, rules, 1)
-			if !d.Allowed || d.Rules[0].Remaining != c-1 {
-				t.Errorf("%s: first Allow = %+v, want allowed with %d remaining", tt.name, d.Rules[0], c-1)
-				continue
-			}
-			drained := mustAllow(t, s, key, rules, c-1)
-			if !drained.Allowed || drained.Rules[0].Remaining != 0 {
-				t.Errorf("%s: Allow(rest %d) = %+v, want allowed with 0 remaining", tt.name, c-1, drained.Rules[0])
-				continue
-			}
-			d = mustAllow(t, s, key, rules, 1)
 			// One unit refills (or the window slides) after about
 			// Period/Limit; never sooner, and at most a window away.
 			perUnit := time.Duration(float64(tt.rule.Period) / float64(tt.rule.Limit))
+			first := mustAllow(t, s, key, rules, 1)
+			if !first.Allowed || first.Rules[0].Remaining != c-1 {
+				t.Errorf("%s: first Allow = %+v, want allowed with %d remaining", tt.name, first.Rules[0], c-1)
+				continue
+			}
+			drained := mustAllow(t, s, key, rules, c-1)
+			// A fast bucket (the largest: one unit every 8ms) may refill a
+			// unit between the calls on a loaded machine, by the store's
+			// own clock; never more.
+			refilled := int64(0)
+			if tt.rule.algorithm() == TokenBucket {
+				refilled = int64(drained.Time.Sub(first.Time) / perUnit)
+			}
+			if !drained.Allowed || drained.Rules[0].Remaining > refilled {
+				t.Errorf("%s: Allow(rest %d) = %+v, want allowed with %d remaining at most", tt.name, c-1, drained.Rules[0], refilled)
+				continue
+			}
+			if drained.Rules[0].Remaining > 0 {
+				continue // refilled meanwhile: what follows assumes empty
+			}
+			d := mustAllow(t, s, key, rules, 1)
 			if d.Allowed {
 				// A fast rule (1e9 per 30 days: one every 2.6ms) may have
 				// refilled one unit meanwhile, by the store's own clock.

@@ -20,21 +20,25 @@ type allower interface {
 func mustRedis(tb testing.TB) *redis.Client {
 	tb.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(tb)})
-	tb.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		tb.Fatalf("ping redis: %v", err)
-	}
+	mustPing(tb, rdb, "redis")
 	return rdb
 }
 
 func mustCluster(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(tb)})
+	mustPing(tb, rdb, "redis cluster")
+	return rdb
+}
+
+// mustPing closes rdb when the test ends, and fails the test now unless
+// the server (what) answers.
+func mustPing(tb testing.TB, rdb redis.UniversalClient, what string) {
+	tb.Helper()
 	tb.Cleanup(func() { rdb.Close() })
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		tb.Fatalf("ping redis cluster: %v", err)
+		tb.Fatalf("ping %s: %v", what, err)
 	}
-	return rdb
 }
 
 func mustLimiter(tb testing.TB, rdb rediser, cfg Config) *Redis {

@@ -11,11 +11,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/ratemodel"
 )
 
-// The reference model: one exact model of each algorithm, in plain Go with
-// exact rationals and the time passed in, written from the documented
-// semantics and sharing no code with the stores. TestModel drives the real
+// The reference model (internal/ratemodel): one exact model of each
+// algorithm, in plain Go with exact rationals and the time passed in,
+// written from the documented semantics and sharing no code with the
+// stores; gateway.TestGatewayModel uses it too. TestModel drives the real
 // stores with concurrent callers, random costs and rule changes, then
 // replays every decision through the model, in the order of the times the
 // decisions report:
@@ -62,119 +65,20 @@ import (
 // EDGELIMIT_MODEL_DURATION sets the budget per store (default 1.6s; make
 // soak runs it longer).
 
-// bucketModel is a continuous-time token bucket.
-type bucketModel struct {
-	rule   Rule
-	tokens *big.Rat // at ts
-	ts     int64    // µs
+// modelRule is r as the reference model (internal/ratemodel) sees it.
+func modelRule(r Rule) ratemodel.Rule {
+	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.algorithm() == SlidingWindow}
 }
 
-func ratInt(n int64) *big.Rat { return new(big.Rat).SetInt64(n) }
-
-func newBucketModel(r Rule, now int64) *bucketModel {
-	return &bucketModel{rule: r, tokens: ratInt(r.Capacity()), ts: now}
-}
-
-// at returns the tokens at now: tokens + elapsed × Limit/Period, at most
-// the capacity; time never runs backwards.
-func (b *bucketModel) at(now int64) *big.Rat {
-	elapsed := max(0, now-b.ts)
-	refill := new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(elapsed), big.NewInt(b.rule.Limit)), big.NewInt(b.rule.Period.Microseconds()))
-	if elapsed > 0 && refill.Cmp(ratInt(b.rule.Capacity())) > 0 {
-		return ratInt(b.rule.Capacity())
-	}
-	t := new(big.Rat).Add(b.tokens, refill)
-	if c := ratInt(b.rule.Capacity()); t.Cmp(c) > 0 {
-		return c
-	}
-	return t
-}
-
-func (b *bucketModel) change(r Rule, now int64) {
-	t := b.at(now)
-	if d := r.Capacity() - b.rule.Capacity(); d > 0 {
-		t.Add(t, ratInt(d))
-	} else if c := ratInt(r.Capacity()); t.Cmp(c) > 0 {
-		t = c
-	}
-	b.rule, b.tokens, b.ts = r, t, max(now, b.ts)
-}
-
-// room is how many tokens would be left after cost at now (negative: the
-// model denies).
-func (b *bucketModel) room(now, cost int64) *big.Rat {
-	return new(big.Rat).Sub(b.at(now), ratInt(cost))
-}
-
-func (b *bucketModel) take(now, cost int64) {
-	b.tokens, b.ts = b.room(now, cost), max(now, b.ts)
-}
-
-// windowModel is the documented sliding window counter: units admitted per
-// fixed window, the previous one weighted by how much of it the sliding
-// Period still covers.
-type windowModel struct {
-	rule    Rule
-	counts  map[int64]int64 // window index → units admitted
-	carried map[int64]bool  // windows holding use carried from another period
-}
-
-func newWindowModel(r Rule) *windowModel {
-	return &windowModel{rule: r, counts: map[int64]int64{}, carried: map[int64]bool{}}
-}
-
-// used is the weighted count at now, and the previous window's count.
-func (m *windowModel) used(now int64) (*big.Rat, int64, bool) {
-	p := m.rule.Period.Microseconds()
-	w := now / p
-	prev := m.counts[w-1]
-	weight := new(big.Rat).SetFrac64(p-(now-w*p), p)
-	u := new(big.Rat).Mul(ratInt(prev), weight)
-	return u.Add(u, ratInt(m.counts[w])), prev, m.carried[w]
-}
-
-func (m *windowModel) change(r Rule, now int64) {
-	if r.Period == m.rule.Period {
-		m.rule = r
-		return
-	}
-	u, _, _ := m.used(now)
-	carry := new(big.Int).Div(new(big.Int).Add(u.Num(), new(big.Int).Sub(u.Denom(), big.NewInt(1))), u.Denom()).Int64() // ceil
-	m.rule, m.counts, m.carried = r, map[int64]int64{}, map[int64]bool{}
-	w := now / r.Period.Microseconds()
-	m.counts[w], m.carried[w] = carry, carry > 0
-}
-
-func (m *windowModel) room(now, cost int64) *big.Rat {
-	u, _, _ := m.used(now)
-	return u.Sub(ratInt(m.rule.Limit-cost), u)
-}
-
-func (m *windowModel) take(now, cost int64) {
-	m.counts[now/m.rule.Period.Microseconds()] += cost
-}
-
-// ruleModel is either model behind one interface.
-type ruleModel interface {
-	room(now, cost int64) *big.Rat
-	take(now, cost int64)
-	change(r Rule, now int64)
-}
-
-func newRuleModel(r Rule, now int64) ruleModel {
-	if r.algorithm() == SlidingWindow {
-		return newWindowModel(r)
-	}
-	return newBucketModel(r, now)
-}
+func ratInt(n int64) *big.Rat { return ratemodel.Int(n) }
 
 // tolerance is how far below the model a store's rounding may leave it.
-func tolerance(m ruleModel, now int64, writes int) *big.Rat {
+func tolerance(m ratemodel.Model, now int64, writes int) *big.Rat {
 	switch m := m.(type) {
-	case *bucketModel:
+	case *ratemodel.Bucket:
 		return new(big.Rat).SetFrac64(3*int64(writes+1), micro)
-	case *windowModel:
-		_, prev, carried := m.used(now)
+	case *ratemodel.Window:
+		_, prev, carried := m.Used(now)
 		t := new(big.Rat).SetFrac64(2*prev, swDenom)
 		if carried {
 			t.Add(t, ratInt(1))
@@ -209,7 +113,7 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 		}
 		return 0
 	})
-	var models []ruleModel
+	var models []ratemodel.Model
 	phase, writes := -1, 0
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -227,15 +131,15 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 			phase = e.phase
 			for i, r := range phases[phase] {
 				if models == nil || len(models) <= i {
-					models = append(models, newRuleModel(r, e.at))
+					models = append(models, ratemodel.New(modelRule(r), e.at))
 				} else {
-					models[i].change(r, e.at)
+					models[i].Change(modelRule(r), e.at)
 				}
 			}
 		}
 		rooms := make([]*big.Rat, len(models))
 		for i, m := range models {
-			rooms[i] = m.room(e.at, e.cost)
+			rooms[i] = m.Room(e.at, e.cost)
 		}
 		if e.allowed {
 			admitted++
@@ -253,7 +157,7 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 					failures++
 					fail("phase %d, t=%dµs: %+v admitted cost %d, the model has %s too few", phase, e.at, phases[phase][i], e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
 				}
-				m.take(e.at, e.cost)
+				m.Take(e.at, e.cost)
 			}
 			writes++
 			continue
@@ -274,7 +178,7 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 				failures++
 				fail("phase %d, t=%dµs: %+v denied cost %d, the model admits it with room %s", phase, e.at, rr.Rule, e.cost, rooms[i].FloatString(6))
 			case !rr.Allowed:
-				if b, ok := m.(*bucketModel); ok {
+				if b, ok := m.(*ratemodel.Bucket); ok {
 					checkRetry(fail, &failures, phase, e, rr, b, rooms[i], tol)
 				}
 			}
@@ -286,8 +190,8 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 
 // checkRetry compares a token bucket's RetryAfter with the model's wait
 // for the missing tokens, (cost − tokens) × Period / Limit.
-func checkRetry(fail func(string, ...any), failures *int, phase int, e modelEvent, rr RuleResult, b *bucketModel, room, tol *big.Rat) {
-	perToken := new(big.Rat).SetFrac64(b.rule.Period.Microseconds(), b.rule.Limit)
+func checkRetry(fail func(string, ...any), failures *int, phase int, e modelEvent, rr RuleResult, b *ratemodel.Bucket, room, tol *big.Rat) {
+	perToken := new(big.Rat).SetFrac64(b.Rule.Period.Microseconds(), b.Rule.Limit)
 	want := new(big.Rat).Mul(new(big.Rat).Neg(room), perToken) // µs
 	if want.Sign() < 0 {
 		want.SetInt64(0)

@@ -130,11 +130,11 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 					}
 				})
 			}
-			waitFor(t, "checks before flush", func() bool { return ok.Load() > 200 })
+			testenv.WaitFor(t, 20*time.Second, "checks before flush", func() bool { return ok.Load() > 200 })
 			for range 3 {
 				flushScripts(t, rdb)
 				before := ok.Load()
-				waitFor(t, "checks after flush", func() bool { return ok.Load() > before+200 })
+				testenv.WaitFor(t, 20*time.Second, "checks after flush", func() bool { return ok.Load() > before+200 })
 			}
 			close(done)
 			wg.Wait()
@@ -164,18 +164,6 @@ func flushScripts(t *testing.T, rdb redis.UniversalClient) {
 	}
 	if err != nil {
 		t.Fatalf("SCRIPT FLUSH: %v", err)
-	}
-}
-
-// waitFor polls cond until it holds, failing after 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -210,7 +198,7 @@ func TestExpiry(t *testing.T) {
 		}
 		t.Logf("MEMORY USAGE %s = %d bytes", k, mem)
 	}
-	waitFor(t, "keys to expire", func() bool { return rdb.Exists(ctx, keys...).Val() == 0 })
+	testenv.WaitFor(t, 20*time.Second, "keys to expire", func() bool { return rdb.Exists(ctx, keys...).Val() == 0 })
 }
 
 // TestOneSlot: all keys of one check share a Redis Cluster hash slot.

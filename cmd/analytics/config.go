@@ -46,6 +46,11 @@ type fileConfig struct {
 type alertsConfig struct {
 	analytics.AlertConfig `yaml:",inline"`
 	WebhookURL            boot.Secret `yaml:"webhook_url"`
+	// AlertmanagerClient and WebhookClient are how each is reached: TLS
+	// (a private CA, a client certificate) and basic or bearer auth. Each
+	// destination sees its own credentials only.
+	AlertmanagerClient boot.HTTP `yaml:"alertmanager_client"`
+	WebhookClient      boot.HTTP `yaml:"webhook_client"`
 }
 
 // redisConfig is where directives go: the gateways' Redis, with their
@@ -73,6 +78,8 @@ func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 	e.String(&fc.AdminListen, "EDGELIMIT_ANALYTICS_ADMIN_LISTEN")
 	e.String(&fc.Alerts.AlertmanagerURL, "EDGELIMIT_ALERTMANAGER_URL")
 	e.Secret(&fc.Alerts.WebhookURL, "EDGELIMIT_ALERT_WEBHOOK_URL")
+	fc.Alerts.AlertmanagerClient.ApplyEnv(e, "EDGELIMIT_ALERTMANAGER")
+	fc.Alerts.WebhookClient.ApplyEnv(e, "EDGELIMIT_ALERT_WEBHOOK")
 	e.String(&fc.LogLevel, "EDGELIMIT_LOG_LEVEL")
 	return e.Err()
 }
@@ -95,7 +102,8 @@ func (fc fileConfig) WithDefaults() fileConfig {
 
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
-	errs := []error{fc.ClickHouse.Validate(), fc.Redis.Validate()}
+	errs := []error{fc.ClickHouse.Validate(), fc.Redis.Validate(),
+		fc.Alerts.AlertmanagerClient.Validate("alerts.alertmanager_client"), fc.Alerts.WebhookClient.Validate("alerts.webhook_client")}
 	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
 	}

@@ -25,7 +25,11 @@
 // EDGELIMIT_REDIS_SENTINEL_MASTER, EDGELIMIT_REDIS_USERNAME,
 // EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB, EDGELIMIT_REDIS_PREFIX,
 // EDGELIMIT_ANALYTICS_TOKEN, EDGELIMIT_ANALYTICS_LISTEN, EDGELIMIT_ALERTMANAGER_URL,
-// EDGELIMIT_ALERT_WEBHOOK_URL, EDGELIMIT_LOG_LEVEL.
+// EDGELIMIT_ALERT_WEBHOOK_URL, EDGELIMIT_LOG_LEVEL; for TLS and
+// authentication (see the README's Security section)
+// EDGELIMIT_{REDIS,CLICKHOUSE,ALERTMANAGER,ALERT_WEBHOOK}_TLS_*,
+// EDGELIMIT_REDIS_SENTINEL_USERNAME/_PASSWORD and
+// EDGELIMIT_{ALERTMANAGER,ALERT_WEBHOOK}_{USERNAME,PASSWORD,BEARER_TOKEN}.
 //
 // serve also answers /metrics, /healthz and /readyz (ClickHouse reachable)
 // without the token. It stops on SIGTERM or SIGINT in order: the HTTP
@@ -38,8 +42,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -123,6 +129,14 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		return err
 	}
 	defer ch.Close() // last: the detector's final run reads it
+	// Wrong credentials or an untrusted certificate end the start here,
+	// named; a server that is down now is reported by /readyz and retried
+	// by every run.
+	if err := boot.PingClickHouse(ctx, ch, fc.ClickHouse); boot.Fatal(err) {
+		return err
+	} else if err != nil {
+		log.Warn("ClickHouse not reachable at start", "error", err.Error())
+	}
 	reader := analytics.NewReader(ch)
 
 	deps := analytics.Deps{Reader: reader, Log: log}
@@ -131,14 +145,26 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		// go-redis's default retries are fine (a replayed write is
 		// idempotent apart from the version bump), timeouts short so a
 		// dead Redis does not stall a run.
-		rdb := boot.NewRedis(fc.Redis.Redis, boot.RedisTuning{Timeout: 2 * time.Second}, log)
+		rdb, err := boot.NewRedis(fc.Redis.Redis, boot.RedisTuning{Timeout: 2 * time.Second}, log)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
 		defer rdb.Close()
+		if err := boot.PingRedis(ctx, rdb, fc.Redis.Redis); boot.Fatal(err) {
+			return err
+		} else if err != nil {
+			log.Warn("Redis not reachable at start; directives are written once it is", "error", err.Error())
+		}
 		deps.Directives = limiter.NewDirectiveStore(rdb, fc.Redis.Prefix)
 	} else {
 		log.Warn("dry run: directives are computed but not written")
 	}
 	if cfg.Alerts.AlertmanagerURL != "" || cfg.Alerts.WebhookURL != "" {
-		deps.Alerter = analytics.NewAlerter(cfg.Alerts, &http.Client{Timeout: 10 * time.Second}, nil)
+		alerter, err := newAlerter(ctx, fc, cfg.Alerts, log)
+		if err != nil {
+			return err
+		}
+		deps.Alerter = alerter
 	}
 	reg := boot.NewRegistry()
 	deps.Registry = reg
@@ -180,6 +206,40 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 		boot.Func("detector", func(ctx context.Context) error { det.Run(ctx); return nil }), adminActor)
 	log.Info("analytics stopped")
 	return err
+}
+
+// newAlerter makes the alerter's HTTP client, one link per destination,
+// and checks each: Alertmanager with GET /api/v2/status, the webhook with
+// HEAD (it must not be posted to). Bad credentials or certificates end
+// the start; a destination that is down only warns, as a failed post
+// would be retried.
+func newAlerter(ctx context.Context, fc fileConfig, ac analytics.AlertConfig, log *slog.Logger) (*analytics.Alerter, error) {
+	links := map[string]boot.HTTP{}
+	if ac.AlertmanagerURL != "" {
+		links[ac.AlertmanagerURL] = fc.Alerts.AlertmanagerClient
+	}
+	if ac.WebhookURL != "" {
+		links[ac.WebhookURL] = fc.Alerts.WebhookClient
+	}
+	client, err := boot.NewHTTPClient(10*time.Second, links)
+	if err != nil {
+		return nil, fmt.Errorf("config: alerts: %w", err)
+	}
+	var errs []error
+	if ac.AlertmanagerURL != "" {
+		errs = append(errs, boot.CheckHTTP(ctx, client, "alertmanager", http.MethodGet, strings.TrimRight(ac.AlertmanagerURL, "/")+"/api/v2/status"))
+	}
+	if ac.WebhookURL != "" {
+		errs = append(errs, boot.CheckHTTP(ctx, client, "alert webhook", http.MethodHead, ac.WebhookURL))
+	}
+	for _, err := range errs {
+		if boot.Fatal(err) {
+			return nil, err
+		} else if err != nil {
+			log.Warn("alert destination not reachable at start", "error", err.Error())
+		}
+	}
+	return analytics.NewAlerter(ac, client, nil), nil
 }
 
 func isLoopback(host string) bool {

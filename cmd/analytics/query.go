@@ -84,6 +84,9 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 		return err
 	}
 	defer ch.Close()
+	if err := boot.PingClickHouse(ctx, ch, fc.ClickHouse); err != nil {
+		return err
+	}
 	r := analytics.NewReader(ch)
 
 	var v any

@@ -104,7 +104,7 @@ func (fc fileConfig) WithDefaults() fileConfig {
 
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
-	errs := []error{fc.ClickHouse.Validate(), fc.consumerConfig().Validate()}
+	errs := []error{fc.ClickHouse.Validate(), fc.consumerConfig().Validate(), fc.Kafka.Kafka.Validate()}
 	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)
 	}

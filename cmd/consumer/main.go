@@ -13,7 +13,8 @@
 // EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC, EDGELIMIT_CONSUMER_GROUP,
 // EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
 // EDGELIMIT_CLICKHOUSE_USER, EDGELIMIT_CLICKHOUSE_PASSWORD,
-// EDGELIMIT_RETENTION_RAW_DAYS, EDGELIMIT_RETENTION_ROLLUP_DAYS,
+// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{KAFKA,CLICKHOUSE}_TLS_* (see the
+// README's Security section), EDGELIMIT_RETENTION_RAW_DAYS, EDGELIMIT_RETENTION_ROLLUP_DAYS,
 // EDGELIMIT_CONSUMER_ADMIN_LISTEN, EDGELIMIT_LOG_LEVEL.
 //
 // SIGTERM or SIGINT stops it in order: the consumer inserts and commits
@@ -71,6 +72,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Closed last: the consumer's final insert needs it.
 	defer ch.Close()
+	// Wrong credentials or an untrusted certificate end the start here,
+	// named; a server still coming up is retried below.
+	if err := boot.PingClickHouse(ctx, ch, fc.ClickHouse); boot.Fatal(err) {
+		return err
+	}
+	if err := fc.Kafka.Check(ctx, log); boot.Fatal(err) {
+		return err
+	} else if err != nil {
+		log.Warn("Kafka not reachable at start; the consumer keeps trying", "error", err.Error())
+	}
 
 	cfg := fc.consumerConfig()
 	if *fc.Migrate || *migrateOnly {
@@ -92,7 +103,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 	}
 
-	cfg.Opts = append(fc.Kafka.Opts(log), boot.KafkaMetrics(reg))
+	opts, err := fc.Kafka.Opts(log)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	// The same options serve the dead-letter producer: one link.
+	cfg.Opts = append(opts, boot.KafkaMetrics(reg))
 	c, err := consumer.New(cfg, ch, reg, log)
 	if err != nil {
 		return err
@@ -150,7 +166,11 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 
 // createTopics creates the decisions and dead-letter topics if missing.
 func createTopics(ctx context.Context, kc kafkaConfig, log *slog.Logger) error {
-	cl, err := kgo.NewClient(kc.Opts(log)...)
+	opts, err := kc.Opts(log)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return err
 	}

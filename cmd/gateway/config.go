@@ -117,7 +117,7 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
-	errs := []error{fc.Config.Validate(), fc.Redis.Validate()}
+	errs := []error{fc.Config.Validate(), fc.Redis.Validate(), fc.Kafka.Validate()}
 	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
 	}

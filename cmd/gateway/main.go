@@ -5,6 +5,8 @@
 //	gateway -config gateway.yaml          serve
 //	gateway -config gateway.yaml -check   validate, print the effective config (secrets redacted), exit
 //	gateway -version                      print the version, exit
+//	gateway -hash-key [-key-id ID] [-key-plan PLAN] < key
+//	                                      print the api_keys entry of the API key on stdin, exit
 //
 // Environment overrides (addresses and secrets, so files hold none; a
 // secret X can also be read from the file named by X_FILE):
@@ -14,14 +16,21 @@
 // EDGELIMIT_REDIS_USERNAME, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB,
 // EDGELIMIT_REDIS_PREFIX, EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
+// EDGELIMIT_REDIS_SENTINEL_USERNAME, EDGELIMIT_REDIS_SENTINEL_PASSWORD,
+// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{REDIS,KAFKA}_TLS_* (see the README's
+// Security section),
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
-// SIGHUP reloads the file (an invalid one keeps the running config);
-// SIGTERM or SIGINT drains and stops.
+// SIGHUP reloads the file, and so does a change of its content, looked for
+// every -watch (default 1s; a Kubernetes ConfigMap's symlink swap counts);
+// an invalid file keeps the running config. SIGTERM or SIGINT drains and
+// stops.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +39,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -55,12 +65,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
 	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
+	hashKey := fs.Bool("hash-key", false, "read one API key from stdin, print its api_keys entry (its SHA-256, never the key), and exit")
+	keyID := fs.String("key-id", "", "with -hash-key: the entry's id (default: the first 16 hex digits of the SHA-256)")
+	keyPlan := fs.String("key-plan", "", "with -hash-key: the entry's plan")
+	watch := fs.Duration("watch", time.Second, "how often to look for a changed config file (also a Kubernetes ConfigMap's symlink swap) and reload it; 0: only on SIGHUP")
 	if done, err := fs.Parse(args); done {
 		return err
+	}
+	if *hashKey {
+		return printKeyEntry(os.Stdin, stdout, *keyID, *keyPlan)
 	}
 	if *path == "" {
 		return errors.New("-config is required")
 	}
+	// Hash the file before loading it: a change in between is then seen
+	// by the first poll, never missed.
+	fw := boot.NewFileWatch(*path)
 	fc, err := loadConfig(*path, getenv)
 	if err != nil {
 		return err
@@ -89,7 +109,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer st.close()
-	ev, err := openEvents(fc, reg, log)
+	ev, err := openEvents(ctx, fc, reg, log)
 	if err != nil {
 		return err
 	}
@@ -154,14 +174,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	actors = append(actors, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-hup:
-				cur = reload(gw, rls, *path, getenv, cur, log)
-			}
-		}
+		reloads(ctx, hup, fw, *watch, func() { cur = reload(gw, rls, *path, getenv, cur, log) }, log)
+		return nil
 	}))
 	if watcher != nil {
 		actors = append(actors, boot.Func("directives", func(ctx context.Context) error { watcher.Run(ctx); return nil }))
@@ -171,6 +185,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	err = boot.Run(ctx, log, defaults.Timeouts.Shutdown, append(actors, admin)...)
 	log.Info("gateway stopped")
+	return err
+}
+
+// printKeyEntry reads one API key from in and writes the api_keys entry
+// that admits it: the config file holds the key's SHA-256, never the key.
+// Surrounding whitespace (echo's newline) is not part of the key; an HTTP
+// header could not carry it anyway.
+func printKeyEntry(in io.Reader, out io.Writer, id, plan string) error {
+	b, err := io.ReadAll(io.LimitReader(in, 64<<10))
+	if err != nil {
+		return fmt.Errorf("read the key from stdin: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	switch {
+	case key == "":
+		return errors.New("-hash-key: no key on stdin (try: printf %s \"$KEY\" | gateway -hash-key)")
+	case strings.ContainsAny(key, " \t\r\n"):
+		return errors.New("-hash-key: the key on stdin contains whitespace; give one key, without spaces")
+	}
+	sum := sha256.Sum256([]byte(key))
+	hexSum := hex.EncodeToString(sum[:])
+	if id == "" {
+		id = hexSum[:16] // the gateway's own default id
+	}
+	comment := ""
+	if plan == "" {
+		plan, comment = "PLAN", "  # PLAN: one of plans (or -key-plan)"
+	}
+	_, err = fmt.Fprintf(out, "- {id: %s, sha256: %s, plan: %s}%s\n", id, hexSum, plan, comment)
 	return err
 }
 
@@ -231,6 +274,33 @@ func startRLS(cfg envoyrls.Config, gw *gateway.Gateway, reg *prometheus.Registry
 	}, nil
 }
 
+// reloads calls reload on every SIGHUP and, looking every `every` (0:
+// never), when the file's content has changed, until ctx ends. The file's content
+// that a reload read, valid or not, is not reloaded again until it changes:
+// an invalid file is counted once, not once a poll.
+func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, every time.Duration, reload func(), log *slog.Logger) {
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			fw.Seen()
+			reload()
+		case <-tick:
+			if fw.Changed() {
+				log.Info("config file changed; reloading", "config", fw.Path())
+				reload()
+			}
+		}
+	}
+}
+
 // reload re-reads the file; an invalid one keeps cur in force.
 func reload(gw *gateway.Gateway, rls *envoyrls.Service, path string, getenv func(string) string, cur fileConfig, log *slog.Logger) fileConfig {
 	next, err := loadConfig(path, getenv)
@@ -281,17 +351,26 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	// twice and the failure policy handles errors; short timeouts so a
 	// dead node frees its connections quickly; warm connections for the
 	// first requests.
-	rdb := boot.NewRedis(rc.Redis, boot.RedisTuning{
+	rdb, err := boot.NewRedis(rc.Redis, boot.RedisTuning{
 		Timeout: time.Second, MaxRetries: -1, MinIdleConns: 4, ContextTimeout: true,
 	}, log)
+	if err != nil {
+		return store{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
 	lim, err := limiter.New(rdb, limiter.Config{Prefix: rc.Prefix, DenyCache: rc.DenyCache})
 	if err != nil {
 		rdb.Close()
 		return store{}, fmt.Errorf("%w: redis: %w", errConfig, err)
 	}
-	// Preloading is optional (a missing script is loaded on first use); a
-	// Redis that is down now is the failure policy's business, not a reason
-	// to refuse to start.
+	// A Redis that is down now is the failure policy's business, not a
+	// reason to refuse to start; wrong credentials or an untrusted
+	// certificate are a configuration to fix, and no policy should hide
+	// them.
+	if err := boot.PingRedis(ctx, rdb, rc.Redis); boot.Fatal(err) {
+		rdb.Close()
+		return store{}, err
+	}
+	// Preloading is optional (a missing script is loaded on first use).
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := lim.Load(lctx); err != nil {
@@ -316,11 +395,7 @@ func (e events) closeCluster() {
 	}
 }
 
-// embeddedTopic is the embedded Kafka's topic when none is set: the
-// publisher's default, which the cluster must hold before the first event.
-const embeddedTopic = "decisions"
-
-func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
+func openEvents(ctx context.Context, fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (events, error) {
 	kc := fc.Kafka
 	switch {
 	case kc.Disabled:
@@ -334,25 +409,40 @@ func openEvents(fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (eve
 	var ev events
 	link := kc.Kafka
 	if len(link.Brokers) == 0 {
-		topic := kc.Topic
-		if topic == "" {
-			topic = embeddedTopic
-		}
+		// The publisher's topic, which the cluster must hold before the
+		// first event.
+		topic := publish.Config{Topic: kc.Topic}.WithDefaults().Topic
 		c, err := embeddedKafka(kc, topic)
 		if err != nil {
 			return events{}, fmt.Errorf("start embedded kafka: %w", err)
 		}
 		ev.cluster, ev.stop = c, make(chan struct{})
 		go applyRetention(c, ev.stop)
-		link.Brokers = c.ListenAddrs()
+		// The in-process broker speaks neither TLS nor SASL.
+		link = boot.Kafka{Brokers: c.ListenAddrs()}
 		log.Warn("kafka.embedded: decision events go to an in-memory Kafka (kfake) inside this gateway, for trials only: "+
 			"it keeps the last 10 minutes, at most 64 MiB per partition (4 partitions), and costs about twice that in memory; "+
 			"set EDGELIMIT_KAFKA_BROKERS for a real one",
 			"brokers", link.Brokers, "topic", topic)
 	}
+	opts, err := link.Opts(log)
+	if err != nil {
+		ev.closeCluster()
+		return events{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	// Events never block a request, so a broker that is down now only
+	// costs dropped (counted) events; a link that can never work is a
+	// configuration to fix before serving.
+	if ev.cluster == nil {
+		if err := link.Check(ctx, log); boot.Fatal(err) {
+			return events{}, err
+		} else if err != nil {
+			log.Warn("Kafka not reachable at start; decision events are dropped (and counted) until it is", "error", err.Error())
+		}
+	}
 	pub, err := publish.New(publish.Config{
 		Brokers: link.Brokers, Topic: kc.Topic, MaxBuffered: kc.MaxBuffered,
-		Opts: append(link.Opts(log), boot.KafkaMetrics(reg)),
+		Opts: append(opts, boot.KafkaMetrics(reg)),
 	}, reg, log)
 	if err != nil {
 		ev.closeCluster()

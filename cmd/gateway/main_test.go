@@ -282,7 +282,9 @@ func TestReloadAndShutdown(t *testing.T) {
 
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 1000, up.URL, false)
-	r := start(t, []string{"-config", path}, env(map[string]string{
+	// -watch 0: this test counts the reloads SIGHUP makes, and a poll
+	// seeing the new file first would make one more.
+	r := start(t, []string{"-config", path, "-watch", "0"}, env(map[string]string{
 		"EDGELIMIT_REDIS_ADDR":      redisAddr,
 		"EDGELIMIT_KEY_HASH_SECRET": "test-secret",
 		// The embedded Kafka is opt-in (trial tooling), not the default.
@@ -390,6 +392,96 @@ func TestReloadAndShutdown(t *testing.T) {
 	}
 	if r.logs.find("gateway stopped") == nil {
 		t.Errorf("no stop log line")
+	}
+}
+
+// configMap lays out a directory as the kubelet does for a mounted
+// ConfigMap: name -> ..data/name, ..data -> ..<timestamp>/, and updates
+// it the same way: a new timestamped directory, then ..data swapped onto
+// it by an atomic rename of a new symlink, then the old directory removed.
+type configMap struct {
+	t    *testing.T
+	dir  string
+	name string
+	n    int
+}
+
+func newConfigMap(t *testing.T, name, body string) *configMap {
+	c := &configMap{t: t, dir: t.TempDir(), name: name}
+	c.update(body)
+	if err := os.Symlink(filepath.Join("..data", name), filepath.Join(c.dir, name)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *configMap) path() string { return filepath.Join(c.dir, c.name) }
+
+func (c *configMap) update(body string) {
+	t := c.t
+	t.Helper()
+	c.n++
+	ts := fmt.Sprintf("..2026_12_01_08_00_%02d.%09d", c.n, c.n)
+	if err := os.Mkdir(filepath.Join(c.dir, ts), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, ts, c.name), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := os.Readlink(filepath.Join(c.dir, "..data"))
+	if err := os.Symlink(ts, filepath.Join(c.dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(c.dir, "..data_tmp"), filepath.Join(c.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if old != "" {
+		if err := os.RemoveAll(filepath.Join(c.dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestReloadOnConfigMapSwap: without any signal, the gateway picks up a
+// config file updated the way Kubernetes updates a mounted ConfigMap,
+// keeps the running config when the new file is invalid (counting that
+// once, not once a poll), and takes the next valid one.
+func TestReloadOnConfigMapSwap(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	body := func(limit int) string { return fmt.Sprintf(configTmpl, limit, up.URL, true) }
+	cm := newConfigMap(t, "gateway.yaml", body(1000))
+	r := start(t, []string{"-config", cm.path()}, env(nil)) // the default -watch
+	limit := func() string {
+		_, h, _ := httpGet(t, r.addr+"/")
+		return h.Get("X-RateLimit-Limit")
+	}
+	reloads := func(result string) string {
+		return metric(t, r.admin, `edgelimit_gateway_config_reloads_total{result="`+result+`"}`)
+	}
+	if got := limit(); got != "1000" {
+		t.Fatalf("before the swap: limit %q, want 1000", got)
+	}
+
+	cm.update(body(2000))
+	waitFor(t, "the swapped ConfigMap to be loaded", func() bool { return limit() == "2000" })
+	if got := reloads("ok"); got != "1" {
+		t.Errorf("reloads ok = %q after one swap, want 1", got)
+	}
+	if r.logs.find("config file changed; reloading") == nil {
+		t.Errorf("no log line saying the file changed:\n%s", r.logs)
+	}
+
+	cm.update("plans: {broken")
+	waitFor(t, "the invalid ConfigMap to be refused", func() bool { return reloads("failed") == "1" })
+	if got := limit(); got != "2000" {
+		t.Errorf("after an invalid file: limit %q, want the old 2000", got)
+	}
+
+	cm.update(body(3000))
+	waitFor(t, "the next valid ConfigMap to be loaded", func() bool { return limit() == "3000" })
+	if got, want := reloads("ok")+" "+reloads("failed"), "2 1"; got != want {
+		t.Errorf("reloads ok, failed = %s, want %s (an invalid file counted once)", got, want)
 	}
 }
 

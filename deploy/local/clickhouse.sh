@@ -4,6 +4,10 @@
 # its data and logs under STATE_DIR/clickhouse.
 # start writes STATE_DIR/clickhouse.env with EDGELIMIT_CLICKHOUSE_ADDR (native
 # protocol, host:port) and EDGELIMIT_CLICKHOUSE_HTTP (host:port).
+# When tls.sh made STATE_DIR/tls (and not EDGELIMIT_PRIVATE), the same server
+# also serves the native protocol over TLS (tcp_port_secure) and has a user
+# with a password, and start writes EDGELIMIT_TEST_CLICKHOUSE_TLS_ADDR,
+# EDGELIMIT_TEST_CLICKHOUSE_USER and EDGELIMIT_TEST_CLICKHOUSE_PASSWORD.
 # halt stops the server and keeps its ports and data; resume starts it again
 # on them and waits until it answers.
 source "$(dirname "$0")/lib.sh"
@@ -14,7 +18,32 @@ state=$(mkdir -p "$state" && cd "$state" && pwd)
 dir=$state/clickhouse
 pidfile=$dir/clickhouse.pid
 
-write_config() { # tcp_port http_port
+write_config() { # tcp_port http_port [tcp_port_secure password]
+	local secure="" user=""
+	if [ -n "${3:-}" ]; then
+		# 18.16 reads the server certificate from <openSSL><server>; no
+		# client certificate is asked for (verificationMode none).
+		secure="<tcp_port_secure>$3</tcp_port_secure>
+    <openSSL>
+        <server>
+            <certificateFile>$state/tls/server.pem</certificateFile>
+            <privateKeyFile>$state/tls/server-key.pem</privateKeyFile>
+            <verificationMode>none</verificationMode>
+            <loadDefaultCAFile>false</loadDefaultCAFile>
+            <cacheSessions>true</cacheSessions>
+            <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
+            <preferServerCiphers>true</preferServerCiphers>
+        </server>
+    </openSSL>"
+		user="<edgelimit>
+            <password>$4</password>
+            <networks>
+                <ip>127.0.0.1</ip>
+            </networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </edgelimit>"
+	fi
 	mkdir -p "$dir/data" "$dir/tmp" "$dir/user_files" "$dir/format_schemas" "$dir/log"
 	cat >"$dir/config.xml" <<EOF
 <?xml version="1.0"?>
@@ -30,6 +59,7 @@ write_config() { # tcp_port http_port
     <listen_host>127.0.0.1</listen_host>
     <tcp_port>$1</tcp_port>
     <http_port>$2</http_port>
+    $secure
     <max_connections>1024</max_connections>
     <keep_alive_timeout>3</keep_alive_timeout>
     <max_concurrent_queries>100</max_concurrent_queries>
@@ -75,6 +105,7 @@ EOF
             <profile>default</profile>
             <quota>default</quota>
         </default>
+        $user
     </users>
     <quotas>
         <default>
@@ -91,12 +122,13 @@ EOF
 </yandex>
 EOF
 	echo '<?xml version="1.0"?><yandex></yandex>' >"$dir/metrika.xml"
-	echo "$1 $2" >"$dir/ports"
+	echo "$1 $2 ${3:-} ${4:-}" >"$dir/ports"
+	chmod 600 "$dir/ports" "$dir/users.xml"
 }
 
 run_server() {
-	local tcp http
-	read -r tcp http <"$dir/ports"
+	local tcp
+	read -r tcp _ <"$dir/ports"
 	# The server forks nothing here: no --daemon, so $! is the server itself.
 	# Its stdio goes to a file so that callers reading our output (a Go
 	# test's exec.Cmd) are not held open by it.
@@ -112,13 +144,18 @@ run_server() {
 }
 
 write_env() {
-	local tcp http
-	read -r tcp http <"$dir/ports"
+	local tcp http secure pw
+	read -r tcp http secure pw <"$dir/ports"
 	{
 		echo "export EDGELIMIT_CLICKHOUSE_ADDR=127.0.0.1:$tcp"
 		echo "export EDGELIMIT_CLICKHOUSE_HTTP=127.0.0.1:$http"
+		if [ -n "$secure" ]; then
+			echo "export EDGELIMIT_TEST_CLICKHOUSE_TLS_ADDR=127.0.0.1:$secure"
+			echo "export EDGELIMIT_TEST_CLICKHOUSE_USER=edgelimit"
+			echo "export EDGELIMIT_TEST_CLICKHOUSE_PASSWORD=$pw"
+		fi
 	} >"$state/clickhouse.env"
-	echo "clickhouse: native 127.0.0.1:$tcp, http 127.0.0.1:$http" >&2
+	echo "clickhouse: native 127.0.0.1:$tcp, http 127.0.0.1:$http${secure:+, native tls 127.0.0.1:$secure}" >&2
 }
 
 case $cmd in
@@ -130,7 +167,11 @@ start)
 		exit 0
 	fi
 	mkdir -p "$dir"
-	write_config "$(free_port)" "$(free_port)"
+	if [ -f "$state/tls/ca.pem" ] && [ -z "${EDGELIMIT_PRIVATE:-}" ]; then
+		write_config "$(free_port)" "$(free_port)" "$(free_port)" "$(openssl rand -hex 16)"
+	else
+		write_config "$(free_port)" "$(free_port)"
+	fi
 	run_server
 	start_watchdog "$0" "$state" "$dir"
 	write_env

@@ -3,6 +3,11 @@
 # KRaft combined mode (broker and controller in one JVM) on free loopback
 # ports, logs and data under STATE_DIR/kafka.
 # start writes STATE_DIR/kafka.env with EDGELIMIT_KAFKA_BROKERS (host:port).
+# When tls.sh made STATE_DIR/tls (and not EDGELIMIT_PRIVATE), the same broker
+# also listens with SASL_SSL (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512; users
+# created at format time) and start writes EDGELIMIT_TEST_KAFKA_SASL_BROKERS,
+# EDGELIMIT_TEST_KAFKA_USER and EDGELIMIT_TEST_KAFKA_PASSWORD: that user
+# exists for all three mechanisms.
 # halt stops the broker and keeps its ports and data; resume starts it again
 # on them and waits until it serves.
 #
@@ -61,15 +66,33 @@ libs() {
 	return 1
 }
 
-write_config() { # port controller_port
+write_config() { # port controller_port [sasl_ssl_port password]
+	local listeners="PLAINTEXT://127.0.0.1:$1" sasl=""
 	mkdir -p "$dir/logs"
+	if [ -n "${3:-}" ]; then
+		listeners="$listeners,SASL_SSL://127.0.0.1:$3"
+		# Brokers talk to each other and the controller in PLAINTEXT; only
+		# clients use SASL_SSL. The PEM key store is the server's key
+		# followed by its certificate; SCRAM users live in the metadata
+		# log (format --add-scram), the PLAIN user in the JAAS line.
+		sasl="ssl.keystore.type=PEM
+ssl.keystore.location=$state/tls/server-bundle.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$state/tls/ca.pem
+ssl.client.auth=requested
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_edgelimit=\"$4\";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+	fi
 	cat >"$dir/server.properties" <<EOF
 # Written by deploy/local/kafka.sh.
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://127.0.0.1:$1,CONTROLLER://127.0.0.1:$2
-advertised.listeners=PLAINTEXT://127.0.0.1:$1
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=$listeners,CONTROLLER://127.0.0.1:$2
+advertised.listeners=$listeners
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+$sasl
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 controller.quorum.bootstrap.servers=127.0.0.1:$2
@@ -85,7 +108,8 @@ share.coordinator.state.topic.min.isr=1
 min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
 EOF
-	echo "$1 $2" >"$dir/ports"
+	echo "$1 $2 ${3:-} ${4:-}" >"$dir/ports"
+	chmod 600 "$dir/ports" "$dir/server.properties"
 }
 
 cluster_id() { # a random UUID in Kafka's base64 form, like kafka-storage.sh random-uuid
@@ -128,10 +152,17 @@ run_broker() {
 }
 
 write_env() {
-	local port
-	read -r port _ <"$dir/ports"
-	echo "export EDGELIMIT_KAFKA_BROKERS=127.0.0.1:$port" >"$state/kafka.env"
-	echo "kafka: broker 127.0.0.1:$port ($(basename "$(dirname "$(cat "$dir/libs")")"))" >&2
+	local port sasl pw
+	read -r port _ sasl pw <"$dir/ports"
+	{
+		echo "export EDGELIMIT_KAFKA_BROKERS=127.0.0.1:$port"
+		if [ -n "$sasl" ]; then
+			echo "export EDGELIMIT_TEST_KAFKA_SASL_BROKERS=127.0.0.1:$sasl"
+			echo "export EDGELIMIT_TEST_KAFKA_USER=edgelimit"
+			echo "export EDGELIMIT_TEST_KAFKA_PASSWORD=$pw"
+		fi
+	} >"$state/kafka.env"
+	echo "kafka: broker 127.0.0.1:$port${sasl:+, sasl_ssl 127.0.0.1:$sasl} ($(basename "$(dirname "$(cat "$dir/libs")")"))" >&2
 }
 
 case $cmd in
@@ -145,13 +176,21 @@ start)
 	jars=$(libs)
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	write_config "$(free_port)" "$(free_port)"
+	scram=()
+	if [ -f "$state/tls/ca.pem" ] && [ -z "${EDGELIMIT_PRIVATE:-}" ]; then
+		pw=$(openssl rand -hex 16)
+		write_config "$(free_port)" "$(free_port)" "$(free_port)" "$pw"
+		scram=(--add-scram "SCRAM-SHA-256=[name=edgelimit,password=$pw]"
+			--add-scram "SCRAM-SHA-512=[name=edgelimit,password=$pw]")
+	else
+		write_config "$(free_port)" "$(free_port)"
+	fi
 	# --standalone: this node alone is the controller quorum, as
 	# kafka-storage.sh format --standalone does.
 	# shellcheck disable=SC2086
 	if ! java $java_opts -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" \
 		-Dkafka.logs.dir="$dir/logs" -cp "$jars/*" kafka.tools.StorageTool format --standalone \
-		-t "$(cluster_id)" -c "$dir/server.properties" >"$dir/logs/format.log" 2>&1; then
+		-t "$(cluster_id)" -c "$dir/server.properties" "${scram[@]}" >"$dir/logs/format.log" 2>&1; then
 		cat "$dir/logs/format.log" >&2
 		exit 1
 	fi

@@ -9,7 +9,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 state=$(mktemp -d "${TMPDIR:-/tmp}/edgelimit-test.XXXXXX")
-servers=(redis clickhouse kafka prometheus chromium)
+# tls first: the others add their secure servers when its certificates exist.
+servers=(tls redis clickhouse kafka prometheus chromium)
 
 cleanup() {
 	# In parallel: each waits for its servers to shut down cleanly.

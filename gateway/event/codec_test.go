@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,14 +76,20 @@ func TestGolden(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Errorf("Encode(%s) =\n%x\nwant\n%x", tt.name, got, want)
 			}
-			dec, err := Decode(want)
-			if err != nil {
-				t.Fatalf("Decode(golden %s): %v", tt.name, err)
-			}
-			if diff := cmp.Diff(tt.give, dec); diff != "" {
-				t.Errorf("Decode(golden %s) mismatch (-want +got):\n%s", tt.name, diff)
-			}
+			wantDecode(t, want, tt.give, "golden "+tt.name)
 		})
+	}
+}
+
+// wantDecode decodes b, what it is called in failures, and wants want.
+func wantDecode(t testing.TB, b []byte, want Decision, what string) {
+	t.Helper()
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatalf("Decode(%s): %v", what, err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("Decode(%s) mismatch (-want +got):\n%s", what, diff)
 	}
 }
 
@@ -210,13 +217,7 @@ func TestDecodeSkipsUnknownFields(t *testing.T) {
 	b = append(b, 0x9a, 0x06, 2, 'h', 'i')
 	b = append(b, 0x9d, 0x06, 1, 2, 3, 4)
 	b = append(b, 0x9b, 0x06, 0x08, 1, 0x9c, 0x06)
-	got, err := Decode(b)
-	if err != nil {
-		t.Fatalf("Decode with unknown fields: %v", err)
-	}
-	if diff := cmp.Diff(golden(), got); diff != "" {
-		t.Errorf("Decode with unknown fields mismatch (-want +got):\n%s", diff)
-	}
+	wantDecode(t, b, golden(), "with unknown fields")
 }
 
 func TestEncodeErrors(t *testing.T) {
@@ -263,13 +264,7 @@ func TestRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := Decode(b)
-		if err != nil {
-			t.Fatalf("Decode(Encode(%+v)): %v", d, err)
-		}
-		if diff := cmp.Diff(d, got); diff != "" {
-			t.Fatalf("round trip %d mismatch (-want +got):\n%s", i, diff)
-		}
+		wantDecode(t, b, d, fmt.Sprintf("Encode(%+v)", d))
 	}
 }
 
@@ -299,13 +294,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Encode(Decode(%x)) = %v", b, err)
 		}
-		d2, err := Decode(again)
-		if err != nil {
-			t.Fatalf("Decode(Encode(Decode(%x))) = %v", b, err)
-		}
-		if diff := cmp.Diff(d, d2); diff != "" {
-			t.Fatalf("round trip of %x mismatch (-first +second):\n%s", b, diff)
-		}
+		wantDecode(t, again, d, fmt.Sprintf("Encode(Decode(%x))", b))
 	})
 }
 

@@ -2,12 +2,12 @@ package event
 
 import (
 	"bytes"
-	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/bufbuild/protocompile"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -18,16 +18,7 @@ import (
 // test time: the generic decoder below knows nothing but that file.
 func mustDecisionDescriptor(tb testing.TB) protoreflect.MessageDescriptor {
 	tb.Helper()
-	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{"."}}}
-	files, err := c.Compile(context.Background(), "decision.proto")
-	if err != nil {
-		tb.Fatalf("compile decision.proto: %v", err)
-	}
-	md := files[0].Messages().ByName("Decision")
-	if md == nil {
-		tb.Fatal("decision.proto has no message Decision")
-	}
-	return md
+	return testenv.ProtoMessage(tb, ".", "decision.proto", "Decision")
 }
 
 // full sets every field to a non-zero value, so a check over it covers the
@@ -146,13 +137,7 @@ func TestProtoAgreesWithCodec(t *testing.T) {
 		if !bytes.Equal(std, enc) {
 			t.Errorf("%d: Encode(%+v) =\n%x\nstandard protobuf writes\n%x", i, d, enc, std)
 		}
-		back, err := Decode(std)
-		if err != nil {
-			t.Fatalf("%d: Decode(standard encoding): %v", i, err)
-		}
-		if diff := cmp.Diff(d, back); diff != "" {
-			t.Errorf("%d: Decode(standard encoding) mismatch (-want +got):\n%s", i, diff)
-		}
+		wantDecode(t, std, d, fmt.Sprintf("%d: standard encoding", i))
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -24,12 +23,8 @@ func TestRealKafkaOutage(t *testing.T) {
 	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
 	testenv.CreateTopics(t, brokers, 3, "decisions")
 
-	reg := prometheus.NewRegistry()
 	const bound = 2000
-	p, err := New(Config{Brokers: brokers, MaxBuffered: bound}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: brokers, MaxBuffered: bound})
 
 	// Load: 4 publishers, 2000 events/s in all, for the whole test.
 	var (
@@ -39,9 +34,7 @@ func TestRealKafkaOutage(t *testing.T) {
 		i       atomic.Int64
 	)
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			tick := time.NewTicker(2 * time.Millisecond)
 			defer tick.Stop()
 			for {
@@ -57,7 +50,7 @@ func TestRealKafkaOutage(t *testing.T) {
 					slowest.Store(el)
 				}
 			}
-		}()
+		})
 	}
 	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	t.Cleanup(stopLoad)
@@ -83,17 +76,9 @@ func TestRealKafkaOutage(t *testing.T) {
 		return m.buffered < bound/4 && m.published > float64(haltedAt)
 	})
 	stopLoad()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
+	closeWithin(t, p, 30*time.Second)
 
-	m := readMetrics(t, reg)
-	attempted := float64(p.Attempted())
-	if m.published+m.totalDropped() != attempted {
-		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
-	}
+	m := accounted(t, p, reg)
 	if m.dropped[ReasonBufferFull] == 0 {
 		t.Errorf("no buffer_full drops during the outage: %v", m.dropped)
 	}
@@ -102,7 +87,7 @@ func TestRealKafkaOutage(t *testing.T) {
 	if got := topicSize(t, brokers, "decisions"); got != int64(m.published) {
 		t.Errorf("topic holds %d records, published = %v", got, m.published)
 	}
-	t.Logf("attempted %v, published %v, dropped %v, slowest Publish %v", attempted, m.published, m.dropped, time.Duration(slowest.Load()))
+	t.Logf("attempted %v, published %v, dropped %v, slowest Publish %v", p.Attempted(), m.published, m.dropped, time.Duration(slowest.Load()))
 }
 
 // topicSize is the number of records in topic (end minus start offsets).

@@ -1,14 +1,11 @@
 package publish
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/bufbuild/protocompile"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -23,15 +20,7 @@ import (
 // decision.proto alone (parsed here, no generated code, nothing from the
 // event package's decoder), and the schema version from the record header.
 func TestPublishedRecordReadsWithProto(t *testing.T) {
-	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{"../event"}}}
-	files, err := c.Compile(context.Background(), "decision.proto")
-	if err != nil {
-		t.Fatalf("compile decision.proto: %v", err)
-	}
-	md := files[0].Messages().ByName("Decision")
-	if md == nil {
-		t.Fatal("decision.proto has no message Decision")
-	}
+	md := testenv.ProtoMessage(t, "../event", "decision.proto", "Decision")
 
 	brokers := map[string][]string{"kfake": newCluster(t, 1).ListenAddrs()}
 	if os.Getenv("EDGELIMIT_KAFKA_BROKERS") != "" || os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {
@@ -41,20 +30,13 @@ func TestPublishedRecordReadsWithProto(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			topic := fmt.Sprintf("decisions-proto-%d", time.Now().UnixNano())
 			testenv.CreateTopics(t, bs, 1, topic)
-			p, err := New(Config{Brokers: bs, Topic: topic}, prometheus.NewRegistry(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p, _ := mustNew(t, Config{Brokers: bs, Topic: topic})
 			d := decision(1) // Allowed is false for i%3 == 0; 1 is allowed
 			d.UserAgentHash = 0xdeadbeefcafef00d
 			d.StoreStatus, d.Mode = event.StoreLocalCache, event.ModeShadow
 			p.Publish(d)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := p.Close(ctx); err != nil {
-				t.Fatalf("Close: %v", err)
-			}
-			r := consume(t, bs, topic, 1)[0]
+			closeWithin(t, p, 10*time.Second)
+			r := testenv.Consume(t, bs, topic, 1)[0]
 
 			var version []string
 			for _, h := range r.Headers {

@@ -40,7 +40,6 @@ var reasons = []string{ReasonBufferFull, ReasonBrokerError, ReasonEncodeError, R
 // Configuration errors returned by Validate.
 var (
 	ErrNoBrokers      = errors.New("publish: no brokers")
-	ErrNoTopic        = errors.New("publish: no topic")
 	ErrMaxBuffered    = errors.New("publish: max buffered must be positive")
 	ErrNegativeTime   = errors.New("publish: negative duration")
 	ErrBadCompression = errors.New("publish: unknown compression")
@@ -85,7 +84,8 @@ type Config struct {
 	Opts []kgo.Opt
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field at its documented default.
+func (c Config) WithDefaults() Config {
 	if c.Topic == "" {
 		c.Topic = "decisions"
 	}
@@ -104,25 +104,26 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports the first problem with c after defaults are applied.
+// Validate reports every problem with c after defaults are applied.
 func (c Config) Validate() error {
-	c = c.withDefaults()
-	switch {
-	case len(c.Brokers) == 0:
-		return ErrNoBrokers
-	case c.Topic == "":
-		return ErrNoTopic
-	case c.MaxBuffered < 0:
-		return fmt.Errorf("%w: %d", ErrMaxBuffered, c.MaxBuffered)
-	case c.Linger < 0:
-		return fmt.Errorf("%w: linger %v", ErrNegativeTime, c.Linger)
-	case c.DeliveryTimeout < 0:
-		return fmt.Errorf("%w: delivery timeout %v", ErrNegativeTime, c.DeliveryTimeout)
+	c = c.WithDefaults()
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, ErrNoBrokers)
+	}
+	if c.MaxBuffered < 0 {
+		errs = append(errs, fmt.Errorf("%w: %d", ErrMaxBuffered, c.MaxBuffered))
+	}
+	if c.Linger < 0 {
+		errs = append(errs, fmt.Errorf("%w: linger %v", ErrNegativeTime, c.Linger))
+	}
+	if c.DeliveryTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: delivery timeout %v", ErrNegativeTime, c.DeliveryTimeout))
 	}
 	if _, err := codec(c.Compression); err != nil {
-		return err
+		errs = append(errs, err)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func codec(name string) (kgo.CompressionCodec, error) {
@@ -167,7 +168,7 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

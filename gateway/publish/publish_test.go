@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -63,6 +62,39 @@ type metrics struct {
 	buffered  float64
 }
 
+// mustNew is a publisher with cfg on a registry of its own.
+func mustNew(tb testing.TB, cfg Config) (*Publisher, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	p, err := New(cfg, reg, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, reg
+}
+
+// closeWithin closes p, failing the test unless every event is settled
+// within d.
+func closeWithin(t testing.TB, p *Publisher, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// accounted reads p's metrics from reg and checks that every event
+// attempted was either published or counted as dropped.
+func accounted(t testing.TB, p *Publisher, reg *prometheus.Registry) metrics {
+	t.Helper()
+	m := readMetrics(t, reg)
+	if attempted := float64(p.Attempted()); m.published+m.totalDropped() != attempted {
+		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
+	}
+	return m
+}
+
 func readMetrics(t testing.TB, reg *prometheus.Registry) metrics {
 	t.Helper()
 	m := metrics{dropped: map[string]float64{}}
@@ -103,36 +135,9 @@ func decision(i int) event.Decision {
 	}
 }
 
-// consume reads n records from topic, failing at the deadline.
-func consume(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("consumed %d of %d records: %v", len(recs), n, err)
-		}
-		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", topic, p, err) })
-		recs = append(recs, fs.Records()...)
-	}
-	return recs
-}
-
 func TestPublishDelivers(t *testing.T) {
 	c := newCluster(t, 4)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	const n = 3000
 	want := make(map[[16]byte]event.Decision, n)
 	all := make([]event.Decision, n)
@@ -151,11 +156,7 @@ func TestPublishDelivers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
+	closeWithin(t, p, 10*time.Second)
 
 	m := readMetrics(t, reg)
 	if m.published != n || m.totalDropped() != 0 || m.buffered != 0 {
@@ -166,7 +167,7 @@ func TestPublishDelivers(t *testing.T) {
 	}
 
 	partitions := map[int32]int{}
-	for _, r := range consume(t, c.ListenAddrs(), "decisions", n) {
+	for _, r := range testenv.Consume(t, c.ListenAddrs(), "decisions", n) {
 		if r.Key != nil {
 			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
 		}
@@ -240,12 +241,8 @@ func publishAll(t *testing.T, p *Publisher, from, n int) {
 
 func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	c := newCluster(t, 2)
-	reg := prometheus.NewRegistry()
 	const bound = 200
-	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond})
 	restore := breakProduce(c)
 
 	const n = 5 * bound
@@ -263,31 +260,19 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 		return readMetrics(t, reg).buffered == 0
 	})
 	publishAll(t, p, n, 100) // traffic after the outage goes through
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	m := readMetrics(t, reg)
-	attempted := float64(p.Attempted())
-	if m.published+m.totalDropped() != attempted {
-		t.Errorf("published %v + dropped %v = %v, want attempted %v", m.published, m.dropped, m.published+m.totalDropped(), attempted)
-	}
+	closeWithin(t, p, 10*time.Second)
+	m := accounted(t, p, reg)
 	if m.published != bound+100 {
 		t.Errorf("published = %v, want the %d buffered during the outage plus 100 after", m.published, bound)
 	}
-	if got := len(consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
+	if got := len(testenv.Consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
 		t.Errorf("topic holds %d records, want %d", got, bound+100)
 	}
 }
 
 func TestCloseGivesUpAtDeadline(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs(), MaxBuffered: 50}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: 50})
 	breakProduce(c)
 	publishAll(t, p, 0, 80)
 
@@ -311,11 +296,7 @@ func TestCloseGivesUpAtDeadline(t *testing.T) {
 
 func TestPublishEncodeError(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	d := decision(1)
 	d.Route = strings.Repeat("/x", event.MaxFieldLen)
 	p.Publish(d)
@@ -331,11 +312,7 @@ func TestPublishEncodeError(t *testing.T) {
 
 func TestMetricsRegistered(t *testing.T) {
 	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: c.ListenAddrs()}, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
 	defer p.Close(context.Background())
 	if n := testutil.CollectAndCount(reg, "edgelimit_events_dropped_total"); n != len(reasons) {
 		t.Errorf("dropped series = %d, want one per reason (%d) from the start", n, len(reasons))
@@ -358,11 +335,7 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	topic := fmt.Sprintf("bench-publish-%d", time.Now().UnixNano())
 	testenv.CreateTopics(b, brokers, 4, topic)
-	reg := prometheus.NewRegistry()
-	p, err := New(Config{Brokers: brokers, Topic: topic, MaxBuffered: 20_000}, reg, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, reg := mustNew(b, Config{Brokers: brokers, Topic: topic, MaxBuffered: 20_000})
 	d := decision(1)
 	// Warm up: the new topic's metadata and the producer id are fetched
 	// once, outside the timing.

@@ -24,8 +24,16 @@ type Redis struct {
 	// Sentinel, following failovers.
 	SentinelAddrs  []string `yaml:"sentinel_addrs"`
 	SentinelMaster string   `yaml:"sentinel_master"`
-	Username       string   `yaml:"username"`
-	Password       Secret   `yaml:"password"`
+	// Username is the ACL user (Redis 6+); empty: the default user, with
+	// Password alone (requirepass).
+	Username string `yaml:"username"`
+	Password Secret `yaml:"password"`
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// themselves, when they require it (sentinel sentinel-user/-pass).
+	SentinelUsername string `yaml:"sentinel_username"`
+	SentinelPassword Secret `yaml:"sentinel_password"`
+	// TLS secures the connections to every node (and Sentinel).
+	TLS TLS `yaml:"tls"`
 	// DB is the database of a standalone or Sentinel Redis; default 0.
 	DB int `yaml:"db"`
 }
@@ -50,7 +58,10 @@ func (r Redis) Set() bool {
 
 // ApplyEnv overrides r from EDGELIMIT_REDIS_ADDR, _CLUSTER_ADDRS,
 // _SENTINEL_ADDRS (one of the three, replacing the file's kind),
-// _SENTINEL_MASTER, _USERNAME, _PASSWORD (or _PASSWORD_FILE) and _DB.
+// _SENTINEL_MASTER, _USERNAME, _PASSWORD (or _PASSWORD_FILE), _DB,
+// _SENTINEL_USERNAME, _SENTINEL_PASSWORD (or _FILE) and the TLS settings
+// EDGELIMIT_REDIS_TLS, _TLS_CA_FILE, _TLS_CERT_FILE, _TLS_KEY_FILE,
+// _TLS_SERVER_NAME and _TLS_MIN_VERSION.
 func (r *Redis) ApplyEnv(e *Env) {
 	addr, cluster, sentinel := e.Lookup("EDGELIMIT_REDIS_ADDR"), e.Lookup("EDGELIMIT_REDIS_CLUSTER_ADDRS"), e.Lookup("EDGELIMIT_REDIS_SENTINEL_ADDRS")
 	n := 0
@@ -73,6 +84,9 @@ func (r *Redis) ApplyEnv(e *Env) {
 	e.String(&r.Username, "EDGELIMIT_REDIS_USERNAME")
 	e.Secret(&r.Password, "EDGELIMIT_REDIS_PASSWORD")
 	e.Int(&r.DB, "EDGELIMIT_REDIS_DB")
+	e.String(&r.SentinelUsername, "EDGELIMIT_REDIS_SENTINEL_USERNAME")
+	e.Secret(&r.SentinelPassword, "EDGELIMIT_REDIS_SENTINEL_PASSWORD")
+	r.TLS.applyEnv(e, "EDGELIMIT_REDIS")
 }
 
 // Validate joins every problem with r.
@@ -96,6 +110,15 @@ func (r Redis) Validate() error {
 	if r.DB < 0 {
 		errs = append(errs, fmt.Errorf("redis.db: %d is negative", r.DB))
 	}
+	if r.Username != "" && r.Password == "" {
+		errs = append(errs, errors.New("redis.username is set but redis.password (or EDGELIMIT_REDIS_PASSWORD) is not"))
+	}
+	if (r.SentinelUsername != "" || r.SentinelPassword != "") && len(r.SentinelAddrs) == 0 {
+		errs = append(errs, errors.New("redis.sentinel_username/sentinel_password are set but no sentinel_addrs"))
+	}
+	if r.Set() {
+		errs = append(errs, r.TLS.validate("redis.tls"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -110,16 +133,33 @@ func (r Redis) Target() string {
 	return r.Addr
 }
 
+// link names the Redis in errors: "redis (127.0.0.1:6379)", with ", tls"
+// when it is on, so a message says which way it was reached.
+func (r Redis) link() string {
+	t := r.Target()
+	if r.TLS.On() {
+		t += ", tls"
+	}
+	return "redis (" + t + ")"
+}
+
 // NewRedis returns a client for r, of the kind r configures; the caller
 // closes it. It is the one place every process's Redis options are made,
-// so TLS and ACLs are added here once. go-redis's own log lines (one per
-// failed dial) go to log at debug level: the callers' breakers and retries
-// say it once.
-func NewRedis(r Redis, t RedisTuning, log *slog.Logger) redis.UniversalClient {
+// TLS and ACLs included. go-redis's own log lines (one per failed dial) go
+// to log at debug level: the callers' breakers and retries say it once.
+// It does not connect: PingRedis checks the link.
+func NewRedis(r Redis, t RedisTuning, log *slog.Logger) (redis.UniversalClient, error) {
+	tc, err := r.TLS.Config()
+	if err != nil {
+		return nil, fmt.Errorf("redis.tls: %w", err)
+	}
 	redis.SetLogger(redisLogger{log})
 	o := &redis.UniversalOptions{
 		Username:              r.Username,
 		Password:              string(r.Password),
+		SentinelUsername:      r.SentinelUsername,
+		SentinelPassword:      string(r.SentinelPassword),
+		TLSConfig:             tc,
 		DB:                    r.DB,
 		MasterName:            r.SentinelMaster,
 		MaxRetries:            t.MaxRetries,
@@ -134,13 +174,62 @@ func NewRedis(r Redis, t RedisTuning, log *slog.Logger) redis.UniversalClient {
 	switch {
 	case len(r.SentinelAddrs) > 0:
 		o.Addrs = r.SentinelAddrs
-		return redis.NewFailoverClient(o.Failover())
+		return redis.NewFailoverClient(o.Failover()), nil
 	case len(r.ClusterAddrs) > 0:
 		o.Addrs = r.ClusterAddrs
-		return redis.NewClusterClient(o.Cluster())
+		co := o.Cluster()
+		// go-redis reloads the slot map on MOVED or on this interval
+		// (default 60s), not on a dead node's dial errors: after a master
+		// dies, its slots stay pointed at it until the reload. One CLUSTER
+		// SLOTS a second per client is cheap and follows a failover in
+		// seconds (TestClusterFailover).
+		co.ClusterStateReloadInterval = time.Second
+		return redis.NewClusterClient(co), nil
 	}
 	o.Addrs = []string{r.Addr}
-	return redis.NewClient(o.Simple())
+	return redis.NewClient(o.Simple()), nil
+}
+
+// PingRedis checks rdb, made by NewRedis from r, within CheckTimeout: a
+// LinkError naming the Redis and the cause (see Fatal), or nil. Through
+// Sentinel it asks the Sentinels for the master and pings the master; in a
+// cluster it loads the slots from a seed and pings a node.
+func PingRedis(ctx context.Context, rdb redis.UniversalClient, r Redis) error {
+	ctx, cancel := checkContext(ctx)
+	defer cancel()
+	err := rdb.Ping(ctx).Err()
+	// go-redis reports every Sentinel failure, a refused password
+	// included, as "all sentinels ... are unreachable: <last error>": say
+	// that it was the Sentinels, and what they said.
+	const allSentinels = "redis: all sentinels specified in configuration are unreachable: "
+	if err != nil && strings.HasPrefix(err.Error(), allSentinels) {
+		err = prefixed{"sentinel: " + strings.TrimPrefix(err.Error(), allSentinels), err}
+	}
+	return linkError(r.link(), err, isRedisAuth)
+}
+
+// prefixed is err with another text, still unwrapping to it.
+type prefixed struct {
+	text string
+	err  error
+}
+
+func (p prefixed) Error() string { return p.text }
+func (p prefixed) Unwrap() error { return p.err }
+
+// isRedisAuth: Redis refused the credentials, or wants some.
+func isRedisAuth(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	s := re.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"} {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // redisLogger sends go-redis's internal messages to slog at debug level.

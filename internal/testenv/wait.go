@@ -7,8 +7,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/bufbuild/protocompile"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // WaitFor polls cond until it holds, and fails the test if it does not
@@ -46,6 +48,30 @@ func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...s
 	}
 }
 
+// Consume reads n records from the start of topic on brokers, failing the
+// test after 30s or at a fetch error.
+func Consume(tb testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			tb.Fatalf("consumed %d of %d records from %s: %v", len(recs), n, topic, err)
+		}
+		fs.EachError(func(topic string, p int32, err error) { tb.Fatalf("fetch %s/%d: %v", topic, p, err) })
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}
+
 // OpenClickHouse connects to the database db of the ClickHouse server at
 // addr over the native protocol, closed when the test ends.
 func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
@@ -61,4 +87,21 @@ func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// ProtoMessage parses the .proto file in dir at test time, with no
+// generated code, and returns its message name: how a test reads records
+// the way any protobuf tool would, from the shipped contract alone.
+func ProtoMessage(tb testing.TB, dir, file, name string) protoreflect.MessageDescriptor {
+	tb.Helper()
+	c := protocompile.Compiler{Resolver: &protocompile.SourceResolver{ImportPaths: []string{dir}}}
+	files, err := c.Compile(context.Background(), file)
+	if err != nil {
+		tb.Fatalf("compile %s: %v", file, err)
+	}
+	md := files[0].Messages().ByName(protoreflect.Name(name))
+	if md == nil {
+		tb.Fatalf("%s has no message %s", file, name)
+	}
+	return md
 }
