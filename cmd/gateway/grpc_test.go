@@ -21,8 +21,8 @@ import (
 
 // TestEnvoyRateLimitService runs the gateway with grpc.listen set on real
 // Redis: Envoy's ShouldRateLimit answers from envoyproxy/ratelimit's
-// files, its decisions reach the gateway's metrics, and SIGHUP reloads
-// the files.
+// files, its decisions reach the gateway's metrics, and SIGHUP or a change
+// of the files reloads them.
 func TestEnvoyRateLimitService(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer up.Close()
@@ -85,4 +85,10 @@ func TestEnvoyRateLimitService(t *testing.T) {
 	if st := ask().GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 5 || st.GetCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("after reload to 5/min: %v", st)
 	}
+
+	// Without a signal: the directory is watched like the file (-watch).
+	writeRules(7)
+	waitFor(t, "the changed rules to be picked up", func() bool {
+		return ask().GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() == 7
+	})
 }

@@ -174,7 +174,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	actors = append(actors, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
-		reloads(ctx, hup, fw, *watch, func() { cur = reload(gw, rls, *path, getenv, cur, log) }, log)
+		var w changeWatch = fw
+		if rls != nil {
+			// The Envoy ratelimit files reload like the file itself.
+			w = watches{fw, newDirWatch(fc.GRPC.ConfigDir)}
+		}
+		reloads(ctx, hup, w, *watch, func() { cur = reload(gw, rls, *path, getenv, cur, log) }, log)
 		return nil
 	}))
 	if watcher != nil {
@@ -278,7 +283,7 @@ func startRLS(cfg envoyrls.Config, gw *gateway.Gateway, reg *prometheus.Registry
 // never), when the file's content has changed, until ctx ends. The file's content
 // that a reload read, valid or not, is not reloaded again until it changes:
 // an invalid file is counted once, not once a poll.
-func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, every time.Duration, reload func(), log *slog.Logger) {
+func reloads(ctx context.Context, hup <-chan os.Signal, fw changeWatch, every time.Duration, reload func(), log *slog.Logger) {
 	var tick <-chan time.Time
 	if every > 0 {
 		t := time.NewTicker(every)

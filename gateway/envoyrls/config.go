@@ -36,7 +36,8 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// ConfigDir holds envoyproxy/ratelimit's YAML files, as they are
 	// (its RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config); needed with Listen.
-	// Reloaded with the gateway's file.
+	// Reloaded like the gateway's file (cmd/gateway: on SIGHUP and when
+	// the files change).
 	ConfigDir string `yaml:"config_dir"`
 	// Algorithm turns each descriptor's rate_limit into a rule: token_bucket
 	// (default: requests_per_unit per unit refilled continuously, burst =

@@ -129,13 +129,47 @@ func (r *Rules) Domains() []string {
 	return out
 }
 
-// LoadDir reads every *.yaml and *.yml file of dir (not below it), as
-// envoyproxy/ratelimit reads its runtime config directory. Every problem
-// names its file; a domain in two files is refused.
+// LoadDir reads every *.yaml and *.yml file of dir (not below it, dot
+// files aside), as envoyproxy/ratelimit reads its runtime config
+// directory. Every problem names its file; a domain in two files is
+// refused.
 func LoadDir(dir string) (*Rules, error) {
+	files, err := readDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRules, err)
+	}
+	return Parse(files)
+}
+
+// DirSum is a hash of what LoadDir would read from dir (file names and
+// contents, through symlinks), so a poll can tell a changed directory,
+// e.g. a Kubernetes ConfigMap's symlink swap, from an untouched one. ok is
+// false when dir cannot be read.
+func DirSum(dir string) (sum []byte, ok bool) {
+	files, err := readDir(dir)
+	if err != nil {
+		return nil, false
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, name := range names {
+		for _, b := range [][]byte{[]byte(name), files[name]} {
+			h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
+			h.Write(b)
+		}
+	}
+	return h.Sum(nil), true
+}
+
+func readDir(dir string) (map[string][]byte, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read config dir: %w", ErrRules, err)
+		return nil, fmt.Errorf("read config dir: %w", err)
 	}
 	files := map[string][]byte{}
 	for _, e := range ents {
@@ -145,11 +179,11 @@ func LoadDir(dir string) (*Rules, error) {
 		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrRules, err)
+			return nil, err
 		}
 		files[filepath.Join(dir, e.Name())] = b
 	}
-	return Parse(files)
+	return files, nil
 }
 
 // Parse compiles configuration files by name.
