@@ -344,6 +344,18 @@ func TestLoadDirReadsYAMLFilesOnly(t *testing.T) {
 	if _, err := LoadDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("LoadDir(missing) succeeded")
 	}
+	before, ok := DirSum(dir)
+	write("notes.txt", "other text") // not a file LoadDir reads
+	if after, _ := DirSum(dir); !ok || string(after) != string(before) {
+		t.Error("DirSum changed with a file LoadDir ignores")
+	}
+	write("a.yaml", "domain: a2\n")
+	if after, _ := DirSum(dir); string(after) == string(before) {
+		t.Error("DirSum did not change with a.yaml's content")
+	}
+	if _, ok := DirSum(filepath.Join(dir, "missing")); ok {
+		t.Error("DirSum(missing) ok")
+	}
 }
 
 func TestRuleNamesAreBounded(t *testing.T) {
