@@ -146,7 +146,7 @@ func ruleKey(prefix, key string, rule Rule) string {
 	if rule.algorithm() == SlidingWindow {
 		algo = "sw"
 	}
-	return prefix + ":{" + key + "}:" + rule.Name + ":" + algo
+	return prefix + ":{" + key + "}:" + rule.bucket() + ":" + algo
 }
 
 // Allow checks cost units of key against every rule in one Redis call. If
@@ -409,6 +409,7 @@ func fingerprint(key string, rules []Rule) uint64 {
 	h.str(key)
 	for _, r := range rules {
 		h.str(r.Name)
+		h.str(r.Bucket)
 		h.str(string(r.algorithm()))
 		h.int(r.Limit)
 		h.int(int64(r.Period))

@@ -42,6 +42,8 @@ const (
 	MaxRules = 16
 	// MaxNameLen is the longest rule name accepted, in bytes.
 	MaxNameLen = 64
+	// MaxBucketLen is the longest Rule.Bucket accepted, in bytes.
+	MaxBucketLen = 128
 	// maxCapacity keeps capacity×1e6 micro-tokens exact in Lua's doubles (2^53).
 	maxCapacity = 1 << 32
 	// MaxPeriod is the longest period accepted: it keeps period×limit
@@ -80,6 +82,22 @@ type Rule struct {
 	// Shadow rules are decided and reported but never deny, and a shadow
 	// rule's own denial never stops the other rules from consuming.
 	Shadow bool `yaml:"shadow"`
+	// Bucket, when set, names the rule's state in the store instead of
+	// Name, so that rules shown (in headers, metrics, events) under one
+	// bounded Name can count apart: the gateway's Envoy door names a rule
+	// by its descriptor's place in the configuration and buckets it by the
+	// descriptor's values. Not configurable; the same characters as Name,
+	// at most MaxBucketLen bytes. Two rules of one check may share a Name
+	// but not a bucket.
+	Bucket string `yaml:"-"`
+}
+
+// bucket is the rule's identity in the store: Bucket, else Name.
+func (r Rule) bucket() string {
+	if r.Bucket != "" {
+		return r.Bucket
+	}
+	return r.Name
 }
 
 // Capacity is the most units the rule can admit at once.
@@ -118,6 +136,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: name longer than %d bytes", ErrInvalidRule, r.Name[:16], MaxNameLen)
 	case strings.ContainsAny(r.Name, "{}: \t\r\n"):
 		return fmt.Errorf("%w %q: name may not contain braces, colons or spaces", ErrInvalidRule, r.Name)
+	case len(r.Bucket) > MaxBucketLen || strings.ContainsAny(r.Bucket, "{}: \t\r\n"):
+		return fmt.Errorf("%w %q: bucket longer than %d bytes or holding braces, colons or spaces", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Limit <= 0:
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
 	case r.Period < time.Millisecond:
@@ -163,10 +183,10 @@ func check(key string, rules []Rule, cost int64) error {
 		if err := r.Validate(); err != nil {
 			return err
 		}
-		if seen[r.Name] {
-			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.Name)
+		if seen[r.bucket()] {
+			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.bucket())
 		}
-		seen[r.Name] = true
+		seen[r.bucket()] = true
 	}
 	return nil
 }

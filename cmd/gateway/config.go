@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/envoyrls"
 	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -17,6 +18,9 @@ type fileConfig struct {
 	gateway.Config `yaml:",inline"`
 	Redis          redisConfig `yaml:"redis"`
 	Kafka          kafkaConfig `yaml:"kafka"`
+	// GRPC serves Envoy's rate limit service (envoyrls); off unless
+	// grpc.listen is set.
+	GRPC envoyrls.Config `yaml:"grpc"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `yaml:"log_level"`
 }
@@ -128,6 +132,15 @@ func (fc fileConfig) Validate() error {
 	if fc.Kafka.MaxBuffered < 0 {
 		errs = append(errs, fmt.Errorf("kafka.max_buffered: %d is negative", fc.Kafka.MaxBuffered))
 	}
+	if err := fc.GRPC.Validate(); err != nil {
+		errs = append(errs, err)
+	} else if fc.GRPC.Enabled() {
+		// The Envoy ratelimit files are part of the configuration: -check
+		// and a reload refuse a directory envoyproxy/ratelimit would.
+		if _, err := envoyrls.LoadDir(fc.GRPC.ConfigDir); err != nil {
+			errs = append(errs, fmt.Errorf("grpc.config_dir: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -142,6 +155,10 @@ func restartNeeded(cur, next fileConfig) []string {
 	}
 	if cur.LogLevel != next.LogLevel {
 		out = append(out, "log_level")
+	}
+	if a, b := cur.GRPC, next.GRPC; a.Listen != b.Listen || a.TLS != b.TLS || a.MaxMessageBytes != b.MaxMessageBytes ||
+		a.MaxConcurrentStreams != b.MaxConcurrentStreams || a.Keepalive != b.Keepalive {
+		out = append(out, "grpc (listener settings)")
 	}
 	return out
 }

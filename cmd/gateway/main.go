@@ -46,8 +46,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/grpc"
 
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/envoyrls"
 	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -157,11 +159,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	log.Info("gateway listening", "addr", ln.Addr().String(), "admin_addr", aln.Addr().String(),
 		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof, "version", boot.Version)
 
-	actors := []boot.Actor{traffic, boot.Func("reload", func(ctx context.Context) error {
+	actors := []boot.Actor{traffic}
+	var rls *envoyrls.Service
+	if fc.GRPC.Enabled() {
+		var grpcActor boot.Actor
+		rls, grpcActor, err = startRLS(fc.GRPC, gw, reg, log)
+		if err != nil {
+			ln.Close()
+			aln.Close()
+			return err
+		}
+		// Stopped beside the traffic listener, before events are flushed.
+		actors = append(actors, grpcActor)
+	}
+	actors = append(actors, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc
-		reloads(ctx, hup, fw, *watch, func() { cur = reload(gw, *path, getenv, cur, log) }, log)
+		var w changeWatch = fw
+		if rls != nil {
+			// The Envoy ratelimit files reload like the file itself.
+			w = watches{fw, newDirWatch(fc.GRPC.ConfigDir)}
+		}
+		reloads(ctx, hup, w, *watch, func() { cur = reload(gw, rls, *path, getenv, cur, log) }, log)
 		return nil
-	})}
+	}))
 	if watcher != nil {
 		actors = append(actors, boot.Func("directives", func(ctx context.Context) error { watcher.Run(ctx); return nil }))
 	}
@@ -219,11 +239,51 @@ func newWatcher(rdb redis.UniversalClient, prefix string, log *slog.Logger) *lim
 	return w
 }
 
+// startRLS serves Envoy's rate limit service over gRPC on the gateway's
+// enforcement step: one more actor, which drains its health service and
+// then stops gracefully (or hard at the shutdown deadline).
+func startRLS(cfg envoyrls.Config, gw *gateway.Gateway, reg *prometheus.Registry, log *slog.Logger) (*envoyrls.Service, boot.Actor, error) {
+	svc, err := envoyrls.New(cfg, gw, envoyrls.Options{Registry: reg, Logger: log})
+	if err != nil {
+		return nil, boot.Actor{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	srv, err := svc.Server()
+	if err != nil {
+		return nil, boot.Actor{}, fmt.Errorf("%w: %w", errConfig, err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, boot.Actor{}, fmt.Errorf("listen grpc %s: %w", cfg.Listen, err)
+	}
+	log.Info("envoy rate limit service listening", "grpc_addr", ln.Addr().String(), "config_dir", cfg.ConfigDir, "tls", cfg.TLS.CertFile != "")
+	return svc, boot.Actor{
+		Name: "grpc",
+		Run: func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("serve grpc %s: %w", ln.Addr(), err)
+			}
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			svc.Drain()
+			done := make(chan struct{})
+			go func() { srv.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+				return nil
+			case <-ctx.Done():
+				srv.Stop()
+				return fmt.Errorf("grpc did not drain in time: %w", ctx.Err())
+			}
+		},
+	}, nil
+}
+
 // reloads calls reload on every SIGHUP and, looking every `every` (0:
 // never), when the file's content has changed, until ctx ends. The file's content
 // that a reload read, valid or not, is not reloaded again until it changes:
 // an invalid file is counted once, not once a poll.
-func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, every time.Duration, reload func(), log *slog.Logger) {
+func reloads(ctx context.Context, hup <-chan os.Signal, fw changeWatch, every time.Duration, reload func(), log *slog.Logger) {
 	var tick <-chan time.Time
 	if every > 0 {
 		t := time.NewTicker(every)
@@ -247,7 +307,7 @@ func reloads(ctx context.Context, hup <-chan os.Signal, fw *boot.FileWatch, ever
 }
 
 // reload re-reads the file; an invalid one keeps cur in force.
-func reload(gw *gateway.Gateway, path string, getenv func(string) string, cur fileConfig, log *slog.Logger) fileConfig {
+func reload(gw *gateway.Gateway, rls *envoyrls.Service, path string, getenv func(string) string, cur fileConfig, log *slog.Logger) fileConfig {
 	next, err := loadConfig(path, getenv)
 	if err != nil {
 		gw.ReloadFailed(err)
@@ -258,6 +318,12 @@ func reload(gw *gateway.Gateway, path string, getenv func(string) string, cur fi
 	}
 	if err := gw.Reload(next.Config); err != nil {
 		return cur // Reload counted and logged it
+	}
+	if rls != nil {
+		if err := rls.Reload(next.GRPC); err != nil {
+			// The file passed loadConfig, so the directory changed since.
+			log.Error("envoy ratelimit config reload failed; keeping the previous rules", "error", err.Error())
+		}
 	}
 	if fields := restartNeeded(cur, next); len(fields) > 0 {
 		log.Warn("config reloaded, but these settings apply only after a restart", "sections", fields)

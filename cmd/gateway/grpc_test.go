@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// TestEnvoyRateLimitService runs the gateway with grpc.listen set on real
+// Redis: Envoy's ShouldRateLimit answers from envoyproxy/ratelimit's
+// files, its decisions reach the gateway's metrics, and SIGHUP or a change
+// of the files reloads them.
+func TestEnvoyRateLimitService(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules")
+	if err := os.Mkdir(rules, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeRules := func(n int) {
+		body := fmt.Sprintf("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", n)
+		if err := os.WriteFile(filepath.Join(rules, "edge.yaml.tmp"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(rules, "edge.yaml.tmp"), filepath.Join(rules, "edge.yaml")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeRules(1)
+	path := filepath.Join(dir, "gw.yaml")
+	cfg := fmt.Sprintf(configTmpl, 10, up.URL, true) + fmt.Sprintf("grpc:\n  listen: 127.0.0.1:0\n  config_dir: %s\n", rules)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, []string{"-config", path}, env(map[string]string{"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_REDIS_PREFIX": "grpcmain" + fmt.Sprint(time.Now().UnixNano())}))
+	var line map[string]any
+	waitFor(t, "the grpc listener", func() bool { line = r.logs.find("envoy rate limit service listening"); return line != nil })
+	conn, err := grpc.NewClient(line["grpc_addr"].(string), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	ask := func() *rlsv3.RateLimitResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{
+			{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.7"}}},
+		}})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp
+	}
+	if got := ask().GetOverallCode(); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first: %v", got)
+	}
+	if got := ask().GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second at 1/min: %v, want OVER_LIMIT", got)
+	}
+	if got := metric(t, r.admin, `edgelimit_gateway_decisions_total{mode="enforced",result="denied",rule="edge.remote_address"}`); got != "1" {
+		t.Errorf("denied decisions of edge.remote_address = %q, want 1", got)
+	}
+
+	writeRules(5)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the rules to reload", func() bool { return r.logs.find("envoy ratelimit config reloaded") != nil })
+	if st := ask().GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 5 || st.GetCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("after reload to 5/min: %v", st)
+	}
+
+	// Without a signal: the directory is watched like the file (-watch).
+	writeRules(7)
+	waitFor(t, "the changed rules to be picked up", func() bool {
+		return ask().GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() == 7
+	})
+}

@@ -1,0 +1,99 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// Call is one question an entry point outside this package (the Envoy rate
+// limit service, gateway/envoyrls) asks the enforcement step: the rules to
+// check, all-or-nothing, in one limiter call under one key. It goes through
+// the same step as proxied traffic and POST /v1/check: directives, the
+// store deadline and circuit breaker, the failure policies, the deny
+// cache, the decision event and the decision metrics.
+type Call struct {
+	// Key is the limiter key: every rule's bucket lives under it (one hash
+	// tag, so one Redis Cluster slot).
+	Key string
+	// Identity names the caller in events and directives: the event's key
+	// id is its keyed hash, never the value itself. Default Key.
+	Identity string
+	// Kind is the identity's kind in events; default event.KindUnknown.
+	Kind event.KeyKind
+	// ClientIP is the caller's address, when known.
+	ClientIP string
+	// Plan names the rules in events.
+	Plan string
+	// Rules are checked together; a rule without a failure policy takes the
+	// configuration's default.
+	Rules []Rule
+	// Cost is how many units the call uses; at least 1.
+	Cost int64
+	// Route and Method label the call in metrics and events.
+	Route, Method string
+	// UserAgent is hashed into the event.
+	UserAgent string
+}
+
+// Verdict is the enforcement step's answer to a Call.
+type Verdict struct {
+	// Status is what an HTTP entry point would answer: 200 allowed, 429
+	// over a limit, 503 failed closed, 499 the caller went away, 500 the
+	// limiter refused its input.
+	Status int
+	// Allowed is true when the request may proceed (shadow rules and
+	// failing open included).
+	Allowed bool
+	// Decision holds one result per rule, in Call.Rules order, when a store
+	// decided (Known). Under local fallback its rules are this gateway's
+	// shares of the local rules only.
+	Decision limiter.Decision
+	Known    bool
+	// Rules are the rules in force, as directives left them.
+	Rules []limiter.Rule
+	// Mode and Store are the event's.
+	Mode  event.Mode
+	Store event.StoreStatus
+	// RetryAfter is the Retry-After value in seconds, jitter included; 0:
+	// none.
+	RetryAfter int64
+	// Detail explains a refusal in words.
+	Detail string
+	// Problem is the application/problem+json body an HTTP entry point
+	// sends with a refusal (naming the violated rules); nil when allowed.
+	Problem []byte
+}
+
+// Enforce decides c with the enforcement step every entry point shares and
+// writes into h the headers an HTTP entry point would send for it (the
+// rate-limit headers, and Retry-After on a refusal).
+func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
+	st := g.st.Load()
+	p := compilePlan(c.Plan, c.Rules, st.cfg)
+	id := c.Identity
+	if id == "" {
+		id = c.Key
+	}
+	q := call{
+		id:     identity{kind: c.Kind, key: id, plan: p, clientIP: c.ClientIP},
+		limits: limits{key: c.Key, plan: p, rules: p.rules},
+		cost:   max(1, c.Cost), route: c.Route, method: c.Method, userAgent: c.UserAgent,
+	}
+	v := g.enforce(ctx, st, &q)
+	a := answerFor(h, v, st)
+	out := Verdict{Status: a.status, Allowed: v.allowed && !v.canceled && v.err == nil, Decision: v.d, Known: v.known,
+		Rules: v.rules, Mode: v.mode, Store: v.store, RetryAfter: a.retryAfter}
+	if a.problem != nil {
+		p := *a.problem
+		if p.Title == "" {
+			p.Title = http.StatusText(p.Status)
+		}
+		out.Detail = p.Detail
+		out.Problem, _ = json.Marshal(p)
+	}
+	return out
+}

@@ -1,0 +1,92 @@
+// Package envoyrls serves Envoy's global rate limit API
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) on the
+// gateway's one enforcement step, configured by envoyproxy/ratelimit's own
+// YAML files, so Envoy, Istio, Contour, Emissary or Gloo can switch to
+// edgelimit without touching their proxy configuration.
+//
+// It is a thin door: a request's descriptors become the rules of one
+// gateway.Call, decided by gateway.Enforce with the same store deadline,
+// circuit breaker, failure policies, deny cache, directives, decision
+// event and metrics as proxied traffic and POST /v1/check. It lives in a
+// package of its own so gRPC and Envoy's API types stay out of the HTTP
+// gateway.
+//
+// # Mapping
+//
+// Each request descriptor is matched like ratelimit's GetLimit: per level
+// "key_value", else the first wildcard ("value*") whose prefix matches,
+// else "key" (any value); the limit of the node the last entry reaches
+// applies. A limited descriptor becomes a limiter rule named by its
+// place in the configuration ("<domain>.<key>_<value>.<key2>", bounded by
+// the configuration, so safe as a metric label) and bucketed by a hash of
+// the domain and the request's entries, values included (every value of
+// an any-value or wildcard descriptor counts apart, as in ratelimit). All
+// buckets of a domain live under one limiter key, "rls:<domain>", so all
+// descriptors of one request are decided in one atomic Redis call.
+//
+// # Where the semantics differ from envoyproxy/ratelimit
+//
+//   - Algorithm. ratelimit counts fixed windows aligned to the clock (a
+//     minute limit resets at :00). Here requests_per_unit per unit is a
+//     token bucket by default: it refills continuously at that rate, with
+//     a burst of requests_per_unit (grpc.burst_factor scales it). A client
+//     can never get 2× the limit across a window edge, and the remaining
+//     count rises gradually instead of resetting at once.
+//     grpc.algorithm: sliding_window gives epoch-aligned windows weighted
+//     across the edge, the closest to ratelimit's counting.
+//   - duration_until_reset is the time until the bucket is full again
+//     (token bucket) rather than until the window ends.
+//   - All-or-nothing. ratelimit increments every descriptor's counter,
+//     also when the request is denied, and also the counters that were
+//     not over. Here a denied request consumes nothing: a request over one
+//     descriptor's limit does not burn the others' budgets, and a client
+//     retrying while denied does not push its own reset further out.
+//     Statuses of the descriptors that would have admitted it say OK with
+//     their unchanged remaining count.
+//   - Time is Redis's (TIME inside the script), never a gateway's clock.
+//   - One Redis Cluster slot per domain: the price of deciding a request's
+//     descriptors atomically. Spread large deployments over several
+//     domains; ratelimit spreads each counter on its own.
+//   - hits_addend is the cost of the whole request. Per-descriptor
+//     hits_addend is honoured when every limited descriptor of the request
+//     asks the same; different ones cannot be one atomic decision and get
+//     INVALID_ARGUMENT, as does is_negative_hits. 0 counts as 1.
+//   - Limits over requests_per_unit (burst) are "cost exceeds capacity":
+//     OVER_LIMIT without a store call, no Retry-After.
+//   - requests_per_unit: 0 (ratelimit's block list, README example 3)
+//     answers OVER_LIMIT without a store call and without a decision event.
+//   - Request limit overrides (RateLimitDescriptor.limit) are honoured as
+//     ratelimit does (grpc.limit_overrides: honor), or ignored (the
+//     configured limit applies) or refused with INVALID_ARGUMENT. An
+//     override shares the descriptor's bucket.
+//   - Store failure. ratelimit answers a gRPC error and leaves it to
+//     Envoy's failure_mode_deny. Here the rules' failure policy decides
+//     (grpc.failure_policy, default the gateway's): open answers OK,
+//     closed answers OVER_LIMIT with Retry-After (so Envoy refuses even
+//     with failure_mode_deny false), local enforces this gateway's share.
+//     A descriptor recently denied by Redis stays denied (deny cache).
+//   - quota_mode (newer ratelimit) reports OK over the limit like
+//     shadow_mode; the violation is in the decision event (mode shadow), not
+//     in dynamic metadata. share_threshold is honoured: every value a
+//     share_threshold wildcard matches counts in one bucket.
+//   - detailed_metric and value_to_metric are accepted and change nothing: metric labels never
+//     hold request values; the decision events (and ClickHouse) answer
+//     per-value questions. Events name the domain (route "envoy:<domain>",
+//     plan "<domain>") and carry a keyed hash of all of the request's
+//     entries as key id, never the values; remote_address, when present,
+//     is the event's client IP.
+//   - A file ratelimit refuses is refused, with its message and the
+//     file's name (its own test configurations are checked by
+//     TestRatelimitTestConfigs). MERGE_DOMAIN_CONFIG is not supported: a
+//     domain in two files is refused.
+//   - response_headers_to_add carries the gateway's headers
+//     (X-RateLimit-Limit/Remaining/Reset of the binding descriptor,
+//     RateLimit-Policy, RateLimit, Retry-After when over), lower-cased,
+//     always unless grpc.response_headers is false; ratelimit adds its
+//     x-ratelimit-* only when RESPONSE_HEADERS_ENABLED. Over the limit,
+//     raw_body is the HTTP door's application/problem+json body naming the
+//     violated descriptors (grpc.problem_body), which Envoy sends as the
+//     429's body; ratelimit sends none.
+//   - At most 64 descriptors of 32 entries per request, and 16 distinct
+//     limited descriptors (one limiter call's rules).
+package envoyrls

@@ -1,0 +1,478 @@
+package envoyrls
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// Bounds on one request, checked before anything else.
+const (
+	// MaxDescriptors is the most descriptors one request may carry.
+	MaxDescriptors = 64
+	// MaxEntries is the most entries one descriptor may carry.
+	MaxEntries = 32
+)
+
+// enforcer is the gateway's one enforcement step (*gateway.Gateway).
+type enforcer interface {
+	Enforce(ctx context.Context, c gateway.Call, h http.Header) gateway.Verdict
+}
+
+// Service answers envoy.service.ratelimit.v3.RateLimitService: it maps
+// each request's descriptors onto its Envoy ratelimit configuration and
+// decides all of them in one call of the gateway's enforcement step.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	g      enforcer
+	log    *slog.Logger
+	snap   atomic.Pointer[snapshot]
+	boot   Config
+	health *health.Server
+	calls  *prometheus.CounterVec
+}
+
+// snapshot is one configuration: the settings and the rules they load.
+type snapshot struct {
+	cfg   Config
+	rules *Rules
+}
+
+// Options are the service's collaborators; all are optional.
+type Options struct {
+	// Registry takes the service's metrics; nil: not registered.
+	Registry prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// New returns the service for cfg, which must be enabled and valid; it
+// loads cfg.ConfigDir.
+func New(cfg Config, g enforcer, opts Options) (*Service, error) {
+	if !cfg.Enabled() {
+		return nil, fmt.Errorf("%w: grpc.listen: not set", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	rules, err := LoadDir(cfg.ConfigDir)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Service{g: g, log: opts.Logger, boot: cfg, health: health.NewServer()}
+	s.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "edgelimit_gateway", Name: "grpc_ratelimit_requests_total",
+		Help: "ShouldRateLimit calls by answer: ok, over_limit, or the gRPC error code (invalid_argument, canceled, internal).",
+	}, []string{"code"})
+	if opts.Registry != nil {
+		if err := opts.Registry.Register(s.calls); err != nil {
+			return nil, fmt.Errorf("register grpc metrics: %w", err)
+		}
+	}
+	s.snap.Store(&snapshot{cfg: cfg, rules: rules})
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return s, nil
+}
+
+// Reload loads cfg.ConfigDir again and swaps in cfg with it; requests in
+// flight finish under the old one. On error the old one stays in force.
+// Fields marked restart keep the values the service started with.
+func (s *Service) Reload(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if !cfg.Enabled() {
+		return fmt.Errorf("%w: grpc.listen: cannot be unset without a restart", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	rules, err := LoadDir(cfg.ConfigDir)
+	if err != nil {
+		return err
+	}
+	s.snap.Store(&snapshot{cfg: cfg, rules: rules})
+	s.log.Info("envoy ratelimit config reloaded", "domains", len(rules.domains))
+	return nil
+}
+
+// Drain reports NOT_SERVING on the health service from now on, so
+// clients that health-check move away before the server stops.
+func (s *Service) Drain() { s.health.Shutdown() }
+
+// Server returns a gRPC server for the service, with health checking and
+// reflection, message size, stream and keepalive limits, and TLS when
+// configured.
+func (s *Service) Server() (*grpc.Server, error) {
+	c := s.boot
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time: c.Keepalive.Time, Timeout: c.Keepalive.Timeout, MaxConnectionIdle: c.Keepalive.MaxConnectionIdle,
+		}),
+		// Envoy pings idle connections too; allow it, at a bounded rate.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.Keepalive.MinTime, PermitWithoutStream: true}),
+	}
+	if c.TLS.CertFile != "" {
+		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("grpc tls: %w", err)
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	srv := grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(srv, s)
+	healthpb.RegisterHealthServer(srv, s.health)
+	reflection.Register(srv)
+	return srv, nil
+}
+
+// resolved is one request descriptor: its entries and the limit they
+// match (nil: none), override says the request set it.
+type resolved struct {
+	lim      *limit
+	entries  []entry
+	bucketed []entry // the entries the bucket is named by, if not entries
+	override bool
+}
+
+// sortHeaders orders headers by name, so answers are deterministic.
+func sortHeaders(hs []*corev3.HeaderValue) {
+	slices.SortStableFunc(hs, func(a, b *corev3.HeaderValue) int { return strings.Compare(a.Key, b.Key) })
+}
+
+// pick is what one request descriptor resolved to.
+type pick struct {
+	rule      int // index into the call's rules; -1: none
+	unlimited bool
+	blocked   bool // requests_per_unit: 0
+	current   *rlsv3.RateLimitResponse_RateLimit
+}
+
+// ShouldRateLimit decides every descriptor of req in one call of the
+// enforcement step, all-or-nothing: OVER_LIMIT when any enforced
+// descriptor is over its limit (and then none consumes), OK otherwise.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.shouldRateLimit(ctx, req)
+	code := "ok"
+	switch {
+	case err != nil:
+		code = strings.ToLower(status.Code(err).String())
+		if status.Code(err) == codes.InvalidArgument {
+			code = "invalid_argument"
+		}
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
+		code = "over_limit"
+	}
+	s.calls.WithLabelValues(code).Inc()
+	return resp, err
+}
+
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	snap := s.snap.Load()
+	cfg := snap.cfg
+	descs := req.GetDescriptors()
+	switch {
+	case req.GetDomain() == "":
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	case len(descs) == 0:
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case len(descs) > MaxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, at most %d", len(descs), MaxDescriptors)
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
+	dom := snap.rules.domains[req.GetDomain()]
+	if dom == nil {
+		// ratelimit: an unknown domain has no limits.
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		}
+		return resp, nil
+	}
+
+	// Resolve each descriptor to its limit, as ratelimit's GetLimit does.
+	all := make([]resolved, len(descs))
+	var replacing map[string]bool // limit names other limits replace
+	var clientIP string
+	for i, d := range descs {
+		es := d.GetEntries()
+		if len(es) > MaxEntries {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %d entries, at most %d", i, len(es), MaxEntries)
+		}
+		if d.GetIsNegativeHits() {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: is_negative_hits is not supported: a bucket is never refilled by a request", i)
+		}
+		f := resolved{entries: make([]entry, len(es))}
+		for j, e := range es {
+			f.entries[j] = entry{e.GetKey(), e.GetValue()}
+			if e.GetKey() == "remote_address" && clientIP == "" {
+				if a, err := netip.ParseAddr(e.GetValue()); err == nil {
+					clientIP = a.String()
+				}
+			}
+		}
+		n, ok, bucketed := dom.match(f.entries)
+		if ok {
+			f.lim, f.bucketed = n.limit, bucketed
+		}
+		if o := d.GetLimit(); o != nil {
+			switch cfg.LimitOverrides {
+			case OverridesReject:
+				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: limit overrides are refused by this rate limit service", i)
+			case OverridesHonor:
+				l, err := overrideLimit(dom.name, n, o)
+				if err != nil {
+					return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+				}
+				f.lim, f.override = l, true
+			}
+		}
+		if f.lim != nil && len(f.lim.replaces) > 0 {
+			if replacing == nil {
+				replacing = map[string]bool{}
+			}
+			for _, r := range f.lim.replaces {
+				replacing[r] = true
+			}
+		}
+		all[i] = f
+	}
+
+	// Replaced and unlimited descriptors are not checked; the rest become
+	// rules, one per distinct bucket.
+	picks := make([]pick, len(descs))
+	var rules []gateway.Rule
+	cost := int64(max(1, req.GetHitsAddend()))
+	costSet := false
+	blocked := -1 // a descriptor whose limit is 0
+	for i, f := range all {
+		p := pick{rule: -1}
+		switch {
+		case f.lim == nil:
+		case f.lim.name != "" && replacing[f.lim.name] && !f.override:
+		case f.lim.unlimited:
+			p.unlimited = true
+		case f.lim.requestsPerUnit == 0:
+			// In shadow mode it is reported (OK, nothing remaining) and
+			// never blocks.
+			p.current = f.lim.current()
+			if !f.lim.shadow && !cfg.ShadowMode {
+				p.blocked, blocked = true, i
+			}
+		default:
+			be := f.entries
+			if f.bucketed != nil && !f.override {
+				be = f.bucketed
+			}
+			b := bucket(dom.name, be)
+			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == b })
+			if j < 0 {
+				j = len(rules)
+				rules = append(rules, cfg.rule(f.lim, b))
+			}
+			p.rule = j
+			p.current = f.lim.current()
+			c := int64(max(1, req.GetHitsAddend()))
+			if h := descs[i].GetHitsAddend(); h != nil {
+				c = int64(min(max(1, h.GetValue()), math.MaxInt32))
+			}
+			if costSet && c != cost {
+				return nil, status.Errorf(codes.InvalidArgument,
+					"descriptor %d: hits_addend %d differs from another limited descriptor's %d; one request's descriptors are decided atomically at one cost", i, c, cost)
+			}
+			cost, costSet = c, true
+		}
+		picks[i] = p
+	}
+	if blocked >= 0 {
+		// requests_per_unit: 0 is ratelimit's block list: over the limit
+		// whatever the count, so no store call; all-or-nothing, nothing
+		// else is checked or consumed.
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		for i, p := range picks {
+			resp.Statuses[i] = unchecked(p)
+			if p.blocked {
+				resp.Statuses[i].Code, resp.Statuses[i].CurrentLimit = rlsv3.RateLimitResponse_OVER_LIMIT, p.current
+			}
+		}
+		return resp, nil
+	}
+	if len(rules) > limiter.MaxRules {
+		return nil, status.Errorf(codes.InvalidArgument, "%d distinct limited descriptors, at most %d", len(rules), limiter.MaxRules)
+	}
+	if len(rules) == 0 {
+		for i, p := range picks {
+			resp.Statuses[i] = unchecked(p)
+		}
+		return resp, nil
+	}
+
+	h := http.Header{}
+	v := s.g.Enforce(ctx, gateway.Call{
+		Key: dom.tag, Identity: identity(dom, all), ClientIP: clientIP,
+		Plan: dom.name, Rules: rules, Cost: cost,
+		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
+	}, h)
+	switch v.Status {
+	case 499:
+		return nil, status.Error(codes.Canceled, "the caller went away before a decision")
+	case http.StatusInternalServerError:
+		return nil, status.Error(codes.Internal, "the limiter refused its input")
+	}
+	if !v.Allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	results := map[string]limiter.RuleResult{}
+	if v.Known {
+		for _, rr := range v.Decision.Rules {
+			results[rr.Rule.Bucket] = rr
+		}
+	}
+	for i, p := range picks {
+		if p.rule < 0 {
+			resp.Statuses[i] = unchecked(p)
+			continue
+		}
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: p.current}
+		rr, ok := results[rules[p.rule].Bucket]
+		switch {
+		case ok:
+			if !rr.Allowed && !rr.Rule.Shadow {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			st.LimitRemaining = uint32(min(max(0, rr.Remaining), math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(rr.ResetAfter)
+		case !v.Known && !v.Allowed:
+			// Failed closed: every checked descriptor refuses.
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = st
+	}
+	if !v.Allowed && len(v.Problem) > 0 && *cfg.ProblemBody {
+		// Envoy sends raw_body as the 429's body: the same problem the
+		// HTTP door answers, naming the violated descriptors.
+		resp.RawBody = v.Problem
+		h["Content-Type"] = []string{"application/problem+json"}
+	}
+	if *cfg.ResponseHeaders {
+		for k, vs := range h {
+			for _, val := range vs {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: strings.ToLower(k), Value: val})
+			}
+		}
+		sortHeaders(resp.ResponseHeadersToAdd)
+	}
+	return resp, nil
+}
+
+// unchecked is the status of a descriptor without a rule to check:
+// ratelimit's answer, OK with no current limit; an unlimited one has all
+// of its (unbounded) limit remaining.
+func unchecked(p pick) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: p.current}
+	if p.unlimited {
+		st.LimitRemaining = math.MaxUint32
+	}
+	return st
+}
+
+// rule is the limiter rule of a descriptor's limit in its bucket.
+func (c Config) rule(l *limit, bucket string) gateway.Rule {
+	r := limiter.Rule{Name: l.ruleName, Limit: int64(l.requestsPerUnit), Period: l.period, Algorithm: c.Algorithm,
+		Shadow: l.shadow || c.ShadowMode, Bucket: bucket}
+	if c.Algorithm == limiter.TokenBucket && c.BurstFactor != 1 {
+		r.Burst = min(max(1, int64(math.Round(float64(r.Limit)*c.BurstFactor))), 1<<32)
+	}
+	return gateway.Rule{Rule: r, FailurePolicy: c.FailurePolicy}
+}
+
+// current is the limit as a descriptor status reports it.
+func (l *limit) current() *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: l.ruleName, RequestsPerUnit: l.requestsPerUnit,
+		Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[l.unit])}
+	if l.multiplier > 1 {
+		rl.UnitMultiplier = wrapperspb.UInt32(l.multiplier)
+	}
+	return rl
+}
+
+// overrideLimit is the limit a request sets for its descriptor; n is the
+// node the descriptor matched (nil: none), which names the rule.
+func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimitOverride) (*limit, error) {
+	unit := o.GetUnit().String()
+	period, ok := units[unit]
+	if !ok {
+		return nil, fmt.Errorf("limit override: invalid unit %s", unit)
+	}
+	if o.GetRequestsPerUnit() == 0 {
+		return nil, fmt.Errorf("limit override: requests_per_unit must be positive")
+	}
+	mult := uint32(1)
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		mult = m.GetValue()
+	}
+	if time.Duration(mult) > limiter.MaxPeriod/period {
+		return nil, fmt.Errorf("limit override: a period of %d %s is too long", mult, strings.ToLower(unit))
+	}
+	path := "override"
+	if n != nil {
+		path = n.path + ".override"
+	}
+	return &limit{requestsPerUnit: o.GetRequestsPerUnit(), unit: unit, period: period * time.Duration(mult), multiplier: mult,
+		ruleName: ruleName(dom, path)}, nil
+}
+
+// identity names one request's descriptors in events: the domain and a
+// hash of every entry of every descriptor, which the event hashes again
+// with the gateway's key.
+func identity(d *domain, all []resolved) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	field := func(s string) { // length-prefixed, so no two requests collide
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	field(d.name)
+	for _, f := range all {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f.entries)))])
+		for _, e := range f.entries {
+			field(e.key)
+			field(e.value)
+		}
+	}
+	var sum [sha256.Size]byte
+	return d.tag + "|" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+}
