@@ -30,7 +30,7 @@ up=127.0.0.1:$(free_port) gw=127.0.0.1:$(free_port) admin=127.0.0.1:$(free_port)
 "$tmp/demo" upstream -listen "$up" >"$tmp/upstream.log" 2>&1 &
 pids+=($!)
 EDGELIMIT_LISTEN=$gw EDGELIMIT_ADMIN_LISTEN=$admin EDGELIMIT_UPSTREAM_APP=http://$up \
-	EDGELIMIT_REDIS_CLUSTER_ADDRS= EDGELIMIT_KAFKA_BROKERS= \
+	EDGELIMIT_REDIS_CLUSTER_ADDRS= EDGELIMIT_REDIS_SENTINEL_ADDRS= EDGELIMIT_REDIS_SENTINEL_MASTER= EDGELIMIT_KAFKA_BROKERS= \
 	"$tmp/gateway" -config "$here/gateway.yaml" >"$tmp/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
