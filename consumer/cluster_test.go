@@ -25,19 +25,19 @@ func TestFaultClusterExactlyOnce(t *testing.T) {
 	var shards []driver.Conn
 	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
 		addr := srv.Get(t, name)
-		root := openClickHouse(t, addr, "default")
+		root := testenv.OpenClickHouse(t, addr, "default")
 		for _, db := range []string{local, dist} {
 			if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
 				t.Fatal(err)
 			}
 		}
-		c := openClickHouse(t, addr, local)
+		c := testenv.OpenClickHouse(t, addr, local)
 		if err := Migrate(ctx, c, Retention{}); err != nil {
 			t.Fatal(err)
 		}
 		shards = append(shards, c)
 	}
-	ch := openClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
+	ch := testenv.OpenClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
 	for _, table := range append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims") {
 		// Names come from the consumer's own lists and the test's databases.
 		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)

@@ -221,7 +221,7 @@ func TestDeadLetter(t *testing.T) {
 			waitFor(t, "good rows in ClickHouse", 60*time.Second, func() bool {
 				return count(t, ch, "SELECT count() FROM decisions") >= 300
 			})
-			dead := consumeAll(t, kb.brokers, kb.dlq, 4)
+			dead := testenv.Consume(t, kb.brokers, kb.dlq, 4)
 			want := []struct{ reason, offset string }{
 				{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"},
 			}
@@ -259,26 +259,4 @@ func headers(r *kgo.Record) map[string]string {
 		h[x.Key] = string(x.Value)
 	}
 	return h
-}
-
-// consumeAll reads n records from topic's start.
-func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d records from %s", len(recs), n, topic)
-		}
-		recs = append(recs, fs.Records()...)
-	}
-	return recs
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,23 +20,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
-// openClickHouse connects to addr's database db (created if missing).
-func openClickHouse(tb testing.TB, addr, db string) driver.Conn {
-	tb.Helper()
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:        []string{addr},
-		Protocol:    clickhouse.Native,
-		Auth:        clickhouse.Auth{Database: db, Username: "default"},
-		DialTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// openHelperClickHouse is openClickHouse for a helper process, which has
+// openHelperClickHouse is testenv.OpenClickHouse for a helper process, which has
 // no testing.TB.
 func openHelperClickHouse(addr, db string) (driver.Conn, error) {
 	return clickhouse.Open(&clickhouse.Options{
@@ -52,23 +35,8 @@ func openHelperClickHouse(addr, db string) (driver.Conn, error) {
 // addr, migrated, and returns a connection to it. It is dropped at the end.
 func newDatabase(tb testing.TB, addr string) (driver.Conn, string) {
 	tb.Helper()
-	db := fmt.Sprintf("edgelimit_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	root := openClickHouse(tb, addr, "default")
-	ctx := context.Background()
-	if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-		tb.Fatalf("create database: %v", err)
-	}
-	tb.Cleanup(func() {
-		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
-			tb.Logf("kept database %s", db)
-			return
-		}
-		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
-			tb.Logf("drop database %s: %v", db, err)
-		}
-	})
-	conn := openClickHouse(tb, addr, db)
-	if err := Migrate(ctx, conn, Retention{}); err != nil {
+	conn, db := testenv.NewDatabase(tb, addr, "edgelimit_test")
+	if err := Migrate(context.Background(), conn, Retention{}); err != nil {
 		tb.Fatalf("Migrate: %v", err)
 	}
 	return conn, db
@@ -93,26 +61,8 @@ func realKafka(tb testing.TB, brokers []string, partitions int32) (topic, deadLe
 	tb.Helper()
 	suffix := fmt.Sprintf("%d-%d", time.Now().UnixNano(), rand.IntN(1000))
 	topic, deadLetter = "decisions-"+suffix, "dead-letter-"+suffix
-	createTopics(tb, brokers, partitions, topic, deadLetter)
+	testenv.CreateTopics(tb, brokers, partitions, topic, deadLetter)
 	return topic, deadLetter
-}
-
-func createTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
-	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		tb.Fatalf("create topics %v: %v", topics, err)
-	}
 }
 
 var testStart = time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
