@@ -45,18 +45,6 @@ func mustRedis(tb testing.TB) (*redis.Client, string) {
 	return rdb, fmt.Sprintf("analytics-test-%d-%d", time.Now().UnixNano(), rand.IntN(1000))
 }
 
-// waitFor polls cond every 50ms until it holds or the deadline passes.
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // fleetClock is a seeded fleet's "now": 30s into the minute before the
 // real one, so the current minute is partial, as in production, and
 // directive expiries (which Redis enforces on its own clock) lie ahead.

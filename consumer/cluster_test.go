@@ -53,7 +53,7 @@ func TestFaultClusterExactlyOnce(t *testing.T) {
 	cfg := kb.config()
 	cfg.Shards = shards
 	r := start(t, cfg, ch, nil)
-	waitFor(t, "two failed attempts", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "two failed attempts", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
 	})
 	t.Logf("while shard 2's key rollup fails: %v", counts(t, ch))

@@ -3,9 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -99,7 +96,7 @@ func TestFaultViewFailsAtInsert(t *testing.T) {
 	const n = 3000
 	produce(t, kb.brokers, kb.topic, decisions(n))
 	r := start(t, kb.config(), ch, nil)
-	waitFor(t, "two failed attempts", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "two failed attempts", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
 	})
 	t.Logf("while the view fails: %v", counts(t, ch))
@@ -119,10 +116,7 @@ func TestFaultViewFailsThenCrash(t *testing.T) {
 	const n = 3000
 	produce(t, kb.brokers, kb.topic, decisions(n))
 	cfg := kb.config()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
-		[]string{strings.Join(kb.brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
-	cmd.Stderr = testWriter{t}
+	cmd := crashCmd(t, cfg, addr, db)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +186,7 @@ func TestFaultTopicRecreated(t *testing.T) {
 	if _, err := adm.DeleteTopics(ctx, kb.topic); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the topic to be created again", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the topic to be created again", func() bool {
 		resp, err := adm.CreateTopics(ctx, 1, 1, nil, kb.topic)
 		return err == nil && resp.Error() == nil
 	})

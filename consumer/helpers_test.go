@@ -216,18 +216,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// waitFor polls cond until it holds, failing at the deadline.
-func waitFor(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // count runs a query returning one UInt64.
 func count(tb testing.TB, ch driver.Conn, query string, args ...any) uint64 {
 	tb.Helper()
@@ -294,6 +282,19 @@ func backends(t *testing.T, partitions int32) []kafkaBackend {
 		bs = append(bs, kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq})
 	}
 	return bs
+}
+
+// eachBackend runs test as a subtest once per Kafka backend, each with a
+// migrated database of its own (named db) on the shared ClickHouse.
+func eachBackend(t *testing.T, partitions int32, test func(t *testing.T, kb kafkaBackend, ch driver.Conn, db string)) {
+	t.Helper()
+	addr := testenv.ClickHouseAddr(t)
+	for _, kb := range backends(t, partitions) {
+		t.Run(kb.name, func(t *testing.T) {
+			ch, db := newDatabase(t, addr)
+			test(t, kb, ch, db)
+		})
+	}
 }
 
 func (b kafkaBackend) config() Config {

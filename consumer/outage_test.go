@@ -20,10 +20,10 @@ func TestClickHouseOutage(t *testing.T) {
 
 	produce(t, b.brokers, b.topic, ds[:2000])
 	r := start(t, cfg, ch, nil)
-	waitFor(t, "the first 2000 rows", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the first 2000 rows", func() bool {
 		return count(t, ch, "SELECT count() FROM decisions") == 2000
 	})
-	waitFor(t, "the first 2000 committed", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the first 2000 committed", func() bool {
 		var sum int64
 		for _, o := range committed(t, b.brokers, cfg.Group, cfg.Topic) {
 			sum += o
@@ -33,7 +33,7 @@ func TestClickHouseOutage(t *testing.T) {
 
 	srv.Halt(t)
 	produce(t, b.brokers, b.topic, ds[2000:])
-	waitFor(t, "insert retries while ClickHouse is down", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "insert retries while ClickHouse is down", func() bool {
 		// Every attempt fails staging the batch, before anything that
 		// would need an abort.
 		return metric(t, r.reg, "edgelimit_consumer_retries_total", "stage", stageStage) >= 2
@@ -45,12 +45,12 @@ func TestClickHouseOutage(t *testing.T) {
 	if sum != 2000 {
 		t.Errorf("committed %d records while ClickHouse was down, want still 2000", sum)
 	}
-	waitFor(t, "lag to show the backlog", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "lag to show the backlog", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_lag") >= 2000
 	})
 
 	srv.Resume(t)
-	waitFor(t, "all 6000 rows after ClickHouse returned", 90*time.Second, func() bool {
+	testenv.WaitFor(t, 90*time.Second, "all 6000 rows after ClickHouse returned", func() bool {
 		n, err := tryCount(ch, "SELECT count() FROM decisions")
 		return err == nil && n >= 6000
 	})
@@ -65,11 +65,11 @@ func TestClickHouseOutage(t *testing.T) {
 	more := decisions(1000)
 	produce(t, b.brokers, b.topic, more)
 	r2 := start(t, cfg, ch, nil)
-	waitFor(t, "resume retries while ClickHouse is down", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "resume retries while ClickHouse is down", func() bool {
 		return metric(t, r2.reg, "edgelimit_consumer_retries_total", "stage", stageResume) >= 1
 	})
 	srv.Resume(t)
-	waitFor(t, "all 7000 rows", 90*time.Second, func() bool {
+	testenv.WaitFor(t, 90*time.Second, "all 7000 rows", func() bool {
 		n, err := tryCount(ch, "SELECT count() FROM decisions")
 		return err == nil && n >= 7000
 	})
