@@ -32,20 +32,11 @@ func TestFaultClusterQueries(t *testing.T) {
 	ctx := context.Background()
 	suffix := fmt.Sprint(time.Now().UnixNano())
 	local, dist, single := "local_"+suffix, "dist_"+suffix, "single_"+suffix
-	var shards []driver.Conn
-	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
-		addr := srv.Get(t, name)
-		root := testenv.OpenClickHouse(t, addr, "default")
-		for _, db := range []string{local, dist, single} {
-			if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c := testenv.OpenClickHouse(t, addr, local)
+	shards := testenv.ClusterShards(t, srv, local, dist, single)
+	for _, c := range shards {
 		if err := consumer.Migrate(ctx, c, consumer.Retention{}); err != nil {
 			t.Fatal(err)
 		}
-		shards = append(shards, c)
 	}
 	addr1 := srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1")
 	one := testenv.OpenClickHouse(t, addr1, single)

@@ -92,10 +92,18 @@ func failingView(t *testing.T, ch driver.Conn, table string) (drop func()) {
 func TestFaultViewFailsAtInsert(t *testing.T) {
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
-	drop := failingView(t, ch, "decisions_by_key_1m")
-	const n = 3000
-	produce(t, kb.brokers, kb.topic, decisions(n))
-	r := start(t, kb.config(), ch, nil)
+	viewFailsAtInsert(t, kb, kb.config(), ch, ch, 3000)
+}
+
+// viewFailsAtInsert is row 1's fault: n events on kb, while the key
+// rollup fails on failing (ch or one of its shards); a consumer configured
+// as cfg writing to ch retries at least twice, and once the fault clears
+// every table in ch holds each event once.
+func viewFailsAtInsert(t *testing.T, kb kafkaBackend, cfg Config, ch, failing driver.Conn, n uint64) {
+	t.Helper()
+	drop := failingView(t, failing, "decisions_by_key_1m")
+	produce(t, kb.brokers, kb.topic, decisions(int(n)))
+	r := start(t, cfg, ch, nil)
 	testenv.WaitFor(t, 30*time.Second, "two failed attempts", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
 	})

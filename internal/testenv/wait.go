@@ -115,6 +115,26 @@ func NewDatabase(tb testing.TB, addr, prefix string) (driver.Conn, string) {
 	return OpenClickHouse(tb, addr, db), db
 }
 
+// ClusterShards creates the databases dbs on each shard of srv, the
+// private two-shard "clickhouse-cluster", and returns a connection per
+// shard to the first of them: the local tables a Distributed table spreads
+// over.
+func ClusterShards(tb testing.TB, srv *Server, dbs ...string) []driver.Conn {
+	tb.Helper()
+	var shards []driver.Conn
+	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
+		addr := srv.Get(tb, name)
+		root := OpenClickHouse(tb, addr, "default")
+		for _, db := range dbs {
+			if err := root.Exec(context.Background(), "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+				tb.Fatalf("create database %s on %s: %v", db, name, err)
+			}
+		}
+		shards = append(shards, OpenClickHouse(tb, addr, dbs[0]))
+	}
+	return shards
+}
+
 // ProtoMessage parses the .proto file in dir at test time, with no
 // generated code, and returns its message name: how a test reads records
 // the way any protobuf tool would, from the shipped contract alone.
