@@ -207,7 +207,7 @@ func TestDeadLetter(t *testing.T) {
 		v1.Headers, v1.Value = nil, append([]byte{1}, v1.Value...) // version 1: a version byte, no header
 		empty := record(t, good[0])
 		empty.Value = nil // decodes, but is no decision: no event id
-		produceRaw(t, kb.brokers, kb.topic, bad, future, v1, empty)
+		produceRaw(t, kb.brokers, kb.topic, []*kgo.Record{bad, future, v1, empty})
 		produce(t, kb.brokers, kb.topic, good[100:])
 
 		r := start(t, kb.config(), ch, nil)

@@ -226,7 +226,7 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			rec.Partition = int32(i % 2)
 			recs = append(recs, rec)
 		}
-		produceTo(t, kb.brokers, kb.topic, recs)
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 		r := start(t, kb.config(), ch, nil)
 		waitRaw(t, ch, n, 30*time.Second)
 		r.stop()
@@ -245,7 +245,7 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			rec.Partition = int32(i % 2)
 			recs = append(recs, rec)
 		}
-		produceTo(t, kb.brokers, kb.topic, recs)
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 		cfg := kb.config()
 		cfg.DeadLetterTopic = "no such topic!" // every produce fails
 		r := start(t, cfg, ch, nil)
@@ -282,23 +282,6 @@ func alterMaxMessage(t *testing.T, brokers []string, topic string) {
 	}
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// produceTo writes recs to the partitions they name.
-func produceTo(t *testing.T, brokers []string, topic string, recs []*kgo.Record) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20),
-		kgo.MaxBufferedRecords(1_000_000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
 	}
 }
 

@@ -97,14 +97,14 @@ func decisions(n int) []event.Decision {
 	return ds
 }
 
-// produce writes the events, and any extra raw values, to topic.
+// produce writes the events to topic as the gateway publishes them.
 func produce(tb testing.TB, brokers []string, topic string, ds []event.Decision) {
 	tb.Helper()
 	var recs []*kgo.Record
 	for _, d := range ds {
 		recs = append(recs, record(tb, d))
 	}
-	produceRaw(tb, brokers, topic, recs...)
+	produceRaw(tb, brokers, topic, recs)
 }
 
 // record is d as the gateway publishes it.
@@ -117,34 +117,20 @@ func record(tb testing.TB, d event.Decision) *kgo.Record {
 	return &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}}
 }
 
-func produceRaw(tb testing.TB, brokers []string, topic string, recs ...*kgo.Record) {
+// produceRaw writes recs to topic, with the producer options opts (a
+// manual partitioner, say) beside the defaults.
+func produceRaw(tb testing.TB, brokers []string, topic string, recs []*kgo.Record, opts ...kgo.Opt) {
 	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.MaxBufferedRecords(1_000_000))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.MaxBufferedRecords(1_000_000)}, opts...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var (
-		mu   sync.Mutex
-		perr error
-	)
-	for _, r := range recs {
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				mu.Lock()
-				perr = err
-				mu.Unlock()
-			}
-		})
-	}
-	if err := cl.Flush(ctx); err != nil {
-		tb.Fatalf("flush: %v", err)
-	}
-	if perr != nil {
-		tb.Fatalf("produce: %v", perr)
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		tb.Fatalf("produce: %v", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,15 +50,21 @@ func TestClickHouseOutage(t *testing.T) {
 		return metric(t, r.reg, "edgelimit_consumer_lag") >= 2000
 	})
 
-	srv.Resume(t)
-	testenv.WaitFor(t, 90*time.Second, "all 6000 rows after ClickHouse returned", func() bool {
-		n, err := tryCount(ch, "SELECT count() FROM decisions")
-		return err == nil && n >= 6000
-	})
-	r.stop()
-	if got := count(t, ch, "SELECT count() FROM decisions"); got != 6000 {
-		t.Errorf("count() = %d, want 6000", got)
+	// resume brings ClickHouse back, and stops r once it stored all n rows,
+	// which must be n rows exactly.
+	resume := func(r *running, n uint64) {
+		t.Helper()
+		srv.Resume(t)
+		testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d rows after ClickHouse returned", n), func() bool {
+			got, err := tryCount(ch, "SELECT count() FROM decisions")
+			return err == nil && got >= n
+		})
+		r.stop()
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
+			t.Errorf("count() = %d, want %d", got, n)
+		}
 	}
+	resume(r, 6000)
 
 	// A consumer that starts while ClickHouse is down cannot know where
 	// to resume: it waits, retrying, and then starts at the right place.
@@ -68,15 +75,7 @@ func TestClickHouseOutage(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "resume retries while ClickHouse is down", func() bool {
 		return metric(t, r2.reg, "edgelimit_consumer_retries_total", "stage", stageResume) >= 1
 	})
-	srv.Resume(t)
-	testenv.WaitFor(t, 90*time.Second, "all 7000 rows", func() bool {
-		n, err := tryCount(ch, "SELECT count() FROM decisions")
-		return err == nil && n >= 7000
-	})
-	r2.stop()
-	if got := count(t, ch, "SELECT count() FROM decisions"); got != 7000 {
-		t.Errorf("count() = %d, want 7000", got)
-	}
+	resume(r2, 7000)
 	if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != 7000 {
 		t.Errorf("uniqExact(event_id) = %d, want 7000", got)
 	}
