@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -55,7 +54,7 @@ func TestClickHouseOutage(t *testing.T) {
 	resume := func(r *running, n uint64) {
 		t.Helper()
 		srv.Resume(t)
-		testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d rows after ClickHouse returned", n), func() bool {
+		testenv.WaitFor(t, 90*time.Second, "every row after ClickHouse returned", func() bool {
 			got, err := tryCount(ch, "SELECT count() FROM decisions")
 			return err == nil && got >= n
 		})
