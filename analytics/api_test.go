@@ -301,7 +301,7 @@ func TestAPIOnSeededFleet(t *testing.T) {
 // log gets and the client never does.
 func TestAPIStoreFailure(t *testing.T) {
 	db := fmt.Sprintf("analytics_missing_%d", time.Now().UnixNano())
-	conn := openClickHouse(t, testenv.ClickHouseAddr(t), db)
+	conn := testenv.OpenClickHouse(t, testenv.ClickHouseAddr(t), db)
 	var logs bytes.Buffer
 	api, err := analytics.NewAPI(analytics.NewReader(conn), nil, testToken, nil, slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {

@@ -32,27 +32,18 @@ func TestFaultClusterQueries(t *testing.T) {
 	ctx := context.Background()
 	suffix := fmt.Sprint(time.Now().UnixNano())
 	local, dist, single := "local_"+suffix, "dist_"+suffix, "single_"+suffix
-	var shards []driver.Conn
-	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
-		addr := srv.Get(t, name)
-		root := openClickHouse(t, addr, "default")
-		for _, db := range []string{local, dist, single} {
-			if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c := openClickHouse(t, addr, local)
+	shards := testenv.ClusterShards(t, srv, local, dist, single)
+	for _, c := range shards {
 		if err := consumer.Migrate(ctx, c, consumer.Retention{}); err != nil {
 			t.Fatal(err)
 		}
-		shards = append(shards, c)
 	}
 	addr1 := srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1")
-	one := openClickHouse(t, addr1, single)
+	one := testenv.OpenClickHouse(t, addr1, single)
 	if err := consumer.Migrate(ctx, one, consumer.Retention{}); err != nil {
 		t.Fatal(err)
 	}
-	on := openClickHouse(t, addr1, dist)
+	on := testenv.OpenClickHouse(t, addr1, dist)
 	for _, table := range []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger"} {
 		// Names come from the list above and the test's own databases.
 		q := fmt.Sprintf("CREATE TABLE %s.%s AS %s.%s ENGINE = Distributed(%s, %s, %s)", dist, table, local, table, cluster, local, table)

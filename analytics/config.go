@@ -153,60 +153,45 @@ var (
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	setDur(&c.Interval, 5*time.Second)
-	setDur(&c.StaleAfter, 2*time.Minute)
+	setDefault(&c.Interval, 5*time.Second)
+	setDefault(&c.StaleAfter, 2*time.Minute)
 	h := &c.Hot
-	setDur(&h.Window, time.Minute)
-	setDur(&h.MinSpan, min(15*time.Second, h.Window))
-	setF(&h.MinRate, 100)
-	setF(&h.MinShare, 0.2)
-	setF(&h.ShareMinRate, 10)
-	setF(&h.CoolRatio, 0.5)
-	setInt(&h.MinGateways, 2)
-	setF(&h.MinGatewayShare, 0.05)
-	setDur(&h.TTL, 2*time.Minute)
-	setInt(&h.MaxKeys, 100)
+	setDefault(&h.Window, time.Minute)
+	setDefault(&h.MinSpan, min(15*time.Second, h.Window))
+	setDefault(&h.MinRate, 100)
+	setDefault(&h.MinShare, 0.2)
+	setDefault(&h.ShareMinRate, 10)
+	setDefault(&h.CoolRatio, 0.5)
+	setDefault(&h.MinGateways, 2)
+	setDefault(&h.MinGatewayShare, 0.05)
+	setDefault(&h.TTL, 2*time.Minute)
+	setDefault(&h.MaxKeys, 100)
 	n := &c.NAT
-	setDur(&n.Window, 10*time.Minute)
-	setI64(&n.MinDistinctKeys, 10)
-	setI64(&n.MinDistinctUserAgents, 20)
-	setI64(&n.MinRequests, 100)
-	setF(&n.PerClient, 0.5)
-	setF(&n.MaxFactor, 50)
-	setF(&n.UserAgentMaxFactor, 2)
-	setF(&n.CoolRatio, 0.5)
-	setDur(&n.TTL, 15*time.Minute)
-	setInt(&n.MaxIPs, 1000)
+	setDefault(&n.Window, 10*time.Minute)
+	setDefault(&n.MinDistinctKeys, 10)
+	setDefault(&n.MinDistinctUserAgents, 20)
+	setDefault(&n.MinRequests, 100)
+	setDefault(&n.PerClient, 0.5)
+	setDefault(&n.MaxFactor, 50)
+	setDefault(&n.UserAgentMaxFactor, 2)
+	setDefault(&n.CoolRatio, 0.5)
+	setDefault(&n.TTL, 15*time.Minute)
+	setDefault(&n.MaxIPs, 1000)
 	a := &c.Alerts
-	setDur(&a.Window, 2*time.Minute)
-	setF(&a.StoreUnavailableRatio, 0.05)
-	setF(&a.FailOpenRatio, 0.01)
-	setF(&a.FailClosedRatio, 0.01)
-	setI64(&a.MinRequests, 100)
-	setDur(&a.ResendInterval, time.Minute)
+	setDefault(&a.Window, 2*time.Minute)
+	setDefault(&a.StoreUnavailableRatio, 0.05)
+	setDefault(&a.FailOpenRatio, 0.01)
+	setDefault(&a.FailClosedRatio, 0.01)
+	setDefault(&a.MinRequests, 100)
+	setDefault(&a.ResendInterval, time.Minute)
 	return c
 }
 
-func setDur(p *time.Duration, d time.Duration) {
-	if *p == 0 {
-		*p = d
-	}
-}
-
-func setF(p *float64, v float64) {
-	if *p == 0 {
-		*p = v
-	}
-}
-
-func setInt(p *int, v int) {
-	if *p == 0 {
-		*p = v
-	}
-}
-
-func setI64(p *int64, v int64) {
-	if *p == 0 {
+// setDefault sets *p to v when *p is its type's zero value, which means
+// "the default" in every Config field.
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
 		*p = v
 	}
 }

@@ -403,41 +403,22 @@ type detectorMetrics struct {
 	stale    prometheus.Counter
 }
 
+const ns = "edgelimit_analytics"
+
 func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 	m := &detectorMetrics{
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgelimit_analytics_runs_total",
-			Help: "Detector runs by result (ok, error).",
-		}, []string{"result"}),
+		runs: newCounterVec("runs_total", "Detector runs by result (ok, error).", "result"),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "edgelimit_analytics_run_duration_seconds",
+			Namespace: ns, Name: "run_duration_seconds",
 			Help:    "Time of one detector run: queries, directive writes, alert posts.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgelimit_analytics_directive_writes_total",
-			Help: "Directive sets written to Redis, by kind (split, nat).",
-		}, []string{"kind"}),
-		hot: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgelimit_analytics_hot_keys",
-			Help: "Keys found hot by the last run.",
-		}),
-		nat: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgelimit_analytics_nat_ips",
-			Help: "Addresses flagged as NAT-shared by the last run.",
-		}),
-		firing: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgelimit_analytics_alerts_firing",
-			Help: "Fleet alerts firing after the last run.",
-		}),
-		dataAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgelimit_analytics_data_age_seconds",
-			Help: "How far the newest data in ClickHouse was behind the last run's time.",
-		}),
-		stale: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgelimit_analytics_stale_runs_total",
-			Help: "Runs that found the data stale and kept directives and alerts as they were.",
-		}),
+		writes:  newCounterVec("directive_writes_total", "Directive sets written to Redis, by kind (split, nat).", "kind"),
+		hot:     newGauge("hot_keys", "Keys found hot by the last run."),
+		nat:     newGauge("nat_ips", "Addresses flagged as NAT-shared by the last run."),
+		firing:  newGauge("alerts_firing", "Fleet alerts firing after the last run."),
+		dataAge: newGauge("data_age_seconds", "How far the newest data in ClickHouse was behind the last run's time."),
+		stale:   newCounter("stale_runs_total", "Runs that found the data stale and kept directives and alerts as they were."),
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.runs.WithLabelValues(r)
@@ -453,4 +434,19 @@ func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// newCounter is an analytics counter (named under ns) without labels.
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
+}
+
+// newCounterVec is an analytics counter (named under ns) with labels.
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+}
+
+// newGauge is an analytics gauge (named under ns).
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -148,11 +149,11 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	if _, _, ok := w.Current().Split(short.Key, "gw-a", rules, time.Now()); !ok {
 		t.Fatal("fresh orphan split not applied")
 	}
-	waitFor(t, 5*time.Second, "the orphan split to lapse", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the orphan split to lapse", func() bool {
 		_, _, ok := w.Current().Split(short.Key, "gw-a", rules, time.Now())
 		return !ok
 	})
-	waitFor(t, 5*time.Second, "Redis to drop the expired split set", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "Redis to drop the expired split set", func() bool {
 		n, err := rdb.Exists(ctx, prefix+":{directives}:split").Result()
 		return err == nil && n == 0
 	})

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/redis/go-redis/v9"
 
@@ -17,43 +15,12 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
-func openClickHouse(tb testing.TB, addr, db string) driver.Conn {
-	tb.Helper()
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:        []string{addr},
-		Protocol:    clickhouse.Native,
-		Auth:        clickhouse.Auth{Database: db, Username: "default"},
-		DialTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 // mustDatabase creates a ClickHouse database of the test's own, migrated by
 // the consumer's migrations, and drops it when the test ends.
 func mustDatabase(tb testing.TB) driver.Conn {
 	tb.Helper()
-	addr := testenv.ClickHouseAddr(tb)
-	db := fmt.Sprintf("analytics_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	root := openClickHouse(tb, addr, "default")
-	ctx := context.Background()
-	if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-		tb.Fatalf("create database: %v", err)
-	}
-	tb.Cleanup(func() {
-		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
-			tb.Logf("kept database %s", db)
-			return
-		}
-		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
-			tb.Logf("drop database %s: %v", db, err)
-		}
-	})
-	conn := openClickHouse(tb, addr, db)
-	if err := consumer.Migrate(ctx, conn, consumer.Retention{}); err != nil {
+	conn, _ := testenv.NewDatabase(tb, testenv.ClickHouseAddr(tb), "analytics_test")
+	if err := consumer.Migrate(context.Background(), conn, consumer.Retention{}); err != nil {
 		tb.Fatalf("consumer.Migrate: %v", err)
 	}
 	return conn
@@ -76,18 +43,6 @@ func mustRedis(tb testing.TB) (*redis.Client, string) {
 		tb.Fatalf("redis ping: %v", err)
 	}
 	return rdb, fmt.Sprintf("analytics-test-%d-%d", time.Now().UnixNano(), rand.IntN(1000))
-}
-
-// waitFor polls cond every 50ms until it holds or the deadline passes.
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // fleetClock is a seeded fleet's "now": 30s into the minute before the

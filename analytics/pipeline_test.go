@@ -250,7 +250,7 @@ func TestPipelineDetection(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 60*time.Second, "every gateway's watcher to load the hot key's split", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "every gateway's watcher to load the hot key's split", func() bool {
 		for _, w := range watchers {
 			if _, ok := w.Current().Splits[hotKey]; !ok {
 				return false
@@ -301,7 +301,7 @@ func TestPipelineDetection(t *testing.T) {
 	for _, ip := range natIPs {
 		wantNAT = append(wantNAT, "ip:"+ip)
 	}
-	waitFor(t, 30*time.Second, "the NAT addresses to be flagged", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the NAT addresses to be flagged", func() bool {
 		return len(det.Last().NATIPs) >= len(wantNAT)
 	})
 	rep := det.Last()
@@ -329,7 +329,7 @@ func TestPipelineDetection(t *testing.T) {
 
 	// The key cools: the split goes from every gateway, and the key is
 	// checked in the shared bucket again (no more split applications).
-	waitFor(t, 150*time.Second, "the split to be lifted from every gateway", func() bool {
+	testenv.WaitFor(t, 150*time.Second, "the split to be lifted from every gateway", func() bool {
 		for _, w := range watchers {
 			if _, ok := w.Current().Splits[hotKey]; ok {
 				return false

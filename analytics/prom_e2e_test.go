@@ -128,7 +128,7 @@ func TestPrometheusAlertsEndToEnd(t *testing.T) {
 	}()
 
 	// The target is up and its series are in before Redis goes away.
-	waitFor(t, 30*time.Second, "prometheus to scrape the gateway", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "prometheus to scrape the gateway", func() bool {
 		return promHas(t, promURL, `edgelimit_gateway_decisions_total{instance="`+instance+`"}`)
 	})
 	firing := func() []string { return amAlertNames(t, amURL, instance) }
@@ -138,14 +138,14 @@ func TestPrometheusAlertsEndToEnd(t *testing.T) {
 
 	srv.Halt(t)
 	down := time.Now()
-	waitFor(t, 90*time.Second, "EdgelimitFailOpen in Alertmanager", func() bool {
+	testenv.WaitFor(t, 90*time.Second, "EdgelimitFailOpen in Alertmanager", func() bool {
 		return strings.Contains(strings.Join(firing(), ","), "EdgelimitFailOpen")
 	})
 	t.Logf("Redis stopped → EdgelimitFailOpen in Alertmanager: %.1fs (firing: %v)", time.Since(down).Seconds(), firing())
 
 	srv.Resume(t)
 	back := time.Now()
-	waitFor(t, 150*time.Second, "the alerts to resolve in Alertmanager", func() bool {
+	testenv.WaitFor(t, 150*time.Second, "the alerts to resolve in Alertmanager", func() bool {
 		return len(firing()) == 0
 	})
 	t.Logf("Redis back → alerts resolved in Alertmanager: %.1fs", time.Since(back).Seconds())

@@ -66,14 +66,14 @@ func BenchmarkIngest(b *testing.B) {
 			cfg.BatchWait = 200 * time.Millisecond
 			b.ResetTimer()
 			r := start(b, cfg, ch, nil)
-			waitFor(b, "partitions assigned", time.Minute, func() bool {
+			testenv.WaitFor(b, time.Minute, "partitions assigned", func() bool {
 				r.c.mu.Lock()
 				defer r.c.mu.Unlock()
 				return len(r.c.parts) == int(parts)
 			})
 			began := time.Now()
 			b.ResetTimer()
-			waitFor(b, "every event in ClickHouse", 10*time.Minute, func() bool {
+			testenv.WaitFor(b, 10*time.Minute, "every event in ClickHouse", func() bool {
 				n, err := tryCount(ch, "SELECT count() FROM decisions")
 				return err == nil && n >= uint64(b.N)
 			})

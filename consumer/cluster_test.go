@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -22,22 +20,13 @@ func TestFaultClusterExactlyOnce(t *testing.T) {
 	ctx := context.Background()
 	suffix := fmt.Sprint(time.Now().UnixNano())
 	local, dist := "local_"+suffix, "dist_"+suffix
-	var shards []driver.Conn
-	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
-		addr := srv.Get(t, name)
-		root := openClickHouse(t, addr, "default")
-		for _, db := range []string{local, dist} {
-			if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c := openClickHouse(t, addr, local)
+	shards := testenv.ClusterShards(t, srv, local, dist)
+	for _, c := range shards {
 		if err := Migrate(ctx, c, Retention{}); err != nil {
 			t.Fatal(err)
 		}
-		shards = append(shards, c)
 	}
-	ch := openClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
+	ch := testenv.OpenClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
 	for _, table := range append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims") {
 		// Names come from the consumer's own lists and the test's databases.
 		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)
@@ -47,20 +36,10 @@ func TestFaultClusterExactlyOnce(t *testing.T) {
 	}
 
 	kb := realBackend(t, 2)
-	drop := failingView(t, shards[1], "decisions_by_key_1m")
-	const n = 3000
-	produce(t, kb.brokers, kb.topic, decisions(n))
 	cfg := kb.config()
 	cfg.Shards = shards
-	r := start(t, cfg, ch, nil)
-	waitFor(t, "two failed attempts", 30*time.Second, func() bool {
-		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
-	})
-	t.Logf("while shard 2's key rollup fails: %v", counts(t, ch))
-	drop()
-	waitRaw(t, ch, n, 30*time.Second)
-	r.stop()
-	wantExact(t, ch, n)
+	const n = 3000
+	viewFailsAtInsert(t, kb, cfg, ch, shards[1], n)
 	for i, sh := range shards {
 		if got := count(t, sh, "SELECT count() FROM decisions"); got == 0 || got == n {
 			t.Errorf("shard %d holds %d of %d raw rows, want a share", i+1, got, n)

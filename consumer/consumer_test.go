@@ -65,38 +65,34 @@ func TestBackoff(t *testing.T) {
 // exactly N rows, each partition's offsets all present once, and every
 // rollup agrees with the raw table.
 func TestExactlyOnceIntoClickHouse(t *testing.T) {
-	addr := testenv.ClickHouseAddr(t)
-	for _, kb := range backends(t, 4) {
-		t.Run(kb.name, func(t *testing.T) {
-			ch, _ := newDatabase(t, addr)
-			const n = 10_000
-			produce(t, kb.brokers, kb.topic, decisions(n))
-			r := start(t, kb.config(), ch, nil)
-			waitFor(t, "all rows in ClickHouse", 60*time.Second, func() bool {
-				return count(t, ch, "SELECT count() FROM decisions") >= n
-			})
-			waitFor(t, "rows_inserted metric", 10*time.Second, func() bool {
-				return metric(t, r.reg, "edgelimit_consumer_rows_inserted_total") == n
-			})
-			r.stop()
-			if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
-				t.Errorf("count() = %d, want %d", got, n)
-			}
-			if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != n {
-				t.Errorf("uniqExact(event_id) = %d, want %d", got, n)
-			}
-			if got := count(t, ch, "SELECT uniqExact(kafka_partition, kafka_offset) FROM decisions WHERE kafka_topic = ?", kb.topic); got != n {
-				t.Errorf("distinct (partition, offset) = %d, want %d", got, n)
-			}
-			if got := count(t, ch, "SELECT uniqExact(kafka_partition) FROM decisions"); got != 4 {
-				t.Errorf("partitions with rows = %d, want 4", got)
-			}
-			checkRollups(t, ch)
-			if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 0 {
-				t.Errorf("dead letters = %v, want 0", got)
-			}
+	eachBackend(t, 4, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		const n = 10_000
+		produce(t, kb.brokers, kb.topic, decisions(n))
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all rows in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= n
 		})
-	}
+		testenv.WaitFor(t, 10*time.Second, "rows_inserted metric", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_rows_inserted_total") == n
+		})
+		r.stop()
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
+			t.Errorf("count() = %d, want %d", got, n)
+		}
+		if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != n {
+			t.Errorf("uniqExact(event_id) = %d, want %d", got, n)
+		}
+		if got := count(t, ch, "SELECT uniqExact(kafka_partition, kafka_offset) FROM decisions WHERE kafka_topic = ?", kb.topic); got != n {
+			t.Errorf("distinct (partition, offset) = %d, want %d", got, n)
+		}
+		if got := count(t, ch, "SELECT uniqExact(kafka_partition) FROM decisions"); got != 4 {
+			t.Errorf("partitions with rows = %d, want 4", got)
+		}
+		checkRollups(t, ch)
+		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 0 {
+			t.Errorf("dead letters = %v, want 0", got)
+		}
+	})
 }
 
 // checkRollups compares every rollup with the same aggregation over the raw
@@ -200,57 +196,53 @@ func rowSet(t *testing.T, ch driver.Conn, q string) map[string]bool {
 // TestDeadLetter: records that do not decode go to the dead-letter topic
 // with their reason, and the good records around them are stored.
 func TestDeadLetter(t *testing.T) {
-	addr := testenv.ClickHouseAddr(t)
-	for _, kb := range backends(t, 1) {
-		t.Run(kb.name, func(t *testing.T) {
-			ch, _ := newDatabase(t, addr)
-			good := decisions(300)
-			produce(t, kb.brokers, kb.topic, good[:100])
-			bad := record(t, good[0])
-			bad.Value = []byte{0xff} // a truncated varint
-			future := record(t, good[0])
-			future.Headers[0].Value = []byte("3") // a future schema version
-			v1 := record(t, good[0])
-			v1.Headers, v1.Value = nil, append([]byte{1}, v1.Value...) // version 1: a version byte, no header
-			empty := record(t, good[0])
-			empty.Value = nil // decodes, but is no decision: no event id
-			produceRaw(t, kb.brokers, kb.topic, bad, future, v1, empty)
-			produce(t, kb.brokers, kb.topic, good[100:])
+	eachBackend(t, 1, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		good := decisions(300)
+		produce(t, kb.brokers, kb.topic, good[:100])
+		bad := record(t, good[0])
+		bad.Value = []byte{0xff} // a truncated varint
+		future := record(t, good[0])
+		future.Headers[0].Value = []byte("3") // a future schema version
+		v1 := record(t, good[0])
+		v1.Headers, v1.Value = nil, append([]byte{1}, v1.Value...) // version 1: a version byte, no header
+		empty := record(t, good[0])
+		empty.Value = nil // decodes, but is no decision: no event id
+		produceRaw(t, kb.brokers, kb.topic, []*kgo.Record{bad, future, v1, empty})
+		produce(t, kb.brokers, kb.topic, good[100:])
 
-			r := start(t, kb.config(), ch, nil)
-			waitFor(t, "good rows in ClickHouse", 60*time.Second, func() bool {
-				return count(t, ch, "SELECT count() FROM decisions") >= 300
-			})
-			dead := consumeAll(t, kb.brokers, kb.dlq, 4)
-			want := []struct{ reason, offset string }{
-				{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"},
-			}
-			for i, w := range want {
-				h := headers(dead[i])
-				if h[HeaderReason] != w.reason || h[HeaderSourceOffset] != w.offset || h[HeaderSourceTopic] != kb.topic || h[HeaderError] == "" {
-					t.Errorf("dead letter %d headers = %v, want reason %s offset %s topic %s", i, h, w.reason, w.offset, kb.topic)
-				}
-			}
-			if string(dead[0].Value) != "\xff" || string(dead[2].Value) != string(v1.Value) {
-				t.Errorf("dead letter values = %q, %q; want the originals", dead[0].Value, dead[2].Value)
-			}
-			if h := headers(dead[1]); h[event.Header] != "3" {
-				t.Errorf("dead letter 1 headers = %v, want the original %s: 3 kept", h, event.Header)
-			}
-			waitFor(t, "dead-letter metric", 5*time.Second, func() bool {
-				return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 2 &&
-					metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 2
-			})
-			r.stop()
-			if got := count(t, ch, "SELECT count() FROM decisions"); got != 300 {
-				t.Errorf("count() = %d, want 300", got)
-			}
-			// The group's committed offset is past the poison records.
-			if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 304 {
-				t.Errorf("committed offset = %d, want 304", got)
-			}
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "good rows in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= 300
 		})
-	}
+		dead := testenv.Consume(t, kb.brokers, kb.dlq, 4)
+		want := []struct{ reason, offset string }{
+			{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"},
+		}
+		for i, w := range want {
+			h := headers(dead[i])
+			if h[HeaderReason] != w.reason || h[HeaderSourceOffset] != w.offset || h[HeaderSourceTopic] != kb.topic || h[HeaderError] == "" {
+				t.Errorf("dead letter %d headers = %v, want reason %s offset %s topic %s", i, h, w.reason, w.offset, kb.topic)
+			}
+		}
+		if string(dead[0].Value) != "\xff" || string(dead[2].Value) != string(v1.Value) {
+			t.Errorf("dead letter values = %q, %q; want the originals", dead[0].Value, dead[2].Value)
+		}
+		if h := headers(dead[1]); h[event.Header] != "3" {
+			t.Errorf("dead letter 1 headers = %v, want the original %s: 3 kept", h, event.Header)
+		}
+		testenv.WaitFor(t, 5*time.Second, "dead-letter metric", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 2 &&
+				metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 2
+		})
+		r.stop()
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != 300 {
+			t.Errorf("count() = %d, want 300", got)
+		}
+		// The group's committed offset is past the poison records.
+		if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 304 {
+			t.Errorf("committed offset = %d, want 304", got)
+		}
+	})
 }
 
 func headers(r *kgo.Record) map[string]string {
@@ -259,26 +251,4 @@ func headers(r *kgo.Record) map[string]string {
 		h[x.Key] = string(x.Value)
 	}
 	return h
-}
-
-// consumeAll reads n records from topic's start.
-func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d records from %s", len(recs), n, topic)
-		}
-		recs = append(recs, fs.Records()...)
-	}
-	return recs
 }

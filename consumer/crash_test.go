@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -55,80 +56,83 @@ func crashHelper(spec string) int {
 	return 1
 }
 
+// crashCmd is the crash helper for a consumer configured as cfg, writing
+// to database db on the ClickHouse at addr; not yet started.
+func crashCmd(t *testing.T, cfg Config, addr, db string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
+		[]string{strings.Join(cfg.Brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
+	cmd.Stderr = testWriter{t}
+	return cmd
+}
+
 // TestCrashBetweenInsertAndCommit SIGKILLs a consumer after ClickHouse
 // accepted a batch and before the offsets were committed, then runs a new
 // one: every event is stored exactly once.
 func TestCrashBetweenInsertAndCommit(t *testing.T) {
-	addr := testenv.ClickHouseAddr(t)
-	for _, kb := range backends(t, 2) {
-		t.Run(kb.name, func(t *testing.T) {
-			ch, db := newDatabase(t, addr)
-			const n = 5000
-			produce(t, kb.brokers, kb.topic, decisions(n))
-			cfg := kb.config()
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, db string) {
+		const n = 5000
+		produce(t, kb.brokers, kb.topic, decisions(n))
+		cfg := kb.config()
 
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
-				[]string{strings.Join(kb.brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
-			cmd.Stderr = testWriter{t}
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			inserted := make(chan bool, 1)
-			go func() {
-				sc := bufio.NewScanner(out)
-				for sc.Scan() {
-					if sc.Text() == "inserted" {
-						inserted <- true
-						return
-					}
+		cmd := crashCmd(t, cfg, testenv.ClickHouseAddr(t), db)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		inserted := make(chan bool, 1)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if sc.Text() == "inserted" {
+					inserted <- true
+					return
 				}
-				inserted <- false
-			}()
-			select {
-			case ok := <-inserted:
-				if !ok {
-					cmd.Process.Kill()
-					cmd.Wait()
-					t.Fatal("crash helper exited before inserting")
-				}
-			case <-time.After(60 * time.Second):
+			}
+			inserted <- false
+		}()
+		select {
+		case ok := <-inserted:
+			if !ok {
 				cmd.Process.Kill()
 				cmd.Wait()
-				t.Fatal("crash helper did not insert within 60s")
+				t.Fatal("crash helper exited before inserting")
 			}
-			if err := cmd.Process.Kill(); err != nil { // SIGKILL
-				t.Fatal(err)
-			}
+		case <-time.After(60 * time.Second):
+			cmd.Process.Kill()
 			cmd.Wait()
+			t.Fatal("crash helper did not insert within 60s")
+		}
+		if err := cmd.Process.Kill(); err != nil { // SIGKILL
+			t.Fatal(err)
+		}
+		cmd.Wait()
 
-			before := count(t, ch, "SELECT count() FROM decisions")
-			if before == 0 || before >= n {
-				t.Fatalf("rows after the crash = %d, want some but not all of %d", before, n)
+		before := count(t, ch, "SELECT count() FROM decisions")
+		if before == 0 || before >= n {
+			t.Fatalf("rows after the crash = %d, want some but not all of %d", before, n)
+		}
+		for p, o := range committed(t, kb.brokers, cfg.Group, cfg.Topic) {
+			if o > 0 {
+				t.Fatalf("partition %d committed offset %d before the crash; the test needs none", p, o)
 			}
-			for p, o := range committed(t, kb.brokers, cfg.Group, cfg.Topic) {
-				if o > 0 {
-					t.Fatalf("partition %d committed offset %d before the crash; the test needs none", p, o)
-				}
-			}
+		}
 
-			r := start(t, cfg, ch, nil)
-			waitFor(t, "all rows after the restart", 60*time.Second, func() bool {
-				return count(t, ch, "SELECT count() FROM decisions") >= n
-			})
-			r.stop()
-			total := count(t, ch, "SELECT count() FROM decisions")
-			uniq := count(t, ch, "SELECT uniqExact(event_id) FROM decisions")
-			if total != n || uniq != n {
-				t.Errorf("after crash and restart: count() = %d, uniqExact(event_id) = %d, want both %d (%d rows were in before the crash)", total, uniq, n, before)
-			}
-			if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != n {
-				t.Errorf("rollup requests = %d, want %d", got, n)
-			}
+		r := start(t, cfg, ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all rows after the restart", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= n
 		})
-	}
+		r.stop()
+		total := count(t, ch, "SELECT count() FROM decisions")
+		uniq := count(t, ch, "SELECT uniqExact(event_id) FROM decisions")
+		if total != n || uniq != n {
+			t.Errorf("after crash and restart: count() = %d, uniqExact(event_id) = %d, want both %d (%d rows were in before the crash)", total, uniq, n, before)
+		}
+		if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != n {
+			t.Errorf("rollup requests = %d, want %d", got, n)
+		}
+	})
 }

@@ -3,9 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -95,11 +92,19 @@ func failingView(t *testing.T, ch driver.Conn, table string) (drop func()) {
 func TestFaultViewFailsAtInsert(t *testing.T) {
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
-	drop := failingView(t, ch, "decisions_by_key_1m")
-	const n = 3000
-	produce(t, kb.brokers, kb.topic, decisions(n))
-	r := start(t, kb.config(), ch, nil)
-	waitFor(t, "two failed attempts", 30*time.Second, func() bool {
+	viewFailsAtInsert(t, kb, kb.config(), ch, ch, 3000)
+}
+
+// viewFailsAtInsert is row 1's fault: n events on kb, while the key
+// rollup fails on failing (ch or one of its shards); a consumer configured
+// as cfg writing to ch retries at least twice, and once the fault clears
+// every table in ch holds each event once.
+func viewFailsAtInsert(t *testing.T, kb kafkaBackend, cfg Config, ch, failing driver.Conn, n uint64) {
+	t.Helper()
+	drop := failingView(t, failing, "decisions_by_key_1m")
+	produce(t, kb.brokers, kb.topic, decisions(int(n)))
+	r := start(t, cfg, ch, nil)
+	testenv.WaitFor(t, 30*time.Second, "two failed attempts", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= 2
 	})
 	t.Logf("while the view fails: %v", counts(t, ch))
@@ -119,10 +124,7 @@ func TestFaultViewFailsThenCrash(t *testing.T) {
 	const n = 3000
 	produce(t, kb.brokers, kb.topic, decisions(n))
 	cfg := kb.config()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashEnv+"="+strings.Join(
-		[]string{strings.Join(kb.brokers, ","), cfg.Topic, cfg.DeadLetterTopic, cfg.Group, addr, db}, "|"))
-	cmd.Stderr = testWriter{t}
+	cmd := crashCmd(t, cfg, addr, db)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +194,7 @@ func TestFaultTopicRecreated(t *testing.T) {
 	if _, err := adm.DeleteTopics(ctx, kb.topic); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the topic to be created again", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the topic to be created again", func() bool {
 		resp, err := adm.CreateTopics(ctx, 1, 1, nil, kb.topic)
 		return err == nil && resp.Error() == nil
 	})
@@ -224,7 +226,7 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			rec.Partition = int32(i % 2)
 			recs = append(recs, rec)
 		}
-		produceTo(t, kb.brokers, kb.topic, recs)
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 		r := start(t, kb.config(), ch, nil)
 		waitRaw(t, ch, n, 30*time.Second)
 		r.stop()
@@ -243,7 +245,7 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			rec.Partition = int32(i % 2)
 			recs = append(recs, rec)
 		}
-		produceTo(t, kb.brokers, kb.topic, recs)
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 		cfg := kb.config()
 		cfg.DeadLetterTopic = "no such topic!" // every produce fails
 		r := start(t, cfg, ch, nil)
@@ -280,23 +282,6 @@ func alterMaxMessage(t *testing.T, brokers []string, topic string) {
 	}
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// produceTo writes recs to the partitions they name.
-func produceTo(t *testing.T, brokers []string, topic string, recs []*kgo.Record) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20),
-		kgo.MaxBufferedRecords(1_000_000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
 	}
 }
 

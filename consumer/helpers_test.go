@@ -13,7 +13,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,23 +20,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
-// openClickHouse connects to addr's database db (created if missing).
-func openClickHouse(tb testing.TB, addr, db string) driver.Conn {
-	tb.Helper()
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:        []string{addr},
-		Protocol:    clickhouse.Native,
-		Auth:        clickhouse.Auth{Database: db, Username: "default"},
-		DialTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// openHelperClickHouse is openClickHouse for a helper process, which has
+// openHelperClickHouse is testenv.OpenClickHouse for a helper process, which has
 // no testing.TB.
 func openHelperClickHouse(addr, db string) (driver.Conn, error) {
 	return clickhouse.Open(&clickhouse.Options{
@@ -52,23 +35,8 @@ func openHelperClickHouse(addr, db string) (driver.Conn, error) {
 // addr, migrated, and returns a connection to it. It is dropped at the end.
 func newDatabase(tb testing.TB, addr string) (driver.Conn, string) {
 	tb.Helper()
-	db := fmt.Sprintf("edgelimit_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	root := openClickHouse(tb, addr, "default")
-	ctx := context.Background()
-	if err := root.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-		tb.Fatalf("create database: %v", err)
-	}
-	tb.Cleanup(func() {
-		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
-			tb.Logf("kept database %s", db)
-			return
-		}
-		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
-			tb.Logf("drop database %s: %v", db, err)
-		}
-	})
-	conn := openClickHouse(tb, addr, db)
-	if err := Migrate(ctx, conn, Retention{}); err != nil {
+	conn, db := testenv.NewDatabase(tb, addr, "edgelimit_test")
+	if err := Migrate(context.Background(), conn, Retention{}); err != nil {
 		tb.Fatalf("Migrate: %v", err)
 	}
 	return conn, db
@@ -93,26 +61,8 @@ func realKafka(tb testing.TB, brokers []string, partitions int32) (topic, deadLe
 	tb.Helper()
 	suffix := fmt.Sprintf("%d-%d", time.Now().UnixNano(), rand.IntN(1000))
 	topic, deadLetter = "decisions-"+suffix, "dead-letter-"+suffix
-	createTopics(tb, brokers, partitions, topic, deadLetter)
+	testenv.CreateTopics(tb, brokers, partitions, topic, deadLetter)
 	return topic, deadLetter
-}
-
-func createTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
-	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		tb.Fatalf("create topics %v: %v", topics, err)
-	}
 }
 
 var testStart = time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
@@ -147,14 +97,14 @@ func decisions(n int) []event.Decision {
 	return ds
 }
 
-// produce writes the events, and any extra raw values, to topic.
+// produce writes the events to topic as the gateway publishes them.
 func produce(tb testing.TB, brokers []string, topic string, ds []event.Decision) {
 	tb.Helper()
 	var recs []*kgo.Record
 	for _, d := range ds {
 		recs = append(recs, record(tb, d))
 	}
-	produceRaw(tb, brokers, topic, recs...)
+	produceRaw(tb, brokers, topic, recs)
 }
 
 // record is d as the gateway publishes it.
@@ -167,34 +117,20 @@ func record(tb testing.TB, d event.Decision) *kgo.Record {
 	return &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}}
 }
 
-func produceRaw(tb testing.TB, brokers []string, topic string, recs ...*kgo.Record) {
+// produceRaw writes recs to topic, with the producer options opts (a
+// manual partitioner, say) beside the defaults.
+func produceRaw(tb testing.TB, brokers []string, topic string, recs []*kgo.Record, opts ...kgo.Opt) {
 	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.MaxBufferedRecords(1_000_000))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.MaxBufferedRecords(1_000_000)}, opts...)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var (
-		mu   sync.Mutex
-		perr error
-	)
-	for _, r := range recs {
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				mu.Lock()
-				perr = err
-				mu.Unlock()
-			}
-		})
-	}
-	if err := cl.Flush(ctx); err != nil {
-		tb.Fatalf("flush: %v", err)
-	}
-	if perr != nil {
-		tb.Fatalf("produce: %v", perr)
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		tb.Fatalf("produce: %v", err)
 	}
 }
 
@@ -266,18 +202,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// waitFor polls cond until it holds, failing at the deadline.
-func waitFor(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // count runs a query returning one UInt64.
 func count(tb testing.TB, ch driver.Conn, query string, args ...any) uint64 {
 	tb.Helper()
@@ -344,6 +268,19 @@ func backends(t *testing.T, partitions int32) []kafkaBackend {
 		bs = append(bs, kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq})
 	}
 	return bs
+}
+
+// eachBackend runs test as a subtest once per Kafka backend, each with a
+// migrated database of its own (named db) on the shared ClickHouse.
+func eachBackend(t *testing.T, partitions int32, test func(t *testing.T, kb kafkaBackend, ch driver.Conn, db string)) {
+	t.Helper()
+	addr := testenv.ClickHouseAddr(t)
+	for _, kb := range backends(t, partitions) {
+		t.Run(kb.name, func(t *testing.T) {
+			ch, db := newDatabase(t, addr)
+			test(t, kb, ch, db)
+		})
+	}
 }
 
 func (b kafkaBackend) config() Config {

@@ -133,21 +133,15 @@ func deleteBatch(ctx context.Context, conn driver.Conn, batch uint64) error {
 
 // maxFences reads the highest claim fence of each partition of the topic.
 func (c *Consumer) maxFences(ctx context.Context) (map[int32]uint32, error) {
-	rows, err := c.ch.Query(ctx, qMaxFences, c.cfg.Topic)
-	if err != nil {
-		return nil, fmt.Errorf("read fences: %w", err)
-	}
-	defer rows.Close()
 	fences := map[int32]uint32{}
-	for rows.Next() {
+	err := eachRow(ctx, c.ch, "read fences", qMaxFences, []any{c.cfg.Topic}, func(rows driver.Rows) error {
 		var p int32
 		var f uint32
-		if err := rows.Scan(&p, &f); err != nil {
-			return nil, fmt.Errorf("read fences: %w", err)
-		}
+		err := rows.Scan(&p, &f)
 		fences[p] = f
-	}
-	return fences, rows.Err()
+		return err
+	})
+	return fences, err
 }
 
 // checkFences drops the partitions that another owner has claimed since this
@@ -186,37 +180,25 @@ type ledgerBatch struct {
 }
 
 func (c *Consumer) ledgerBatches(ctx context.Context, part int32, from int64) ([]ledgerBatch, error) {
-	rows, err := c.ch.Query(ctx, qLedgerRows, c.cfg.Topic, part, from)
-	if err != nil {
-		return nil, fmt.Errorf("read ledger of partition %d: %w", part, err)
-	}
-	defer rows.Close()
 	var bs []ledgerBatch
-	for rows.Next() {
+	err := eachRow(ctx, c.ch, fmt.Sprintf("read ledger of partition %d", part), qLedgerRows, []any{c.cfg.Topic, part, from}, func(rows driver.Rows) error {
 		var b ledgerBatch
-		if err := rows.Scan(&b.id, &b.state, &b.topicID, &b.first, &b.last, &b.lo, &b.hi); err != nil {
-			return nil, fmt.Errorf("read ledger of partition %d: %w", part, err)
-		}
+		err := rows.Scan(&b.id, &b.state, &b.topicID, &b.first, &b.last, &b.lo, &b.hi)
 		bs = append(bs, b)
-	}
-	return bs, rows.Err()
+		return err
+	})
+	return bs, err
 }
 
 func (c *Consumer) abortedBatches(ctx context.Context) (map[uint64]bool, error) {
-	rows, err := c.ch.Query(ctx, qAbortedBatches, c.cfg.Topic)
-	if err != nil {
-		return nil, fmt.Errorf("read aborted batches: %w", err)
-	}
-	defer rows.Close()
 	aborted := map[uint64]bool{}
-	for rows.Next() {
+	err := eachRow(ctx, c.ch, "read aborted batches", qAbortedBatches, []any{c.cfg.Topic}, func(rows driver.Rows) error {
 		var id uint64
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("read aborted batches: %w", err)
-		}
+		err := rows.Scan(&id)
 		aborted[id] = true
-	}
-	return aborted, rows.Err()
+		return err
+	})
+	return aborted, err
 }
 
 // resumeOffsets runs when partitions are assigned. For each it claims the

@@ -20,10 +20,10 @@ func TestClickHouseOutage(t *testing.T) {
 
 	produce(t, b.brokers, b.topic, ds[:2000])
 	r := start(t, cfg, ch, nil)
-	waitFor(t, "the first 2000 rows", 60*time.Second, func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the first 2000 rows", func() bool {
 		return count(t, ch, "SELECT count() FROM decisions") == 2000
 	})
-	waitFor(t, "the first 2000 committed", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the first 2000 committed", func() bool {
 		var sum int64
 		for _, o := range committed(t, b.brokers, cfg.Group, cfg.Topic) {
 			sum += o
@@ -33,7 +33,7 @@ func TestClickHouseOutage(t *testing.T) {
 
 	srv.Halt(t)
 	produce(t, b.brokers, b.topic, ds[2000:])
-	waitFor(t, "insert retries while ClickHouse is down", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "insert retries while ClickHouse is down", func() bool {
 		// Every attempt fails staging the batch, before anything that
 		// would need an abort.
 		return metric(t, r.reg, "edgelimit_consumer_retries_total", "stage", stageStage) >= 2
@@ -45,19 +45,25 @@ func TestClickHouseOutage(t *testing.T) {
 	if sum != 2000 {
 		t.Errorf("committed %d records while ClickHouse was down, want still 2000", sum)
 	}
-	waitFor(t, "lag to show the backlog", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "lag to show the backlog", func() bool {
 		return metric(t, r.reg, "edgelimit_consumer_lag") >= 2000
 	})
 
-	srv.Resume(t)
-	waitFor(t, "all 6000 rows after ClickHouse returned", 90*time.Second, func() bool {
-		n, err := tryCount(ch, "SELECT count() FROM decisions")
-		return err == nil && n >= 6000
-	})
-	r.stop()
-	if got := count(t, ch, "SELECT count() FROM decisions"); got != 6000 {
-		t.Errorf("count() = %d, want 6000", got)
+	// resume brings ClickHouse back, and stops r once it stored all n rows,
+	// which must be n rows exactly.
+	resume := func(r *running, n uint64) {
+		t.Helper()
+		srv.Resume(t)
+		testenv.WaitFor(t, 90*time.Second, "every row after ClickHouse returned", func() bool {
+			got, err := tryCount(ch, "SELECT count() FROM decisions")
+			return err == nil && got >= n
+		})
+		r.stop()
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
+			t.Errorf("count() = %d, want %d", got, n)
+		}
 	}
+	resume(r, 6000)
 
 	// A consumer that starts while ClickHouse is down cannot know where
 	// to resume: it waits, retrying, and then starts at the right place.
@@ -65,18 +71,10 @@ func TestClickHouseOutage(t *testing.T) {
 	more := decisions(1000)
 	produce(t, b.brokers, b.topic, more)
 	r2 := start(t, cfg, ch, nil)
-	waitFor(t, "resume retries while ClickHouse is down", 30*time.Second, func() bool {
+	testenv.WaitFor(t, 30*time.Second, "resume retries while ClickHouse is down", func() bool {
 		return metric(t, r2.reg, "edgelimit_consumer_retries_total", "stage", stageResume) >= 1
 	})
-	srv.Resume(t)
-	waitFor(t, "all 7000 rows", 90*time.Second, func() bool {
-		n, err := tryCount(ch, "SELECT count() FROM decisions")
-		return err == nil && n >= 7000
-	})
-	r2.stop()
-	if got := count(t, ch, "SELECT count() FROM decisions"); got != 7000 {
-		t.Errorf("count() = %d, want 7000", got)
-	}
+	resume(r2, 7000)
 	if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != 7000 {
 		t.Errorf("uniqExact(event_id) = %d, want 7000", got)
 	}

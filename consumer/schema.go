@@ -235,21 +235,15 @@ var ErrSchema = errors.New("consumer: decisions table does not match the insert"
 // so a field added to the insert without its migration fails at start,
 // naming the column, rather than at the first insert.
 func checkColumns(ctx context.Context, conn driver.Conn, cols []column) error {
-	rows, err := conn.Query(ctx, qDecisionsColumns)
-	if err != nil {
-		return fmt.Errorf("read decisions columns: %w", err)
-	}
-	defer rows.Close()
 	have := map[string]string{}
-	for rows.Next() {
+	err := eachRow(ctx, conn, "read decisions columns", qDecisionsColumns, nil, func(rows driver.Rows) error {
 		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
-			return fmt.Errorf("read decisions columns: %w", err)
-		}
+		err := rows.Scan(&name, &typ)
 		have[name] = typ
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read decisions columns: %w", err)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	var errs []error
 	for _, c := range cols {
@@ -263,21 +257,35 @@ func checkColumns(ctx context.Context, conn driver.Conn, cols []column) error {
 	return errors.Join(errs...)
 }
 
-func appliedMigrations(ctx context.Context, conn driver.Conn) (map[uint32]bool, error) {
-	rows, err := conn.Query(ctx, qAppliedMigrations)
+// eachRow runs query with args and calls scan on each row it returns; what
+// says what the query reads, in errors. It is the loop of every read the
+// consumer makes, so a caller is left with its columns and where they go.
+func eachRow(ctx context.Context, conn driver.Conn, what, query string, args []any, scan func(driver.Rows) error) error {
+	rows, err := conn.Query(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read schema_migrations: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
-	applied := map[uint32]bool{}
 	for rows.Next() {
-		var v uint32
-		if err := rows.Scan(&v); err != nil {
-			return nil, fmt.Errorf("read schema_migrations: %w", err)
+		if err := scan(rows); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		applied[v] = true
 	}
-	return applied, rows.Err()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+func appliedMigrations(ctx context.Context, conn driver.Conn) (map[uint32]bool, error) {
+	applied := map[uint32]bool{}
+	err := eachRow(ctx, conn, "read schema_migrations", qAppliedMigrations, nil, func(rows driver.Rows) error {
+		var v uint32
+		err := rows.Scan(&v)
+		applied[v] = true
+		return err
+	})
+	return applied, err
 }
 
 // SupportsTTL reports whether the server has table TTLs (ClickHouse 19.6
@@ -355,22 +363,18 @@ func expiryCutoff(now time.Time, days int) uint32 {
 }
 
 func tablePartitions(ctx context.Context, conn driver.Conn, table string) ([]uint32, error) {
-	rows, err := conn.Query(ctx, qTablePartitions, table)
-	if err != nil {
-		return nil, fmt.Errorf("list %s partitions: %w", table, err)
-	}
-	defer rows.Close()
 	var parts []uint32
-	for rows.Next() {
+	err := eachRow(ctx, conn, "list "+table+" partitions", qTablePartitions, []any{table}, func(rows driver.Rows) error {
 		var s string
 		if err := rows.Scan(&s); err != nil {
-			return nil, fmt.Errorf("list %s partitions: %w", table, err)
+			return err
 		}
 		p, err := strconv.ParseUint(strings.Trim(s, "'"), 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("%s partition %q is not yyyymmdd: %w", table, s, err)
+			return fmt.Errorf("partition %q is not yyyymmdd: %w", s, err)
 		}
 		parts = append(parts, uint32(p))
-	}
-	return parts, rows.Err()
+		return nil
+	})
+	return parts, err
 }

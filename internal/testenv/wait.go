@@ -2,6 +2,9 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -87,6 +90,49 @@ func OpenClickHouse(tb testing.TB, addr, db string) driver.Conn {
 	}
 	tb.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// NewDatabase creates a database of the test's own, named prefix and a
+// unique suffix, on the ClickHouse server at addr, and returns a connection
+// to it and its name. It is dropped when the test ends, unless
+// EDGELIMIT_KEEP_TEST_DB is set, so a failed test's rows can be read.
+func NewDatabase(tb testing.TB, addr, prefix string) (driver.Conn, string) {
+	tb.Helper()
+	db := fmt.Sprintf("%s_%d_%d", prefix, time.Now().UnixNano(), rand.IntN(1000))
+	root := OpenClickHouse(tb, addr, "default")
+	if err := root.Exec(context.Background(), "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		tb.Fatalf("create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		if os.Getenv("EDGELIMIT_KEEP_TEST_DB") != "" {
+			tb.Logf("kept database %s", db)
+			return
+		}
+		if err := root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db); err != nil {
+			tb.Logf("drop database %s: %v", db, err)
+		}
+	})
+	return OpenClickHouse(tb, addr, db), db
+}
+
+// ClusterShards creates the databases dbs on each shard of srv, the
+// private two-shard "clickhouse-cluster", and returns a connection per
+// shard to the first of them: the local tables a Distributed table spreads
+// over.
+func ClusterShards(tb testing.TB, srv *Server, dbs ...string) []driver.Conn {
+	tb.Helper()
+	var shards []driver.Conn
+	for _, name := range []string{"EDGELIMIT_CLICKHOUSE_SHARD1", "EDGELIMIT_CLICKHOUSE_SHARD2"} {
+		addr := srv.Get(tb, name)
+		root := OpenClickHouse(tb, addr, "default")
+		for _, db := range dbs {
+			if err := root.Exec(context.Background(), "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+				tb.Fatalf("create database %s on %s: %v", db, name, err)
+			}
+		}
+		shards = append(shards, OpenClickHouse(tb, addr, dbs[0]))
+	}
+	return shards
 }
 
 // ProtoMessage parses the .proto file in dir at test time, with no
