@@ -34,6 +34,7 @@ leaf() {
 
 case $cmd in
 start)
+	need_pkg openssl openssl
 	if [ ! -f "$dir/.complete" ]; then
 		rm -rf "$dir"
 		mkdir -p "$dir"
