@@ -177,7 +177,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		var w changeWatch = fw
 		if rls != nil {
 			// The Envoy ratelimit files reload like the file itself.
-			w = watches{fw, newDirWatch(fc.GRPC.ConfigDir)}
+			// The Envoy ratelimit files, by content like the config file.
+			dir := fc.GRPC.ConfigDir
+			w = watches{fw, boot.NewWatch(dir, func() ([]byte, bool) { return envoyrls.DirSum(dir) })}
 		}
 		reloads(ctx, hup, w, *watch, func() { cur = reload(gw, rls, *path, getenv, cur, log) }, log)
 		return nil

@@ -20,12 +20,20 @@ import (
 // A FileWatch is not safe for concurrent use; one reload loop owns it.
 type FileWatch struct {
 	path string
-	sum  []byte // of the content last seen; nil: none read yet
+	hash func() ([]byte, bool) // the content's hash, false when unreadable
+	sum  []byte                // of the content last seen; nil: none read yet
 }
 
 // NewFileWatch watches path, taking its current content as seen.
 func NewFileWatch(path string) *FileWatch {
-	w := &FileWatch{path: path}
+	return NewWatch(path, func() ([]byte, bool) { return fileSum(path) })
+}
+
+// NewWatch watches content other than one file's, e.g. a directory of
+// files, by the hash sum returns (false: unreadable for now, no change);
+// name is its Path.
+func NewWatch(name string, sum func() ([]byte, bool)) *FileWatch {
+	w := &FileWatch{path: name, hash: sum}
 	w.Seen()
 	return w
 }
@@ -55,8 +63,8 @@ func (w *FileWatch) Changed() bool {
 	return true
 }
 
-func (w *FileWatch) hash() ([]byte, bool) {
-	b, err := os.ReadFile(w.path)
+func fileSum(path string) ([]byte, bool) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, false
 	}
