@@ -136,23 +136,12 @@ func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	srv, err := svc.Server()
+	addr := serve(t, svc)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = conn.Close()
-		srv.Stop()
-	})
+	t.Cleanup(func() { _ = conn.Close() })
 	return &rls{client: rlsv3.NewRateLimitServiceClient(conn), conn: conn, svc: svc, gw: gw, reg: reg, events: ev, dir: dir}
 }
 
@@ -204,3 +193,20 @@ func writeFile(t testing.TB, dir, name, body string) {
 }
 
 func descs(ds ...*commonv3.RateLimitDescriptor) []*commonv3.RateLimitDescriptor { return ds }
+
+// serve runs svc's gRPC server on a loopback port until the test ends and
+// returns its address.
+func serve(t testing.TB, svc *Service) string {
+	t.Helper()
+	srv, err := svc.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String()
+}

@@ -69,19 +69,10 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := svc.Server()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
+	addr := serve(t, svc)
 
 	call := func(creds credentials.TransportCredentials) error {
-		cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(creds))
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return err
 		}
