@@ -167,7 +167,8 @@ func flushScripts(t *testing.T, rdb redis.UniversalClient) {
 	}
 }
 
-// TestExpiry: every key the script writes has a TTL, and is gone after it.
+// TestExpiry: every key the script writes has a TTL, and is gone after it;
+// a check writes one key for all the identity's named rules.
 func TestExpiry(t *testing.T) {
 	rdb := mustRedis(t)
 	l := mustLimiter(t, rdb, Config{DenyCache: -1})
@@ -183,6 +184,10 @@ func TestExpiry(t *testing.T) {
 		}
 	}
 	keys := l.Keys(key, rules)
+	if n, err := rdb.Exists(ctx, keys...).Result(); err != nil || n != 1 {
+		t.Fatalf("EXISTS %v = %d, %v; want only the identity's key", keys, n, err)
+	}
+	keys = keys[:1]
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
