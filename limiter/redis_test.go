@@ -210,7 +210,7 @@ func TestExpiry(t *testing.T) {
 func TestOneSlot(t *testing.T) {
 	rdb := mustCluster(t)
 	l := mustLimiter(t, rdb, Config{})
-	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}}
+	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}, {Name: "e", Limit: 1, Period: time.Hour, Bucket: "e0123"}}
 	for _, key := range []string{"k:abc", "ip:10.0.0.0/64", "odd}key{", "u:{x}"} {
 		var slots []int64
 		for _, k := range l.Keys(key, rules) {
