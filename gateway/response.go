@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -163,13 +162,15 @@ func writeProblem(w http.ResponseWriter, p problem) {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	body, _ := json.Marshal(p)
+	buf := getJSONBuffer()
+	*buf = appendProblem(*buf, &p)
 	h := w.Header()
-	h["Content-Type"] = []string{"application/problem+json"}
-	h["Cache-Control"] = []string{"no-store"}
-	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	h["Content-Type"] = problemContentType
+	h["Cache-Control"] = noStore
+	h["Content-Length"] = []string{strconv.Itoa(len(*buf))}
 	w.WriteHeader(p.Status)
-	_, _ = w.Write(body)
+	_, _ = w.Write(*buf)
+	putJSONBuffer(buf)
 }
 
 // denial builds the answer to a denied request: its problem and its
