@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -130,19 +131,27 @@ func BenchmarkServeCheck(b *testing.B) {
 }
 
 // BenchmarkRateHeaders renders the rate-limit headers of an allowed
-// 3-rule decision.
+// 3-rule decision, the policy rendered ahead (the plan's rules) or not.
 func BenchmarkRateHeaders(b *testing.B) {
 	g := allocGateway(b, false)
 	st := g.st.Load()
 	v := g.decide(context.Background(), st, limits{key: "ip:10.1.2.3", plan: st.anonymous}, 1)
-	h := http.Header{}
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(h)
-		setRateHeaders(h, v)
-	}
-	if len(h) != 5 {
-		b.Fatalf("headers %v, want 5", h)
+	for _, ahead := range []bool{true, false} {
+		v.policy = ""
+		if ahead {
+			v.policy = st.anonymous.policy
+		}
+		b.Run(fmt.Sprintf("policy-ahead=%v", ahead), func(b *testing.B) {
+			h := http.Header{}
+			b.ReportAllocs()
+			for b.Loop() {
+				clear(h)
+				setRateHeaders(h, v)
+			}
+			if len(h) != 5 {
+				b.Fatalf("headers %v, want 5", h)
+			}
+		})
 	}
 }
 
