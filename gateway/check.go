@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -90,12 +92,24 @@ func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) 
 		a.write(w)
 		return
 	}
-	body, _ := json.Marshal(checkBody(c, rt, v, a))
-	w.Header()["Content-Type"] = []string{"application/json"}
-	w.Header()["Cache-Control"] = []string{"no-store"}
+	resp := checkBody(c, rt, v, a)
+	buf := getJSONBuffer()
+	*buf = appendCheckResponse(*buf, &resp)
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
 	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	_, _ = w.Write(*buf)
+	putJSONBuffer(buf)
 }
+
+// Header values every JSON answer sets, shared: net/http only reads a
+// header's value slice, so the request path need not allocate one.
+var (
+	jsonContentType    = []string{"application/json"}
+	problemContentType = []string{"application/problem+json"}
+	noStore            = []string{"no-store"}
+)
 
 // checkCall parses a check request into a call, or the problem to answer
 // instead. rt is the route it names, if any.
@@ -104,9 +118,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		return call{}, nil, &problem{Type: typ, Status: code, Detail: detail}
 	}
 	var req checkRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxCheckBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := readCheckRequest(w, r, &req); err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			return bad(http.StatusRequestEntityTooLarge, probBodyTooLarge, "The check request is larger than 64 KiB.")
@@ -199,6 +211,189 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 	return c, rt, nil
 }
 
+// readCheckRequest parses r's body into req as a json.Decoder that
+// disallows unknown fields would, errors included. A small body of the
+// usual shape (exact lower-case names, plain strings, an integer cost) is
+// parsed here without reflection and with one allocation; anything else
+// (escapes, non-ASCII, nulls, other spellings, a body of unknown or large
+// length, a read error) is decoded by encoding/json from the same bytes,
+// so its answer and its error message are json's.
+func readCheckRequest(w http.ResponseWriter, r *http.Request, req *checkRequest) error {
+	body := http.MaxBytesReader(w, r.Body, maxCheckBody)
+	if r.ContentLength < 0 || r.ContentLength > maxFastCheckBody {
+		return decodeCheckRequest(body, req)
+	}
+	buf := getJSONBuffer()
+	defer putJSONBuffer(buf)
+	b, err := readAllInto((*buf)[:0], body)
+	*buf = b
+	if err != nil {
+		// What json would have made of the bytes read, then the error.
+		return decodeCheckRequest(io.MultiReader(bytes.NewReader(b), errReader{err}), req)
+	}
+	if parseCheckRequest(b, req) {
+		return nil
+	}
+	*req = checkRequest{}
+	return decodeCheckRequest(bytes.NewReader(b), req)
+}
+
+// maxFastCheckBody bounds the bodies readCheckRequest reads whole before
+// parsing: a check request is a few dozen bytes.
+const maxFastCheckBody = 2 << 10
+
+func decodeCheckRequest(body io.Reader, req *checkRequest) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	return dec.Decode(req)
+}
+
+// readAllInto appends what r holds to b, as io.ReadAll does.
+func readAllInto(b []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// parseCheckRequest parses b into req if b is one JSON object whose
+// members are check request fields spelled exactly as tagged, with
+// strings of printable ASCII and no escapes, and cost a plain integer,
+// surrounded by whitespace only; it reports false, req in an unknown
+// state, for anything else. On what it accepts json gives the same
+// result: the last of repeated members wins there too.
+func parseCheckRequest(b []byte, req *checkRequest) bool {
+	// One string holds the body; every field is a slice of it.
+	s := string(b)
+	i := skipSpace(s, 0)
+	if i == len(s) || s[i] != '{' {
+		return false
+	}
+	i = skipSpace(s, i+1)
+	if i < len(s) && s[i] == '}' {
+		return skipSpace(s, i+1) == len(s)
+	}
+	for {
+		name, j, ok := plainString(s, i)
+		if !ok {
+			return false
+		}
+		i = skipSpace(s, j)
+		if i == len(s) || s[i] != ':' {
+			return false
+		}
+		i = skipSpace(s, i+1)
+		if name == "cost" {
+			n, j, ok := plainInt(s, i)
+			if !ok {
+				return false
+			}
+			req.Cost, i = n, j
+		} else {
+			v, j, ok := plainString(s, i)
+			if !ok {
+				return false
+			}
+			switch name {
+			case "key":
+				req.Key = v
+			case "user":
+				req.User = v
+			case "ip":
+				req.IP = v
+			case "plan":
+				req.Plan = v
+			case "method":
+				req.Method = v
+			case "path":
+				req.Path = v
+			default:
+				return false // json's error names the field
+			}
+			i = j
+		}
+		i = skipSpace(s, i)
+		if i == len(s) {
+			return false
+		}
+		switch s[i] {
+		case ',':
+			i = skipSpace(s, i+1)
+		case '}':
+			return skipSpace(s, i+1) == len(s)
+		default:
+			return false
+		}
+	}
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// plainString reads a JSON string at s[i] made of printable ASCII without
+// escapes, and returns its content and the index after it.
+func plainString(s string, i int) (string, int, bool) {
+	if i == len(s) || s[i] != '"' {
+		return "", i, false
+	}
+	for j := i + 1; j < len(s); j++ {
+		switch c := s[j]; {
+		case c == '"':
+			return s[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20 || c >= 0x7f:
+			return "", i, false
+		}
+	}
+	return "", i, false
+}
+
+// plainInt reads a JSON number at s[i] that is an integer of at most 18
+// digits (so it cannot overflow int64), without fraction or exponent.
+func plainInt(s string, i int) (int64, int, bool) {
+	j := i
+	neg := j < len(s) && s[j] == '-'
+	if neg {
+		j++
+	}
+	start := j
+	var n int64
+	for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+		n = n*10 + int64(s[j]-'0')
+		j++
+	}
+	digits := j - start
+	if digits == 0 || digits > 18 || (digits > 1 && s[start] == '0') {
+		return 0, i, false
+	}
+	if j < len(s) && (s[j] == '.' || s[j] == 'e' || s[j] == 'E') {
+		return 0, i, false
+	}
+	if neg {
+		n = -n
+	}
+	return n, j, true
+}
+
 // checkBody renders a decision as the check API's body.
 func checkBody(c call, rt *route, v verdict, a answer) checkResponse {
 	resp := checkResponse{
@@ -208,17 +403,27 @@ func checkBody(c call, rt *route, v verdict, a answer) checkResponse {
 	if rt != nil {
 		resp.Route = rt.Name
 	}
-	for i, rule := range v.rules {
-		cr := checkRule{Name: rule.Name, Limit: rule.Limit, WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow}
-		if v.known && i < len(v.d.Rules) {
-			rr := v.d.Rules[i]
-			reset, retry := seconds(rr.ResetAfter), rr.RetryAfter.Milliseconds()
-			cr.Allowed, cr.Remaining, cr.ResetSeconds = &rr.Allowed, &rr.Remaining, &reset
-			if retry > 0 {
-				cr.RetryAfterMS = &retry
+	if len(v.rules) > 0 {
+		// One allocation each for the rules and for the numbers they point
+		// to; the other pointers point into the decision.
+		resp.Rules = make([]checkRule, len(v.rules))
+		var nums []int64
+		if v.known {
+			nums = make([]int64, 2*len(v.d.Rules))
+		}
+		for i, rule := range v.rules {
+			cr := &resp.Rules[i]
+			*cr = checkRule{Name: rule.Name, Limit: rule.Limit, WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow}
+			if v.known && i < len(v.d.Rules) {
+				rr := &v.d.Rules[i]
+				reset, retry := &nums[2*i], &nums[2*i+1]
+				*reset, *retry = seconds(rr.ResetAfter), rr.RetryAfter.Milliseconds()
+				cr.Allowed, cr.Remaining, cr.ResetSeconds = &rr.Allowed, &rr.Remaining, reset
+				if *retry > 0 {
+					cr.RetryAfterMS = retry
+				}
 			}
 		}
-		resp.Rules = append(resp.Rules, cr)
 	}
 	if v.known && len(v.d.Rules) > 0 {
 		resp.Binding = v.d.BindingRule().Rule.Name

@@ -29,7 +29,10 @@ type verdict struct {
 	known bool
 	// rules are the rules in force: the plan's, or this gateway's local
 	// shares in local fallback.
-	rules   []limiter.Rule
+	rules []limiter.Rule
+	// policy is the RateLimit-Policy of rules when known ahead (the
+	// plan's own rules); "": render it from rules.
+	policy  string
 	allowed bool
 	mode    event.Mode
 	store   event.StoreStatus

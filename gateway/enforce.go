@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // call is one question to the enforcement step, whichever entry point
@@ -29,6 +30,9 @@ type call struct {
 func (g *Gateway) enforce(ctx context.Context, st *state, c *call) verdict {
 	g.applyDirectives(st, &c.id, &c.limits)
 	v := g.decide(ctx, st, c.limits, c.cost)
+	if p := c.limits.plan; p != nil && sameRules(v.rules, p.rules) {
+		v.policy = p.policy
+	}
 	g.publish(c, v)
 	switch {
 	case v.canceled:
@@ -38,6 +42,12 @@ func (g *Gateway) enforce(ctx context.Context, st *state, c *call) verdict {
 		g.count(v)
 	}
 	return v
+}
+
+// sameRules reports whether a and b are one slice, not just equal ones:
+// rules a directive or the failure policy changed are a slice of their own.
+func sameRules(a, b []limiter.Rule) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // statusClientClosed is nginx's code for a client that went away before

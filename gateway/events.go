@@ -20,22 +20,34 @@ type publisher interface {
 // keyHasher turns limiter keys into event key ids: a keyed hash, so the
 // events never hold a raw key or an identity anyone could look up.
 type keyHasher struct {
-	pool sync.Pool
+	pool sync.Pool // *keyHash
+}
+
+// keyHash is one HMAC with the buffers it writes and sums into, pooled
+// together so that hashing a key allocates only its result.
+type keyHash struct {
+	mac hash.Hash
+	in  []byte
+	sum [sha256.Size]byte
 }
 
 func newKeyHasher(secret []byte) *keyHasher {
-	return &keyHasher{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}}
+	return &keyHasher{pool: sync.Pool{New: func() any { return &keyHash{mac: hmac.New(sha256.New, secret)} }}}
 }
 
 // id returns the hex of the first 16 bytes of HMAC-SHA256(secret, key).
 func (k *keyHasher) id(key string) string {
-	h := k.pool.Get().(hash.Hash)
-	h.Reset()
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	k.pool.Put(h)
-	return hex.EncodeToString(sum[:16])
+	h := k.pool.Get().(*keyHash)
+	h.mac.Reset()
+	h.in = append(h.in[:0], key...)
+	h.mac.Write(h.in)
+	h.mac.Sum(h.sum[:0])
+	var out [32]byte
+	hex.Encode(out[:], h.sum[:16])
+	if cap(h.in) <= 1024 { // keep the pooled buffers small
+		k.pool.Put(h)
+	}
+	return string(out[:])
 }
 
 func userAgentHash(ua string) uint64 {

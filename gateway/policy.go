@@ -35,6 +35,7 @@ type state struct {
 type plan struct {
 	name     string
 	rules    []limiter.Rule
+	policy   string // RateLimit-Policy of rules, rendered once
 	policies []FailurePolicy
 	local    bool // some enforced rule fails locally
 	closed   bool // some enforced rule fails closed
@@ -147,6 +148,7 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 			p.local = true
 		}
 	}
+	p.policy = policyHeader(p.rules)
 	return p
 }
 

@@ -82,8 +82,37 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 		},
 		ErrorHandler: u.fail,
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// Without a pool every proxied response allocates (and clears) a
+		// fresh 32 KiB copy buffer: most of the proxy path's garbage.
+		BufferPool: copyBuffers,
 	}
 	return u
+}
+
+// copyBuffers lends ReverseProxy its body copy buffers, shared by every
+// upstream. A sync.Pool holds no more than the proxies in flight use, so
+// it is bounded by the connection cap.
+var copyBuffers = &bufferPool{}
+
+// copyBufferSize is ReverseProxy's own default.
+const copyBufferSize = 32 << 10
+
+// bufferPool pools arrays, not slices: a slice put into a sync.Pool would
+// allocate its header on every Put.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return buf[:]
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) != copyBufferSize {
+		return
+	}
+	b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
 }
 
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request, info *proxyInfo) {

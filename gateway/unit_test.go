@@ -2,6 +2,9 @@ package gateway
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -394,6 +397,21 @@ func TestRetryAfterFollowsTheWait(t *testing.T) {
 		}
 		if tt.hi-tt.lo >= 2 && len(seen) < 2 {
 			t.Errorf("retryAfter(%v, %v) always %v: no jitter", tt.wait, tt.maxJitter, seen)
+		}
+	}
+}
+
+// TestKeyID: an event's key id is the hex of the first 16 bytes of
+// HMAC-SHA256(secret, key), whatever the pooled hashes hashed before.
+func TestKeyID(t *testing.T) {
+	secret := []byte("s3cret")
+	k := newKeyHasher(secret)
+	for _, key := range []string{"ip:10.1.2.3", "", "k:" + strings.Repeat("x", 2000), "u:alice", "ip:10.1.2.3"} {
+		mac := hmac.New(sha256.New, secret)
+		mac.Write([]byte(key))
+		want := hex.EncodeToString(mac.Sum(nil)[:16])
+		if got := k.id(key); got != want {
+			t.Errorf("id(%.20q) = %s, want %s", key, got, want)
 		}
 	}
 }

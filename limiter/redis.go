@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,9 +34,12 @@ type Config struct {
 	Prefix string
 	// Batch is the most checks sent in one pipeline; default 128.
 	Batch int
-	// Senders is how many pipelines may be in flight at once; default 8.
-	// More senders keep latency low when one pipeline is slow; batching
-	// happens only when all senders are busy, so a lone request never waits.
+	// Senders is how many pipelines may be in flight at once; default 2.
+	// Batching happens only when all senders are busy, so a lone request
+	// never waits; under load, fewer senders make longer pipelines, and a
+	// pipeline's round trip (a write and a read, for the gateway and for
+	// Redis) costs more CPU than a check in it. Two keep one pipeline
+	// filling while the other is in flight.
 	Senders int
 	// DenyCache is how many keys the local deny cache holds; default 65536.
 	// Negative disables the cache.
@@ -52,7 +56,7 @@ func (c Config) withDefaults() Config {
 		c.Batch = 128
 	}
 	if c.Senders <= 0 {
-		c.Senders = 8
+		c.Senders = 2
 	}
 	if c.DenyCache == 0 {
 		c.DenyCache = 65536
@@ -78,7 +82,10 @@ type Redis struct {
 	cfg   Config
 	deny  *denyCache
 	queue chan *call
-	slots chan struct{} // one token per idle sender
+	// slots holds the idle senders: taking one is the right to run a
+	// pipeline, with the buffers it reuses.
+	slots chan *sender
+	calls sync.Pool // *call, reused once its caller has read the result
 
 	checks, pipelines, cached, reloads atomic.Int64
 }
@@ -96,6 +103,9 @@ func (r *Redis) Stats() Stats {
 	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load()}
 }
 
+// call is one check on its way through a pipeline. The sender that runs
+// it signals done once, after writing res and err; done has room for that
+// signal, so the send never blocks, even for a caller that gave up.
 type call struct {
 	ctx  context.Context
 	keys []string
@@ -104,6 +114,30 @@ type call struct {
 	res  []any
 	err  error
 	done chan struct{}
+}
+
+// sender is the state of one pipeline slot, reused by every pipeline that
+// slot runs: no pipeline allocates its batch or its command list.
+type sender struct {
+	batch []*call
+	cmds  []*redis.Cmd
+}
+
+// newCall returns a pooled call for ctx.
+func (r *Redis) newCall(ctx context.Context, keys []string, args []any) *call {
+	c, _ := r.calls.Get().(*call)
+	if c == nil {
+		c = &call{done: make(chan struct{}, 1)}
+	}
+	c.ctx, c.keys, c.args, c.sent = ctx, keys, args, r.cfg.Now()
+	return c
+}
+
+// recycle returns c to the pool. Only a caller that received c's done
+// signal (or whose c was never queued) may: no sender touches c after.
+func (r *Redis) recycle(c *call) {
+	*c = call{done: c.done}
+	r.calls.Put(c)
 }
 
 // New returns a limiter on the given client. It starts no goroutine of its
@@ -120,13 +154,13 @@ func New(rdb rediser, cfg Config) (*Redis, error) {
 		rdb:   rdb,
 		cfg:   cfg,
 		queue: make(chan *call, cfg.Batch*cfg.Senders),
-		slots: make(chan struct{}, cfg.Senders),
+		slots: make(chan *sender, cfg.Senders),
 	}
 	if cfg.DenyCache > 0 {
 		r.deny = newDenyCache(cfg.DenyCache)
 	}
 	for range cfg.Senders {
-		r.slots <- struct{}{}
+		r.slots <- &sender{batch: make([]*call, 0, cfg.Batch), cmds: make([]*redis.Cmd, 0, cfg.Batch)}
 	}
 	return r, nil
 }
@@ -218,24 +252,28 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, nil
 		}
 	}
-	c := &call{ctx: ctx, keys: r.Keys(key, rules), args: scriptArgs(rules, cost), sent: r.cfg.Now(), done: make(chan struct{})}
+	c := r.newCall(ctx, r.Keys(key, rules), scriptArgs(rules, cost))
 	if !r.submit(c) {
+		r.recycle(c)
 		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
 	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
+		// c stays the sender's: it is not recycled.
 		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
 	}
-	if c.err != nil {
-		return Decision{}, fmt.Errorf("run limiter script: %w", c.err)
+	res, cerr, sent := c.res, c.err, c.sent
+	r.recycle(c)
+	if cerr != nil {
+		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
 	}
-	d, err := parseReply(c.res, rules)
+	d, err := parseReply(res, rules)
 	if err != nil {
 		return Decision{}, err
 	}
 	if r.deny != nil && !d.Allowed {
-		r.deny.put(fp, key, cost, c.sent.Add(d.RetryAfter()), d)
+		r.deny.put(fp, key, cost, sent.Add(d.RetryAfter()), d)
 	}
 	return d, nil
 }
@@ -260,8 +298,8 @@ func (r *Redis) CachedDenial(key string, rules []Rule, cost int64) (Decision, bo
 // full queue never holds a caller past its deadline.
 func (r *Redis) submit(c *call) bool {
 	select {
-	case <-r.slots:
-		go r.send(c)
+	case s := <-r.slots:
+		go r.send(s, c)
 		return true
 	default:
 	}
@@ -270,13 +308,13 @@ func (r *Redis) submit(c *call) bool {
 		// A sender may have gone idle between the two selects; make sure
 		// someone drains the queue.
 		select {
-		case <-r.slots:
-			go r.send(nil)
+		case s := <-r.slots:
+			go r.send(s, nil)
 		default:
 		}
 		return true
-	case <-r.slots:
-		go r.send(c)
+	case s := <-r.slots:
+		go r.send(s, c)
 		return true
 	case <-c.ctx.Done():
 		return false
@@ -285,8 +323,8 @@ func (r *Redis) submit(c *call) bool {
 
 // send runs first (if any) plus whatever is queued, as one pipeline, and
 // repeats while the queue is non-empty. It gives its slot back when done.
-func (r *Redis) send(first *call) {
-	batch := make([]*call, 0, r.cfg.Batch)
+func (r *Redis) send(s *sender, first *call) {
+	batch := s.batch[:0]
 	if first != nil {
 		batch = append(batch, first)
 	}
@@ -301,26 +339,29 @@ func (r *Redis) send(first *call) {
 			}
 		}
 		if len(batch) == 0 {
-			r.slots <- struct{}{}
+			r.slots <- s
 			// A call queued after our last drain but before we freed the
 			// slot would otherwise wait for the next submit.
 			if len(r.queue) > 0 {
 				select {
-				case <-r.slots:
+				case s = <-r.slots:
 					continue
 				default:
 				}
 			}
 			return
 		}
-		r.run(batch)
+		r.run(s, batch)
+		// The calls are their callers' again; drop them so the reused
+		// batch does not keep them alive.
+		clear(batch)
 		batch = batch[:0]
 	}
 }
 
 // run executes one batch in a pipeline; NOSCRIPT replies are retried with
 // the full script, which also reloads it into the server's cache.
-func (r *Redis) run(batch []*call) {
+func (r *Redis) run(s *sender, batch []*call) {
 	ctx := batch[0].ctx
 	if len(batch) > 1 {
 		// The pipeline serves many callers: bound it by the latest deadline
@@ -343,7 +384,7 @@ func (r *Redis) run(batch []*call) {
 			defer cancel()
 		}
 	}
-	cmds := r.exec(ctx, batch, false)
+	cmds := r.exec(ctx, batch, false, s.cmds[:0])
 	var retry []int
 	for i, cmd := range cmds {
 		if cmd != nil && isNoScript(cmd.Err()) {
@@ -356,7 +397,7 @@ func (r *Redis) run(batch []*call) {
 		for j, i := range retry {
 			sub[j] = batch[i]
 		}
-		for j, cmd := range r.exec(ctx, sub, true) {
+		for j, cmd := range r.exec(ctx, sub, true, nil) {
 			cmds[retry[j]] = cmd
 		}
 	}
@@ -366,23 +407,27 @@ func (r *Redis) run(batch []*call) {
 		} else {
 			c.res, c.err = cmds[i].Slice()
 		}
-		close(c.done)
+		c.done <- struct{}{} // the last touch: c may be reused from here
 	}
+	clear(cmds)
+	s.cmds = cmds[:0]
 }
 
-func (r *Redis) exec(ctx context.Context, batch []*call, full bool) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(batch))
+// exec runs batch as one pipeline and returns its commands, appended to
+// cmds: one per call, nil for a call whose caller had gone.
+func (r *Redis) exec(ctx context.Context, batch []*call, full bool, cmds []*redis.Cmd) []*redis.Cmd {
 	r.pipelines.Add(1)
 	r.checks.Add(int64(len(batch)))
 	pipe := r.rdb.Pipeline()
-	for i, c := range batch {
+	for _, c := range batch {
 		if c.ctx.Err() != nil {
-			continue // its caller is gone; don't spend Redis time on it
+			cmds = append(cmds, nil) // its caller is gone; don't spend Redis time on it
+			continue
 		}
 		if full {
-			cmds[i] = allowScript.Eval(ctx, pipe, c.keys, c.args...)
+			cmds = append(cmds, allowScript.Eval(ctx, pipe, c.keys, c.args...))
 		} else {
-			cmds[i] = allowScript.EvalSha(ctx, pipe, c.keys, c.args...)
+			cmds = append(cmds, allowScript.EvalSha(ctx, pipe, c.keys, c.args...))
 		}
 	}
 	// Per-command errors are read from each cmd; Exec's error repeats the first.
