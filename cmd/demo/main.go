@@ -1,12 +1,14 @@
 // Command demo holds the small parts of the local demo and the container
 // images: a trivial upstream API, a traffic generator (ordinary clients,
-// one hot key, a few NAT-like IPs), and a probe for container healthchecks
-// (distroless images have no curl).
+// one hot key, a few NAT-like IPs), a probe for container healthchecks
+// (distroless images have no curl), and the open-loop load generator of
+// make bench (load.go).
 //
 //	demo upstream -listen 127.0.0.1:8081
 //	demo traffic -gateway http://127.0.0.1:8080 -duration 2m
 //	demo probe http://127.0.0.1:9090/readyz
 //	demo kafka -listen 127.0.0.1:19092   (franz-go's kfake, the embedded default)
+//	demo load -url http://127.0.0.1:8080/v1/check -body '{"ip":"{ip}"}' -rate 5000
 package main
 
 import (
@@ -41,7 +43,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash [flags]")
+		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash|load [flags]")
 	}
 	switch args[0] {
 	case "upstream":
@@ -52,6 +54,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return probe(ctx, args[1:])
 	case "kafka":
 		return embeddedKafka(ctx, args[1:], stdout)
+	case "load":
+		return load(ctx, args[1:], stdout)
 	case "keyhash":
 		// keyhash prints the SHA-256 a gateway config uses for a raw key.
 		for _, k := range args[1:] {
