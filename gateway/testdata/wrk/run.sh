@@ -44,6 +44,7 @@ done
 selected=0
 for c in "${all_cases[@]}"; do want "$c" && selected=1; done
 [ "$selected" = 1 ] || exit 0
+echo "== gateway, issue 11's cases: the new gateway beside the old (BASE) and the peer (gateway/testdata/wrk/run.sh)"
 
 rhost=${EDGELIMIT_REDIS_ADDR%:*} rport=${EDGELIMIT_REDIS_ADDR##*:}
 rcli() { redis-cli -h "$rhost" -p "$rport" "$@"; }
