@@ -1,12 +1,15 @@
 // Command demo holds the small parts of the local demo and the container
 // images: a trivial upstream API, a traffic generator (ordinary clients,
-// one hot key, a few NAT-like IPs), and a probe for container healthchecks
-// (distroless images have no curl).
+// one hot key, a few NAT-like IPs), a probe for container healthchecks
+// (distroless images have no curl), and the open-loop load generator of
+// make bench (load.go).
 //
 //	demo upstream -listen 127.0.0.1:8081
 //	demo traffic -gateway http://127.0.0.1:8080 -duration 2m
 //	demo probe http://127.0.0.1:9090/readyz
 //	demo kafka -listen 127.0.0.1:19092   (franz-go's kfake, the embedded default)
+//	demo topic -brokers 127.0.0.1:9092 -partitions 4 decisions
+//	demo load -url http://127.0.0.1:8080/v1/check -body '{"ip":"{ip}"}' -rate 5000
 package main
 
 import (
@@ -28,7 +31,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/internal/boot"
 )
@@ -41,7 +47,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash [flags]")
+		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash|topic|load [flags]")
 	}
 	switch args[0] {
 	case "upstream":
@@ -52,6 +58,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return probe(ctx, args[1:])
 	case "kafka":
 		return embeddedKafka(ctx, args[1:], stdout)
+	case "load":
+		return load(ctx, args[1:], stdout)
+	case "topic":
+		return createTopics(ctx, args[1:])
 	case "keyhash":
 		// keyhash prints the SHA-256 a gateway config uses for a raw key.
 		for _, k := range args[1:] {
@@ -257,5 +267,37 @@ func embeddedKafka(ctx context.Context, args []string, stdout io.Writer) error {
 	defer c.Close()
 	fmt.Fprintf(stdout, "embedded kafka (kfake) listening on %s\n", strings.Join(c.ListenAddrs(), ","))
 	<-ctx.Done()
+	return nil
+}
+
+// createTopics creates topics on a real broker, whose gateways do not
+// create them (franz-go asks for no auto-creation): make bench's events
+// case publishes to a fresh one. A topic that exists is not an error.
+func createTopics(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("topic", flag.ContinueOnError)
+	brokers := fs.String("brokers", "", "seed brokers, comma separated (required)")
+	partitions := fs.Int("partitions", 4, "partitions of each topic")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *brokers == "" || fs.NArg() == 0 || *partitions < 1 {
+		return errors.New("usage: demo topic -brokers HOST:PORT[,...] [-partitions N] TOPIC...")
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(*brokers, ",")...))
+	if err != nil {
+		return fmt.Errorf("topic: %w", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, int32(*partitions), -1, nil, fs.Args()...)
+	if err != nil {
+		return fmt.Errorf("topic: %w", err)
+	}
+	for _, r := range resp {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("topic %s: %w", r.Topic, r.Err)
+		}
+	}
 	return nil
 }

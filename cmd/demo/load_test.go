@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestLoadDoesNotBackOff: with every request stuck in a server that does
+// not answer, the generator keeps its schedule: -conns requests go out
+// and every later one is dropped and counted, none queued or delayed into
+// a slower rate.
+func TestLoadDoesNotBackOff(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	f := loadFlags{url: srv.URL, keys: 10, rate: 10_000, duration: 20 * time.Millisecond, conns: 3, timeout: time.Minute}
+	due, err := f.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := f.dispatch(context.Background(), srv.Client(), due)
+	close(release) // every request is due by now: none could finish before
+	res := run.wait()
+	if res.due != 200 || res.sent != 3 || res.dropped != 197 || res.errors != 0 || res.status[http.StatusOK] != 3 {
+		t.Errorf("run = due %d sent %d dropped %d errors %d status %v, want 200 due, 3 sent (200 OK), 197 dropped",
+			res.due, res.sent, res.dropped, res.errors, res.status)
+	}
+	if most > 3 {
+		t.Errorf("%d requests in flight at once, want at most -conns 3", most)
+	}
+}
+
+// TestLoadSequential: -sequential gives every request its own client IP,
+// in the body and the X-Forwarded-For header, and -header sets a header.
+func TestLoadSequential(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if want := `{"ip":"` + r.Header.Get("X-Forwarded-For") + `"}`; string(body) != want || r.Method != http.MethodPost || r.Header.Get("X-API-Key") != "k" {
+			t.Errorf("%s body %s, X-API-Key %q; want POST %s, X-API-Key k", r.Method, body, r.Header.Get("X-API-Key"), want)
+		}
+		seen[r.Header.Get("X-Forwarded-For")]++
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	// As many connections as requests: none can be dropped.
+	err := load(context.Background(), []string{"-url", srv.URL, "-body", `{"ip":"{ip}"}`, "-forwarded", "-sequential",
+		"-header", "X-API-Key: k", "-rate", "100000", "-duration", "3ms", "-conns", "300"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 300 || seen["10.0.1.43"] != 1 {
+		t.Errorf("%d distinct IPs (10.0.1.43 %d times), want 300, each once", len(seen), seen["10.0.1.43"])
+	}
+	for _, kv := range []string{"due=300 ", "sent=300 ", "dropped=0 ", "errors=0 ", "status_429=300 "} {
+		if !strings.Contains(out.String(), kv) {
+			t.Errorf("load printed %q, want %s in it", out.String(), kv)
+		}
+	}
+}
+
+func TestLoadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		give []string
+		want string
+	}{
+		{"no url", nil, "-url is required"},
+		{"zero rate", []string{"-url", "http://x", "-rate", "0"}, "-rate and -duration must be positive"},
+		{"too many", []string{"-url", "http://x", "-rate", "1e7", "-duration", "2s"}, "more than 10000000"},
+		{"keys", []string{"-url", "http://x", "-keys", "0"}, "-keys 0"},
+		{"header", []string{"-url", "http://x", "-header", "nocolon"}, "is not Name: value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := load(context.Background(), tt.give, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("load(%q) = %v, want an error with %q", tt.give, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestServerHistogram reads the quantiles of a histogram's growth between
+// two scrapes, summed over its series, as histogram_quantile would.
+func TestServerHistogram(t *testing.T) {
+	parse := func(text string) map[float64]float64 {
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return histogramBuckets(mfs["check_seconds"])
+	}
+	const head = "# TYPE check_seconds histogram\n"
+	before := parse(head + `check_seconds_bucket{status="ok",le="0.001"} 10
+check_seconds_bucket{status="ok",le="0.002"} 10
+check_seconds_bucket{status="ok",le="+Inf"} 10
+check_seconds_sum{status="ok"} 0.005
+check_seconds_count{status="ok"} 10
+`)
+	after := parse(head + `check_seconds_bucket{status="ok",le="0.001"} 60
+check_seconds_bucket{status="ok",le="0.002"} 100
+check_seconds_bucket{status="ok",le="+Inf"} 105
+check_seconds_sum{status="ok"} 0.1
+check_seconds_count{status="ok"} 105
+check_seconds_bucket{status="timeout",le="0.001"} 0
+check_seconds_bucket{status="timeout",le="0.002"} 0
+check_seconds_bucket{status="timeout",le="+Inf"} 5
+check_seconds_sum{status="timeout"} 1
+check_seconds_count{status="timeout"} 5
+`)
+	d := deltaBuckets(before, after)
+	if diff := cmp.Diff(map[float64]float64{0.001: 50, 0.002: 90, math.Inf(1): 100}, d); diff != "" {
+		t.Errorf("deltaBuckets (-want +got):\n%s", diff)
+	}
+	tests := []struct {
+		give float64
+		want float64
+	}{
+		{0.25, 0.0005},  // rank 25 of the 50 below 1 ms
+		{0.5, 0.001},    // rank 50: the first bucket's top
+		{0.7, 0.0015},   // rank 70: halfway through 1-2 ms
+		{0.99, 0.002},   // rank 99: beyond the last finite bound
+		{0.9, 0.002},    // rank 90: exactly the last finite bound
+		{0.95, 0.002},   // in +Inf: its lower bound
+		{0.001, 0.0000}, // rank 0.1 of 50: near zero
+	}
+	for _, tt := range tests {
+		if got := bucketQuantile(tt.give, d); math.Abs(got-tt.want) > 1e-5 {
+			t.Errorf("bucketQuantile(%v) = %v, want %v", tt.give, got, tt.want)
+		}
+	}
+	if got := bucketQuantile(0.99, histogramBuckets(nil)); got != 0 {
+		t.Errorf("bucketQuantile of no observations = %v, want 0", got)
+	}
+}
