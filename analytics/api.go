@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,6 +75,10 @@ type API struct {
 	// SecureCookie marks the session cookie Secure even over plain HTTP,
 	// for an API served behind a TLS proxy; over TLS it always is.
 	SecureCookie bool
+	// ParseProposal reads what-if proposals (POST /api/whatif); nil turns
+	// the route off. See whatif_api.go.
+	ParseProposal ProposalParser
+	whatIfs       atomic.Int32 // replays running
 
 	mu       sync.Mutex
 	sessions map[string]time.Time // session id → expiry
@@ -204,6 +209,11 @@ func (a *API) Handler() http.Handler {
 		mux.Handle("GET "+rt.path, a.auth(rt.h))
 		paths = append(paths, rt.path)
 	}
+	mux.Handle("POST /api/whatif", a.auth(a.whatIf))
+	mux.HandleFunc("/api/whatif", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", "POST")
+		writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: "This path answers POST only."})
+	})
 	// The same paths without a method catch every method but GET (and
 	// HEAD), which the mux would otherwise answer in plain text.
 	for _, p := range paths {

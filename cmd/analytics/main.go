@@ -11,6 +11,7 @@
 //	analytics nat-ips      [-from -10m] [-to now] [-ip ADDR (its history)]
 //	analytics fail-minutes [-from -24h] [-to now]
 //	analytics store-health [-from -1h] [-to now] [-bucket ...]
+//	analytics whatif       -rules plans.yaml [-change YAML] [-from -24h] [-to now] [-plan -route -key] [-top 20]
 //	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
@@ -66,6 +67,7 @@ commands:
   nat-ips       NAT-shared IPs with their evidence (or one IP's history with -ip)
   fail-minutes  minutes in which gateways failed open or closed
   store-health  store status, failure modes and check latency per gateway
+  whatif        replay stored decisions through proposed rules: what they would deny
   version       print the version
 
 Run "analytics COMMAND -h" for a command's flags.
@@ -107,6 +109,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return serve(ctx, fc, stdout)
 	case "trends", "top-keys", "hot-keys", "nat-ips", "fail-minutes", "store-health":
 		return query(ctx, cmd, fs, args, getenv, stdout)
+	case "whatif":
+		return whatIf(ctx, fs, args, getenv, stdout)
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
@@ -178,6 +182,7 @@ func serve(ctx context.Context, fc fileConfig, stdout io.Writer) error {
 	}
 
 	api.SecureCookie = fc.SecureCookie
+	api.ParseProposal = parseProposal
 	// Ready when ClickHouse answers: every query and detector run needs it.
 	adminHandler := boot.Admin{Registry: reg, Ready: func(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -1,0 +1,708 @@
+package analytics
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+var (
+	qWhatIf       = mustSQL("whatif_decisions")
+	qWhatIfChunks = mustSQL("whatif_chunks")
+)
+
+// Bounds of one what-if replay.
+const (
+	// MaxWhatIfRange is the longest time range one replay reads.
+	MaxWhatIfRange = 31 * 24 * time.Hour
+	// WhatIfTimeout bounds one replay, ClickHouse's part included.
+	WhatIfTimeout = 5 * time.Minute
+	// MaxWhatIfTop is the most keys a report lists per list.
+	MaxWhatIfTop = 1000
+	// maxWhatIfRules bounds the rules a report counts by name: the
+	// proposal's and the stored binding rules; the rest count as OtherSeries.
+	maxWhatIfRules = 256
+	// whatIfBatch is how many rows the reader hands the replay at once;
+	// whatIfBatches how many such batches may wait, so the reader stays
+	// ahead of the replay on another core with bounded memory.
+	whatIfBatch   = 4096
+	whatIfBatches = 4
+)
+
+// Proposal is a set of rules to replay stored decisions through: plans in
+// the gateway's sense (a named list of rules) and, optionally, routes that
+// give requests a plan (and a bucket per key and route) or a cost of their
+// own. It is read from the gateway's YAML syntax by the caller (cmd's
+// parser uses the gateway's own configuration types).
+type Proposal struct {
+	// Plans replace the plans of the same name. A decision of a plan the
+	// proposal does not name is counted as it was decided.
+	Plans map[string][]limiter.Rule
+	// Routes, by route name, override what the stored decisions say.
+	Routes map[string]ProposedRoute
+}
+
+// ProposedRoute is what a proposal says about one route.
+type ProposedRoute struct {
+	// Plan, when set, limits every caller of the route by this plan, in a
+	// bucket of its own per caller and route, as the gateway does.
+	Plan string
+	// Cost, when positive, replaces the stored cost of the route's requests.
+	Cost int64
+}
+
+// RuleChange changes one rule of a proposal's plan: the rule of the same
+// name is replaced, or the rule is added.
+type RuleChange struct {
+	Plan string
+	Rule limiter.Rule
+}
+
+// Apply returns p with c applied; p itself is not changed.
+func (p Proposal) Apply(c RuleChange) (Proposal, error) {
+	rules, ok := p.Plans[c.Plan]
+	if !ok {
+		return p, fmt.Errorf("%w: changed rule: plan %q is not in the proposal; a change needs its plan's other rules, since all of them decide together", ErrBadQuery, c.Plan)
+	}
+	rules = slices.Clone(rules)
+	if i := slices.IndexFunc(rules, func(r limiter.Rule) bool { return r.Name == c.Rule.Name }); i >= 0 {
+		rules[i] = c.Rule
+	} else {
+		rules = append(rules, c.Rule)
+	}
+	plans := make(map[string][]limiter.Rule, len(p.Plans))
+	for name, rs := range p.Plans {
+		plans[name] = rs
+	}
+	plans[c.Plan] = rules
+	p.Plans = plans
+	return p, nil
+}
+
+// Validate reports what is wrong with the proposal, each problem wrapping
+// ErrBadQuery.
+func (p Proposal) Validate() error {
+	var errs []error
+	if len(p.Plans) == 0 {
+		errs = append(errs, fmt.Errorf("%w: the proposal has no plans", ErrBadQuery))
+	}
+	for _, name := range sortedNames(p.Plans) {
+		rules := p.Plans[name]
+		switch {
+		case name == "":
+			errs = append(errs, fmt.Errorf("%w: a plan has no name", ErrBadQuery))
+		case len(rules) == 0:
+			errs = append(errs, fmt.Errorf("%w: plan %q has no rules", ErrBadQuery, name))
+		case len(rules) > limiter.MaxRules:
+			errs = append(errs, fmt.Errorf("%w: plan %q has %d rules, at most %d", ErrBadQuery, name, len(rules), limiter.MaxRules))
+		}
+		seen := map[string]bool{}
+		for i, r := range rules {
+			if err := r.Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("%w: plan %q rule %d: %v", ErrBadQuery, name, i, err))
+			}
+			if seen[r.Name] {
+				errs = append(errs, fmt.Errorf("%w: plan %q: duplicate rule %q", ErrBadQuery, name, r.Name))
+			}
+			seen[r.Name] = true
+		}
+	}
+	for _, name := range sortedNames(p.Routes) {
+		rt := p.Routes[name]
+		if _, ok := p.Plans[rt.Plan]; rt.Plan != "" && !ok {
+			errs = append(errs, fmt.Errorf("%w: route %q: plan %q is not in the proposal", ErrBadQuery, name, rt.Plan))
+		}
+		if rt.Cost < 0 {
+			errs = append(errs, fmt.Errorf("%w: route %q: cost %d is negative", ErrBadQuery, name, rt.Cost))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// WhatIfQuery asks how a proposal would have decided the stored decisions
+// of a range. Range.KeyID and Range.Plan narrow what is replayed;
+// Range.Route narrows what is counted (every route of a key is replayed,
+// since they spend the same buckets); Rule and Gateway must be empty.
+type WhatIfQuery struct {
+	Range
+	Proposal Proposal
+	// Top is how many keys each key list holds; default 20, at most
+	// MaxWhatIfTop.
+	Top int
+
+	chunkRows int64 // default whatIfChunkRows; tests cut smaller chunks
+}
+
+// Validate reports a query that must not run.
+func (q WhatIfQuery) Validate() error {
+	if err := q.Range.validate(); err != nil {
+		return err
+	}
+	if q.To.Sub(q.From) > MaxWhatIfRange {
+		return fmt.Errorf("%w: a what-if replays at most %v of decisions; narrow the range", ErrBadQuery, MaxWhatIfRange)
+	}
+	if q.Rule != "" || q.Gateway != "" {
+		return fmt.Errorf("%w: a what-if filters by plan, route and key only", ErrBadQuery)
+	}
+	if q.Top < 0 || q.Top > MaxWhatIfTop {
+		return fmt.Errorf("%w: top %d outside [0, %d]", ErrBadQuery, q.Top, MaxWhatIfTop)
+	}
+	return q.Proposal.Validate()
+}
+
+// WhatIfCounts compares the stored decisions with the replayed ones.
+type WhatIfCounts struct {
+	Requests int64 `json:"requests"`
+	// WasDenied were denied when they happened; WouldDeny would be under
+	// the proposal.
+	WasDenied int64 `json:"was_denied"`
+	WouldDeny int64 `json:"would_deny"`
+	// NewlyDenied would be denied but were not; NewlyAllowed the reverse.
+	NewlyDenied  int64 `json:"newly_denied"`
+	NewlyAllowed int64 `json:"newly_allowed"`
+}
+
+func (c *WhatIfCounts) add(was, would bool) {
+	c.Requests++
+	if was {
+		c.WasDenied++
+	}
+	if would {
+		c.WouldDeny++
+	}
+	switch {
+	case would && !was:
+		c.NewlyDenied++
+	case was && !would:
+		c.NewlyAllowed++
+	}
+}
+
+// WhatIfRule is one rule's part in the denials.
+type WhatIfRule struct {
+	Rule string `json:"rule"`
+	// WasBinding counts stored denials that named this rule binding.
+	WasBinding int64 `json:"was_binding"`
+	// WouldDeny counts replayed requests this enforced rule denied (a
+	// request denied by two rules counts for both).
+	WouldDeny int64 `json:"would_deny"`
+	// ShadowWouldDeny counts replayed requests this shadow rule would
+	// have denied had it been enforced.
+	ShadowWouldDeny int64 `json:"shadow_would_deny"`
+}
+
+// WhatIfHour is one hour of the comparison.
+type WhatIfHour struct {
+	Hour time.Time `json:"hour"`
+	WhatIfCounts
+}
+
+// WhatIfKey is one key's comparison.
+type WhatIfKey struct {
+	KeyID   string `json:"key_id"`
+	KeyKind string `json:"key_kind"`
+	WhatIfCounts
+}
+
+// WhatIfReport is the answer to a WhatIfQuery.
+type WhatIfReport struct {
+	From  time.Time `json:"from"`
+	To    time.Time `json:"to"`
+	Plan  string    `json:"plan,omitempty"`
+	Route string    `json:"route,omitempty"`
+	Key   string    `json:"key,omitempty"`
+	// Read is how many stored decisions were read; Counted how many of
+	// them the route filter kept, all in Totals.
+	Read    int64 `json:"read"`
+	Counted int64 `json:"counted"`
+	// Kept were decided by plans the proposal does not name: counted as
+	// they were decided. Unreplayable had no usable cost or key and are
+	// counted as they were, too.
+	Kept         int64 `json:"kept"`
+	Unreplayable int64 `json:"unreplayable"`
+	// NotByStore were decided without the shared store (it was
+	// unavailable: fail open, fail closed or the local fallback); the
+	// replay decides them as if it had answered.
+	NotByStore int64        `json:"not_by_store"`
+	Totals     WhatIfCounts `json:"totals"`
+	Rules      []WhatIfRule `json:"rules"`
+	Hours      []WhatIfHour `json:"hours"`
+	// Keys, KeysNewlyBlocked and KeysNewlyFreed count distinct keys:
+	// blocked are keys with denials under the proposal and none as
+	// decided, freed the reverse.
+	Keys             int64 `json:"keys"`
+	KeysNewlyBlocked int64 `json:"keys_newly_blocked"`
+	KeysNewlyFreed   int64 `json:"keys_newly_freed"`
+	// TopKeys are the keys with the most denials under the proposal;
+	// NewlyBlocked and NewlyFreed the top of those lists.
+	TopKeys      []WhatIfKey `json:"top_keys"`
+	NewlyBlocked []WhatIfKey `json:"newly_blocked"`
+	NewlyFreed   []WhatIfKey `json:"newly_freed"`
+	// Caveats says what this replay could not know.
+	Caveats  []string      `json:"caveats"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+// whatIfCaveats are true of every replay; report adds the ones its
+// counts show.
+var whatIfCaveats = []string{
+	"clients are replayed as they behaved: one denied more often might have backed off, one freed might have sent more",
+	"keys are replayed under their plan's rules: per-key overrides, split directives (hot keys) and NAT directives are not in the stored decisions and are not applied",
+	"each key's buckets start full at the start of the range",
+}
+
+// replayRow is one stored decision as the replay reads it.
+type replayRow struct {
+	key, kind, route, plan, rule string
+	atMS, cost                   int64
+	allowed, byStore             uint8
+}
+
+// WhatIf replays the stored decisions of q's range through q.Proposal with
+// the limiter's own model (limiter.Replay), one key at a time in time
+// order, and compares. Memory holds one key's buckets, the report's
+// counters and its top lists, never the range: rows stream from
+// ClickHouse in key order, in chunks of whole keys that the server sorts
+// one at a time (the next one while this one is replayed). The replay ends
+// at WhatIfTimeout or when ctx does (a client that went away).
+func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error) {
+	start := time.Now()
+	if q.Top == 0 {
+		q.Top = 20
+	}
+	if err := q.Validate(); err != nil {
+		return WhatIfReport{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, WhatIfTimeout)
+	defer cancel()
+	// The server stops too, not only this side.
+	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
+		"max_execution_time": int(WhatIfTimeout / time.Second),
+	}))
+	chunks, err := r.whatIfChunks(ctx, q.Range, cmp.Or(q.chunkRows, whatIfChunkRows))
+	if err != nil {
+		return WhatIfReport{}, err
+	}
+
+	run := newReplayRun(q)
+	full := make(chan []replayRow, whatIfBatches)
+	empty := make(chan []replayRow, whatIfBatches+1)
+	for range whatIfBatches + 1 {
+		empty <- make([]replayRow, 0, whatIfBatch)
+	}
+	scanErr := make(chan error, 1)
+	go func() {
+		defer close(full)
+		scanErr <- r.streamChunks(ctx, q.Range, chunks, full, empty)
+	}()
+	var runErr error
+	for batch := range full {
+		if runErr == nil {
+			for i := range batch {
+				if runErr = run.add(&batch[i]); runErr != nil {
+					cancel() // stops the scanner; drain what it sent
+					break
+				}
+			}
+		}
+		empty <- batch[:0]
+	}
+	if err := <-scanErr; runErr == nil && err != nil {
+		runErr = err
+	}
+	if runErr != nil {
+		return WhatIfReport{}, runErr
+	}
+	rep := run.report()
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// whatIfChunkRows is about how many decisions one chunk holds: what
+// ClickHouse sorts at once (about 100 MB on the server), twice over while
+// the next chunk is sorted. A key with more decisions is a chunk of its own.
+const whatIfChunkRows = 1 << 19
+
+// keyRange is a chunk: the keys in [lo, hi).
+type keyRange struct{ lo, hi string }
+
+// whatIfChunks cuts rg's keys into ranges of about whatIfChunkRows
+// decisions, reading the keys as a stream and keeping only the cuts.
+func (r *Reader) whatIfChunks(ctx context.Context, rg Range, chunkRows int64) ([]keyRange, error) {
+	rows, err := r.ch.Query(ctx, qWhatIfChunks, rg.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("query what-if chunks: %w", err)
+	}
+	defer rows.Close()
+	var out []keyRange
+	var key, last string
+	var n, sum int64
+	for rows.Next() {
+		if err := rows.Scan(&key, &n); err != nil {
+			return nil, fmt.Errorf("scan what-if chunks: %w", err)
+		}
+		if len(out) == 0 || sum >= chunkRows {
+			if len(out) > 0 {
+				out[len(out)-1].hi = key
+			}
+			out = append(out, keyRange{lo: key})
+			sum = 0
+		}
+		sum += n
+		last = key
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read what-if chunks: %w", err)
+	}
+	if len(out) > 0 {
+		// The smallest string after the last key: the bound stays a
+		// plain comparison the primary key can serve.
+		out[len(out)-1].hi = last + "\x00"
+	}
+	return out, nil
+}
+
+// streamChunks queries each chunk's decisions and sends them in batches
+// taken from empty to full, until the chunks end or ctx does. The next
+// chunk's query is sent while this one is read, so the server sorts it in
+// the meantime.
+func (r *Reader) streamChunks(ctx context.Context, rg Range, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
+	type opened struct {
+		rows driver.Rows
+		err  error
+	}
+	open := func(c keyRange) <-chan opened {
+		ch := make(chan opened, 1)
+		go func() {
+			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi))...)
+			ch <- opened{rows, err}
+		}()
+		return ch
+	}
+	var next <-chan opened
+	defer func() {
+		// A query sent ahead and not read: wait for it (ctx ends it
+		// soon) and close it, so no goroutine or connection outlives us.
+		if next != nil {
+			if o := <-next; o.err == nil {
+				o.rows.Close()
+			}
+		}
+	}()
+	if len(chunks) > 0 {
+		next = open(chunks[0])
+	}
+	batch := <-empty
+	for i := range chunks {
+		o := <-next
+		next = nil
+		if o.err != nil {
+			return fmt.Errorf("query what-if decisions: %w", o.err)
+		}
+		if i+1 < len(chunks) {
+			next = open(chunks[i+1])
+		}
+		var err error
+		if batch, err = scanChunk(ctx, o.rows, batch, full, empty); err != nil {
+			return err
+		}
+	}
+	if len(batch) > 0 {
+		select {
+		case full <- batch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return ctx.Err()
+}
+
+// scanChunk reads one chunk's rows into batch, sending each full batch
+// and taking the next from empty; it returns the batch being filled.
+func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full chan<- []replayRow, empty <-chan []replayRow) ([]replayRow, error) {
+	defer rows.Close()
+	for rows.Next() {
+		batch = batch[:len(batch)+1]
+		d := &batch[len(batch)-1]
+		if err := rows.Scan(&d.key, &d.kind, &d.route, &d.plan, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.byStore); err != nil {
+			return batch, fmt.Errorf("scan what-if decisions: %w", err)
+		}
+		if len(batch) == cap(batch) {
+			select {
+			case full <- batch:
+			case <-ctx.Done():
+				return batch, ctx.Err()
+			}
+			batch = <-empty
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return batch, fmt.Errorf("read what-if decisions: %w", err)
+	}
+	return batch, nil
+}
+
+// replayRun is one replay's state: the key in flight and the report's
+// counters.
+type replayRun struct {
+	q  WhatIfQuery
+	rp *limiter.Replay
+
+	rep   WhatIfReport
+	rules map[string]*WhatIfRule
+	hours map[int64]*WhatIfCounts
+
+	cur    WhatIfKey // the key in flight
+	bucket struct{ plan, route, key string }
+
+	top, blocked, freed keyHeap
+}
+
+func newReplayRun(q WhatIfQuery) *replayRun {
+	run := &replayRun{
+		q:     q,
+		rp:    limiter.NewReplay(0),
+		rules: map[string]*WhatIfRule{},
+		hours: map[int64]*WhatIfCounts{},
+		rep:   WhatIfReport{From: q.From.UTC(), To: q.To.UTC(), Plan: q.Plan, Route: q.Route, Key: q.KeyID},
+	}
+	run.top.less = func(a, b *WhatIfKey) bool {
+		return a.WouldDeny < b.WouldDeny || a.WouldDeny == b.WouldDeny && a.KeyID > b.KeyID
+	}
+	run.blocked.less = run.top.less
+	run.freed.less = func(a, b *WhatIfKey) bool {
+		return a.WasDenied < b.WasDenied || a.WasDenied == b.WasDenied && a.KeyID > b.KeyID
+	}
+	for _, name := range sortedNames(q.Proposal.Plans) {
+		for _, rule := range q.Proposal.Plans[name] {
+			run.rule(rule.Name)
+		}
+	}
+	return run
+}
+
+// rule returns the counters of a rule, bounded in number.
+func (run *replayRun) rule(name string) *WhatIfRule {
+	if r, ok := run.rules[name]; ok {
+		return r
+	}
+	if len(run.rules) >= maxWhatIfRules {
+		name = OtherSeries
+		if r, ok := run.rules[name]; ok {
+			return r
+		}
+	}
+	r := &WhatIfRule{Rule: name}
+	run.rules[name] = r
+	return r
+}
+
+// add replays one stored decision. Rows come in key and time order.
+func (run *replayRun) add(d *replayRow) error {
+	if d.key != run.cur.KeyID {
+		run.endKey()
+		run.rp.Reset()
+		run.cur = WhatIfKey{KeyID: d.key, KeyKind: d.kind}
+		run.bucket.plan, run.bucket.route, run.bucket.key = "", "", ""
+	}
+	run.rep.Read++
+	was := d.allowed == 0
+	would, err := run.decide(d)
+	if err != nil {
+		return err
+	}
+	if run.q.Route != "" && d.route != run.q.Route {
+		return nil
+	}
+	run.rep.Counted++
+	if d.byStore == 0 {
+		run.rep.NotByStore++
+	}
+	if was {
+		run.rule(d.rule).WasBinding++
+	}
+	run.rep.Totals.add(was, would)
+	run.cur.add(was, would)
+	hour := d.atMS / 3_600_000
+	h := run.hours[hour]
+	if h == nil {
+		h = &WhatIfCounts{}
+		run.hours[hour] = h
+	}
+	h.add(was, would)
+	return nil
+}
+
+// decide replays d and reports whether the proposal denies it; a decision
+// the proposal cannot replay keeps its stored verdict.
+func (run *replayRun) decide(d *replayRow) (bool, error) {
+	was := d.allowed == 0
+	plan, cost := d.plan, d.cost
+	route, perRoute := run.q.Proposal.Routes[d.route]
+	if perRoute {
+		if route.Plan != "" {
+			plan = route.Plan
+		}
+		if route.Cost > 0 {
+			cost = route.Cost
+		}
+	}
+	rules, ok := run.q.Proposal.Plans[plan]
+	if !ok {
+		run.rep.Kept++
+		return was, nil
+	}
+	if cost <= 0 {
+		run.rep.Unreplayable++
+		return was, nil
+	}
+	dec, err := run.rp.Allow(time.UnixMilli(d.atMS), run.bucketKey(d.key, plan, d.route, perRoute && route.Plan != ""), rules, cost)
+	if errors.Is(err, limiter.ErrInput) {
+		run.rep.Unreplayable++
+		return was, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("replay: %w", err)
+	}
+	counted := run.q.Route == "" || d.route == run.q.Route
+	for _, rr := range dec.Rules {
+		if !rr.Allowed && counted {
+			if rr.Rule.Shadow {
+				run.rule(rr.Rule.Name).ShadowWouldDeny++
+			} else {
+				run.rule(rr.Rule.Name).WouldDeny++
+			}
+		}
+	}
+	return !dec.Allowed, nil
+}
+
+// bucketKey names the limiter key a decision spends, as the gateway keys
+// it: one bucket set per key and plan, and per key and route for a route
+// with a plan of its own. The last one is kept, since a key's decisions
+// mostly share one.
+func (run *replayRun) bucketKey(key, plan, route string, perRoute bool) string {
+	b := &run.bucket
+	if !perRoute {
+		route = ""
+	}
+	if b.key == "" || b.plan != plan || b.route != route {
+		b.plan, b.route = plan, route
+		if perRoute {
+			b.key = key + "|r:" + route
+		} else {
+			b.key = key + "|p:" + plan
+		}
+	}
+	return b.key
+}
+
+// endKey files the key in flight.
+func (run *replayRun) endKey() {
+	k := run.cur
+	if k.Requests == 0 {
+		return
+	}
+	run.rep.Keys++
+	run.top.offer(k, run.q.Top, k.WouldDeny > 0)
+	if k.WouldDeny > 0 && k.WasDenied == 0 {
+		run.rep.KeysNewlyBlocked++
+		run.blocked.offer(k, run.q.Top, true)
+	}
+	if k.WasDenied > 0 && k.WouldDeny == 0 {
+		run.rep.KeysNewlyFreed++
+		run.freed.offer(k, run.q.Top, true)
+	}
+}
+
+// report finishes the run.
+func (run *replayRun) report() WhatIfReport {
+	run.endKey()
+	run.cur = WhatIfKey{}
+	rep := run.rep
+	for _, r := range run.rules {
+		rep.Rules = append(rep.Rules, *r)
+	}
+	slices.SortFunc(rep.Rules, func(a, b WhatIfRule) int { return strings.Compare(a.Rule, b.Rule) })
+	for h, c := range run.hours {
+		rep.Hours = append(rep.Hours, WhatIfHour{Hour: time.UnixMilli(h * 3_600_000).UTC(), WhatIfCounts: *c})
+	}
+	slices.SortFunc(rep.Hours, func(a, b WhatIfHour) int { return a.Hour.Compare(b.Hour) })
+	rep.TopKeys, rep.NewlyBlocked, rep.NewlyFreed = run.top.sorted(), run.blocked.sorted(), run.freed.sorted()
+	rep.Caveats = slices.Clone(whatIfCaveats)
+	if rep.Kept > 0 {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("%d decisions were of plans the proposal does not name and are counted as decided", rep.Kept))
+	}
+	if rep.Unreplayable > 0 {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("%d decisions had no usable cost or key and are counted as decided", rep.Unreplayable))
+	}
+	if rep.NotByStore > 0 {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("%d decisions were made without the shared store (fail open, fail closed, local fallback); the replay decides them as if it had answered", rep.NotByStore))
+	}
+	return rep
+}
+
+// keyHeap keeps the top keys by less: a min-heap of at most n, whose
+// root is the first to go.
+type keyHeap struct {
+	keys []WhatIfKey
+	less func(a, b *WhatIfKey) bool
+}
+
+func (h *keyHeap) Len() int           { return len(h.keys) }
+func (h *keyHeap) Less(i, j int) bool { return h.less(&h.keys[i], &h.keys[j]) }
+func (h *keyHeap) Swap(i, j int)      { h.keys[i], h.keys[j] = h.keys[j], h.keys[i] }
+func (h *keyHeap) Push(x any)         { h.keys = append(h.keys, x.(WhatIfKey)) }
+func (h *keyHeap) Pop() any {
+	k := h.keys[len(h.keys)-1]
+	h.keys = h.keys[:len(h.keys)-1]
+	return k
+}
+
+// offer keeps k if it is among the top n (and ok).
+func (h *keyHeap) offer(k WhatIfKey, n int, ok bool) {
+	switch {
+	case !ok || n <= 0:
+	case len(h.keys) < n:
+		heap.Push(h, k)
+	case h.less(&h.keys[0], &k):
+		h.keys[0] = k
+		heap.Fix(h, 0)
+	}
+}
+
+// sorted returns the kept keys, the top first.
+func (h *keyHeap) sorted() []WhatIfKey {
+	out := slices.Clone(h.keys)
+	slices.SortFunc(out, func(a, b WhatIfKey) int {
+		if h.less(&b, &a) {
+			return -1
+		}
+		if h.less(&a, &b) {
+			return 1
+		}
+		return 0
+	})
+	if out == nil {
+		out = []WhatIfKey{}
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+package analytics_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// eventLog is a gateway publisher that keeps every decision event.
+type eventLog struct {
+	mu     sync.Mutex
+	events []event.Decision
+}
+
+func (l *eventLog) Publish(d event.Decision) {
+	l.mu.Lock()
+	l.events = append(l.events, d)
+	l.mu.Unlock()
+}
+
+// TestWhatIfMatchesGateway is the replay's accuracy check against the
+// real thing: the same traffic goes, request by request and at the same
+// moments, through two real gateways on a real Redis, one running rule X,
+// the other the proposed rule Y. X's decisions are stored in ClickHouse;
+// the what-if of Y over them must deny what the Y gateway actually denied,
+// within 1 %, in total and key by key in sum of differences.
+func TestWhatIfMatchesGateway(t *testing.T) {
+	conn := mustDatabase(t)
+	rdb, prefix := mustRedis(t)
+	t.Parallel()
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	const secret = "whatif-accuracy-secret"
+	ruleX := []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: 3, Period: time.Second}}}
+	ruleY := []gateway.Rule{
+		{Rule: limiter.Rule{Name: "second", Limit: 2, Period: time.Second, Burst: 4}},
+		{Rule: limiter.Rule{Name: "ten_seconds", Limit: 25, Period: 10 * time.Second, Algorithm: limiter.SlidingWindow}},
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	defer up.Close()
+	const nKeys = 40
+	var keys []gateway.APIKey
+	raw := make([]string, nKeys)
+	for i := range raw {
+		raw[i] = fmt.Sprintf("raw-whatif-%d-%s", i, prefix)
+		sum := sha256.Sum256([]byte(raw[i]))
+		keys = append(keys, gateway.APIKey{ID: fmt.Sprintf("k%d", i), SHA256: hex.EncodeToString(sum[:]), Plan: "free"})
+	}
+	start := func(name string, rules []gateway.Rule, pub *eventLog) string {
+		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix + "-" + name, DenyCache: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw, err := gateway.New(gateway.Config{
+			GatewayID: "gw-" + name,
+			Plans:     map[string]gateway.Plan{"free": {Rules: rules}},
+			APIKeys:   keys,
+			Upstreams: map[string]gateway.Upstream{"app": {URL: up.URL}},
+			Routes:    []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
+			// One secret: both gateways name a key by the same id.
+			KeyHashSecret: secret,
+			StoreDeadline: time.Second,
+			Listen:        "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { gw.Close() })
+		s := httptest.NewServer(gw.Handler())
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	xLog, yLog := &eventLog{}, &eventLog{}
+	xURL, yURL := start("x", ruleX, xLog), start("y", ruleY, yLog)
+
+	// Each key sends at its own pace (2 to 8 a second on average, in
+	// random gaps) for 8 seconds; each request goes to both gateways at
+	// once.
+	client := &http.Client{Timeout: 5 * time.Second}
+	send := func(u, key string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+"/v1/items", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("request: %v", err)
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	from := time.Now().UTC().Add(-time.Second)
+	deadline := time.Now().Add(8 * time.Second)
+	var load sync.WaitGroup
+	for i := range nKeys {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			mean := time.Second / time.Duration(2+i%7)
+			for time.Now().Before(deadline) {
+				time.Sleep(time.Duration(rng.Int64N(int64(2 * mean))))
+				var both sync.WaitGroup
+				both.Add(2)
+				go func() { defer both.Done(); send(xURL, raw[i]) }()
+				go func() { defer both.Done(); send(yURL, raw[i]) }()
+				both.Wait()
+			}
+		}()
+	}
+	load.Wait()
+	to := time.Now().UTC().Add(2 * time.Second)
+
+	var rows []analyticstest.Decision
+	for _, e := range xLog.events {
+		rows = append(rows, analyticstest.Decision{Time: e.Time, Gateway: e.GatewayID, KeyID: e.KeyID, KeyKind: e.KeyKind.String(),
+			ClientIP: e.ClientIP, Route: e.Route, Method: e.Method, Plan: e.Plan, BindingRule: e.BindingRule, Allowed: e.Allowed,
+			Limit: e.Limit, Remaining: e.Remaining, Cost: e.Cost, StoreStatus: e.StoreStatus.String(), Mode: e.Mode.String()})
+	}
+	mustInsert(t, conn, rows)
+	yDenied, xDenied := 0, 0
+	yByKey := map[string]int{}
+	for _, e := range yLog.events {
+		if !e.Allowed {
+			yDenied++
+			yByKey[e.KeyID]++
+		}
+	}
+	for _, e := range xLog.events {
+		if !e.Allowed {
+			xDenied++
+		}
+	}
+	if len(xLog.events) != len(yLog.events) || len(xLog.events) < 1000 {
+		t.Fatalf("gateways decided %d and %d requests; want the same, at least 1000", len(xLog.events), len(yLog.events))
+	}
+
+	p := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": {ruleY[0].Rule, ruleY[1].Rule}}}
+	rep, err := analytics.NewReader(conn).WhatIf(ctx, analytics.WhatIfQuery{Range: analytics.Range{From: from, To: to}, Proposal: p, Top: nKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Read != int64(len(rows)) || rep.Totals.WasDenied != int64(xDenied) {
+		t.Fatalf("replayed %d decisions (%d were denied), want %d (%d)", rep.Read, rep.Totals.WasDenied, len(rows), xDenied)
+	}
+	// Key by key: the replay's denials beside the Y gateway's.
+	off := 0
+	for _, k := range rep.TopKeys {
+		off += int(math.Abs(float64(int(k.WouldDeny) - yByKey[k.KeyID])))
+		delete(yByKey, k.KeyID)
+	}
+	for _, n := range yByKey {
+		off += n // keys the replay never denied
+	}
+	diff := math.Abs(float64(rep.Totals.WouldDeny)-float64(yDenied)) / float64(yDenied)
+	t.Logf("%d requests; rule X denied %d; rule Y's gateway denied %d, its replay %d (%.2f %% apart; keys' differences sum to %d, %.2f %%)",
+		rep.Read, xDenied, yDenied, rep.Totals.WouldDeny, 100*diff, off, 100*float64(off)/float64(yDenied))
+	if yDenied < 200 || int64(yDenied) <= int64(xDenied) {
+		t.Fatalf("rule Y denied %d (rule X %d): the traffic does not test the proposal", yDenied, xDenied)
+	}
+	if diff > 0.01 {
+		t.Errorf("replay of rule Y denies %d, the gateway running it denied %d: %.2f %% apart, want ≤ 1 %%", rep.Totals.WouldDeny, yDenied, 100*diff)
+	}
+	if float64(off) > 0.01*float64(yDenied) {
+		t.Errorf("per key, the replay's denials differ from the gateway's by %d in all (%.2f %%), want ≤ 1 %%", off, 100*float64(off)/float64(yDenied))
+	}
+}

@@ -1,0 +1,150 @@
+package analytics_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// fakeProposals stands in for cmd's YAML parser (tested there): any text
+// naming plans: is whatIfProposal, anything else a parse error.
+func fakeProposals(rules, change string) (analytics.Proposal, error) {
+	if !strings.Contains(rules, "plans:") || change != "" {
+		return analytics.Proposal{}, errors.New("rules: line 1: no plans: section")
+	}
+	return whatIfProposal(), nil
+}
+
+// whatIfAPI serves the API over seedWhatIf's decisions.
+func whatIfAPI(t *testing.T, parse analytics.ProposalParser) *httptest.Server {
+	t.Helper()
+	api, err := analytics.NewAPI(seedWhatIf(t), nil, testToken, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.ParseProposal = parse
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func post(t *testing.T, u, token, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+// TestWhatIfAPI: POST /api/whatif answers the report of the seeded
+// replay, and every mistake a problem that says what is wrong.
+func TestWhatIfAPI(t *testing.T) {
+	srv := whatIfAPI(t, fakeProposals)
+	t.Parallel()
+	rng := `"from": "` + whatIfStart.Add(-time.Minute).Format(time.RFC3339) + `", "to": "` + whatIfStart.Add(time.Minute).Format(time.RFC3339) + `"`
+	resp, body := post(t, srv.URL+"/api/whatif", testToken, `{"rules": "plans: {}", `+rng+`, "top": 3}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /api/whatif = %d %s", resp.StatusCode, body)
+	}
+	var rep analytics.WhatIfReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if want := (analytics.WhatIfCounts{Requests: 18, WasDenied: 3, WouldDeny: 5, NewlyDenied: 4, NewlyAllowed: 2}); rep.Totals != want || len(rep.TopKeys) != 3 {
+		t.Errorf("report totals %+v with %d top keys, want %+v and 3", rep.Totals, len(rep.TopKeys), want)
+	}
+
+	for _, tt := range []struct {
+		name, body, detail string
+	}{
+		{"not json", `rules: x`, "want a JSON object"},
+		{"unknown field", `{"rules": "plans: {}", "bucket": "hour"}`, `unknown field "bucket"`},
+		{"empty proposal", `{` + rng + `}`, "the proposal is empty"},
+		{"parse error", `{"rules": "routes: []", ` + rng + `}`, "no plans: section"},
+		{"bad time", `{"rules": "plans: {}", "from": "yesterday"}`, `time "yesterday"`},
+		{"range too long", `{"rules": "plans: {}", "from": "-40d"}`, "at most 744h0m0s"},
+		{"top", `{"rules": "plans: {}", "top": 5000}`, "top 5000"},
+	} {
+		resp, body := post(t, srv.URL+"/api/whatif", testToken, tt.body)
+		p := wantProblem(t, tt.name, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
+		if !strings.Contains(p.Detail, tt.detail) {
+			t.Errorf("%s: detail %q, want it to say %q", tt.name, p.Detail, tt.detail)
+		}
+	}
+	resp, body = post(t, srv.URL+"/api/whatif", "", `{"rules": "plans: {}"}`)
+	wantProblem(t, "without the token", resp, body, http.StatusUnauthorized, "urn:edgelimit:problem:unauthorized")
+	resp, body = get(t, http.DefaultClient, srv.URL+"/api/whatif", testToken)
+	wantProblem(t, "GET", resp, body, http.StatusMethodNotAllowed, "urn:edgelimit:problem:method-not-allowed")
+	if resp.Header.Get("Allow") != "POST" {
+		t.Errorf("GET /api/whatif: Allow = %q, want POST", resp.Header.Get("Allow"))
+	}
+	off := whatIfAPI(t, nil)
+	resp, body = post(t, off.URL+"/api/whatif", testToken, `{"rules": "plans: {}"}`)
+	wantProblem(t, "without a parser", resp, body, http.StatusNotFound, "urn:edgelimit:problem:no-route")
+}
+
+// TestWhatIfDashboard runs the dashboard's what-if form in headless
+// Chromium: a link whose fragment carries the proposal and the range
+// fills the form and replays it, and the page shows the report.
+func TestWhatIfDashboard(t *testing.T) {
+	chromium := testenv.Chromium(t)
+	srv := whatIfAPI(t, fakeProposals)
+	frag := url.Values{"rules": {"plans: (the test's proposal)"}, "from": {whatIfStart.Add(-time.Minute).Format(time.RFC3339)},
+		"to": {whatIfStart.Add(time.Minute).Format(time.RFC3339)}, "top": {"5"}}
+	// The sign-in redirects to /, which keeps the fragment (RFC 9110 10.2.2).
+	signIn := filepath.Join(t.TempDir(), "signin.html")
+	page := `<!doctype html><form id="f" method="post" action="` + srv.URL + `/login#whatif?` + frag.Encode() + `">` +
+		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
+	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
+		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	dom := string(out)
+	if !strings.Contains(dom, `<section id="whatif" data-state="done">`) {
+		t.Fatalf("what-if did not finish:\n%.4000s", dom[max(0, strings.Index(dom, `<section id="whatif"`)):])
+	}
+	for _, want := range []string{
+		"18 decisions of 5 keys replayed",
+		// totals: 18 requests, 3 were denied, 5 would be, 4 newly denied, 2 newly allowed
+		`<td>total</td><td class="num">18</td><td class="num">3</td><td class="num">5</td><td class="num">4</td><td class="num">2</td>`,
+		`<td>second</td><td class="num">0</td><td class="num">3</td>`,
+		`<td>b</td><td>api_key</td><td class="num">2</td><td class="num">2</td><td class="num">0</td>`,
+		"Caveat: 3 decisions were of plans the proposal does not name",
+	} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("dashboard what-if lacks %s", want)
+		}
+	}
+}

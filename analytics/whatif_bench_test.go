@@ -1,0 +1,101 @@
+package analytics_test
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// BenchmarkWhatIf replays 10M stored decisions (EDGELIMIT_BENCH_EVENTS to
+// change; benchSeed's 2,000 keys over 6 hours) from a real ClickHouse
+// through a proposal of two plans of two rules each, and reports the
+// seconds per replay, decisions per second and the peak Go heap during the
+// replay (sampled every 10ms) beside the process' peak RSS. Seeding is not
+// timed.
+//
+//	deploy/local/testenv.sh go test -run '^$' -bench WhatIf -benchtime 1x ./analytics/
+func BenchmarkWhatIf(b *testing.B) {
+	n := int64(10_000_000)
+	if v := os.Getenv("EDGELIMIT_BENCH_EVENTS"); v != "" {
+		var err error
+		if n, err = strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
+			b.Fatalf("EDGELIMIT_BENCH_EVENTS=%q", v)
+		}
+	}
+	conn := mustDatabase(b)
+	ctx := context.Background()
+	end := time.Now().UTC().Truncate(time.Minute)
+	start := end.Add(-6 * time.Hour)
+	t0 := time.Now()
+	if err := conn.Exec(ctx, benchSeed, clickhouse.Named("start", start), clickhouse.Named("span", int64(6*3600)), clickhouse.Named("n", n)); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("seeded %d decisions in %v", n, time.Since(t0).Round(time.Millisecond))
+	rules := func(perMinute int64) []limiter.Rule {
+		return []limiter.Rule{
+			{Name: "per_minute", Limit: perMinute, Period: time.Minute},
+			{Name: "per_hour", Limit: 40 * perMinute, Period: time.Hour, Algorithm: limiter.SlidingWindow},
+		}
+	}
+	q := analytics.WhatIfQuery{
+		Range:    analytics.Range{From: start, To: end},
+		Proposal: analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules(5), "pro": rules(10)}},
+		Top:      20,
+	}
+	r := analytics.NewReader(conn)
+	b.ReportAllocs()
+	var rep analytics.WhatIfReport
+	var peak atomic.Uint64
+	for b.Loop() {
+		runtime.GC()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			var ms runtime.MemStats
+			for {
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > peak.Load() {
+					peak.Store(ms.HeapInuse)
+				}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+		var err error
+		rep, err = r.WhatIf(ctx, q)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	if rep.Read != n {
+		b.Fatalf("replayed %d decisions, want %d", rep.Read, n)
+	}
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.Logf("replayed %d decisions of %d keys in %.2fs (%.0f/s); peak heap %.1f MiB, peak RSS %.1f MiB; would deny %d, were denied %d",
+		rep.Read, rep.Keys, sec, float64(rep.Read)/sec, float64(peak.Load())/(1<<20), float64(ru.Maxrss)/1024, rep.Totals.WouldDeny, rep.Totals.WasDenied)
+	b.ReportMetric(sec, "s/replay")
+	b.ReportMetric(float64(rep.Read)/sec, "decisions/s")
+	b.ReportMetric(float64(peak.Load())/(1<<20), "peak_heap_MiB")
+}

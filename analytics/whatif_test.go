@@ -1,0 +1,220 @@
+package analytics_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// whatIfStart is the seeded decisions' first instant: a second before an
+// hour ends, so the replay's hours are two.
+var whatIfStart = time.Date(2026, 11, 30, 11, 59, 59, 0, time.UTC)
+
+// whatIfProposal: plan free allows 3 a second (and audits 1 a second in
+// shadow), the export route gets a plan and buckets of its own (1 a
+// minute), the bulk route costs 3.
+func whatIfProposal() analytics.Proposal {
+	return analytics.Proposal{
+		Plans: map[string][]limiter.Rule{
+			"free": {
+				{Name: "second", Limit: 3, Period: time.Second},
+				{Name: "audit", Limit: 1, Period: time.Second, Shadow: true},
+			},
+			"export": {{Name: "export", Limit: 1, Period: time.Minute}},
+		},
+		Routes: map[string]analytics.ProposedRoute{
+			"/v1/export": {Plan: "export"},
+			"/v1/bulk":   {Cost: 3},
+		},
+	}
+}
+
+// seedWhatIf stores the decisions TestWhatIfReplay works out by hand.
+func seedWhatIf(t *testing.T) *analytics.Reader {
+	conn := mustDatabase(t)
+	at := func(ms int) time.Time { return whatIfStart.Add(time.Duration(ms) * time.Millisecond) }
+	row := func(key, route, plan string, ms int, allowed bool) analyticstest.Decision {
+		d := analyticstest.Decision{Time: at(ms), Gateway: "gw-a", KeyID: key, KeyKind: "api_key", ClientIP: "10.0.0.1",
+			Route: route, Method: "GET", Plan: plan, Allowed: allowed, Cost: 1, BindingRule: "minute"}
+		if !allowed {
+			d.BindingRule = "old_rule"
+		}
+		return d
+	}
+	var rows []analyticstest.Decision
+	// a: 5 requests in 40ms then one 2s later, all allowed as decided.
+	for _, ms := range []int{0, 10, 20, 30, 40, 2000} {
+		rows = append(rows, row("a", "/v1/items", "free", ms, true))
+	}
+	// b: 2 requests half a second apart, both denied as decided.
+	rows = append(rows, row("b", "/v1/items", "free", 0, false), row("b", "/v1/items", "free", 500, false))
+	// c: a plan the proposal does not name.
+	c := row("c", "/v1/items", "gold", 0, false)
+	c.BindingRule = "gold_minute"
+	rows = append(rows, c, row("c", "/v1/items", "gold", 10, true), row("c", "/v1/items", "gold", 20, true))
+	// d: three requests on items and two on export, a second apart.
+	for _, ms := range []int{0, 1, 2} {
+		rows = append(rows, row("d", "/v1/items", "free", ms, true))
+	}
+	rows = append(rows, row("d", "/v1/export", "free", 0, true), row("d", "/v1/export", "free", 1000, true))
+	// e: two bulk requests, one of them fail open while the store was down.
+	e := row("e", "/v1/bulk", "free", 100, true)
+	e.StoreStatus, e.Mode = "unavailable", "fail_open"
+	rows = append(rows, row("e", "/v1/bulk", "free", 0, true), e)
+	mustInsert(t, conn, rows)
+	return analytics.NewReader(conn)
+}
+
+// TestWhatIfReplay replays hand-seeded decisions from a real ClickHouse
+// through a proposal whose verdicts are worked out in the comments, and
+// checks every count of the report; the same replay cut into one chunk
+// per key must report the same.
+func TestWhatIfReplay(t *testing.T) {
+	r := seedWhatIf(t)
+	t.Parallel()
+	ctx := context.Background()
+	q := analytics.WhatIfQuery{Range: analytics.Range{From: whatIfStart.Add(-time.Minute), To: whatIfStart.Add(time.Minute)}, Proposal: whatIfProposal(), Top: 10}
+	rep, err := r.WhatIf(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a: second (3/s) admits 3 of the first 5 (refill 0.03 per 10ms), and
+	// the one 2s later: 2 newly denied. audit (shadow, 1/s) would deny 4.
+	// b: both admitted: newly allowed 2. audit would deny the second.
+	// c: kept as decided (1 denied). d: items 3 of 3 (export spends its
+	// own bucket), audit would deny 2; export admits 1 of 2. e: cost 3
+	// empties second at once, 100ms refill 0.3: the second denied; audit's
+	// capacity 1 is below the cost: both.
+	want := analytics.WhatIfReport{
+		From: q.From, To: q.To, Read: 18, Counted: 18, Kept: 3, NotByStore: 1,
+		Totals: analytics.WhatIfCounts{Requests: 18, WasDenied: 3, WouldDeny: 5, NewlyDenied: 4, NewlyAllowed: 2},
+		Rules: []analytics.WhatIfRule{
+			{Rule: "audit", ShadowWouldDeny: 9},
+			{Rule: "export", WouldDeny: 1},
+			{Rule: "gold_minute", WasBinding: 1},
+			{Rule: "old_rule", WasBinding: 2},
+			{Rule: "second", WouldDeny: 3},
+		},
+		Hours: []analytics.WhatIfHour{
+			{Hour: whatIfStart.Truncate(time.Hour), WhatIfCounts: analytics.WhatIfCounts{Requests: 16, WasDenied: 3, WouldDeny: 4, NewlyDenied: 3, NewlyAllowed: 2}},
+			{Hour: whatIfStart.Truncate(time.Hour).Add(time.Hour), WhatIfCounts: analytics.WhatIfCounts{Requests: 2, WouldDeny: 1, NewlyDenied: 1}},
+		},
+		Keys: 5, KeysNewlyBlocked: 3, KeysNewlyFreed: 1,
+		TopKeys: []analytics.WhatIfKey{
+			{KeyID: "a", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 6, WouldDeny: 2, NewlyDenied: 2}},
+			{KeyID: "c", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 3, WasDenied: 1, WouldDeny: 1}},
+			{KeyID: "d", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 5, WouldDeny: 1, NewlyDenied: 1}},
+			{KeyID: "e", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 2, WouldDeny: 1, NewlyDenied: 1}},
+		},
+		NewlyBlocked: []analytics.WhatIfKey{
+			{KeyID: "a", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 6, WouldDeny: 2, NewlyDenied: 2}},
+			{KeyID: "d", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 5, WouldDeny: 1, NewlyDenied: 1}},
+			{KeyID: "e", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 2, WouldDeny: 1, NewlyDenied: 1}},
+		},
+		NewlyFreed: []analytics.WhatIfKey{
+			{KeyID: "b", KeyKind: "api_key", WhatIfCounts: analytics.WhatIfCounts{Requests: 2, WasDenied: 2, NewlyAllowed: 2}},
+		},
+	}
+	ignore := cmpopts.IgnoreFields(analytics.WhatIfReport{}, "Duration", "Caveats")
+	if diff := cmp.Diff(want, rep, ignore); diff != "" {
+		t.Errorf("WhatIf (-want +got):\n%s", diff)
+	}
+	for _, c := range []string{"3 decisions were of plans the proposal does not name", "1 decisions were made without the shared store"} {
+		if !strings.Contains(strings.Join(rep.Caveats, "\n"), c) {
+			t.Errorf("caveats %q lack %q", rep.Caveats, c)
+		}
+	}
+
+	chunked, err := r.WhatIf(ctx, analytics.WithChunkRows(q, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(rep, chunked, ignore); diff != "" {
+		t.Errorf("WhatIf in one chunk per key differs (-whole +chunked):\n%s", diff)
+	}
+
+	// The route filter counts one route but replays every route of a key.
+	rq := q
+	rq.Route = "/v1/export"
+	rep, err = r.WhatIf(ctx, rq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (analytics.WhatIfCounts{Requests: 2, WouldDeny: 1, NewlyDenied: 1}); rep.Totals != want || rep.Read != 18 || rep.Counted != 2 {
+		t.Errorf("route filter: totals %+v, read %d, counted %d; want %+v, 18, 2", rep.Totals, rep.Read, rep.Counted, want)
+	}
+	// The key and plan filters narrow what is read.
+	kq := q
+	kq.KeyID = "a"
+	if rep, err = r.WhatIf(ctx, kq); err != nil || rep.Read != 6 || rep.Totals.NewlyDenied != 2 {
+		t.Errorf("key filter: read %d, newly denied %d, %v; want 6, 2", rep.Read, rep.Totals.NewlyDenied, err)
+	}
+	pq := q
+	pq.Plan = "gold"
+	if rep, err = r.WhatIf(ctx, pq); err != nil || rep.Read != 3 || rep.Kept != 3 {
+		t.Errorf("plan filter: read %d, kept %d, %v; want 3, 3", rep.Read, rep.Kept, err)
+	}
+	// An empty range replays nothing.
+	eq := q
+	eq.From, eq.To = whatIfStart.Add(time.Hour), whatIfStart.Add(2*time.Hour)
+	if rep, err = r.WhatIf(ctx, eq); err != nil || rep.Read != 0 || len(rep.TopKeys) != 0 {
+		t.Errorf("empty range: read %d, top %v, %v; want nothing", rep.Read, rep.TopKeys, err)
+	}
+}
+
+// TestWhatIfValidate: a query that must not run says why, as a bad query.
+func TestWhatIfValidate(t *testing.T) {
+	from := whatIfStart
+	ok := analytics.WhatIfQuery{Range: analytics.Range{From: from, To: from.Add(time.Hour)}, Proposal: whatIfProposal()}
+	for _, tt := range []struct {
+		name string
+		give func(q *analytics.WhatIfQuery)
+		want string
+	}{
+		{"empty range", func(q *analytics.WhatIfQuery) { q.To = q.From }, "is empty"},
+		{"too long", func(q *analytics.WhatIfQuery) { q.To = q.From.Add(32 * 24 * time.Hour) }, "at most 744h0m0s"},
+		{"rule filter", func(q *analytics.WhatIfQuery) { q.Rule = "x" }, "plan, route and key only"},
+		{"top", func(q *analytics.WhatIfQuery) { q.Top = 5000 }, "top 5000"},
+		{"no plans", func(q *analytics.WhatIfQuery) { q.Proposal.Plans = nil }, "no plans"},
+		{"bad rule", func(q *analytics.WhatIfQuery) {
+			q.Proposal.Plans = map[string][]limiter.Rule{"free": {{Name: "second", Limit: 0, Period: time.Second}}}
+		}, `plan "free" rule 0: limiter: invalid rule "second": limit 0 must be positive`},
+		{"duplicate rule", func(q *analytics.WhatIfQuery) {
+			r := limiter.Rule{Name: "second", Limit: 1, Period: time.Second}
+			q.Proposal.Plans = map[string][]limiter.Rule{"free": {r, r}}
+		}, `duplicate rule "second"`},
+		{"unknown route plan", func(q *analytics.WhatIfQuery) {
+			q.Proposal.Routes = map[string]analytics.ProposedRoute{"/x": {Plan: "nope"}}
+		}, `route "/x": plan "nope" is not in the proposal`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := ok
+			q.Proposal.Plans = whatIfProposal().Plans
+			tt.give(&q)
+			err := q.Validate()
+			if !errors.Is(err, analytics.ErrBadQuery) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want a bad query saying %q", err, tt.want)
+			}
+		})
+	}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("Validate() = %v, want nil", err)
+	}
+	// A changed rule replaces its namesake, or needs its plan.
+	p, err := whatIfProposal().Apply(analytics.RuleChange{Plan: "free", Rule: limiter.Rule{Name: "second", Limit: 9, Period: time.Second}})
+	if err != nil || len(p.Plans["free"]) != 2 || p.Plans["free"][0].Limit != 9 || whatIfProposal().Plans["free"][0].Limit != 3 {
+		t.Errorf("Apply = %+v, %v; want free's second at 9 and the original untouched", p.Plans["free"], err)
+	}
+	if _, err := whatIfProposal().Apply(analytics.RuleChange{Plan: "gold", Rule: limiter.Rule{Name: "x", Limit: 1, Period: time.Second}}); !errors.Is(err, analytics.ErrBadQuery) {
+		t.Errorf("Apply to a plan not in the proposal = %v, want a bad query", err)
+	}
+}
