@@ -559,9 +559,9 @@ type KeyRejections struct {
 	Cost        int64    `json:"cost"`
 	CostAllowed int64    `json:"cost_allowed"`
 	Rules       []string `json:"rules"`
-	Plans    []string `json:"plans"`
-	Routes   []string `json:"routes"`
-	Gateways int64    `json:"gateways"`
+	Plans       []string `json:"plans"`
+	Routes      []string `json:"routes"`
+	Gateways    int64    `json:"gateways"`
 }
 
 // TopKeys returns the limit keys with the most rejections in rg.
