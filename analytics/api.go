@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	_ "embed"
 	"encoding/base64"
+	"encoding/csv"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -190,15 +191,18 @@ func (a *API) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /{$}", a.dashboard)
+	// A key's page is the dashboard's, which reads the key from its path.
+	mux.HandleFunc("GET /keys/{key}", a.dashboard)
 	mux.HandleFunc("POST /login", a.login)
 	mux.HandleFunc("POST /logout", a.logout)
-	paths := []string{"/healthz", "/{$}"}
+	paths := []string{"/healthz", "/{$}", "/keys/{key}"}
 	for _, rt := range []struct {
 		path string
 		h    func(http.ResponseWriter, *http.Request) error
 	}{
 		{"/api/trends", a.trends},
 		{"/api/top-keys", a.topKeys},
+		{"/api/keys/{key}", a.key},
 		{"/api/fail-minutes", a.failMinutes},
 		{"/api/store-health", a.storeHealth},
 		{"/api/hot-keys", a.hotKeys},
@@ -345,7 +349,7 @@ func (a *API) rangeOf(r *http.Request) (Range, error) {
 		return Range{}, err
 	}
 	rg := Range{From: from, To: to, Rule: q.Get("rule"), Route: q.Get("route"), Plan: q.Get("plan"),
-		Gateway: q.Get("gateway"), KeyID: q.Get("key")}
+		Gateway: q.Get("gateway"), KeyID: q.Get("key"), KeyKind: q.Get("kind"), Method: q.Get("method")}
 	return rg, rg.validate()
 }
 
@@ -373,10 +377,13 @@ type TrendsResponse struct {
 	From   time.Time    `json:"from"`
 	To     time.Time    `json:"to"`
 	Bucket string       `json:"bucket"`
+	TZ     string       `json:"tz"`
 	By     string       `json:"by"`
 	Points []TrendPoint `json:"points"`
 }
 
+// trends answers the trend as JSON, or with ?format=csv as a CSV download
+// (TrendHeader's columns).
 func (a *API) trends(w http.ResponseWriter, r *http.Request) error {
 	rg, err := a.rangeOf(r)
 	if err != nil {
@@ -386,12 +393,65 @@ func (a *API) trends(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	q := TrendQuery{Range: rg, Bucket: bucketOf(r, rg), By: r.URL.Query().Get("by"), Top: top}
+	format := r.URL.Query().Get("format")
+	if format != "" && format != "json" && format != "csv" {
+		return fmt.Errorf("%w: format %q: want json or csv", ErrBadQuery, format)
+	}
+	q := TrendQuery{Range: rg, Bucket: bucketOf(r, rg), TZ: r.URL.Query().Get("tz"), By: r.URL.Query().Get("by"), Top: top}
+	if q, err = q.normalize(); err != nil {
+		return err
+	}
 	pts, err := a.reader.Trends(r.Context(), q)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, TrendsResponse{From: rg.From, To: rg.To, Bucket: q.Bucket, By: q.By, Points: nonNil(pts)})
+	if format == "csv" {
+		rows := make([][]string, len(pts))
+		for i, p := range pts {
+			rows[i] = p.Record()
+		}
+		return writeCSV(w, "trends.csv", TrendHeader(q.By), rows)
+	}
+	writeJSON(w, http.StatusOK, TrendsResponse{From: rg.From, To: rg.To, Bucket: q.Bucket, TZ: q.TZ, By: q.By, Points: nonNil(pts)})
+	return nil
+}
+
+// writeCSV answers a CSV download named name.
+func writeCSV(w http.ResponseWriter, name string, header []string, rows [][]string) error {
+	h := w.Header()
+	h.Set("Content-Type", "text/csv; charset=utf-8")
+	h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
+	h.Set("Cache-Control", "no-store")
+	cw := csv.NewWriter(w)
+	cw.Write(header)
+	cw.WriteAll(rows)
+	// The status is sent: a write error is the client gone, nothing to
+	// answer.
+	return nil
+}
+
+// key answers a key's page: GET /api/keys/{key}, key an id or a name.
+func (a *API) key(w http.ResponseWriter, r *http.Request) error {
+	rg, err := a.rangeOf(r)
+	if err != nil {
+		return err
+	}
+	rep, err := a.reader.KeyReport(r.Context(), rg, r.PathValue("key"), bucketOf(r, rg), r.URL.Query().Get("tz"))
+	if err != nil {
+		return err
+	}
+	if a.det != nil {
+		switch d, ok, err := a.det.Directives(r.Context()); {
+		case err != nil:
+			// Redis is down: the page still shows the traffic.
+			a.log.Warn("key page: read directives", "error", err.Error())
+			rep.Directives = "unavailable (see the analytics log)"
+		case ok:
+			rep.AddDirectives(d, a.now())
+		}
+	}
+	rep.Keys, rep.Splits, rep.History = nonNil(rep.Keys), nonNil(rep.Splits), nonNil(rep.History)
+	writeJSON(w, http.StatusOK, rep)
 	return nil
 }
 

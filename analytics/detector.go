@@ -95,6 +95,16 @@ func NewDetector(cfg Config, d Deps) (*Detector, error) {
 // Config returns the detector's configuration, defaults applied.
 func (dt *Detector) Config() Config { return dt.cfg }
 
+// Directives reads the directive set in Redis, as the gateways see it; ok
+// is false when the detector has no directive store (a dry run).
+func (dt *Detector) Directives(ctx context.Context) (d limiter.Directives, ok bool, err error) {
+	if dt.d.Directives == nil {
+		return d, false, nil
+	}
+	d, _, err = dt.d.Directives.Load(ctx)
+	return d, true, err
+}
+
 // Last returns the last run's report (zero before the first run).
 func (dt *Detector) Last() Report {
 	dt.mu.Lock()

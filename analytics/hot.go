@@ -14,6 +14,8 @@ import (
 type KeyTraffic struct {
 	KeyID   string
 	KeyKind string
+	// KeyName is the key's name (an API key's configured id), or "".
+	KeyName string
 	// Gateways maps gateway id to the key's requests there: its demand,
 	// which sizes the shares of a split.
 	Gateways map[string]int64
@@ -42,6 +44,8 @@ func (k KeyTraffic) Requests() int64 {
 type HotKey struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
+	// KeyName is the key's name (an API key's configured id), or "".
+	KeyName string `json:"key_name,omitempty"`
 	// Requests is the key's allowed requests over the window.
 	Requests int64 `json:"requests"`
 	// Rate is allowed requests per second over the window.
@@ -94,7 +98,7 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 		if cfg.MinSpan > 0 {
 			rate = max(rate, float64(k.Recent)/cfg.MinSpan.Seconds())
 		}
-		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, Requests: n, Rate: rate, Gateways: k.Gateways, Share: ratio(n, total)}
+		h := HotKey{KeyID: k.KeyID, KeyKind: k.KeyKind, KeyName: k.KeyName, Requests: n, Rate: rate, Gateways: k.Gateways, Share: ratio(n, total)}
 		byShare := cfg.MinShare > 0 && h.Rate >= cfg.ShareMinRate
 		switch {
 		case h.Rate >= cfg.MinRate:

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -37,6 +39,7 @@ var (
 	qKeyHistory    = mustSQL("key_history")
 	qIPHistory     = mustSQL("ip_history")
 	qFreshness     = mustSQL("freshness")
+	qKeySummary    = mustSQL("key_summary")
 )
 
 // querier is the part of a ClickHouse connection the queries need.
@@ -76,12 +79,18 @@ type Reader struct {
 // NewReader returns a Reader over ch (a clickhouse-go native connection).
 func NewReader(ch querier) *Reader { return &Reader{ch: ch} }
 
-// Buckets a trend can be grouped by.
+// Buckets a trend can be grouped by; store health and the histories take
+// minute, hour and day.
 const (
 	BucketMinute = "minute"
+	Bucket5m     = "5m"
+	Bucket15m    = "15m"
 	BucketHour   = "hour"
 	BucketDay    = "day"
 )
+
+// bucketAliases are the other names a trend bucket goes by.
+var bucketAliases = map[string]string{"1m": BucketMinute, "1h": BucketHour, "1d": BucketDay}
 
 // Dimensions a trend can be split by; DimNone gives one series.
 const (
@@ -91,22 +100,33 @@ const (
 	DimPlan    = "plan"
 	DimGateway = "gateway"
 	DimKey     = "key"
+	DimKind    = "kind"
+	DimMethod  = "method"
 )
 
 // ErrBadQuery is wrapped by errors about a query's parameters; the HTTP API
 // answers them with 400.
 var ErrBadQuery = errors.New("analytics: bad query")
 
-// Range is a time range [From, To) with optional filters; the zero filter
-// matches everything.
+// Range is a time range [From, To) with optional filters, all applied at
+// once; the zero filter matches everything.
 type Range struct {
 	From, To time.Time
 	Rule     string
 	Route    string
 	Plan     string
 	Gateway  string
-	KeyID    string
+	// KeyID is a key id, or (trends, top keys, key pages) a key name.
+	KeyID string
+	// KeyKind is api_key, user or ip (trends and top keys).
+	KeyKind string
+	// Method is an HTTP method (trends and top keys).
+	Method string
 }
+
+// keyKinds are the kinds a KeyKind filter takes, as the consumer stores
+// them.
+var keyKinds = []string{"", "api_key", "user", "ip"}
 
 // maxSpan bounds how far back any query reaches.
 const maxSpan = 400 * 24 * time.Hour
@@ -118,8 +138,21 @@ func (r Range) validate() error {
 	if r.To.Sub(r.From) > maxSpan {
 		return fmt.Errorf("%w: time range longer than %v", ErrBadQuery, maxSpan)
 	}
+	if !slices.Contains(keyKinds, r.KeyKind) {
+		return fmt.Errorf("%w: kind %q: want api_key, user or ip", ErrBadQuery, r.KeyKind)
+	}
+	for _, f := range [...]struct{ name, v string }{{"rule", r.Rule}, {"route", r.Route}, {"plan", r.Plan},
+		{"gateway", r.Gateway}, {"key", r.KeyID}, {"method", r.Method}} {
+		if len(f.v) > maxFilterLen {
+			return fmt.Errorf("%w: %s filter of %d bytes, over %d", ErrBadQuery, f.name, len(f.v), maxFilterLen)
+		}
+	}
 	return nil
 }
+
+// maxFilterLen bounds a filter's value: no stored value is longer (the
+// event's MaxFieldLen).
+const maxFilterLen = 1024
 
 // args binds the range: ClickHouse DateTime has seconds and the server's
 // time zone, so times go as UTC seconds.
@@ -132,6 +165,8 @@ func (r Range) args() []any {
 		clickhouse.Named("plan", r.Plan),
 		clickhouse.Named("gateway", r.Gateway),
 		clickhouse.Named("key", r.KeyID),
+		clickhouse.Named("kind", r.KeyKind),
+		clickhouse.Named("method", r.Method),
 	}
 }
 
@@ -140,6 +175,10 @@ func validBucket(b string) bool { return b == BucketMinute || b == BucketHour ||
 // BucketSize is a bucket's length (a day for BucketDay).
 func BucketSize(b string) time.Duration {
 	switch b {
+	case Bucket5m:
+		return 5 * time.Minute
+	case Bucket15m:
+		return 15 * time.Minute
 	case BucketHour:
 		return time.Hour
 	case BucketDay:
@@ -231,15 +270,15 @@ func (r *Reader) RecentKeyTraffic(ctx context.Context, from, to, recent time.Tim
 	return r.keyTraffic(ctx, qHotKeysRecent, "recent key traffic", args)
 }
 
-// keyTraffic runs a query answering (key_id, key_kind, gateway_id,
+// keyTraffic runs a query answering (key_id, key_kind, gateway_id, name,
 // requests, denied) rows ordered by key, and gathers each key's gateways.
 func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any) ([]KeyTraffic, error) {
 	type row struct {
-		id, kind, gw string
-		n, denied    int64
+		id, kind, gw, name string
+		n, denied          int64
 	}
 	rows, err := queryRows(ctx, r.ch, what, query, args, func(rows driver.Rows, k *row) error {
-		return rows.Scan(&k.id, &k.kind, &k.gw, &k.n, &k.denied)
+		return rows.Scan(&k.id, &k.kind, &k.gw, &k.name, &k.n, &k.denied)
 	})
 	if err != nil {
 		return nil, err
@@ -249,6 +288,7 @@ func (r *Reader) keyTraffic(ctx context.Context, query, what string, args []any)
 		if len(out) == 0 || out[len(out)-1].KeyID != k.id || out[len(out)-1].KeyKind != k.kind {
 			out = append(out, KeyTraffic{KeyID: k.id, KeyKind: k.kind, Gateways: map[string]int64{}})
 		}
+		out[len(out)-1].KeyName = max(out[len(out)-1].KeyName, k.name)
 		out[len(out)-1].Gateways[k.gw] += k.n
 		out[len(out)-1].Denied += k.denied
 	}
@@ -324,11 +364,16 @@ func (r *Reader) StoreHealth(ctx context.Context, rg Range, bucket string) ([]Ga
 }
 
 func checkBuckets(rg Range, bucket string) error {
-	if err := rg.validate(); err != nil {
-		return err
-	}
 	if !validBucket(bucket) {
 		return fmt.Errorf("%w: bucket %q: want minute, hour or day", ErrBadQuery, bucket)
+	}
+	return checkPoints(rg, bucket)
+}
+
+// checkPoints checks rg and that it holds at most maxPoints buckets.
+func checkPoints(rg Range, bucket string) error {
+	if err := rg.validate(); err != nil {
+		return err
 	}
 	if n := rg.To.Sub(rg.From) / BucketSize(bucket); n > maxPoints {
 		return fmt.Errorf("%w: %d %s buckets; use a coarser bucket or a shorter range", ErrBadQuery, n, bucket)
@@ -362,10 +407,14 @@ func (r *Reader) FailMinutes(ctx context.Context, rg Range) ([]FailMinute, error
 // TrendQuery asks for rejections over time.
 type TrendQuery struct {
 	Range
-	// Bucket is minute, hour or day.
+	// Bucket is minute, 5m, 15m, hour or day (or 1m, 1h, 1d).
 	Bucket string
-	// By splits the trend: rule, route, plan, gateway, key, or "" (one
-	// series).
+	// TZ is the IANA time zone buckets are aligned in (an hour in
+	// Asia/Kolkata starts at :30 UTC, a day at local midnight); default
+	// UTC.
+	TZ string
+	// By splits the trend: rule, route, plan, gateway, key, kind, method,
+	// or "" (one series).
 	By string
 	// Top keeps the Top series with the most rejections (then requests)
 	// and sums the rest into one series named "(other)"; 0 keeps all, and
@@ -375,32 +424,93 @@ type TrendQuery struct {
 
 // Validate reports a query that must not run.
 func (q TrendQuery) Validate() error {
-	if err := checkBuckets(q.Range, q.Bucket); err != nil {
-		return err
-	}
-	if !slices.Contains([]string{DimNone, DimRule, DimRoute, DimPlan, DimGateway, DimKey}, q.By) {
-		return fmt.Errorf("%w: by %q: want rule, route, plan, gateway or key", ErrBadQuery, q.By)
-	}
-	if q.Top < 0 || q.Top > 1000 {
-		return fmt.Errorf("%w: top %d outside [0, 1000]", ErrBadQuery, q.Top)
-	}
-	if q.By == DimKey && q.Top == 0 {
-		return fmt.Errorf("%w: a split by key needs top (at most 1000 series)", ErrBadQuery)
-	}
-	return nil
+	_, err := q.normalize()
+	return err
 }
 
-// TrendPoint is one bucket of one series.
+// normalize validates q and returns it with its bucket's alias resolved
+// and its time zone loaded.
+func (q TrendQuery) normalize() (TrendQuery, error) {
+	if b, ok := bucketAliases[q.Bucket]; ok {
+		q.Bucket = b
+	}
+	if !slices.Contains([]string{BucketMinute, Bucket5m, Bucket15m, BucketHour, BucketDay}, q.Bucket) {
+		return q, fmt.Errorf("%w: bucket %q: want minute (1m), 5m, 15m, hour (1h) or day (1d)", ErrBadQuery, q.Bucket)
+	}
+	if q.TZ == "" {
+		q.TZ = "UTC"
+	}
+	if _, err := LoadZone(q.TZ); err != nil {
+		return q, err
+	}
+	if err := checkPoints(q.Range, q.Bucket); err != nil {
+		return q, err
+	}
+	if !slices.Contains([]string{DimNone, DimRule, DimRoute, DimPlan, DimGateway, DimKey, DimKind, DimMethod}, q.By) {
+		return q, fmt.Errorf("%w: by %q: want rule, route, plan, gateway, key, kind or method", ErrBadQuery, q.By)
+	}
+	if q.Top < 0 || q.Top > 1000 {
+		return q, fmt.Errorf("%w: top %d outside [0, 1000]", ErrBadQuery, q.Top)
+	}
+	if q.By == DimKey && q.Top == 0 {
+		return q, fmt.Errorf("%w: a split by key needs top (at most 1000 series)", ErrBadQuery)
+	}
+	return q, nil
+}
+
+// LoadZone loads an IANA time zone by name ("UTC", "Europe/Berlin"). It
+// refuses "Local", whose meaning depends on the machine, and anything Go's
+// zone database does not know; the error wraps ErrBadQuery.
+func LoadZone(name string) (*time.Location, error) {
+	loc, err := time.LoadLocation(name)
+	if err != nil || name == "Local" || name == "" {
+		return nil, fmt.Errorf("%w: time zone %q: want an IANA name such as UTC or Europe/Berlin", ErrBadQuery, name)
+	}
+	return loc, nil
+}
+
+// TrendPoint is one bucket of one series. Denied is RateLimited (a limit
+// said no: 429) plus FailClosed (the store failed and the policy denied:
+// 503).
 type TrendPoint struct {
+	// Bucket is the bucket's start, in the query's time zone.
 	Bucket time.Time `json:"bucket"`
-	// Series is the value of the By dimension ("" without one).
-	Series     string  `json:"series"`
-	Requests   int64   `json:"requests"`
-	Denied     int64   `json:"denied"`
-	Ratio      float64 `json:"ratio"`
-	Shadow     int64   `json:"shadow"`
-	FailOpen   int64   `json:"fail_open"`
-	FailClosed int64   `json:"fail_closed"`
+	// Series is the value of the By dimension ("" without one); a key's
+	// name when it has one.
+	Series      string  `json:"series"`
+	Requests    int64   `json:"requests"`
+	Denied      int64   `json:"denied"`
+	Ratio       float64 `json:"ratio"`
+	RateLimited int64   `json:"rate_limited"`
+	FailClosed  int64   `json:"fail_closed"`
+	Shadow      int64   `json:"shadow"`
+	FailOpen    int64   `json:"fail_open"`
+	// Cost is the requests' cost, all decisions; CostAllowed the allowed
+	// ones'.
+	Cost        int64 `json:"cost"`
+	CostAllowed int64 `json:"cost_allowed"`
+}
+
+// TrendHeader is the header of a trend's table (CSV, the CLI), its series
+// column named after by.
+func TrendHeader(by string) []string {
+	if by == "" {
+		by = "series"
+	}
+	return []string{"bucket", by, "requests", "denied", "ratio", "rate_limited", "fail_closed", "shadow", "fail_open", "cost", "cost_allowed"}
+}
+
+// Record is p as a row under TrendHeader. A series that a spreadsheet
+// would run as a formula (a route or method starting with =, +, - or @)
+// gets a leading apostrophe.
+func (p TrendPoint) Record() []string {
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	series := p.Series
+	if series != "" && strings.ContainsRune("=+-@\t\r", rune(series[0])) {
+		series = "'" + series
+	}
+	return []string{p.Bucket.Format(time.RFC3339), series, i(p.Requests), i(p.Denied), strconv.FormatFloat(p.Ratio, 'f', 4, 64),
+		i(p.RateLimited), i(p.FailClosed), i(p.Shadow), i(p.FailOpen), i(p.Cost), i(p.CostAllowed)}
 }
 
 // OtherSeries names the series that sums all but the top ones.
@@ -408,14 +518,18 @@ const OtherSeries = "(other)"
 
 // Trends returns decisions and rejections per bucket and series.
 func (r *Reader) Trends(ctx context.Context, q TrendQuery) ([]TrendPoint, error) {
-	if err := q.Validate(); err != nil {
+	q, err := q.normalize()
+	if err != nil {
 		return nil, err
 	}
+	loc, _ := LoadZone(q.TZ) // normalize loaded it
 	args := append(q.Range.args(), clickhouse.Named("bucket", q.Bucket), clickhouse.Named("by", q.By),
-		clickhouse.Named("top", q.Top), clickhouse.Named("top_limit", max(1, q.Top)))
+		clickhouse.Named("tz", q.TZ), clickhouse.Named("top", q.Top), clickhouse.Named("top_limit", max(1, q.Top)))
 	return queryRows(ctx, r.ch, "trends", qTrends, args, func(rows driver.Rows, p *TrendPoint) error {
-		err := rows.Scan(&p.Bucket, &p.Series, &p.Requests, &p.Denied, &p.Shadow, &p.FailOpen, &p.FailClosed)
-		p.Bucket = p.Bucket.UTC()
+		var bucket uint32
+		err := rows.Scan(&bucket, &p.Series, &p.Requests, &p.Denied, &p.RateLimited, &p.FailClosed, &p.Shadow, &p.FailOpen,
+			&p.Cost, &p.CostAllowed)
+		p.Bucket = time.Unix(int64(bucket), 0).In(loc)
 		p.Ratio = ratio(p.Denied, p.Requests)
 		return err
 	})
@@ -431,15 +545,23 @@ func ratio(part, whole int64) float64 {
 
 // KeyRejections is one key's rejections in a range.
 type KeyRejections struct {
-	KeyID    string   `json:"key_id"`
-	KeyKind  string   `json:"key_kind"`
-	Requests int64    `json:"requests"`
-	Denied   int64    `json:"denied"`
-	Ratio    float64  `json:"ratio"`
-	Rules    []string `json:"rules"`
-	Plans    []string `json:"plans"`
-	Routes   []string `json:"routes"`
-	Gateways int64    `json:"gateways"`
+	KeyID   string `json:"key_id"`
+	KeyKind string `json:"key_kind"`
+	// KeyName is the key's name (an API key's configured id), or "".
+	KeyName  string  `json:"key_name"`
+	Requests int64   `json:"requests"`
+	Denied   int64   `json:"denied"`
+	Ratio    float64 `json:"ratio"`
+	// RateLimited and FailClosed split Denied into 429s and 503s.
+	RateLimited int64 `json:"rate_limited"`
+	FailClosed  int64 `json:"fail_closed"`
+	// Cost and CostAllowed sum the requests' cost, all and allowed.
+	Cost        int64    `json:"cost"`
+	CostAllowed int64    `json:"cost_allowed"`
+	Rules       []string `json:"rules"`
+	Plans       []string `json:"plans"`
+	Routes      []string `json:"routes"`
+	Gateways    int64    `json:"gateways"`
 }
 
 // TopKeys returns the limit keys with the most rejections in rg.
@@ -451,8 +573,10 @@ func (r *Reader) TopKeys(ctx context.Context, rg Range, limit int) ([]KeyRejecti
 		return nil, fmt.Errorf("%w: limit %d outside [1, 10000]", ErrBadQuery, limit)
 	}
 	return queryRows(ctx, r.ch, "top keys", qTopKeys, append(rg.args(), clickhouse.Named("limit", limit)), func(rows driver.Rows, k *KeyRejections) error {
-		err := rows.Scan(&k.KeyID, &k.KeyKind, &k.Requests, &k.Denied, &k.Rules, &k.Plans, &k.Routes, &k.Gateways)
+		err := rows.Scan(&k.KeyID, &k.KeyKind, &k.KeyName, &k.Requests, &k.Denied, &k.FailClosed, &k.Cost, &k.CostAllowed,
+			&k.Rules, &k.Plans, &k.Routes, &k.Gateways)
 		k.Ratio = ratio(k.Denied, k.Requests)
+		k.RateLimited = k.Denied - k.FailClosed
 		slices.Sort(k.Rules)
 		slices.Sort(k.Plans)
 		slices.Sort(k.Routes)

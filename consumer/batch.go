@@ -69,6 +69,7 @@ var decisionColumns = []column{
 	col("kafka_topic", "String", func(r *row) string { return r.topic }),
 	col("kafka_partition", "Int32", func(r *row) int32 { return r.partition }),
 	col("kafka_offset", "Int64", func(r *row) int64 { return r.offset }),
+	col("key_name", "String", func(r *row) string { return r.d.KeyName }),
 }
 
 // qInsertDecisions names its columns (ClickHouse 18.16's native protocol

@@ -104,17 +104,17 @@ func checkRollups(t *testing.T, ch driver.Conn) {
 	}{
 		{
 			name: "by key",
-			raw: `SELECT toString(toStartOfMinute(time)), key_id, key_kind, binding_rule, route, plan, gateway_id,
+			raw: `SELECT toString(toStartOfMinute(time)), key_id, key_kind, binding_rule, route, plan, gateway_id, key_name, method,
 				toString(count()), toString(countIf(allowed = 1)), toString(countIf(allowed = 0)), toString(sum(cost)),
 				toString(sumIf(cost, allowed = 1)), toString(countIf(mode = 'fail_open')), toString(countIf(mode = 'fail_closed')),
 				toString(countIf(store_status IN ('unavailable', 'timeout'))), toString(countIf(mode = 'shadow')),
 				toString(countIf(mode = 'local_fallback'))
-				FROM decisions GROUP BY toStartOfMinute(time), key_id, key_kind, binding_rule, route, plan, gateway_id`,
-			rollup: `SELECT toString(minute), key_id, key_kind, binding_rule, route, plan, gateway_id,
+				FROM decisions GROUP BY toStartOfMinute(time), key_id, key_kind, binding_rule, route, plan, gateway_id, key_name, method`,
+			rollup: `SELECT toString(minute), key_id, key_kind, binding_rule, route, plan, gateway_id, key_name, method,
 				toString(sum(requests)), toString(sum(allowed_requests)), toString(sum(denied_requests)), toString(sum(total_cost)),
 				toString(sum(allowed_cost)), toString(sum(fail_open)), toString(sum(fail_closed)),
 				toString(sum(store_unavailable)), toString(sum(shadow)), toString(sum(local_fallback))
-				FROM decisions_by_key_1m GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id`,
+				FROM decisions_by_key_1m GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, key_name, method`,
 		},
 		{
 			name: "by ip",

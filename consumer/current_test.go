@@ -241,9 +241,10 @@ func bindPositional(t *testing.T, sql string, args ...any) string {
 // namedArgs are plausible values of every analytics parameter.
 var namedArgs = map[string]any{
 	"from": testStart.Add(-time.Hour), "to": testStart.Add(time.Hour), "recent": testStart,
-	"bucket": "minute", "by": "key", "top": 5, "top_limit": 6, "limit": 10,
+	"bucket": "15m", "by": "key", "top": 5, "top_limit": 6, "limit": 10,
 	"min_requests": 1, "min_keys": 1, "min_user_agents": 1,
 	"key": "key-1", "ip": "10.0.0.1", "rule": "", "route": "", "plan": "", "gateway": "",
+	"kind": "api_key", "method": "GET", "tz": "Asia/Kathmandu",
 }
 
 // bindNamed fills each @name (after dropping comment lines, as the driver

@@ -91,6 +91,7 @@ func (g *Gateway) publish(c *call, v verdict) {
 		StoreStatus:   v.store,
 		Mode:          v.mode,
 		CheckLatency:  v.latency,
+		KeyName:       c.id.name,
 	}
 	if v.known && len(v.d.Rules) > 0 {
 		b := v.d.BindingRule()

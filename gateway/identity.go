@@ -23,6 +23,8 @@ type identity struct {
 	peerTrusted bool
 	// keyID caches the keyed hash of key (see Gateway.keyID).
 	keyID string
+	// name is an API key's configured id (apiKey.name), for events.
+	name string
 }
 
 // identifyError is why a caller could not be identified.
@@ -46,7 +48,7 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	}
 	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
 		if k := st.lookupKey(raw); k != nil {
-			id.kind, id.key, id.plan = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan
+			id.kind, id.key, id.plan, id.name = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan, k.name
 			return id, identified
 		}
 		if st.cfg.UnknownKey != UnknownKeyAnonymous {

@@ -42,7 +42,11 @@ type plan struct {
 }
 
 type apiKey struct {
-	id   string
+	id string
+	// name is the configured id, which events carry for people to read;
+	// empty when the id defaults to a digest of the key, which is no name
+	// and would put a derivative of the key in every event.
+	name string
 	sum  [sha256.Size]byte
 	plan *plan
 }
@@ -80,7 +84,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 	}
 	for _, k := range cfg.APIKeys {
 		sum := strings.ToLower(k.SHA256)
-		ak := &apiKey{id: k.ID, plan: st.plans[k.Plan]}
+		ak := &apiKey{id: k.ID, name: k.ID, plan: st.plans[k.Plan]}
 		if ak.id == "" {
 			ak.id = sum[:16]
 		}

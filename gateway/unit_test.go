@@ -255,7 +255,7 @@ func TestPublishesEachDecision(t *testing.T) {
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}}}}
-	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("raw-secret-key"), Plan: "free"}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("raw-secret-key"), Plan: "free"}, {SHA256: sha("unnamed-key"), Plan: "free"}}
 	cfg.GatewayID = "gw-7"
 	cfg.KeyHashSecret = "hash-secret"
 	pub := &fakePublisher{}
@@ -264,14 +264,25 @@ func TestPublishesEachDecision(t *testing.T) {
 	get(t, gw.URL+"/a", "X-API-Key", "raw-secret-key", "User-Agent", "test/1")
 	// 401, after a decision of the auth failure plan by address (issue 9).
 	get(t, gw.URL+"/a", "X-API-Key", "wrong")
+	// A key without a configured id has no name: its default id is a
+	// digest of the key, not something to publish.
+	get(t, gw.URL+"/a", "X-API-Key", "unnamed-key")
+	// POST /v1/check names the key as the proxied request does.
+	do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"key":"raw-secret-key"}`), "Content-Type", "application/json")
 
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
-	if len(pub.events) != 3 {
-		t.Fatalf("%d events, want 3", len(pub.events))
+	if len(pub.events) != 5 {
+		t.Fatalf("%d events, want 5", len(pub.events))
 	}
-	if e := pub.events[2]; e.KeyKind != event.KindIP || e.Plan != DefaultAuthFailureRule.Name || !e.Allowed {
-		t.Errorf("failed auth event %+v, want an allowed ip decision of plan %q", e, DefaultAuthFailureRule.Name)
+	if e := pub.events[4]; e.KeyKind != event.KindAPIKey || e.KeyName != "acme" {
+		t.Errorf("check event %+v, want key name acme", e)
+	}
+	if e := pub.events[2]; e.KeyKind != event.KindIP || e.Plan != DefaultAuthFailureRule.Name || !e.Allowed || e.KeyName != "" {
+		t.Errorf("failed auth event %+v, want an allowed ip decision of plan %q, no key name", e, DefaultAuthFailureRule.Name)
+	}
+	if e := pub.events[3]; e.KeyKind != event.KindAPIKey || e.KeyName != "" {
+		t.Errorf("unnamed key's event %+v, want an api_key decision without a key name", e)
 	}
 	pub.events = pub.events[:2]
 	e0, e1 := pub.events[0], pub.events[1]
@@ -285,7 +296,7 @@ func TestPublishesEachDecision(t *testing.T) {
 	}
 	want := event.Decision{GatewayID: "gw-7", KeyKind: event.KindAPIKey, ClientIP: "127.0.0.1", UserAgentHash: userAgentHash("test/1"),
 		Route: "all", Method: "GET", Plan: "free", BindingRule: "minute", Allowed: false, Limit: 1, Remaining: 0, Cost: 1,
-		StoreStatus: event.StoreOK, Mode: event.ModeEnforced}
+		StoreStatus: event.StoreOK, Mode: event.ModeEnforced, KeyName: "acme"}
 	got := e1
 	got.ID, got.Time, got.KeyID, got.CheckLatency = [16]byte{}, time.Time{}, "", 0
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -34,13 +34,15 @@ type Decision struct {
 	StoreStatus   string
 	Mode          string
 	LatencyUS     uint32
+	// KeyName is an API key's configured id ("" for none).
+	KeyName string
 }
 
 // insertSQL names its columns: clickhouse-go's native protocol needs that
 // on ClickHouse 18.16, and the rest take their defaults.
 const insertSQL = `INSERT INTO decisions (time, time_ms, gateway_id, key_id, key_kind, client_ip,
     user_agent_hash, route, method, plan, binding_rule, allowed, rule_limit, remaining, cost,
-    store_status, mode, check_latency_us, schema_version, batch_id)`
+    store_status, mode, check_latency_us, schema_version, batch_id, key_name)`
 
 // RollUpFunc fills the rollups from the raw rows of one batch
 // (consumer.RollUp; this package may not import the consumer).
@@ -63,7 +65,7 @@ func Insert(ctx context.Context, conn driver.Conn, rows []Decision, rollUp RollU
 			t := d.Time.UTC()
 			err := b.Append(t.Truncate(time.Second), uint16(t.Nanosecond()/1e6), d.Gateway, d.KeyID, d.KeyKind, d.ClientIP,
 				d.UserAgentHash, d.Route, d.Method, d.Plan, d.BindingRule, allowed, d.Limit, d.Remaining, max(1, d.Cost),
-				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1), batch)
+				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1), batch, d.KeyName)
 			if err != nil {
 				return fmt.Errorf("append row: %w", err)
 			}
@@ -110,7 +112,9 @@ type Fleet struct {
 // HotKey is a planted hot key: Rate requests a second over the last For,
 // spread across gateways by Weights (gateway id → weight).
 type HotKey struct {
-	KeyID   string
+	KeyID string
+	// Name is the key's name in its events (an API key's id); "" for none.
+	Name    string
 	Rate    float64
 	For     time.Duration
 	Weights map[string]float64
@@ -213,7 +217,9 @@ func (f Fleet) Rows() []Decision {
 		}
 		n := int(h.Rate * h.For.Seconds())
 		for i := 0; i < n; i++ {
-			rows = append(rows, decision(at(f.Now.Add(-h.For), h.For), pick(w), h.KeyID, "10.250.0.1", 99, "pro", 0.5))
+			d := decision(at(f.Now.Add(-h.For), h.For), pick(w), h.KeyID, "10.250.0.1", 99, "pro", 0.5)
+			d.KeyName = h.Name
+			rows = append(rows, d)
 		}
 	}
 	for j, a := range f.NAT {

@@ -2,6 +2,7 @@
 -- [@from, @to), at most @limit of them (busiest first), with their
 -- decisions and denials per gateway: the hot-key detector's input. A key is
 -- judged on what it was allowed, so denied traffic cannot make it hot.
+-- name is the key's name ('' when it has none; see top_keys).
 -- GLOBAL IN: on a Distributed table the subquery runs once, on the
 -- initiator, not once per shard against the whole cluster ("double
 -- distributed", which servers deny by default); on one server it is IN.
@@ -9,6 +10,7 @@ SELECT
     key_id,
     key_kind,
     gateway_id,
+    max(key_name) AS name,
     toInt64(sum(requests)) AS requests,
     toInt64(sum(denied_requests)) AS denied
 FROM decisions_by_key_1m

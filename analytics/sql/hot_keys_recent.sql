@@ -4,7 +4,7 @@
 -- at most @limit of them. The one query that reads the raw table: the
 -- rollups have minutes, and a key that turns hot must be found in seconds.
 -- It stays cheap because the raw table is ordered by (key_id, time): only
--- the few candidates' last seconds are read.
+-- the few candidates' last seconds are read. name as in hot_keys.
 -- GLOBAL IN: on a Distributed table the subquery runs once, on the
 -- initiator, not once per shard against the whole cluster ("double
 -- distributed", which servers deny by default); on one server it is IN.
@@ -12,6 +12,7 @@ SELECT
     key_id,
     key_kind,
     gateway_id,
+    max(key_name) AS name,
     toInt64(count()) AS requests,
     toInt64(countIf(allowed = 0)) AS denied
 FROM decisions

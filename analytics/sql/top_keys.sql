@@ -1,10 +1,17 @@
 -- top_keys: the keys with the most rejections in [@from, @to), after the
--- optional filters, with the rules that denied them and where.
+-- optional filters (@key matches a key id or a key name), with their name
+-- (an API key's configured id; '' for users, IPs and rows stored before
+-- key names), cost, the rules that denied them and where. max(key_name):
+-- a key's rows all carry its one name, or '' from before names were kept.
 SELECT
     key_id,
     key_kind,
-    toInt64(sum(requests)) AS requests,
+    max(key_name) AS name,
+    toInt64(sum(requests)) AS total,
     toInt64(sum(denied_requests)) AS denied,
+    toInt64(sum(fail_closed)) AS failed_closed,
+    toInt64(sum(total_cost)) AS cost,
+    toInt64(sum(allowed_cost)) AS cost_allowed,
     arraySlice(arraySort(groupUniqArrayIf(binding_rule, denied_requests > 0)), 1, 5) AS rules,
     arraySlice(arraySort(groupUniqArray(plan)), 1, 5) AS plans,
     arraySlice(arraySort(groupUniqArray(route)), 1, 5) AS routes,
@@ -15,7 +22,10 @@ WHERE minute >= @from AND minute < @to
   AND (@route = '' OR route = @route)
   AND (@plan = '' OR plan = @plan)
   AND (@gateway = '' OR gateway_id = @gateway)
+  AND (@key = '' OR key_id = @key OR key_name = @key)
+  AND (@kind = '' OR key_kind = @kind)
+  AND (@method = '' OR method = @method)
 GROUP BY key_id, key_kind
 HAVING denied > 0
-ORDER BY denied DESC, requests DESC, key_id
+ORDER BY denied DESC, total DESC, key_id
 LIMIT @limit

@@ -5,8 +5,9 @@
 //
 //	analytics serve        [-config analytics.yaml]   detectors on a schedule, directives, alerts, API + dashboard
 //	analytics check        [-config analytics.yaml]   validate, print the effective config (secrets redacted)
-//	analytics trends       [-from -1h] [-to now] [-by rule|route|plan|gateway|key] [-bucket auto|minute|hour|day] [-top 10]
+//	analytics trends       [-from -1h] [-to now] [-by rule|route|plan|gateway|key|kind|method] [-bucket auto|minute|5m|15m|hour|day] [-tz UTC] [-top 10]
 //	analytics top-keys     [-from -1h] [-to now] [-limit 20]
+//	analytics key ID|NAME  [-from -1h] [-to now] [-bucket ...] [-tz UTC]  one key's page (directives from Redis when configured)
 //	analytics hot-keys     [-from -1m] [-to now] [-key ID (its history)]
 //	analytics nat-ips      [-from -10m] [-to now] [-ip ADDR (its history)]
 //	analytics fail-minutes [-from -24h] [-to now]
@@ -15,7 +16,8 @@
 //	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
-// filters -rule, -route, -plan, -gateway, -key. Times are now, -1h, -7d,
+// filters -rule, -route, -plan, -gateway, -key (trends and top-keys also
+// -kind and -method, all at once). Times are now, -1h, -7d,
 // RFC 3339, "2006-01-02 15:04" (UTC) or Unix seconds. The hot-keys and
 // nat-ips commands run the detectors over the range and write nothing.
 //
@@ -63,6 +65,7 @@ commands:
   check         validate the configuration and print it (secrets redacted)
   trends        rejections and rejection ratio over time
   top-keys      the keys with the most rejections
+  key           one key's page: requests, denials by rule and route, gateways, cost, directives, history
   hot-keys      hot keys over a range (or one key's history with -key)
   nat-ips       NAT-shared IPs with their evidence (or one IP's history with -ip)
   fail-minutes  minutes in which gateways failed open or closed
@@ -107,7 +110,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return fmt.Errorf("config: %w", err)
 		}
 		return serve(ctx, fc, stdout)
-	case "trends", "top-keys", "hot-keys", "nat-ips", "fail-minutes", "store-health":
+	case "trends", "top-keys", "key", "hot-keys", "nat-ips", "fail-minutes", "store-health":
 		return query(ctx, cmd, fs, args, getenv, stdout)
 	case "whatif":
 		return whatIf(ctx, fs, args, getenv, stdout)

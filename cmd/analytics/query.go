@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/internal/boot"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // table is a command's result for the table and csv formats; json prints
@@ -31,22 +33,37 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 		from    = fs.String("from", "", "start of the range: now, -1h, -7d, RFC 3339, 2006-01-02[ 15:04] (UTC) or Unix seconds")
 		to      = fs.String("to", "now", "end of the range (exclusive), same forms as -from")
 		format  = fs.String("format", "table", "output: table, csv or json")
-		by      = fs.String("by", "rule", "trends: split by rule, route, plan, gateway, key, or none")
-		bucket  = fs.String("bucket", "auto", "trends, store-health, histories: minute, hour, day or auto")
+		by      = fs.String("by", "rule", "trends: split by rule, route, plan, gateway, key, kind, method, or none")
+		bucket  = fs.String("bucket", "auto", "trends, key, store-health, histories: minute, hour, day or auto; trends and key also 5m, 15m (and 1m, 1h, 1d)")
+		tz      = fs.String("tz", "UTC", "trends, key: the IANA time zone buckets are aligned in, e.g. Europe/Berlin")
 		top     = fs.Int("top", 10, "trends: keep the top N series by rejections, sum the rest as (other); 0 keeps all")
 		limit   = fs.Int("limit", 20, "top-keys: how many keys")
 		rule    = fs.String("rule", "", "only decisions whose binding rule is this")
 		route   = fs.String("route", "", "only this route")
 		plan    = fs.String("plan", "", "only this plan")
 		gateway = fs.String("gateway", "", "only this gateway")
-		key     = fs.String("key", "", "only this key id (hot-keys: that key's history)")
+		key     = fs.String("key", "", "only this key id, or (trends, top-keys) key name (hot-keys: that key's history)")
+		kind    = fs.String("kind", "", "trends, top-keys: only this key kind: api_key, user or ip")
+		method  = fs.String("method", "", "trends, top-keys: only this HTTP method")
 		ip      = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
 	)
+	// analytics key ID [flags] or analytics key [flags] ID.
+	var keyArg string
+	if cmd == "key" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		keyArg, args = args[0], args[1:]
+	}
 	if done, err := fs.Parse(args); done {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	rest := fs.Args()
+	if cmd == "key" && keyArg == "" && len(rest) > 0 {
+		keyArg, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, rest)
+	}
+	if cmd == "key" && keyArg == "" {
+		return fmt.Errorf("%w: analytics key needs a key id or name: analytics key ID [flags]", errUsage)
 	}
 	if *format != "table" && *format != "csv" && *format != "json" {
 		return fmt.Errorf("%w: -format %q: want table, csv or json", errUsage, *format)
@@ -63,7 +80,7 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	if defFrom == 0 || *key != "" || *ip != "" {
 		defFrom = time.Hour
 	}
-	rg := analytics.Range{Rule: *rule, Route: *route, Plan: *plan, Gateway: *gateway, KeyID: *key}
+	rg := analytics.Range{Rule: *rule, Route: *route, Plan: *plan, Gateway: *gateway, KeyID: *key, KeyKind: *kind, Method: *method}
 	if rg.From, err = analytics.ParseTime(*from, now, now.Add(-defFrom)); err != nil {
 		return err
 	}
@@ -93,11 +110,18 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	var t table
 	switch cmd {
 	case "trends":
-		pts, err := r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: b, By: dim, Top: *top})
+		pts, err := r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: b, TZ: *tz, By: dim, Top: *top})
 		if err != nil {
 			return err
 		}
 		v, t = pts, trendsTable(pts, dim)
+	case "key":
+		rep, err := r.KeyReport(ctx, rg, keyArg, b, *tz)
+		if err != nil {
+			return err
+		}
+		readKeyDirectives(ctx, fc, &rep, now)
+		v, t = rep, keyTable(rep)
 	case "top-keys":
 		keys, err := r.TopKeys(ctx, rg, *limit)
 		if err != nil {
@@ -186,23 +210,80 @@ func f(v float64, prec int) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
+// trendsTable is the API's CSV: one definition of a trend's columns.
 func trendsTable(pts []analytics.TrendPoint, by string) table {
-	series := by
-	if series == "" {
-		series = "series"
-	}
-	t := table{header: []string{"bucket", series, "requests", "denied", "ratio", "shadow", "fail_open", "fail_closed"}}
+	t := table{header: analytics.TrendHeader(by)}
 	for _, p := range pts {
-		t.rows = append(t.rows, []string{ts(p.Bucket), p.Series, n(p.Requests), n(p.Denied), f(p.Ratio, 4), n(p.Shadow), n(p.FailOpen), n(p.FailClosed)})
+		t.rows = append(t.rows, p.Record())
 	}
 	return t
 }
 
 func topKeysTable(keys []analytics.KeyRejections) table {
-	t := table{header: []string{"key_id", "key_kind", "requests", "denied", "ratio", "rules", "plans", "routes", "gateways"}}
+	t := table{header: []string{"key_id", "key_name", "key_kind", "requests", "denied", "ratio", "rate_limited", "fail_closed",
+		"cost", "cost_allowed", "rules", "plans", "routes", "gateways"}}
 	for _, k := range keys {
-		t.rows = append(t.rows, []string{k.KeyID, k.KeyKind, n(k.Requests), n(k.Denied), f(k.Ratio, 4),
+		t.rows = append(t.rows, []string{k.KeyID, k.KeyName, k.KeyKind, n(k.Requests), n(k.Denied), f(k.Ratio, 4),
+			n(k.RateLimited), n(k.FailClosed), n(k.Cost), n(k.CostAllowed),
 			strings.Join(k.Rules, ";"), strings.Join(k.Plans, ";"), strings.Join(k.Routes, ";"), n(k.Gateways)})
+	}
+	return t
+}
+
+// readKeyDirectives adds the split directives in Redis to rep when Redis
+// is configured; a Redis that does not answer leaves them unknown, said
+// so, rather than failing the whole page.
+func readKeyDirectives(ctx context.Context, fc fileConfig, rep *analytics.KeyReport, now time.Time) {
+	if !fc.Redis.Set() {
+		return
+	}
+	rdb, err := boot.NewRedis(fc.Redis.Redis, boot.RedisTuning{Timeout: 2 * time.Second}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		rep.Directives = "unavailable: " + err.Error()
+		return
+	}
+	defer rdb.Close()
+	d, _, err := limiter.NewDirectiveStore(rdb, fc.Redis.Prefix).Load(ctx)
+	if err != nil {
+		rep.Directives = "unavailable: " + err.Error()
+		return
+	}
+	rep.AddDirectives(d, now)
+}
+
+// keyTable is a key's page as one table: a section column (key, total,
+// rule, route, gateway, plan, method, split, history) and the counts.
+func keyTable(rep analytics.KeyReport) table {
+	t := table{header: []string{"section", "name", "requests", "denied", "ratio", "rate_limited", "fail_closed", "cost", "cost_allowed"}}
+	for _, k := range rep.Keys {
+		t.rows = append(t.rows, []string{"key", k.KeyName + " " + k.KeyKind + ":" + k.KeyID, "", "", "", "", "", "", ""})
+	}
+	row := func(section string, c analytics.KeyCount) {
+		t.rows = append(t.rows, []string{section, c.Name, n(c.Requests), n(c.Denied), f(c.Ratio, 4), n(c.RateLimited), n(c.FailClosed), n(c.Cost), n(c.CostAllowed)})
+	}
+	if len(rep.Keys) == 0 {
+		return t
+	}
+	row("total", rep.Total)
+	for _, s := range []struct {
+		name string
+		cs   []analytics.KeyCount
+	}{{"rule", rep.Rules}, {"route", rep.Routes}, {"gateway", rep.Gateways}, {"plan", rep.Plans}, {"method", rep.Methods}} {
+		for _, c := range s.cs {
+			row(s.name, c)
+		}
+	}
+	if rep.Directives != "redis" {
+		t.rows = append(t.rows, []string{"split", "directives " + rep.Directives, "", "", "", "", "", "", ""})
+	} else if len(rep.Splits) == 0 {
+		t.rows = append(t.rows, []string{"split", "none", "", "", "", "", "", "", ""})
+	}
+	for _, s := range rep.Splits {
+		t.rows = append(t.rows, []string{"split", shares(s.Shares) + " until " + ts(s.Expires), "", "", "", "", "", "", ""})
+	}
+	for _, p := range rep.History {
+		t.rows = append(t.rows, []string{"history", p.Bucket.Format(time.RFC3339), n(p.Requests), n(p.Denied), f(p.Ratio, 4),
+			n(p.RateLimited), n(p.FailClosed), n(p.Cost), n(p.CostAllowed)})
 	}
 	return t
 }
@@ -219,9 +300,9 @@ func shares(s map[string]float64) string {
 }
 
 func hotKeysTable(hot []analytics.HotKey) table {
-	t := table{header: []string{"key_id", "key_kind", "requests", "rate", "share", "reason", "gateway_shares"}}
+	t := table{header: []string{"key_id", "key_name", "key_kind", "requests", "rate", "share", "reason", "gateway_shares"}}
 	for _, h := range hot {
-		t.rows = append(t.rows, []string{h.KeyID, h.KeyKind, n(h.Requests), f(h.Rate, 2), f(h.Share, 4), h.Reason, shares(h.Shares)})
+		t.rows = append(t.rows, []string{h.KeyID, h.KeyName, h.KeyKind, n(h.Requests), f(h.Rate, 2), f(h.Share, 4), h.Reason, shares(h.Shares)})
 	}
 	return t
 }

@@ -1,7 +1,7 @@
 -- The batch's rows of the key rollup. No alias may repeat a raw column name
 -- (the dialect substitutes aliases everywhere).
 INSERT INTO decisions_by_key_1m (minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id,
-    requests, allowed_requests, denied_requests, total_cost, allowed_cost, fail_open, fail_closed,
+    key_name, method, requests, allowed_requests, denied_requests, total_cost, allowed_cost, fail_open, fail_closed,
     store_unavailable, shadow, local_fallback)
 SELECT
     toStartOfMinute(time) AS minute,
@@ -12,6 +12,8 @@ SELECT
     plan,
     gateway_id,
     batch_id,
+    key_name,
+    method,
     count() AS requests,
     sum(toUInt64(allowed)) AS allowed_requests,
     sum(toUInt64(allowed = 0)) AS denied_requests,
@@ -24,4 +26,4 @@ SELECT
     sum(toUInt64(mode = 'local_fallback')) AS local_fallback
 FROM {stage}
 WHERE (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
-GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id
+GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id, key_name, method

@@ -43,6 +43,7 @@ const (
 	fieldStoreStatus    = 16
 	fieldMode           = 17
 	fieldCheckLatencyNS = 18
+	fieldKeyName        = 19
 )
 
 // MaxFieldLen is the longest string field Encode writes and Decode accepts,
@@ -102,6 +103,7 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	}{
 		{"gateway_id", d.GatewayID}, {"key_id", d.KeyID}, {"client_ip", d.ClientIP},
 		{"route", d.Route}, {"method", d.Method}, {"plan", d.Plan}, {"binding_rule", d.BindingRule},
+		{"key_name", d.KeyName},
 	} {
 		if len(f.v) > MaxFieldLen {
 			return dst, fmt.Errorf("encode %s (%d bytes): %w", f.name, len(f.v), ErrFieldTooLong)
@@ -141,6 +143,7 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	b = appendVarintField(b, fieldStoreStatus, uint64(d.StoreStatus))
 	b = appendVarintField(b, fieldMode, uint64(d.Mode))
 	b = appendVarintField(b, fieldCheckLatencyNS, protowire.EncodeZigZag(int64(d.CheckLatency)))
+	b = appendString(b, fieldKeyName, d.KeyName)
 	return b, nil
 }
 
@@ -238,6 +241,8 @@ func DecodeInto(d *Decision, b []byte) error {
 			var ns int64
 			err = r.sint64(&ns)
 			d.CheckLatency = time.Duration(ns)
+		case fieldKeyName:
+			err = r.string(&d.KeyName)
 		default:
 			// A newer writer's field: skip it, whatever its wire type.
 			n := protowire.ConsumeFieldValue(num, typ, r.b)

@@ -52,6 +52,9 @@ func TestGolden(t *testing.T) {
 		{name: "zero", give: Decision{}, file: "decision_v2_zero.hex"},
 		{name: "negative", give: Decision{Time: time.Unix(-1, 0).UTC(), Limit: -1, Remaining: -5, Cost: -1, CheckLatency: -1, Allowed: true, Mode: ModeShadow}, file: "decision_v2_negative.hex"},
 		{name: "epoch", give: Decision{Time: time.Unix(0, 0).UTC(), StoreStatus: StoreOK, Mode: ModeEnforced}, file: "decision_v2_epoch.hex"},
+		// golden() predates key_name (19): its file is what such a writer
+		// sent, and it still reads, with no name.
+		{name: "key name", give: withKeyName(golden(), "acme"), file: "decision_v2_key_name.hex"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,6 +82,11 @@ func TestGolden(t *testing.T) {
 			wantDecode(t, want, tt.give, "golden "+tt.name)
 		})
 	}
+}
+
+func withKeyName(d Decision, name string) Decision {
+	d.KeyName = name
+	return d
 }
 
 // wantDecode decodes b, what it is called in failures, and wants want.
@@ -110,6 +118,15 @@ func TestGoldenFirstBytes(t *testing.T) {
 	}
 	if len(b) > 160 {
 		t.Errorf("len(Encode(golden)) = %d, want a compact record (<= 160 bytes)", len(b))
+	}
+	// key_name (19, bytes): tag 0x9a 0x01, length, the name; nothing else
+	// changes.
+	named, err := Encode(withKeyName(golden(), "acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if field := []byte{0x9a, 0x01, 4, 'a', 'c', 'm', 'e'}; !bytes.Contains(named, field) || len(named) != len(b)+len(field) {
+		t.Errorf("Encode(golden with key name) = % x, want Encode(golden) and key_name written as % x", named, field)
 	}
 }
 
@@ -228,6 +245,7 @@ func TestEncodeErrors(t *testing.T) {
 	}{
 		{name: "long route", give: Decision{Route: strings.Repeat("r", MaxFieldLen+1)}, want: ErrFieldTooLong},
 		{name: "long key", give: Decision{KeyID: strings.Repeat("k", MaxFieldLen+1)}, want: ErrFieldTooLong},
+		{name: "long key name", give: Decision{KeyName: strings.Repeat("k", MaxFieldLen+1)}, want: ErrFieldTooLong},
 		{name: "year 3000", give: Decision{Time: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 		{name: "year 1000", give: Decision{Time: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 	}
@@ -260,6 +278,9 @@ func TestRoundTrip(t *testing.T) {
 		d.KeyKind = KeyKind(i % len(keyKindNames))
 		d.Mode = Mode(i % len(modeNames))
 		d.StoreStatus = StoreStatus(i % len(storeStatusNames))
+		if d.KeyKind == KindAPIKey {
+			d.KeyName = fmt.Sprintf("customer-%d", i)
+		}
 		b, err := Encode(d)
 		if err != nil {
 			t.Fatal(err)

@@ -55,7 +55,8 @@ const (
 )
 
 // Decision is one rate-limit decision. It never holds a raw API key: KeyID
-// is a keyed hash (HMAC) of the identity.
+// is a keyed hash (HMAC) of the identity, and KeyName the API key's
+// configured id.
 type Decision struct {
 	ID            [16]byte // unique, time-ordered (48-bit ms time + random)
 	Time          time.Time
@@ -75,4 +76,7 @@ type Decision struct {
 	StoreStatus   StoreStatus
 	Mode          Mode
 	CheckLatency  time.Duration
+	// KeyName is the configured id of an API key caller (not a secret);
+	// empty for users and IPs.
+	KeyName string
 }

@@ -26,6 +26,7 @@ func mustDecisionDescriptor(tb testing.TB) protoreflect.MessageDescriptor {
 func full() Decision {
 	d := golden()
 	d.Allowed, d.Remaining = true, 41
+	d.KeyName = "acme"
 	return d
 }
 
@@ -69,6 +70,7 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 	enum("store_status", uint8(d.StoreStatus))
 	enum("mode", uint8(d.Mode))
 	i64("check_latency_ns", int64(d.CheckLatency))
+	str("key_name", d.KeyName)
 	return m
 }
 
