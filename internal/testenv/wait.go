@@ -31,18 +31,25 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 	}
 }
 
-// CreateTopics creates topics with partitions each (replication 1) on
-// brokers.
-func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+// KafkaAdmin is an admin client of brokers and a context for its calls that
+// ends after timeout; done cancels the one and closes the other.
+func KafkaAdmin(tb testing.TB, brokers []string, timeout time.Duration) (ctx context.Context, adm *kadm.Client, done func()) {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return ctx, kadm.NewClient(cl), func() { cancel(); cl.Close() }
+}
+
+// CreateTopics creates topics with partitions each (replication 1) on
+// brokers.
+func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+	tb.Helper()
+	ctx, adm, done := KafkaAdmin(tb, brokers, 30*time.Second)
+	defer done()
+	resp, err := adm.CreateTopics(ctx, partitions, 1, nil, topics...)
 	if err == nil {
 		err = resp.Error()
 	}
