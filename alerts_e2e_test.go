@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,23 +68,11 @@ func TestFailOpenAlert(t *testing.T) {
 	resp.Body.Close()
 
 	// Steady load, well above the rules' minimum-rate guards.
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
-	wg.Go(func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+traffic+"/x", nil)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
+	testenv.Load(t, 1, 20*time.Millisecond, func(ctx context.Context) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+traffic+"/x", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
 		}
 	})
 

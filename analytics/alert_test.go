@@ -135,6 +135,22 @@ func TestAlerterDedup(t *testing.T) {
 	open := func(firing bool) []Alert {
 		return []Alert{{Name: AlertFailOpen, Severity: "critical", Firing: firing, Ratio: 0.5, Summary: "s", Runbook: "r"}}
 	}
+	// process evaluates the fail-open alert, firing or not, and fails the
+	// test if posting it fails.
+	process := func(firing bool) {
+		t.Helper()
+		if err := a.Process(ctx, open(firing)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// nothingPosted fails the test if Alertmanager or the webhook got a
+	// post since the last take.
+	nothingPosted := func(what string) {
+		t.Helper()
+		if n := len(am.take()) + len(hook.take()); n != 0 {
+			t.Fatalf("%s posted %d times", what, n)
+		}
+	}
 	amAlerts := func(bodies [][]byte) []postableAlert {
 		t.Helper()
 		var all []postableAlert
@@ -149,17 +165,11 @@ func TestAlerterDedup(t *testing.T) {
 	}
 
 	// Quiet: nothing posted.
-	if err := a.Process(ctx, open(false)); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(am.take()) + len(hook.take()); n != 0 {
-		t.Fatalf("quiet evaluation posted %d times", n)
-	}
+	process(false)
+	nothingPosted("quiet evaluation")
 
 	// Fires: both told.
-	if err := a.Process(ctx, open(true)); err != nil {
-		t.Fatal(err)
-	}
+	process(true)
 	started := clock()
 	got := amAlerts(am.take())
 	if len(got) != 1 || got[0].Labels["alertname"] != AlertFailOpen || got[0].Labels["cluster"] != "test" ||
@@ -174,21 +184,15 @@ func TestAlerterDedup(t *testing.T) {
 
 	// Still firing within the resend interval: deduplicated.
 	advance(30 * time.Second)
-	if err := a.Process(ctx, open(true)); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(am.take()) + len(hook.take()); n != 0 {
-		t.Fatalf("repeat within the resend interval posted %d times", n)
-	}
+	process(true)
+	nothingPosted("repeat within the resend interval")
 	if f := a.Firing(); len(f) != 1 || f[0].Name != AlertFailOpen {
 		t.Errorf("Firing() = %+v, want the fail-open alert", f)
 	}
 
 	// After the resend interval: Alertmanager refreshed, same start; webhook not.
 	advance(31 * time.Second)
-	if err := a.Process(ctx, open(true)); err != nil {
-		t.Fatal(err)
-	}
+	process(true)
 	if got := amAlerts(am.take()); len(got) != 1 || !got[0].StartsAt.Equal(started) {
 		t.Fatalf("resend to alertmanager = %+v, want one alert starting %v", got, started)
 	}
@@ -208,9 +212,7 @@ func TestAlerterDedup(t *testing.T) {
 	}
 	am.setFail(false)
 	advance(5 * time.Second)
-	if err := a.Process(ctx, open(false)); err != nil {
-		t.Fatal(err)
-	}
+	process(false)
 	if got := amAlerts(am.take()); len(got) != 1 || !got[0].EndsAt.Equal(resolved) {
 		t.Fatalf("resolved post to alertmanager = %+v, want endsAt %v", got, resolved)
 	}
@@ -222,10 +224,6 @@ func TestAlerterDedup(t *testing.T) {
 	}
 
 	// Quiet again: nothing more.
-	if err := a.Process(ctx, open(false)); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(am.take()) + len(hook.take()); n != 0 {
-		t.Fatalf("quiet evaluation after resolution posted %d times", n)
-	}
+	process(false)
+	nothingPosted("quiet evaluation after resolution")
 }

@@ -27,29 +27,12 @@ import (
 // subquery reading the same Distributed table is "double distributed" and
 // denied (distributed_product_mode = deny) unless it is GLOBAL.
 func TestFaultClusterQueries(t *testing.T) {
-	srv := testenv.Private(t, "clickhouse-cluster")
-	cluster := srv.Get(t, "EDGELIMIT_CLICKHOUSE_CLUSTER")
 	ctx := context.Background()
-	suffix := fmt.Sprint(time.Now().UnixNano())
-	local, dist, single := "local_"+suffix, "dist_"+suffix, "single_"+suffix
-	shards := testenv.ClusterShards(t, srv, local, dist, single)
-	for _, c := range shards {
-		if err := consumer.Migrate(ctx, c, consumer.Retention{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	addr1 := srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1")
-	one := testenv.OpenClickHouse(t, addr1, single)
-	if err := consumer.Migrate(ctx, one, consumer.Retention{}); err != nil {
+	migrate := func(ctx context.Context, c driver.Conn) error { return consumer.Migrate(ctx, c, consumer.Retention{}) }
+	srv, shards, on := testenv.Distributed(t, migrate, "decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger")
+	one, _ := testenv.NewDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), "single")
+	if err := migrate(ctx, one); err != nil {
 		t.Fatal(err)
-	}
-	on := testenv.OpenClickHouse(t, addr1, dist)
-	for _, table := range []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger"} {
-		// Names come from the list above and the test's own databases.
-		q := fmt.Sprintf("CREATE TABLE %s.%s AS %s.%s ENGINE = Distributed(%s, %s, %s)", dist, table, local, table, cluster, local, table)
-		if err := on.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	fleetNow := fleetClock()

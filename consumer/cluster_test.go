@@ -2,9 +2,9 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"testing"
-	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -15,25 +15,8 @@ import (
 // rollup insert failing, here on one shard only) still ends with every event
 // once in the raw table and every rollup: aborts delete on each shard.
 func TestFaultClusterExactlyOnce(t *testing.T) {
-	srv := testenv.Private(t, "clickhouse-cluster")
-	cluster := srv.Get(t, "EDGELIMIT_CLICKHOUSE_CLUSTER")
-	ctx := context.Background()
-	suffix := fmt.Sprint(time.Now().UnixNano())
-	local, dist := "local_"+suffix, "dist_"+suffix
-	shards := testenv.ClusterShards(t, srv, local, dist)
-	for _, c := range shards {
-		if err := Migrate(ctx, c, Retention{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ch := testenv.OpenClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
-	for _, table := range append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims") {
-		// Names come from the consumer's own lists and the test's databases.
-		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)
-		if err := ch.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	migrate := func(ctx context.Context, c driver.Conn) error { return Migrate(ctx, c, Retention{}) }
+	_, shards, ch := testenv.Distributed(t, migrate, append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims")...)
 
 	kb := realBackend(t, 2)
 	cfg := kb.config()

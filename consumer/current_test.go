@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -173,41 +174,14 @@ func valuesSQL(t *testing.T, rows []row, batch uint64) string {
 	cols := make([][]any, len(decisionColumns))
 	for i, c := range decisionColumns {
 		vs := c.values([][]row{rows}, len(rows))
-		switch s := vs.(type) {
-		case []string:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []time.Time:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []uint8:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []uint16:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []uint32:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []uint64:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []int32:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		case []int64:
-			for _, v := range s {
-				cols[i] = append(cols[i], v)
-			}
-		default:
+		// Each column's values are a slice of its own Go type; literal
+		// says which element types it can write.
+		s := reflect.ValueOf(vs)
+		if s.Kind() != reflect.Slice {
 			t.Fatalf("column %s: values of %T", c.name, vs)
+		}
+		for j := range s.Len() {
+			cols[i] = append(cols[i], s.Index(j).Interface())
 		}
 	}
 	tuples := make([]string, len(rows))

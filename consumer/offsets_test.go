@@ -1,25 +1,20 @@
 package consumer
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // committed returns the group's committed offsets for topic by partition.
 func committed(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	ctx, adm, done := testenv.KafkaAdmin(t, brokers, 10*time.Second)
+	defer done()
+	resp, err := adm.FetchOffsets(ctx, group)
 	if err != nil {
 		t.Fatalf("fetch offsets of %s: %v", group, err)
 	}

@@ -125,20 +125,25 @@ func FuzzNormalizePath(f *testing.F) {
 	})
 }
 
-// pathUpstream is a real service that records the request target of each
-// request it receives.
+// pathUpstream is a real service that records each request it receives:
+// its method, request target and headers.
 type pathUpstream struct {
 	*httptest.Server
 	mu   sync.Mutex
-	seen []string
+	seen []upstreamRequest
 }
 
-func newPathUpstream(t *testing.T) *pathUpstream {
+type upstreamRequest struct {
+	method, uri string
+	header      http.Header
+}
+
+func newPathUpstream(t testing.TB) *pathUpstream {
 	u := &pathUpstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		u.mu.Lock()
-		u.seen = append(u.seen, r.RequestURI)
+		u.seen = append(u.seen, upstreamRequest{r.Method, r.RequestURI, r.Header.Clone()})
 		u.mu.Unlock()
 		_, _ = io.WriteString(w, "upstream\n")
 	}))
@@ -146,12 +151,22 @@ func newPathUpstream(t *testing.T) *pathUpstream {
 	return u
 }
 
-func (u *pathUpstream) take() []string {
+// takeRequests returns the requests received since the last take.
+func (u *pathUpstream) takeRequests() []upstreamRequest {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	s := u.seen
 	u.seen = nil
 	return s
+}
+
+// take returns the request targets received since the last take.
+func (u *pathUpstream) take() []string {
+	var uris []string
+	for _, r := range u.takeRequests() {
+		uris = append(uris, r.uri)
+	}
+	return uris
 }
 
 // rawConn opens a connection to the gateway at gwURL, closed when the
@@ -339,4 +354,69 @@ func TestRoutePrefixNormalForm(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "normal form") {
 		t.Fatalf("Validate(/api//x) = %v, want a normal-form error", err)
 	}
+}
+
+// overrideHeaders are headers with which an upstream framework could act
+// on another path or method than the one the gateway decided on.
+var overrideHeaders = []string{
+	"X-Original-URL", "X-Rewrite-URL", "X-Override-URL", "X-HTTP-Method-Override",
+	"X-HTTP-Method", "X-Method-Override", "X-Forwarded-Prefix", "X-Forwarded-Path", "X_Original_URL",
+}
+
+// FuzzDecidedIsForwarded sends arbitrary paths with arbitrary values of
+// path- and method-overriding headers through a started gateway to a real
+// upstream, and asserts that whenever the upstream is reached, it receives
+// exactly the path and method the gateway routed and charged, and none of
+// the overriding headers (issue 9: the path decided is the path forwarded).
+func FuzzDecidedIsForwarded(f *testing.F) {
+	for i, s := range []string{"/api/search/q", "/api/search/..%2Fhealthz", "/internal/..%2Fapi/healthz", "/api/export;jsessionid=1",
+		"/api/EXPORT", "//api//export", "/api/./export/", "/a/%2e%2e/healthz", "/%c0%af", "/api/export%00", "/x?y=/z"} {
+		f.Add(s, uint8(i), "/admin")
+	}
+	up := newPathUpstream(f)
+	cfg := testConfig(up.URL)
+	// Never denies: the test is about paths.
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1 << 30, Period: time.Minute}}}}
+	cfg.Routes = []Route{
+		{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
+		{Name: "export", PathPrefix: "/api/export", Upstream: "app", Cost: 10},
+		{Name: "api", PathPrefix: "/api/", Upstream: "app"},
+	}
+	gw := startGateway(f, cfg, Options{})
+	st := gw.st.Load()
+	f.Fuzz(func(t *testing.T, target string, which uint8, value string) {
+		if target == "" || target[0] != '/' || strings.ContainsFunc(target+value, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+			return // not a request line or header value a client can send
+		}
+		name := overrideHeaders[int(which)%len(overrideHeaders)]
+		up.take()
+		res := rawDo(t, gw.URL, "GET "+target+" HTTP/1.1\r\nHost: gw\r\n"+name+": "+value+"\r\nConnection: close\r\n\r\n")
+		reqs := up.takeRequests()
+		if len(reqs) == 0 {
+			return // refused or not routed: nothing reached the upstream
+		}
+		seen := reqs[0]
+		p, _, _ := strings.Cut(target, "?")
+		decided, err := normalizePath(p, st.cfg.Paths)
+		if err != nil {
+			t.Fatalf("%q reached the upstream (%d) although its path is refused: %v", target, res.status, err)
+		}
+		gotPath, _, _ := strings.Cut(seen.uri, "?")
+		if gotPath != decided || seen.method != http.MethodGet {
+			t.Fatalf("decided GET %q, the upstream got %s %q", decided, seen.method, seen.uri)
+		}
+		for _, h := range overrideHeaders {
+			if v := seen.header.Get(h); v != "" && !strings.HasPrefix(h, "X-Forwarded-") {
+				t.Fatalf("%s: %q reached the upstream", h, v)
+			}
+		}
+		if v := seen.header.Get("X-Forwarded-Prefix") + seen.header.Get("X-Forwarded-Path"); v != "" {
+			t.Fatalf("a client's forwarding prefix reached the upstream: %q", v)
+		}
+		for k := range seen.header {
+			if strings.EqualFold(strings.ReplaceAll(k, "_", "-"), "X-Original-URL") {
+				t.Fatalf("%s reached the upstream", k)
+			}
+		}
+	})
 }

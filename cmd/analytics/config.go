@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -87,15 +88,9 @@ func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 // WithDefaults returns fc with the command's own defaults set; analytics
 // and limiter apply theirs.
 func (fc fileConfig) WithDefaults() fileConfig {
-	if fc.Listen == "" {
-		fc.Listen = "127.0.0.1:9092"
-	}
-	if fc.AdminListen == "" {
-		fc.AdminListen = "127.0.0.1:9094"
-	}
-	if fc.LogLevel == "" {
-		fc.LogLevel = "info"
-	}
+	fc.Listen = cmp.Or(fc.Listen, "127.0.0.1:9092")
+	fc.AdminListen = cmp.Or(fc.AdminListen, "127.0.0.1:9094")
+	fc.LogLevel = cmp.Or(fc.LogLevel, "info")
 	fc.ClickHouse = fc.ClickHouse.WithDefaults()
 	return fc
 }

@@ -4,13 +4,11 @@
 # as root). start installs it when missing and writes STATE_DIR/chromium.env
 # with EDGELIMIT_CHROMIUM, the binary's path; the other verbs do nothing.
 source "$(dirname "$0")/lib.sh"
-cmd=${1:?start, stop, halt or resume}
-state=${2:?state dir}
+server_args chromium "start|stop|halt|resume" "$@"
 
 case $cmd in
 start)
 	need_pkg chromium chromium
-	mkdir -p "$state"
 	echo "export EDGELIMIT_CHROMIUM=$(command -v chromium)" >"$state/chromium.env"
 	echo "chromium: $(command -v chromium)" >&2
 	;;
@@ -18,8 +16,4 @@ stop)
 	rm -f "$state/chromium.env"
 	;;
 halt | resume) ;;
-*)
-	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
-	exit 2
-	;;
 esac

@@ -9,9 +9,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
-cmd=${1:?start or stop}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
+server_args clickhouse-cluster "start|stop" "$@"
 
 case $cmd in
 start)
@@ -53,9 +51,5 @@ stop)
 	done
 	wait
 	rm -f "$state/clickhouse-cluster.env"
-	;;
-*)
-	echo "usage: $0 start|stop STATE_DIR" >&2
-	exit 2
 	;;
 esac

@@ -12,10 +12,7 @@
 # on them and waits until it answers.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start, stop, halt or resume}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/clickhouse
+server_args clickhouse "start|stop|halt|resume" "$@"
 pidfile=$dir/clickhouse.pid
 
 write_config() { # tcp_port http_port [tcp_port_secure password]
@@ -187,9 +184,5 @@ stop)
 	stop_watchdog "$dir"
 	stop_process "$pidfile"
 	rm -f "$state/clickhouse.env"
-	;;
-*)
-	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
-	exit 2
 	;;
 esac

@@ -19,10 +19,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
 here=$(cd "$(dirname "$0")" && pwd)
-cmd=${1:?start, stop, halt or resume}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/kafka
+server_args kafka "start|stop|halt|resume" "$@"
 pidfile=$dir/kafka.pid
 cache=${EDGELIMIT_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/edgelimit}
 # A small heap, and the client compiler only (C1): the broker starts in about
@@ -209,9 +206,5 @@ stop)
 	stop_watchdog "$dir"
 	stop_process "$pidfile"
 	rm -f "$state/kafka.env"
-	;;
-*)
-	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
-	exit 2
 	;;
 esac

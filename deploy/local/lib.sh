@@ -5,6 +5,22 @@
 
 set -euo pipefail
 
+# server_args NAME VERBS "$@": how every server script reads its arguments,
+# VERB STATE_DIR, VERBS being the verbs it takes (start|stop|...). Sets cmd to
+# VERB, state to STATE_DIR, created and made absolute, and dir to the
+# server's own folder in it, $state/NAME; other arguments get the usage line.
+server_args() {
+	local name=$1 verbs=$2
+	shift 2
+	if [ $# -ne 2 ] || [[ "|$verbs|" != *"|$1|"* ]] || [ -z "$2" ]; then
+		echo "usage: $0 $verbs STATE_DIR" >&2
+		exit 2
+	fi
+	cmd=$1
+	state=$(mkdir -p "$2" && cd "$2" && pwd)
+	dir=$state/$name
+}
+
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }

@@ -19,10 +19,7 @@
 # starts, so an alert may reach Alertmanager only that long after it fires.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start, stop, halt or resume}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/prometheus
+server_args prometheus "start|stop|halt|resume" "$@"
 interval=${EDGELIMIT_PROMETHEUS_INTERVAL:-1s}
 
 write_config() { # prometheus_port alertmanager_port
@@ -134,9 +131,5 @@ stop)
 	stop_watchdog "$dir"
 	halt_all
 	rm -f "$state/prometheus.env"
-	;;
-*)
-	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
-	exit 2
 	;;
 esac

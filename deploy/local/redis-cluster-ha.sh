@@ -8,10 +8,7 @@
 # EDGELIMIT_REDIS_CLUSTER_ADDRS (the three masters).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start or stop}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/redis-cluster-ha
+server_args redis-cluster-ha "start|stop" "$@"
 
 case $cmd in
 start)
@@ -35,9 +32,5 @@ start)
 	;;
 stop)
 	stop_all "$dir" "$state/redis-cluster-ha.env"
-	;;
-*)
-	echo "usage: $0 start|stop STATE_DIR" >&2
-	exit 2
 	;;
 esac

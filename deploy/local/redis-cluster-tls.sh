@@ -9,10 +9,7 @@
 # EDGELIMIT_TEST_REDIS_PASSWORD.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start or stop}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/redis-cluster-tls
+server_args redis-cluster-tls "start|stop" "$@"
 
 case $cmd in
 start)
@@ -59,9 +56,5 @@ CONF
 	;;
 stop)
 	stop_all "$dir" "$state/redis-cluster-tls.env"
-	;;
-*)
-	echo "usage: $0 start|stop STATE_DIR" >&2
-	exit 2
 	;;
 esac

@@ -12,10 +12,7 @@
 # the replica takes over).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start, stop or halt}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/redis-ha
+server_args redis-ha "start|stop|halt" "$@"
 master=edgelimit-ha
 
 case $cmd in
@@ -63,9 +60,5 @@ halt)
 	;;
 stop)
 	stop_all "$dir" "$state/redis-ha.env"
-	;;
-*)
-	echo "usage: $0 start|stop|halt STATE_DIR" >&2
-	exit 2
 	;;
 esac

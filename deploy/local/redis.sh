@@ -18,10 +18,7 @@
 # on that port, empty (it saves nothing: --save "").
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/proc.sh"
-cmd=${1:?start, stop, halt or resume}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/redis
+server_args redis "start|stop|halt|resume" "$@"
 
 # start_secure: the TLS + ACL Redis (see the header); prints its env lines.
 start_secure() {
@@ -135,9 +132,5 @@ resume)
 	;;
 stop)
 	stop_all "$dir" "$state/redis.env"
-	;;
-*)
-	echo "usage: $0 start|stop|halt|resume STATE_DIR" >&2
-	exit 2
 	;;
 esac

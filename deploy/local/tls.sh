@@ -10,10 +10,7 @@
 # start writes STATE_DIR/tls.env with EDGELIMIT_TEST_TLS_DIR. Keys are P-256
 # (fast to make) and unencrypted: they are throwaway test keys.
 source "$(dirname "$0")/lib.sh"
-cmd=${1:?start or stop}
-state=${2:?state dir}
-state=$(mkdir -p "$state" && cd "$state" && pwd)
-dir=$state/tls
+server_args tls "start|stop" "$@"
 
 # ca NAME: a self-signed CA NAME.pem with its key NAME-key.pem.
 ca() {
@@ -53,9 +50,5 @@ extendedKeyUsage=serverAuth,clientAuth"
 	;;
 stop)
 	rm -rf "$dir" "$state/tls.env"
-	;;
-*)
-	echo "usage: $0 start|stop STATE_DIR" >&2
-	exit 2
 	;;
 esac

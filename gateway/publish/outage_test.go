@@ -3,13 +3,11 @@ package publish
 import (
 	"context"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -28,32 +26,17 @@ func TestRealKafkaOutage(t *testing.T) {
 
 	// Load: 4 publishers, 2000 events/s in all, for the whole test.
 	var (
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
 		slowest atomic.Int64 // longest single Publish call, ns
 		i       atomic.Int64
 	)
-	for range 4 {
-		wg.Go(func() {
-			tick := time.NewTicker(2 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				d := decision(int(i.Add(1)))
-				start := time.Now()
-				p.Publish(d)
-				if el := time.Since(start).Nanoseconds(); el > slowest.Load() {
-					slowest.Store(el)
-				}
-			}
-		})
-	}
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	t.Cleanup(stopLoad)
+	stopLoad := testenv.Load(t, 4, 2*time.Millisecond, func(context.Context) {
+		d := decision(int(i.Add(1)))
+		start := time.Now()
+		p.Publish(d)
+		if el := time.Since(start).Nanoseconds(); el > slowest.Load() {
+			slowest.Store(el)
+		}
+	})
 
 	testenv.WaitFor(t, 30*time.Second, "events to flow before the outage", func() bool {
 		return readMetrics(t, reg).published >= 500
@@ -93,14 +76,8 @@ func TestRealKafkaOutage(t *testing.T) {
 // topicSize is the number of records in topic (end minus start offsets).
 func topicSize(t *testing.T, brokers []string, topic string) int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, adm, done := testenv.KafkaAdmin(t, brokers, 30*time.Second)
+	defer done()
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@
 package publish
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,21 +87,11 @@ type Config struct {
 
 // WithDefaults returns c with every zero field at its documented default.
 func (c Config) WithDefaults() Config {
-	if c.Topic == "" {
-		c.Topic = "decisions"
-	}
-	if c.ClientID == "" {
-		c.ClientID = "edgelimit-gateway"
-	}
-	if c.MaxBuffered == 0 {
-		c.MaxBuffered = 50_000
-	}
-	if c.Linger == 0 {
-		c.Linger = 50 * time.Millisecond
-	}
-	if c.Compression == "" {
-		c.Compression = "lz4"
-	}
+	c.Topic = cmp.Or(c.Topic, "decisions")
+	c.ClientID = cmp.Or(c.ClientID, "edgelimit-gateway")
+	c.MaxBuffered = cmp.Or(c.MaxBuffered, 50_000)
+	c.Linger = cmp.Or(c.Linger, 50*time.Millisecond)
+	c.Compression = cmp.Or(c.Compression, "lz4")
 	return c
 }
 

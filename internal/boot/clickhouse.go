@@ -1,6 +1,7 @@
 package boot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,15 +41,9 @@ func (c *ClickHouse) ApplyEnv(e *Env) {
 
 // WithDefaults returns c with its empty fields set to their defaults.
 func (c ClickHouse) WithDefaults() ClickHouse {
-	if c.Database == "" {
-		c.Database = "default"
-	}
-	if c.Username == "" {
-		c.Username = "default"
-	}
-	if c.Compression == "" {
-		c.Compression = "lz4"
-	}
+	c.Database = cmp.Or(c.Database, "default")
+	c.Username = cmp.Or(c.Username, "default")
+	c.Compression = cmp.Or(c.Compression, "lz4")
 	return c
 }
 

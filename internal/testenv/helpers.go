@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -73,4 +74,29 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Load is a test's steady load: each of n goroutines calls f every
+// interval until stop is called or the test ends. stop returns once every
+// call has; f's context ends at stop, so a call in flight gives up.
+func Load(tb testing.TB, n int, every time.Duration, f func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				f(ctx)
+			}
+		})
+	}
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	tb.Cleanup(stop)
+	return stop
 }

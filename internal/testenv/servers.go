@@ -14,44 +14,6 @@ import (
 	"time"
 )
 
-// ClickHouseHTTPAddr is the ClickHouse server's HTTP address (host:port).
-// clickhouse-go's HTTP protocol does not work with ClickHouse 18.16; this is
-// for plain HTTP queries.
-func ClickHouseHTTPAddr(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_CLICKHOUSE_HTTP", "ClickHouse HTTP")
-}
-
-// PrometheusURL is the Prometheus server's base URL, such as
-// http://127.0.0.1:9090. It accepts POST /-/reload.
-func PrometheusURL(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_PROMETHEUS_URL", "Prometheus")
-}
-
-// AlertmanagerURL is the base URL of the Alertmanager that PrometheusURL's
-// server sends its alerts to.
-func AlertmanagerURL(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_ALERTMANAGER_URL", "Alertmanager")
-}
-
-// PrometheusDir is the folder the Prometheus server reads: rule files go to
-// rules/NAME.yml (loaded on POST /-/reload) and file_sd target groups to
-// targets/NAME.yml (picked up within a second or two, job "edgelimit"). The
-// server is shared by every package under test, so name files after the test.
-func PrometheusDir(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_PROMETHEUS_DIR", "Prometheus")
-}
-
-// Chromium is the path of the Chromium binary for browser tests. Run it with
-// --headless --no-sandbox (tests run as root).
-func Chromium(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_CHROMIUM", "Chromium")
-}
-
 // scriptTimeout bounds one run of a server script: a cold Kafka start
 // downloads its jars first.
 const scriptTimeout = 5 * time.Minute

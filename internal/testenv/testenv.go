@@ -24,28 +24,52 @@ func Lookup(tb testing.TB, name, what string) string {
 	return ""
 }
 
-// RedisAddr is the standalone Redis server's address.
-func RedisAddr(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_REDIS_ADDR", "standalone Redis")
+// The shared servers' addresses. Each is a Lookup of its variable: the test
+// skips or fails, as Lookup says, when the server is missing.
+var (
+	// RedisAddr is the standalone Redis server's address.
+	RedisAddr = lookup("EDGELIMIT_REDIS_ADDR", "standalone Redis")
+	// RedisClusterAddrs are the Redis Cluster masters' addresses.
+	RedisClusterAddrs = lookupList("EDGELIMIT_REDIS_CLUSTER_ADDRS", "Redis Cluster")
+	// ClickHouseAddr is the ClickHouse server's native-protocol address.
+	ClickHouseAddr = lookup("EDGELIMIT_CLICKHOUSE_ADDR", "ClickHouse")
+	// ClickHouseHTTPAddr is the ClickHouse server's HTTP address
+	// (host:port). clickhouse-go's HTTP protocol does not work with
+	// ClickHouse 18.16; this is for plain HTTP queries.
+	ClickHouseHTTPAddr = lookup("EDGELIMIT_CLICKHOUSE_HTTP", "ClickHouse HTTP")
+	// KafkaBrokers are the Kafka broker addresses.
+	KafkaBrokers = lookupList("EDGELIMIT_KAFKA_BROKERS", "Kafka")
+	// PrometheusURL is the Prometheus server's base URL, such as
+	// http://127.0.0.1:9090. It accepts POST /-/reload.
+	PrometheusURL = lookup("EDGELIMIT_PROMETHEUS_URL", "Prometheus")
+	// AlertmanagerURL is the base URL of the Alertmanager that
+	// PrometheusURL's server sends its alerts to.
+	AlertmanagerURL = lookup("EDGELIMIT_ALERTMANAGER_URL", "Alertmanager")
+	// PrometheusDir is the folder the Prometheus server reads: rule files
+	// go to rules/NAME.yml (loaded on POST /-/reload) and file_sd target
+	// groups to targets/NAME.yml (picked up within a second or two, job
+	// "edgelimit"). The server is shared by every package under test, so
+	// name files after the test.
+	PrometheusDir = lookup("EDGELIMIT_PROMETHEUS_DIR", "Prometheus")
+	// Chromium is the path of the Chromium binary for browser tests. Run it
+	// with --headless --no-sandbox (tests run as root).
+	Chromium = lookup("EDGELIMIT_CHROMIUM", "Chromium")
+)
+
+// lookup is the Lookup of the variable name; what names the server.
+func lookup(name, what string) func(testing.TB) string {
+	return func(tb testing.TB) string {
+		tb.Helper()
+		return Lookup(tb, name, what)
+	}
 }
 
-// RedisClusterAddrs are the Redis Cluster masters' addresses.
-func RedisClusterAddrs(tb testing.TB) []string {
-	tb.Helper()
-	return strings.Split(Lookup(tb, "EDGELIMIT_REDIS_CLUSTER_ADDRS", "Redis Cluster"), ",")
-}
-
-// ClickHouseAddr is the ClickHouse server's native-protocol address.
-func ClickHouseAddr(tb testing.TB) string {
-	tb.Helper()
-	return Lookup(tb, "EDGELIMIT_CLICKHOUSE_ADDR", "ClickHouse")
-}
-
-// KafkaBrokers are the Kafka broker addresses.
-func KafkaBrokers(tb testing.TB) []string {
-	tb.Helper()
-	return strings.Split(Lookup(tb, "EDGELIMIT_KAFKA_BROKERS", "Kafka"), ",")
+// lookupList is lookup for a comma-separated list of addresses.
+func lookupList(name, what string) func(testing.TB) []string {
+	return func(tb testing.TB) []string {
+		tb.Helper()
+		return strings.Split(Lookup(tb, name, what), ",")
+	}
 }
 
 // RedisSentinel is the Sentinel watching the standalone Redis: its master

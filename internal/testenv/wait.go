@@ -31,18 +31,25 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 	}
 }
 
-// CreateTopics creates topics with partitions each (replication 1) on
-// brokers.
-func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+// KafkaAdmin is an admin client of brokers and a context for its calls that
+// ends after timeout; done cancels the one and closes the other.
+func KafkaAdmin(tb testing.TB, brokers []string, timeout time.Duration) (ctx context.Context, adm *kadm.Client, done func()) {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, topics...)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return ctx, kadm.NewClient(cl), func() { cancel(); cl.Close() }
+}
+
+// CreateTopics creates topics with partitions each (replication 1) on
+// brokers.
+func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...string) {
+	tb.Helper()
+	ctx, adm, done := KafkaAdmin(tb, brokers, 30*time.Second)
+	defer done()
+	resp, err := adm.CreateTopics(ctx, partitions, 1, nil, topics...)
 	if err == nil {
 		err = resp.Error()
 	}
@@ -133,6 +140,36 @@ func ClusterShards(tb testing.TB, srv *Server, dbs ...string) []driver.Conn {
 		shards = append(shards, OpenClickHouse(tb, addr, dbs[0]))
 	}
 	return shards
+}
+
+// Distributed starts a private two-shard "clickhouse-cluster", migrates a
+// database of the test's own on each shard with migrate (the local tables),
+// and makes, in a second database on the first shard, a Distributed table
+// over each of tables that spreads rows at random. It returns the server, a
+// connection per shard to its local database, and one to the Distributed
+// tables.
+func Distributed(tb testing.TB, migrate func(context.Context, driver.Conn) error, tables ...string) (srv *Server, shards []driver.Conn, dist driver.Conn) {
+	tb.Helper()
+	srv = Private(tb, "clickhouse-cluster")
+	cluster := srv.Get(tb, "EDGELIMIT_CLICKHOUSE_CLUSTER")
+	ctx := context.Background()
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	local, distDB := "local_"+suffix, "dist_"+suffix
+	shards = ClusterShards(tb, srv, local, distDB)
+	for i, c := range shards {
+		if err := migrate(ctx, c); err != nil {
+			tb.Fatalf("migrate shard %d: %v", i+1, err)
+		}
+	}
+	dist = OpenClickHouse(tb, srv.Get(tb, "EDGELIMIT_CLICKHOUSE_SHARD1"), distDB)
+	for _, table := range tables {
+		// Names come from the caller's lists and the test's own databases.
+		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)
+		if err := dist.Exec(ctx, q); err != nil {
+			tb.Fatalf("create Distributed table %s: %v", table, err)
+		}
+	}
+	return srv, shards, dist
 }
 
 // ProtoMessage parses the .proto file in dir at test time, with no
