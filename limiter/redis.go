@@ -403,7 +403,9 @@ func (r *Redis) run(s *sender, batch []*call) {
 	}
 	for i, c := range batch {
 		if cmds[i] == nil {
-			c.err = ctx.Err()
+			// Skipped because its caller's context ended: that is its
+			// error. The pipeline's own context may well be live.
+			c.err = c.ctx.Err()
 		} else {
 			c.res, c.err = cmds[i].Slice()
 		}
