@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -15,6 +16,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // TestLoadDoesNotBackOff: with every request stuck in a server that does
@@ -160,5 +165,32 @@ check_seconds_count{status="timeout"} 5
 	}
 	if got := bucketQuantile(0.99, histogramBuckets(nil)); got != 0 {
 		t.Errorf("bucketQuantile of no observations = %v, want 0", got)
+	}
+}
+
+// TestCreateTopics creates a topic on the real broker, with the partitions
+// asked for, and again without an error (it exists).
+func TestCreateTopics(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := fmt.Sprintf("demo-topic-%d", time.Now().UnixNano())
+	for range 2 {
+		if err := createTopics(t.Context(), []string{"-brokers", strings.Join(brokers, ","), "-partitions", "3", topic}); err != nil {
+			t.Fatalf("createTopics(%s) = %v", topic, err)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	details, err := kadm.NewClient(cl).ListTopics(t.Context(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(details[topic].Partitions); got != 3 {
+		t.Errorf("topic %s has %d partitions, want 3", topic, got)
+	}
+	if err := createTopics(t.Context(), []string{topic}); err == nil || !strings.Contains(err.Error(), "usage") {
+		t.Errorf("createTopics without -brokers = %v, want its usage", err)
 	}
 }

@@ -176,6 +176,7 @@ case_check() {
 	record check_cmds "$1" "$(per_request "$cmds" 1 %.2f)"
 	record check_scripts "$1" "$(per_request "$scripts" 1 %.3f)"
 	eval "sat_$1=$rps" # case_openloop's saturating rate
+	if want events; then case_events "$1" "$2" "$rps"; fi
 }
 case_memory() {
 	local m0 m1 out n keys u0 u1
@@ -204,10 +205,18 @@ case_proxy() {
 	wrk_run "$gw" "proxy limited $1" proxy
 	record proxy_pct "$1" "$(awk -v a="$rps" -v b="$off" 'BEGIN { printf "%.1f", 100 * a / b }')"
 }
+# case_events: the check case's load with events off, then on. With the
+# check case selected too, it runs right after it on the same side and
+# takes its figure as "off" (12 s less per side and round, and adjacent
+# runs are the fairest pair).
 case_events() {
 	local bin=$2 off published dropped topic
-	wrk_run "$gw" "events off $1" check
-	off=$rps
+	if [ -n "${3:-}" ]; then
+		off=$3
+	else
+		wrk_run "$gw" "events off $1" check
+		off=$rps
+	fi
 	stop_gateway
 	topic=bench-$1-$RANDOM
 	"$tmp/demo" topic -brokers "${EDGELIMIT_KAFKA_BROKERS:?the events case needs Kafka}" "$topic"
@@ -218,8 +227,6 @@ case_events() {
 	echo "      events published $published, dropped $dropped"
 	[ "$published" -gt 0 ] || { echo "events $1: no event published:" >&2; cat "$tmp/gateway.log" >&2; exit 1; }
 	record events_cost "$1" "$(awk -v a="$rps" -v b="$off" 'BEGIN { printf "%.1f", 100 * (1 - a / b) }')"
-	stop_gateway
-	start_gateway "$bin" "$here/gateway.yaml"
 }
 case_openloop() {
 	local sat out
@@ -275,9 +282,11 @@ case_peer() {
 for round in $(seq "$ROUNDS"); do
 	sides=(old new)
 	[ $((round % 2)) = 1 ] || sides=(new old)
-	echo "== round $round of $ROUNDS: ${sides[*]}, wrk -t2 -c$CONNS -d$DURATION"
+	# The load average says how busy the machine was besides this run.
+	echo "== round $round of $ROUNDS: ${sides[*]}, wrk -t2 -c$CONNS -d$DURATION (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 	for c in check memory proxy events openloop hot denied; do
 		want "$c" || continue
+		if [ "$c" = events ] && want check; then continue; fi # run by case_check
 		for side in "${sides[@]}"; do
 			bin=$new
 			[ "$side" = new ] || bin=$old
@@ -325,3 +334,4 @@ awk -v base="$BASE" '
 			printf "%-44s %10s %10.2f %10s  %-16s %s\n", "9 new /v1/check / peer /json (req/s ratio)", "-", w / p, "-", ">= 2", met(w / p >= 2)
 		if (bad) printf "WARNING: %d checks were not decided by the store (see above): those figures flatter their gateway\n", bad
 	}' "$tmp/results"
+echo "(load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores)"
