@@ -25,6 +25,7 @@ gateway/testdata/wrk/run.sh
 
 echo "== analytics: trend queries over 10M events (seeds ClickHouse, ~1 min)"
 go test -run '^$' -bench TrendQueries -benchtime 10x ./analytics/
+echo "== analytics: what-if replay of 10M stored decisions (seeds ClickHouse, ~1 min)" && go test -run '^$' -bench WhatIf -benchtime 1x ./analytics/
 
 for pkg in gateway consumer; do
 	if ls "$pkg"/*_test.go >/dev/null 2>&1; then
