@@ -25,24 +25,20 @@ import (
 // change, when set, is one rule in the same syntax plus the plan it
 // changes: {plan: pro, name: per_minute, limit: 50, period: 1m}.
 func parseProposal(rules, change string) (analytics.Proposal, error) {
-	var doc map[string]yaml.Node
-	if err := yaml.Unmarshal([]byte(rules), &doc); err != nil {
+	// Strict below plans: and routes:, with the file's own line numbers;
+	// the inline map takes the rest of a gateway file unread.
+	var doc struct {
+		Plans  map[string]gateway.Plan `yaml:"plans"`
+		Routes []gateway.Route         `yaml:"routes"`
+		Rest   map[string]yaml.Node    `yaml:",inline"`
+	}
+	if err := strict([]byte(rules), &doc); err != nil {
 		return analytics.Proposal{}, fmt.Errorf("rules: %w", err)
 	}
-	var plans map[string]gateway.Plan
-	var routes []gateway.Route
-	if n, ok := doc["plans"]; ok {
-		if err := strictNode(&n, &plans); err != nil {
-			return analytics.Proposal{}, fmt.Errorf("rules: plans: %w", err)
-		}
-	} else {
+	if doc.Plans == nil {
 		return analytics.Proposal{}, errors.New("rules: no plans: section (the gateway's syntax: plans: {NAME: {rules: [...]}})")
 	}
-	if n, ok := doc["routes"]; ok {
-		if err := strictNode(&n, &routes); err != nil {
-			return analytics.Proposal{}, fmt.Errorf("rules: routes: %w", err)
-		}
-	}
+	plans, routes := doc.Plans, doc.Routes
 	p := analytics.Proposal{Plans: map[string][]limiter.Rule{}, Routes: map[string]analytics.ProposedRoute{}}
 	for name, plan := range plans {
 		rs := make([]limiter.Rule, 0, len(plan.Rules))
@@ -72,15 +68,6 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 		}
 	}
 	return p, p.Validate()
-}
-
-// strictNode decodes n into dst, refusing fields dst does not have.
-func strictNode(n *yaml.Node, dst any) error {
-	b, err := yaml.Marshal(n)
-	if err != nil {
-		return err
-	}
-	return strict(b, dst)
 }
 
 func strict(b []byte, dst any) error {
