@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -128,14 +129,7 @@ func (p Proposal) Validate() error {
 	return errors.Join(errs...)
 }
 
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
+func sortedNames[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // WhatIfQuery asks how a proposal would have decided the stored decisions
 // of a range. Range.KeyID and Range.Plan narrow what is replayed;

@@ -2,16 +2,12 @@ package analytics_test
 
 import (
 	"context"
-	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -26,22 +22,8 @@ import (
 //
 //	deploy/local/testenv.sh go test -run '^$' -bench WhatIf -benchtime 1x ./analytics/
 func BenchmarkWhatIf(b *testing.B) {
-	n := int64(10_000_000)
-	if v := os.Getenv("EDGELIMIT_BENCH_EVENTS"); v != "" {
-		var err error
-		if n, err = strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
-			b.Fatalf("EDGELIMIT_BENCH_EVENTS=%q", v)
-		}
-	}
-	conn := mustDatabase(b)
+	conn, start, end, n := seedBench(b)
 	ctx := context.Background()
-	end := time.Now().UTC().Truncate(time.Minute)
-	start := end.Add(-6 * time.Hour)
-	t0 := time.Now()
-	if err := conn.Exec(ctx, benchSeed, clickhouse.Named("start", start), clickhouse.Named("span", int64(6*3600)), clickhouse.Named("n", n)); err != nil {
-		b.Fatal(err)
-	}
-	b.Logf("seeded %d decisions in %v", n, time.Since(t0).Round(time.Millisecond))
 	rules := func(perMinute int64) []limiter.Rule {
 		return []limiter.Rule{
 			{Name: "per_minute", Limit: perMinute, Period: time.Minute},
