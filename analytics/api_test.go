@@ -382,27 +382,10 @@ func TestAPIUnknownRoutes(t *testing.T) {
 func TestDashboardInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv, _ := seededAPI(t)
-	// Sign in as a person would: a form POSTs the token (never a URL with
-	// it), and the browser follows to the page with its session cookie.
-	signIn := filepath.Join(t.TempDir(), "signin.html")
-	page := `<!doctype html><form id="f" method="post" action="` + srv.URL + `/login">` +
-		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
-	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	signIn := signInPage(t, srv.URL+"/login")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
-		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("chromium: %v\n%s", err, stderr.String())
-	}
-	dom := string(out)
+	dom := dumpDOM(t, ctx, chromium, signIn)
 	if !strings.Contains(dom, `data-state="ready"`) {
 		t.Fatalf("dashboard did not reach ready:\n%.3000s", dom)
 	}
@@ -433,4 +416,35 @@ func TestDashboardInChromium(t *testing.T) {
 			t.Errorf("dashboard lacks %s", want)
 		}
 	}
+}
+
+// signInPage writes a page that signs in as a person would, a form that
+// POSTs the token to action (never a URL with it), after which the browser
+// follows to the dashboard with its session cookie; it returns its path.
+func signInPage(t *testing.T, action string) string {
+	t.Helper()
+	signIn := filepath.Join(t.TempDir(), "signin.html")
+	page := `<!doctype html><form id="f" method="post" action="` + action + `">` +
+		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
+	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return signIn
+}
+
+// dumpDOM opens page in headless Chromium and returns the DOM once the
+// page's scripts have run (20s of virtual time).
+func dumpDOM(t *testing.T, ctx context.Context, chromium, page string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
+		"--virtual-time-budget=20000", "--dump-dom", "file://"+page)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	return string(out)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/consumer"
@@ -47,21 +48,9 @@ FROM numbers(@n)`
 //
 //	deploy/local/testenv.sh go test -run '^$' -bench TrendQueries -benchtime 20x ./analytics/
 func BenchmarkTrendQueries(b *testing.B) {
-	n := int64(10_000_000)
-	if v := os.Getenv("EDGELIMIT_BENCH_EVENTS"); v != "" {
-		var err error
-		if n, err = strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
-			b.Fatalf("EDGELIMIT_BENCH_EVENTS=%q", v)
-		}
-	}
-	conn := mustDatabase(b)
+	conn, start, end, n := seedBench(b)
 	ctx := context.Background()
-	end := time.Now().UTC().Truncate(time.Minute)
-	start := end.Add(-6 * time.Hour)
 	t0 := time.Now()
-	if err := conn.Exec(ctx, benchSeed, clickhouse.Named("start", start), clickhouse.Named("span", int64(6*3600)), clickhouse.Named("n", n)); err != nil {
-		b.Fatal(err)
-	}
 	if err := consumer.RollUp(ctx, conn, 0); err != nil {
 		b.Fatalf("seed: %v", err)
 	}
@@ -72,7 +61,7 @@ func BenchmarkTrendQueries(b *testing.B) {
 	if err := conn.QueryRow(ctx, "SELECT count() FROM decisions_by_key_1m").Scan(&rollup); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("seeded %d decisions in %v; decisions_by_key_1m holds %d rows", raw, time.Since(t0).Round(time.Millisecond), rollup)
+	b.Logf("rolled up %d decisions in %v; decisions_by_key_1m holds %d rows", raw, time.Since(t0).Round(time.Millisecond), rollup)
 	if int64(raw) != n {
 		b.Fatalf("seeded %d rows, want %d", raw, n)
 	}
@@ -128,4 +117,26 @@ func BenchmarkTrendQueries(b *testing.B) {
 			b.ReportMetric(float64(rollup), "rollup_rows")
 		})
 	}
+}
+
+// seedBench fills a database of the benchmark's own with benchSeed's
+// decisions over the 6 hours before end: 10M, or EDGELIMIT_BENCH_EVENTS.
+func seedBench(b *testing.B) (conn driver.Conn, start, end time.Time, n int64) {
+	b.Helper()
+	n = int64(10_000_000)
+	if v := os.Getenv("EDGELIMIT_BENCH_EVENTS"); v != "" {
+		var err error
+		if n, err = strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
+			b.Fatalf("EDGELIMIT_BENCH_EVENTS=%q", v)
+		}
+	}
+	conn = mustDatabase(b)
+	end = time.Now().UTC().Truncate(time.Minute)
+	start = end.Add(-6 * time.Hour)
+	t0 := time.Now()
+	if err := conn.Exec(context.Background(), benchSeed, clickhouse.Named("start", start), clickhouse.Named("span", int64(6*3600)), clickhouse.Named("n", n)); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("seeded %d decisions in %v", n, time.Since(t0).Round(time.Millisecond))
+	return conn, start, end, n
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -128,14 +129,7 @@ func (p Proposal) Validate() error {
 	return errors.Join(errs...)
 }
 
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
+func sortedNames[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // WhatIfQuery asks how a proposal would have decided the stored decisions
 // of a range. Range.KeyID and Range.Plan narrow what is replayed;
@@ -269,11 +263,46 @@ var whatIfCaveats = []string{
 	"each key's buckets start full at the start of the range",
 }
 
-// replayRow is one stored decision as the replay reads it.
+// replayRow is one stored decision as the replay reads it (see
+// whatif_decisions.sql): plan and route by their place in the proposal.
 type replayRow struct {
-	key, kind, route, plan, rule string
-	atMS, cost                   int64
-	allowed, byStore             uint8
+	key, rule                     string
+	atMS, cost                    int64
+	plan, route                   uint32
+	kind, counted, allowed, store uint8
+}
+
+// kindNames are the event's key kinds by number, as the query gives them.
+var kindNames = [...]string{"unknown", "api_key", "user", "ip"}
+
+// noRoute stands first in the routes a query looks up, so the list is
+// never empty; no route is named so (route names hold no spaces).
+const noRoute = " none"
+
+// proposalIndex is a proposal in the query's terms: plans and routes by
+// 1-based place.
+type proposalIndex struct {
+	planNames  []string
+	plans      [][]limiter.Rule
+	routeNames []string
+	routes     []ProposedRoute
+	// routePlan is, per route, its plan's place (0: the stored plan's).
+	routePlan []uint32
+}
+
+func indexProposal(p Proposal) proposalIndex {
+	var x proposalIndex
+	x.planNames = sortedNames(p.Plans)
+	for _, n := range x.planNames {
+		x.plans = append(x.plans, p.Plans[n])
+	}
+	x.routeNames = append([]string{noRoute}, sortedNames(p.Routes)...)
+	for _, n := range x.routeNames {
+		rt := p.Routes[n]
+		x.routes = append(x.routes, rt)
+		x.routePlan = append(x.routePlan, uint32(slices.Index(x.planNames, rt.Plan)+1))
+	}
+	return x
 }
 
 // WhatIf replays the stored decisions of q's range through q.Proposal with
@@ -311,7 +340,7 @@ func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error
 	scanErr := make(chan error, 1)
 	go func() {
 		defer close(full)
-		scanErr <- r.streamChunks(ctx, q.Range, chunks, full, empty)
+		scanErr <- r.streamChunks(ctx, q.Range, run.x, chunks, full, empty)
 	}()
 	var runErr error
 	for batch := range full {
@@ -384,7 +413,7 @@ func (r *Reader) whatIfChunks(ctx context.Context, rg Range, chunkRows int64) ([
 // taken from empty to full, until the chunks end or ctx does. The next
 // chunk's query is sent while this one is read, so the server sorts it in
 // the meantime.
-func (r *Reader) streamChunks(ctx context.Context, rg Range, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
+func (r *Reader) streamChunks(ctx context.Context, rg Range, x proposalIndex, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
 	type opened struct {
 		rows driver.Rows
 		err  error
@@ -392,7 +421,8 @@ func (r *Reader) streamChunks(ctx context.Context, rg Range, chunks []keyRange, 
 	open := func(c keyRange) <-chan opened {
 		ch := make(chan opened, 1)
 		go func() {
-			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi))...)
+			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi),
+				clickhouse.Named("plans", x.planNames), clickhouse.Named("routes", x.routeNames))...)
 			ch <- opened{rows, err}
 		}()
 		return ch
@@ -442,7 +472,7 @@ func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full ch
 	for rows.Next() {
 		batch = batch[:len(batch)+1]
 		d := &batch[len(batch)-1]
-		if err := rows.Scan(&d.key, &d.kind, &d.route, &d.plan, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.byStore); err != nil {
+		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.store); err != nil {
 			return batch, fmt.Errorf("scan what-if decisions: %w", err)
 		}
 		if len(batch) == cap(batch) {
@@ -464,6 +494,7 @@ func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full ch
 // counters.
 type replayRun struct {
 	q  WhatIfQuery
+	x  proposalIndex
 	rp *limiter.Replay
 
 	rep   WhatIfReport
@@ -471,7 +502,10 @@ type replayRun struct {
 	hours map[int64]*WhatIfCounts
 
 	cur    WhatIfKey // the key in flight
-	bucket struct{ plan, route, key string }
+	bucket struct {
+		plan, route uint32
+		key         string
+	}
 
 	top, blocked, freed keyHeap
 }
@@ -479,6 +513,7 @@ type replayRun struct {
 func newReplayRun(q WhatIfQuery) *replayRun {
 	run := &replayRun{
 		q:     q,
+		x:     indexProposal(q.Proposal),
 		rp:    limiter.NewReplay(0),
 		rules: map[string]*WhatIfRule{},
 		hours: map[int64]*WhatIfCounts{},
@@ -515,13 +550,18 @@ func (run *replayRun) rule(name string) *WhatIfRule {
 	return r
 }
 
-// add replays one stored decision. Rows come in key and time order.
+// add replays one stored decision. Rows come grouped by key, in time
+// order within each.
 func (run *replayRun) add(d *replayRow) error {
 	if d.key != run.cur.KeyID {
 		run.endKey()
 		run.rp.Reset()
-		run.cur = WhatIfKey{KeyID: d.key, KeyKind: d.kind}
-		run.bucket.plan, run.bucket.route, run.bucket.key = "", "", ""
+		kind := kindNames[0]
+		if int(d.kind) < len(kindNames) {
+			kind = kindNames[d.kind]
+		}
+		run.cur = WhatIfKey{KeyID: d.key, KeyKind: kind}
+		run.bucket.key = ""
 	}
 	run.rep.Read++
 	was := d.allowed == 0
@@ -529,11 +569,11 @@ func (run *replayRun) add(d *replayRow) error {
 	if err != nil {
 		return err
 	}
-	if run.q.Route != "" && d.route != run.q.Route {
+	if d.counted == 0 {
 		return nil
 	}
 	run.rep.Counted++
-	if d.byStore == 0 {
+	if d.store == 0 {
 		run.rep.NotByStore++
 	}
 	if was {
@@ -555,18 +595,17 @@ func (run *replayRun) add(d *replayRow) error {
 // the proposal cannot replay keeps its stored verdict.
 func (run *replayRun) decide(d *replayRow) (bool, error) {
 	was := d.allowed == 0
-	plan, cost := d.plan, d.cost
-	route, perRoute := run.q.Proposal.Routes[d.route]
-	if perRoute {
-		if route.Plan != "" {
-			plan = route.Plan
+	plan, cost, perRoute := d.plan, d.cost, false
+	if d.route > 0 && int(d.route) <= len(run.x.routes) {
+		rt := run.x.routes[d.route-1]
+		if p := run.x.routePlan[d.route-1]; p > 0 {
+			plan, perRoute = p, true
 		}
-		if route.Cost > 0 {
-			cost = route.Cost
+		if rt.Cost > 0 {
+			cost = rt.Cost
 		}
 	}
-	rules, ok := run.q.Proposal.Plans[plan]
-	if !ok {
+	if plan == 0 || int(plan) > len(run.x.plans) {
 		run.rep.Kept++
 		return was, nil
 	}
@@ -574,7 +613,7 @@ func (run *replayRun) decide(d *replayRow) (bool, error) {
 		run.rep.Unreplayable++
 		return was, nil
 	}
-	dec, err := run.rp.Allow(time.UnixMilli(d.atMS), run.bucketKey(d.key, plan, d.route, perRoute && route.Plan != ""), rules, cost)
+	dec, err := run.rp.Allow(time.UnixMilli(d.atMS), run.bucketKey(d.key, plan, d.route, perRoute), run.x.plans[plan-1], cost)
 	if errors.Is(err, limiter.ErrInput) {
 		run.rep.Unreplayable++
 		return was, nil
@@ -582,13 +621,14 @@ func (run *replayRun) decide(d *replayRow) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("replay: %w", err)
 	}
-	counted := run.q.Route == "" || d.route == run.q.Route
-	for _, rr := range dec.Rules {
-		if !rr.Allowed && counted {
-			if rr.Rule.Shadow {
-				run.rule(rr.Rule.Name).ShadowWouldDeny++
-			} else {
-				run.rule(rr.Rule.Name).WouldDeny++
+	if d.counted != 0 {
+		for _, rr := range dec.Rules {
+			if !rr.Allowed {
+				if rr.Rule.Shadow {
+					run.rule(rr.Rule.Name).ShadowWouldDeny++
+				} else {
+					run.rule(rr.Rule.Name).WouldDeny++
+				}
 			}
 		}
 	}
@@ -599,17 +639,17 @@ func (run *replayRun) decide(d *replayRow) (bool, error) {
 // it: one bucket set per key and plan, and per key and route for a route
 // with a plan of its own. The last one is kept, since a key's decisions
 // mostly share one.
-func (run *replayRun) bucketKey(key, plan, route string, perRoute bool) string {
+func (run *replayRun) bucketKey(key string, plan, route uint32, perRoute bool) string {
 	b := &run.bucket
 	if !perRoute {
-		route = ""
+		route = 0
 	}
 	if b.key == "" || b.plan != plan || b.route != route {
 		b.plan, b.route = plan, route
 		if perRoute {
-			b.key = key + "|r:" + route
+			b.key = key + "|r:" + run.x.routeNames[route-1]
 		} else {
-			b.key = key + "|p:" + plan
+			b.key = key + "|p:" + run.x.planNames[plan-1]
 		}
 	}
 	return b.key

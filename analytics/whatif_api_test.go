@@ -8,9 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -113,25 +110,10 @@ func TestWhatIfDashboard(t *testing.T) {
 	frag := url.Values{"rules": {"plans: (the test's proposal)"}, "from": {whatIfStart.Add(-time.Minute).Format(time.RFC3339)},
 		"to": {whatIfStart.Add(time.Minute).Format(time.RFC3339)}, "top": {"5"}}
 	// The sign-in redirects to /, which keeps the fragment (RFC 9110 10.2.2).
-	signIn := filepath.Join(t.TempDir(), "signin.html")
-	page := `<!doctype html><form id="f" method="post" action="` + srv.URL + `/login#whatif?` + frag.Encode() + `">` +
-		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
-	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	signIn := signInPage(t, srv.URL+"/login#whatif?"+frag.Encode())
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
-		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("chromium: %v\n%s", err, stderr.String())
-	}
-	dom := string(out)
+	dom := dumpDOM(t, ctx, chromium, signIn)
 	if !strings.Contains(dom, `<section id="whatif" data-state="done">`) {
 		t.Fatalf("what-if did not finish:\n%.4000s", dom[max(0, strings.Index(dom, `<section id="whatif"`)):])
 	}

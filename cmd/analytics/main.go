@@ -12,7 +12,7 @@
 //	analytics nat-ips      [-from -10m] [-to now] [-ip ADDR (its history)]
 //	analytics fail-minutes [-from -24h] [-to now]
 //	analytics store-health [-from -1h] [-to now] [-bucket ...]
-//	analytics whatif       -rules plans.yaml [-change YAML] [-from -24h] [-to now] [-plan -route -key] [-top 20]
+//	analytics whatif       -rules plans.yaml [-change YAML] [-from -24h] [-to now] [-top 10]
 //	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
@@ -110,10 +110,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return fmt.Errorf("config: %w", err)
 		}
 		return serve(ctx, fc, stdout)
-	case "trends", "top-keys", "key", "hot-keys", "nat-ips", "fail-minutes", "store-health":
+	case "trends", "top-keys", "key", "hot-keys", "nat-ips", "fail-minutes", "store-health", "whatif":
 		return query(ctx, cmd, fs, args, getenv, stdout)
-	case "whatif":
-		return whatIf(ctx, fs, args, getenv, stdout)
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)

@@ -36,7 +36,7 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 		by      = fs.String("by", "rule", "trends: split by rule, route, plan, gateway, key, kind, method, or none")
 		bucket  = fs.String("bucket", "auto", "trends, key, store-health, histories: minute, hour, day or auto; trends and key also 5m, 15m (and 1m, 1h, 1d)")
 		tz      = fs.String("tz", "UTC", "trends, key: the IANA time zone buckets are aligned in, e.g. Europe/Berlin")
-		top     = fs.Int("top", 10, "trends: keep the top N series by rejections, sum the rest as (other); 0 keeps all")
+		top     = fs.Int("top", 10, "trends: keep the top N series by rejections, sum the rest as (other); 0 keeps all; whatif: keys per list")
 		limit   = fs.Int("limit", 20, "top-keys: how many keys")
 		rule    = fs.String("rule", "", "only decisions whose binding rule is this")
 		route   = fs.String("route", "", "only this route")
@@ -46,6 +46,8 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 		kind    = fs.String("kind", "", "trends, top-keys: only this key kind: api_key, user or ip")
 		method  = fs.String("method", "", "trends, top-keys: only this HTTP method")
 		ip      = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
+		rules   = fs.String("rules", "", "whatif: the proposal, a YAML file with plans: (and routes:) in the gateway's syntax; a gateway config file does")
+		change  = fs.String("change", "", "whatif: one changed rule of a plan in -rules, as YAML: '{plan: pro, name: per_minute, limit: 50, period: 1m}'")
 	)
 	// analytics key ID [flags] or analytics key [flags] ID.
 	var keyArg string
@@ -75,9 +77,9 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	cfg := fc.analyticsConfig().WithDefaults()
 	now := time.Now().UTC()
 	defFrom := map[string]time.Duration{
-		"hot-keys": cfg.Hot.Window, "nat-ips": cfg.NAT.Window, "fail-minutes": 24 * time.Hour,
+		"hot-keys": cfg.Hot.Window, "nat-ips": cfg.NAT.Window, "fail-minutes": 24 * time.Hour, "whatif": 24 * time.Hour,
 	}[cmd]
-	if defFrom == 0 || *key != "" || *ip != "" {
+	if defFrom == 0 || (*key != "" || *ip != "") && cmd != "whatif" {
 		defFrom = time.Hour
 	}
 	rg := analytics.Range{Rule: *rule, Route: *route, Plan: *plan, Gateway: *gateway, KeyID: *key, KeyKind: *kind, Method: *method}
@@ -94,6 +96,13 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	dim := *by
 	if dim == "none" {
 		dim = analytics.DimNone
+	}
+	var wq analytics.WhatIfQuery
+	if cmd == "whatif" {
+		// A bad proposal is reported before ClickHouse is dialled.
+		if wq, err = whatIfQuery(rg, *rules, *change, *top); err != nil {
+			return err
+		}
 	}
 
 	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
@@ -162,6 +171,15 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 			return err
 		}
 		v, t = ms, failTable(ms)
+	case "whatif":
+		rep, err := r.WhatIf(ctx, wq)
+		if err != nil {
+			return err
+		}
+		if *format != "json" {
+			return renderWhatIf(stdout, *format, rep)
+		}
+		v = rep
 	case "store-health":
 		gh, err := r.StoreHealth(ctx, rg, b)
 		if err != nil {

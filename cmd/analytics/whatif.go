@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/gateway"
-	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -25,24 +23,20 @@ import (
 // change, when set, is one rule in the same syntax plus the plan it
 // changes: {plan: pro, name: per_minute, limit: 50, period: 1m}.
 func parseProposal(rules, change string) (analytics.Proposal, error) {
-	var doc map[string]yaml.Node
-	if err := yaml.Unmarshal([]byte(rules), &doc); err != nil {
+	// Strict below plans: and routes:, with the file's own line numbers;
+	// the inline map takes the rest of a gateway file unread.
+	var doc struct {
+		Plans  map[string]gateway.Plan `yaml:"plans"`
+		Routes []gateway.Route         `yaml:"routes"`
+		Rest   map[string]yaml.Node    `yaml:",inline"`
+	}
+	if err := strict([]byte(rules), &doc); err != nil {
 		return analytics.Proposal{}, fmt.Errorf("rules: %w", err)
 	}
-	var plans map[string]gateway.Plan
-	var routes []gateway.Route
-	if n, ok := doc["plans"]; ok {
-		if err := strictNode(&n, &plans); err != nil {
-			return analytics.Proposal{}, fmt.Errorf("rules: plans: %w", err)
-		}
-	} else {
+	if doc.Plans == nil {
 		return analytics.Proposal{}, errors.New("rules: no plans: section (the gateway's syntax: plans: {NAME: {rules: [...]}})")
 	}
-	if n, ok := doc["routes"]; ok {
-		if err := strictNode(&n, &routes); err != nil {
-			return analytics.Proposal{}, fmt.Errorf("rules: routes: %w", err)
-		}
-	}
+	plans, routes := doc.Plans, doc.Routes
 	p := analytics.Proposal{Plans: map[string][]limiter.Rule{}, Routes: map[string]analytics.ProposedRoute{}}
 	for name, plan := range plans {
 		rs := make([]limiter.Rule, 0, len(plan.Rules))
@@ -74,15 +68,6 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	return p, p.Validate()
 }
 
-// strictNode decodes n into dst, refusing fields dst does not have.
-func strictNode(n *yaml.Node, dst any) error {
-	b, err := yaml.Marshal(n)
-	if err != nil {
-		return err
-	}
-	return strict(b, dst)
-}
-
 func strict(b []byte, dst any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
@@ -92,73 +77,22 @@ func strict(b []byte, dst any) error {
 	return nil
 }
 
-// whatIf runs "analytics whatif": it replays the stored decisions of a
-// range through a proposal and prints how they would have been decided.
-func whatIf(ctx context.Context, fs *boot.Flags, args []string, getenv func(string) string, stdout io.Writer) error {
-	var (
-		rulesFile = fs.String("rules", "", "the proposal: a YAML file with plans: (and routes:) in the gateway's syntax; a gateway config file does")
-		change    = fs.String("change", "", "one changed rule of a plan in -rules, as YAML: '{plan: pro, name: per_minute, limit: 50, period: 1m}'")
-		from      = fs.String("from", "-24h", "start of the range: now, -1h, -7d, RFC 3339, 2006-01-02[ 15:04] (UTC) or Unix seconds")
-		to        = fs.String("to", "now", "end of the range (exclusive), same forms as -from")
-		plan      = fs.String("plan", "", "replay only this plan's decisions")
-		route     = fs.String("route", "", "count only this route's decisions (every route of a key is replayed)")
-		key       = fs.String("key", "", "replay only this key id")
-		top       = fs.Int("top", 20, "how many keys each key list shows")
-		format    = fs.String("format", "table", "output: table, csv or json")
-	)
-	if done, err := fs.Parse(args); done {
-		return err
+// whatIfQuery reads "analytics whatif"'s proposal (-rules, -change) into
+// a query over rg (only its plan, route and key filters may be set).
+func whatIfQuery(rg analytics.Range, rulesFile, change string, top int) (analytics.WhatIfQuery, error) {
+	if rulesFile == "" {
+		return analytics.WhatIfQuery{}, fmt.Errorf("%w: whatif needs -rules FILE: the plans to replay, in the gateway's YAML syntax", errUsage)
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	if *format != "table" && *format != "csv" && *format != "json" {
-		return fmt.Errorf("%w: -format %q: want table, csv or json", errUsage, *format)
-	}
-	if *rulesFile == "" {
-		return fmt.Errorf("%w: -rules FILE is needed: the plans to replay, in the gateway's YAML syntax", errUsage)
-	}
-	text, err := os.ReadFile(*rulesFile)
+	text, err := os.ReadFile(rulesFile)
 	if err != nil {
-		return fmt.Errorf("-rules: %w", err)
+		return analytics.WhatIfQuery{}, fmt.Errorf("-rules: %w", err)
 	}
-	p, err := parseProposal(string(text), *change)
+	p, err := parseProposal(string(text), change)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *rulesFile, err)
+		return analytics.WhatIfQuery{}, fmt.Errorf("%s: %w", rulesFile, err)
 	}
-	now := time.Now().UTC()
-	q := analytics.WhatIfQuery{Range: analytics.Range{Plan: *plan, Route: *route, KeyID: *key}, Proposal: p, Top: *top}
-	if q.From, err = analytics.ParseTime(*from, now, now.Add(-24*time.Hour)); err != nil {
-		return err
-	}
-	if q.To, err = analytics.ParseTime(*to, now, now); err != nil {
-		return err
-	}
-	if err := q.Validate(); err != nil {
-		return err
-	}
-	fc, err := loadConfig(*fs.Config, getenv)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	// A replay streams for minutes at most; the read bound is per read,
-	// and the server sends progress while it sorts.
-	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	if err := boot.PingClickHouse(ctx, ch, fc.ClickHouse); err != nil {
-		return err
-	}
-	rep, err := analytics.NewReader(ch).WhatIf(ctx, q)
-	if err != nil {
-		return err
-	}
-	if *format == "json" {
-		return render(stdout, *format, table{}, rep)
-	}
-	return renderWhatIf(stdout, *format, rep)
+	q := analytics.WhatIfQuery{Range: rg, Proposal: p, Top: top}
+	return q, q.Validate()
 }
 
 // renderWhatIf prints the report as tables: the totals, per rule, per

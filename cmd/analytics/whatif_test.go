@@ -59,9 +59,9 @@ func TestParseProposal(t *testing.T) {
 	}{
 		{"not yaml", "plans: [", "", "rules: yaml"},
 		{"no plans", "routes: []\n", "", "no plans: section"},
-		{"misspelt field", "plans:\n  free:\n    rules:\n      - {name: m, limt: 5, period: 1m}\n", "", "field limt not found"},
+		{"misspelt field", "listen: x\nplans:\n  free:\n    rules:\n      - {name: m, limt: 5, period: 1m}\n", "", "line 5: field limt not found"},
 		{"bad rule", "plans:\n  free:\n    rules:\n      - {name: m, limit: 0, period: 1m}\n", "", "limit 0 must be positive"},
-		{"bad period", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: soon}\n", "", "rules: plans:"},
+		{"bad period", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: soon}\n", "", "line 4: cannot unmarshal"},
 		{"change of unknown plan", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\n", "{plan: gold, name: m, limit: 2, period: 1m}", `plan "gold" is not in the proposal`},
 		{"misspelt change", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\n", "{plan: free, name: m, limits: 2}", "change: "},
 	} {

@@ -39,6 +39,8 @@ gateway/testdata/wrk/run.sh
 if want analytics; then
 echo "== analytics: trend queries over 10M events (seeds ClickHouse, ~1 min)"
 go test -run '^$' -bench TrendQueries -benchtime 10x ./analytics/
+echo "== analytics: what-if replay of 10M stored decisions (seeds ClickHouse, ~1 min)"
+go test -run '^$' -bench WhatIf -benchtime 1x ./analytics/
 fi
 
 want go || exit 0
