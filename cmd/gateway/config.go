@@ -97,6 +97,8 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 	fc.Kafka.ApplyEnv(e)
 	e.String(&fc.Kafka.Topic, "EDGELIMIT_KAFKA_TOPIC")
 	e.Bool(&fc.Kafka.Embedded, "EDGELIMIT_KAFKA_EMBEDDED")
+	e.String(&fc.GRPC.Listen, "EDGELIMIT_GRPC_LISTEN")
+	e.String(&fc.GRPC.ConfigDir, "EDGELIMIT_GRPC_CONFIG_DIR")
 
 	// EDGELIMIT_UPSTREAM_<NAME> sets upstream NAME's URL (name upper-cased,
 	// '-' and '.' as '_'); EDGELIMIT_UPSTREAM sets the only one.

@@ -611,3 +611,32 @@ func TestVersionAndBuildInfo(t *testing.T) {
 		t.Errorf("an embedded Kafka started without kafka.embedded")
 	}
 }
+
+// TestGRPCEnvOverrides: the gRPC listener and its rules directory come from
+// the environment like the other addresses, so one file serves a fleet
+// with and without Envoy.
+func TestGRPCEnvOverrides(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
+	rules := filepath.Join(dir, "rules")
+	if err := os.Mkdir(rules, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	body := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	if err := os.WriteFile(filepath.Join(rules, "edge.yaml"), []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := loadConfig(path, env(map[string]string{"EDGELIMIT_GRPC_LISTEN": "127.0.0.1:8081", "EDGELIMIT_GRPC_CONFIG_DIR": rules}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fc.GRPC.Enabled() || fc.GRPC.Listen != "127.0.0.1:8081" || fc.GRPC.ConfigDir != rules {
+		t.Errorf("grpc = %+v, want listen 127.0.0.1:8081 and config_dir %s", fc.GRPC, rules)
+	}
+	// A listener without rules is refused, naming the missing setting.
+	_, err = loadConfig(path, env(map[string]string{"EDGELIMIT_GRPC_LISTEN": "127.0.0.1:8081"}))
+	if err == nil || !strings.Contains(err.Error(), "grpc.config_dir") {
+		t.Errorf("EDGELIMIT_GRPC_LISTEN without a config dir: %v, want an error naming grpc.config_dir", err)
+	}
+}
