@@ -79,6 +79,8 @@ func (g *Gateway) publish(c *call, v verdict) {
 		StoreStatus:   v.store,
 		Mode:          v.mode,
 		CheckLatency:  v.latency,
+		Domain:        c.domain,
+		Descriptor:    g.eventDescriptor(c.descriptor),
 	}
 	if v.known && len(v.d.Rules) > 0 {
 		b := v.d.BindingRule()

@@ -1,0 +1,37 @@
+package gateway
+
+import "github.com/edgelimit/edgelimit/gateway/event"
+
+// DescriptorEntry is one key/value pair of the rate limit descriptors an
+// entry point outside this package (Envoy's rate limit API) decided a Call
+// for; the decision event carries them.
+type DescriptorEntry struct {
+	Key, Value string
+	// Secret says the value may be a credential: the event carries its
+	// keyed hash ("hmac:<hex>", the key_id's HMAC), never the value.
+	Secret bool
+}
+
+// hashedPrefix starts a descriptor value the event carries as a keyed hash.
+const hashedPrefix = "hmac:"
+
+// eventDescriptor is what the event carries of a call's descriptor: at most
+// event.MaxDescriptorEntries entries (the caller bounds them; these are a
+// backstop), secret values hashed. The hash is keyed like key ids, so equal
+// values of one fleet still group together in ClickHouse, yet no one without
+// the key can test a guess against them.
+func (g *Gateway) eventDescriptor(in []DescriptorEntry) []event.DescriptorEntry {
+	if len(in) == 0 {
+		return nil
+	}
+	in = in[:min(len(in), event.MaxDescriptorEntries)]
+	out := make([]event.DescriptorEntry, len(in))
+	for i, e := range in {
+		out[i] = event.DescriptorEntry{Key: e.Key, Value: e.Value}
+		if e.Secret {
+			// Prefixed, so a value can never hash like a limiter key.
+			out[i].Value = hashedPrefix + g.keys.id("descriptor|"+e.Value)
+		}
+	}
+	return out
+}
