@@ -23,9 +23,9 @@ const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key 
   reset   refill those rule sets to full (audited: log line and event)
   clear   delete the key's limiter state (audited)
 
-The token is read from EDGELIMIT_ADMIN_TOKEN (or the file named by
-EDGELIMIT_ADMIN_TOKEN_FILE), never from a flag, so it stays out of shell
-history and process lists.
+The token is read from EDGELIMIT_ADMIN_TOKEN (or, like every secret, from
+the file its _FILE variable names), never from a flag, so it stays out of
+shell history and process lists.
 `
 
 // runAdmin is "gateway admin key ...": a client of a running gateway's key
@@ -67,7 +67,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	if token == "" {
-		return errors.New("gateway admin: set EDGELIMIT_ADMIN_TOKEN (or EDGELIMIT_ADMIN_TOKEN_FILE) to the gateway's admin token")
+		return errors.New("gateway admin: set EDGELIMIT_ADMIN_TOKEN (or its _FILE variable) to the gateway's admin token")
 	}
 	q := url.Values{}
 	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route} {
