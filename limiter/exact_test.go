@@ -247,9 +247,10 @@ func TestDecisionTime(t *testing.T) {
 	})
 }
 
-// TestOlderScriptState: states written by the previous allow.lua (no rule
-// fields) are read as written under the current rule, and a sliding window
-// whose index runs ahead (the old period-change freeze) recovers.
+// TestOlderScriptState: states in the previous layout written by an older
+// allow.lua (no rule fields) are read as written under the current rule,
+// and a sliding window whose index runs ahead (the old period-change
+// freeze) recovers.
 func TestOlderScriptState(t *testing.T) {
 	rdb := mustRedis(t)
 	l := mustLimiter(t, rdb, Config{DenyCache: -1})
@@ -259,7 +260,7 @@ func TestOlderScriptState(t *testing.T) {
 		{Name: "tb", Limit: 10, Period: time.Hour},
 		{Name: "sw", Limit: 5, Period: 200 * time.Millisecond, Algorithm: SlidingWindow},
 	}
-	keys := l.Keys(key, rules)
+	keys := []string{ruleKey("rl", key, rules[0]), ruleKey("rl", key, rules[1])}
 	now := redisTime(t, rdb).UnixMicro()
 	// 4 tokens left a moment ago; a window index 1000 periods ahead.
 	rdb.HSet(ctx, keys[0], "tk", 4_000_000, "ts", now)

@@ -19,6 +19,8 @@ type Memory struct {
 
 	mu    sync.Mutex
 	state map[string]*memState
+	// ids lists each key's states, for Clear.
+	ids map[string][]*memState
 	// byExpiry orders states by when they read as full again, so expired
 	// states are dropped a few per call (no call pays for a sweep of the
 	// whole map) and, over capacity, the state closest to full goes first.
@@ -39,7 +41,8 @@ type memState struct {
 	expires           int64 // µs: from then on the state reads as full
 
 	key    string
-	queued int64 // the expiry its byExpiry entry carries; ≤ expires
+	id     string // the limiter key it belongs to
+	queued int64  // the expiry its byExpiry entry carries; ≤ expires
 }
 
 // sweepPerCall bounds the expired states one call drops, so no call
@@ -56,7 +59,7 @@ func NewMemory(now func() time.Time, maxKeys int) *Memory {
 	if maxKeys <= 0 {
 		maxKeys = 1 << 20
 	}
-	return &Memory{now: now, max: maxKeys, state: make(map[string]*memState)}
+	return &Memory{now: now, max: maxKeys, state: make(map[string]*memState), ids: make(map[string][]*memState)}
 }
 
 // Allow checks cost units of key against every rule, atomically.
@@ -105,12 +108,12 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	for i := range rules {
 		switch {
 		case d.Allowed && rr[i].Allowed:
-			m.put(keys[i], evals[i].next)
+			m.put(key, keys[i], evals[i].next)
 		case evals[i].converted:
 			// A state read under another rule is written back converted
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
-			m.put(keys[i], evals[i].unconsumed(rules[i], cost))
+			m.put(key, keys[i], evals[i].unconsumed(rules[i], cost))
 		}
 		// Otherwise nothing is written: a denied request consumes nothing,
 		// nor does a shadow rule that denied.
@@ -126,13 +129,14 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	return d, nil
 }
 
-func (m *Memory) put(key string, next memState) {
+func (m *Memory) put(id, key string, next memState) {
 	st := m.state[key]
 	if st == nil {
-		st = &memState{key: key, queued: math.MaxInt64}
+		st = &memState{key: key, id: id, queued: math.MaxInt64}
 		m.state[key] = st
+		m.ids[id] = append(m.ids[id], st)
 	}
-	next.key, next.queued = st.key, st.queued
+	next.key, next.id, next.queued = st.key, st.id, st.queued
 	*st = next
 	if st.expires < st.queued {
 		// Earlier than its entry says (a new state, or a rule lowered):
@@ -172,7 +176,26 @@ func (m *Memory) dropExpired(now int64, n int) {
 // evict forgets st; its entry must be the heap's top.
 func (m *Memory) evict(st *memState) {
 	heap.Pop(&m.byExpiry)
+	m.drop(st)
+}
+
+// drop forgets st; its heap entries, if any are left, read as stale.
+func (m *Memory) drop(st *memState) {
 	delete(m.state, st.key)
+	ids := m.ids[st.id]
+	for i, s := range ids {
+		if s == st {
+			ids[i] = ids[len(ids)-1]
+			ids[len(ids)-1] = nil
+			ids = ids[:len(ids)-1]
+			break
+		}
+	}
+	if len(ids) == 0 {
+		delete(m.ids, st.id)
+	} else {
+		m.ids[st.id] = ids
+	}
 }
 
 // Len reports how many rule states are held, expired or not.

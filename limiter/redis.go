@@ -131,22 +131,72 @@ func New(rdb rediser, cfg Config) (*Redis, error) {
 	return r, nil
 }
 
-// Keys returns the Redis keys a check of key against rules touches. They
-// share one hash tag, so one Cluster slot.
+// Keys returns the Redis keys a check of key against rules touches: the
+// containers holding the rules' states (see layout), then each rule's key
+// in the previous layout, read while the rule has no state of its own yet
+// (so a fleet upgrading mid-window forgets nothing). They share one hash
+// tag, so one Cluster slot.
 func (r *Redis) Keys(key string, rules []Rule) []string {
-	keys := make([]string, len(rules))
+	cont, m := layout(rules)
+	keys := make([]string, m, m+len(rules))
 	for i, rule := range rules {
-		keys[i] = ruleKey(r.cfg.Prefix, key, rule)
+		keys[cont[i]] = containerKey(r.cfg.Prefix, key, rule)
+	}
+	for _, rule := range rules {
+		keys = append(keys, ruleKey(r.cfg.Prefix, key, rule))
 	}
 	return keys
 }
 
+// layout places rules in containers, the string keys their states are
+// packed in: the rules named by Name share the identity's key
+// (<prefix>:{<key>}), so a plan's check reads and writes one key; a rule
+// with a Bucket (the Envoy door's descriptors, which come and go with
+// request values) has a key of its own (<prefix>:{<key>}:<bucket>), so
+// no container grows with the values a caller sends. cont[i] is rule i's
+// container index (0-based); m how many there are.
+func layout(rules []Rule) (cont []int, m int) {
+	cont = make([]int, len(rules))
+	shared := -1
+	for i, rule := range rules {
+		switch {
+		case rule.Bucket != "":
+			cont[i] = m
+			m++
+		case shared < 0:
+			shared = m
+			cont[i] = m
+			m++
+		default:
+			cont[i] = shared
+		}
+	}
+	return cont, m
+}
+
+// identityKey is the container of key's named rules.
+func identityKey(prefix, key string) string { return prefix + ":{" + key + "}" }
+
+// containerKey is the container rule's state lives in.
+func containerKey(prefix, key string, rule Rule) string {
+	if rule.Bucket != "" {
+		return identityKey(prefix, key) + ":" + rule.Bucket
+	}
+	return identityKey(prefix, key)
+}
+
+// ruleKey is the key of one rule's state in the previous layout (a hash
+// per rule), and the memory store's name for it.
 func ruleKey(prefix, key string, rule Rule) string {
+	return legacyKey(prefix, key, rule.bucket(), rule.algorithm() == SlidingWindow)
+}
+
+func legacyKey(prefix, key, bucket string, sliding bool) string {
 	algo := "tb"
-	if rule.algorithm() == SlidingWindow {
+	if sliding {
 		algo = "sw"
 	}
-	return prefix + ":{" + key + "}:" + rule.bucket() + ":" + algo
+	return identityKey(prefix, key) + ":" + bucket + ":" + algo
 }
 
 // Allow checks cost units of key against every rule in one Redis call. If
@@ -353,21 +403,39 @@ func (r *Redis) Load(ctx context.Context) error {
 	return nil
 }
 
+// scriptArgs is allow.lua's ARGV for a check (cost > 0), an inspection
+// (0) or a reset (-1) of rules; see the script's header. The token
+// bucket's rate is reduced here, once, rather than by a gcd in Lua.
 func scriptArgs(rules []Rule, cost int64) []any {
-	args := make([]any, 0, 1+5*len(rules))
-	args = append(args, cost)
-	for _, rule := range rules {
-		algo := 0
+	cont, m := layout(rules)
+	args := make([]any, 0, 2+7*len(rules))
+	args = append(args, cost, m)
+	for i, rule := range rules {
+		kind, pn, pd := 0, int64(0), int64(0)
+		period := rule.Period.Microseconds()
 		if rule.algorithm() == SlidingWindow {
-			algo = 1
+			kind = 2
+		} else {
+			if rule.Capacity() != rule.Limit {
+				kind = 1
+			}
+			rate := rule.Limit * micro
+			g := gcd(period, rate)
+			pn, pd = period/g, rate/g
 		}
-		shadow := 0
 		if rule.Shadow {
-			shadow = 1
+			kind += 4
 		}
-		args = append(args, algo, rule.Limit, rule.Period.Microseconds(), rule.Capacity(), shadow)
+		args = append(args, rule.bucket(), kind+8*cont[i], rule.Limit, period, rule.Capacity(), pn, pd)
 	}
 	return args
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // parseReply checks the script reply's shape before using it.

@@ -167,7 +167,8 @@ func flushScripts(t *testing.T, rdb redis.UniversalClient) {
 	}
 }
 
-// TestExpiry: every key the script writes has a TTL, and is gone after it.
+// TestExpiry: every key the script writes has a TTL, and is gone after it;
+// a check writes one key for all the identity's named rules.
 func TestExpiry(t *testing.T) {
 	rdb := mustRedis(t)
 	l := mustLimiter(t, rdb, Config{DenyCache: -1})
@@ -183,6 +184,10 @@ func TestExpiry(t *testing.T) {
 		}
 	}
 	keys := l.Keys(key, rules)
+	if n, err := rdb.Exists(ctx, keys...).Result(); err != nil || n != 1 {
+		t.Fatalf("EXISTS %v = %d, %v; want only the identity's key", keys, n, err)
+	}
+	keys = keys[:1]
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
@@ -205,7 +210,7 @@ func TestExpiry(t *testing.T) {
 func TestOneSlot(t *testing.T) {
 	rdb := mustCluster(t)
 	l := mustLimiter(t, rdb, Config{})
-	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}}
+	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}, {Name: "e", Limit: 1, Period: time.Hour, Bucket: "e0123"}}
 	for _, key := range []string{"k:abc", "ip:10.0.0.0/64", "odd}key{", "u:{x}"} {
 		var slots []int64
 		for _, k := range l.Keys(key, rules) {

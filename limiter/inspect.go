@@ -1,0 +1,240 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RuleState is one rule's live state for an identity.
+type RuleState struct {
+	Rule      string // the rule's bucket name (Rule.Name or its Bucket)
+	Algorithm Algorithm
+	Found     bool // false: no state stored, the rule is full
+	// Remaining is the whole units available now: tokens, or the limit
+	// minus the weighted window count.
+	Remaining int64
+	// Count and Previous are a sliding window's units in the current and
+	// the previous window (0 for token buckets).
+	Count, Previous int64
+	ResetAfter      time.Duration // until the rule is full again
+}
+
+// KeyState is an identity's live state for a set of rules.
+type KeyState struct {
+	Key   string
+	Rules []RuleState
+	// TTL is how long the stored state lives; 0 when there is none.
+	TTL time.Duration
+	// Time is the store's clock the state was computed at: Redis' TIME,
+	// or Memory's injected clock.
+	Time time.Time
+}
+
+// Inspect reports key's state for rules at Redis' time, consuming nothing
+// and writing nothing. It runs allow.lua itself (with cost 0), so it reads
+// states, including the previous layout's, exactly as a check would.
+func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState, error) {
+	if err := validate(key, rules, 1); err != nil {
+		return KeyState{}, err
+	}
+	res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0))
+	if err != nil {
+		return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
+	}
+	return parseInspect(key, res, rules)
+}
+
+// parseInspect checks the shape of allow.lua's cost-0 reply before using it.
+func parseInspect(key string, res []any, rules []Rule) (KeyState, error) {
+	if len(res) != 2+5*len(rules) {
+		return KeyState{}, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), len(rules))
+	}
+	ints := make([]int64, len(res))
+	for i, v := range res {
+		n, ok := v.(int64)
+		if !ok {
+			return KeyState{}, fmt.Errorf("%w: value %d is %T, want integer", ErrBadScriptData, i, v)
+		}
+		ints[i] = n
+	}
+	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules))}
+	for i, rule := range rules {
+		v := ints[5*i:]
+		ks.Rules[i] = RuleState{
+			Rule: rule.bucket(), Algorithm: rule.algorithm(), Found: v[0] == 1,
+			Remaining: v[1], Count: v[2], Previous: v[3],
+			ResetAfter: time.Duration(v[4]) * time.Microsecond,
+		}
+	}
+	ks.TTL = time.Duration(max(0, ints[len(ints)-2])) * time.Millisecond
+	ks.Time = time.UnixMicro(ints[len(ints)-1])
+	return ks, nil
+}
+
+// Reset refills rules to full for key: their states are dropped (a rule
+// without state is full), in the previous layout too, while the states
+// of other rules stay as they are. The local deny cache forgets key.
+func (r *Redis) Reset(ctx context.Context, key string, rules []Rule) error {
+	if err := validate(key, rules, 1); err != nil {
+		return err
+	}
+	if _, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, -1)); err != nil {
+		return fmt.Errorf("reset limiter state: %w", err)
+	}
+	r.forget(key)
+	return nil
+}
+
+// Clear deletes the state of every rule of key's identity key, and the
+// previous layout's key of each rule it held. States of bucketed rules
+// (Rule.Bucket: the Envoy door's descriptors) live in keys of their own
+// that only their rules name: Reset them with their rules. The local deny
+// cache forgets key.
+func (r *Redis) Clear(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrInput, err)
+	}
+	res, err := r.script(ctx, []string{identityKey(r.cfg.Prefix, key)}, []any{-2, 1})
+	if err != nil {
+		return fmt.Errorf("clear limiter state: %w", err)
+	}
+	if len(res)%2 != 0 {
+		return fmt.Errorf("%w: %d values for name and kind pairs", ErrBadScriptData, len(res))
+	}
+	var old []string
+	for i := 0; i < len(res); i += 2 {
+		name, ok := res[i].(string)
+		kind, ok2 := res[i+1].(int64)
+		if !ok || !ok2 {
+			return fmt.Errorf("%w: state %d is %T, %T, want name and kind", ErrBadScriptData, i/2, res[i], res[i+1])
+		}
+		old = append(old, legacyKey(r.cfg.Prefix, key, name, kind == 2))
+	}
+	if len(old) > 0 {
+		// A second call: the script's own keys are declared up front, and
+		// these names were unknown until it ran. They share its slot.
+		pipe := r.rdb.Pipeline()
+		pipe.Del(ctx, old...)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("clear limiter state of the previous layout: %w", err)
+		}
+	}
+	r.forget(key)
+	return nil
+}
+
+// script runs allow.lua once, by SHA and, when the server lacks it, in
+// full. Admin calls go around the check path's batching: they are rare,
+// and must not queue behind checks.
+func (r *Redis) script(ctx context.Context, keys []string, args []any) ([]any, error) {
+	run := func(full bool) *redis.Cmd {
+		pipe := r.rdb.Pipeline()
+		var cmd *redis.Cmd
+		if full {
+			cmd = allowScript.Eval(ctx, pipe, keys, args...)
+		} else {
+			cmd = allowScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // the error is cmd's
+		return cmd
+	}
+	cmd := run(false)
+	if isNoScript(cmd.Err()) {
+		r.reloads.Add(1)
+		cmd = run(true)
+	}
+	return cmd.Slice()
+}
+
+// forget drops key's entries from the local deny cache, so a reset key is
+// not denied from memory until its old retry time. A check in flight
+// while the reset runs may still cache its denial.
+func (r *Redis) forget(key string) {
+	if r.deny == nil {
+		return
+	}
+	for i := range r.deny.shards {
+		s := &r.deny.shards[i]
+		s.mu.Lock()
+		for fp, e := range s.m {
+			if e.key == key {
+				delete(s.m, fp)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return ErrEmptyKey
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// Inspect reports key's state for rules at the store's clock, consuming
+// nothing, computed by the same functions as Allow.
+func (m *Memory) Inspect(_ context.Context, key string, rules []Rule) (KeyState, error) {
+	if err := validate(key, rules, 1); err != nil {
+		return KeyState{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at := m.now()
+	now := at.UnixMicro()
+	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules)), Time: at}
+	for i, rule := range rules {
+		st := m.state[ruleKey("mem", key, rule)]
+		if st != nil && st.expires <= now {
+			st = nil
+		}
+		rs := RuleState{Rule: rule.bucket(), Algorithm: rule.algorithm(), Found: st != nil}
+		if rule.algorithm() == SlidingWindow {
+			e := slidingWindow(st, rule, 0, now)
+			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
+			rs.Count, rs.Previous = e.next.cur, e.next.prev
+		} else {
+			e := tokenBucket(st, rule, 0, now)
+			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
+		}
+		ks.Rules[i] = rs
+	}
+	for _, st := range m.ids[key] {
+		ks.TTL = max(ks.TTL, time.Duration(st.expires-now)*time.Microsecond)
+	}
+	return ks, nil
+}
+
+// Reset refills rules to full for key, leaving its other rules' states.
+func (m *Memory) Reset(_ context.Context, key string, rules []Rule) error {
+	if err := validate(key, rules, 1); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, rule := range rules {
+		if st := m.state[ruleKey("mem", key, rule)]; st != nil {
+			m.drop(st)
+		}
+	}
+	return nil
+}
+
+// Clear deletes the state of every rule of key.
+func (m *Memory) Clear(_ context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrInput, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for len(m.ids[key]) > 0 {
+		m.drop(m.ids[key][0])
+	}
+	return nil
+}
