@@ -23,7 +23,7 @@ import (
 // names keys and rules the way the request path does.
 type keyAdmin interface {
 	// Inspect reads the state of rules under key, consuming nothing.
-	Inspect(ctx context.Context, key string, rules []limiter.Rule) (keyState, error)
+	Inspect(ctx context.Context, key string, rules []limiter.Rule) (limiter.KeyState, error)
 	// Reset refills rules under key to full.
 	Reset(ctx context.Context, key string, rules []limiter.Rule) error
 	// Clear deletes every rule's state under key.
@@ -517,7 +517,7 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 		sv := ruleSetView{Scope: s.scope, Route: s.route, Plan: s.l.plan.name, Directives: dv}
 		for _, b := range bs {
 			bv := bucketView{Bucket: b.name, InForce: b.inForce}
-			var ks keyState
+			var ks limiter.KeyState
 			var err error
 			if ka == nil {
 				err = errors.New("the store cannot inspect keys")

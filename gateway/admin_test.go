@@ -10,13 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
 const (
 	testAdminToken = "oncall-token-0123456789"
-	rawAPIKey  = "sk_live_raw-api-key-never-logged"
+	rawAPIKey      = "sk_live_raw-api-key-never-logged"
 )
 
 // adminStore is a limiter store the admin API can inspect and reset.
@@ -58,13 +61,13 @@ func (s *countingStore) Allow(_ context.Context, key string, rules []limiter.Rul
 	return d, nil
 }
 
-func (s *countingStore) Inspect(_ context.Context, key string, rules []limiter.Rule) (keyState, error) {
+func (s *countingStore) Inspect(_ context.Context, key string, rules []limiter.Rule) (limiter.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ks := keyState{Key: key}
+	ks := limiter.KeyState{Key: key}
 	for _, r := range rules {
 		used, ok := s.used[key][r.Name]
-		ks.Rules = append(ks.Rules, ruleState{Rule: r.Name, Algorithm: r.Algorithm, Found: ok, Remaining: r.Capacity() - used})
+		ks.Rules = append(ks.Rules, limiter.RuleState{Rule: r.Name, Algorithm: r.Algorithm, Found: ok, Remaining: r.Capacity() - used})
 		if ok {
 			ks.TTL = r.Period
 		}
@@ -267,7 +270,25 @@ func testAdminEndToEnd(t *testing.T, store adminStore) {
 	}
 }
 
-func TestAdminEndToEndFake(t *testing.T) { testAdminEndToEnd(t, newCountingStore()) }
+// TestAdminEndToEnd runs show, reset and clear on every store: real Redis,
+// standalone and Cluster, the gateway's in-memory store, and the fake.
+func TestAdminEndToEnd(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		lim, _ := redisStore(t)
+		testAdminEndToEnd(t, lim)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		lim, err := limiter.New(rdb, limiter.Config{Prefix: "admintest" + randHex(6)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testAdminEndToEnd(t, lim)
+	})
+	t.Run("memory", func(t *testing.T) { testAdminEndToEnd(t, nil) })
+	t.Run("fake", func(t *testing.T) { testAdminEndToEnd(t, newCountingStore()) })
+}
 
 func TestAdminAuth(t *testing.T) {
 	rig := startAdmin(t, newCountingStore(), map[string]Secret{"oncall": testAdminToken, "other": "other-token-0123456789"})
