@@ -117,12 +117,20 @@ func adminConfig(upstream string) Config {
 
 func startAdmin(t *testing.T, store adminStore, tokens map[string]Secret) *adminRig {
 	t.Helper()
-	rig := &adminRig{log: &syncBuffer{}, pub: &fakePublisher{}}
-	opts := Options{Publisher: rig.pub, Logger: slog.New(slog.NewJSONHandler(rig.log, nil))}
+	opts := Options{}
 	if store != nil {
 		opts.Store = store
 	}
-	rig.gw = startGateway(t, adminConfig(newTestUpstream(t).URL), opts)
+	return startAdminOn(t, adminConfig(newTestUpstream(t).URL), opts, tokens)
+}
+
+// startAdminOn is startAdmin with cfg and opts; the rig sets the logger
+// and the publisher.
+func startAdminOn(t *testing.T, cfg Config, opts Options, tokens map[string]Secret) *adminRig {
+	t.Helper()
+	rig := &adminRig{log: &syncBuffer{}, pub: &fakePublisher{}}
+	opts.Publisher, opts.Logger = rig.pub, slog.New(slog.NewJSONHandler(rig.log, nil))
+	rig.gw = startGateway(t, cfg, opts)
 	a, err := NewAdmin(rig.gw.Gateway, AdminConfig{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
@@ -380,5 +388,65 @@ func TestAdminBadInput(t *testing.T) {
 	}
 	if got := strings.Join(scopes, " "); got != "plan: route:export auth-failure:" {
 		t.Errorf("rule sets of an address: %s, want plan, route export, auth-failure", got)
+	}
+}
+
+// TestAdminDirectives: show says which split and NAT directives hold for
+// the key here, and lists every gateway's bucket under a split; reset
+// refills the bucket this gateway checks, so the caller is admitted again.
+func TestAdminDirectives(t *testing.T) {
+	ctx := context.Background()
+	rig := newDirectiveRig(t)
+	cfg := adminConfig(newTestUpstream(t).URL)
+	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 4, Period: time.Minute}}}}
+	lim, err := limiter.New(rig.rdb, limiter.Config{Prefix: rig.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startAdminOn(t, cfg, Options{Store: lim, Directives: rig.watcher}, map[string]Secret{"oncall": testAdminToken})
+	keyID := a.show(t, "api_key=alice").KeyID
+	exp := time.Now().Add(time.Minute)
+	if err := rig.store.WriteSplits(ctx, []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", keyID),
+		Shares: map[string]float64{"gw-admin": 0.5, "gw-other": 0.5}, Expires: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rig.store.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:192.0.2.9", Factor: 3, Clients: 6, Expires: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	rig.watcher.Refresh(ctx)
+
+	key := []string{"X-API-Key", rawAPIKey}
+	if n := admitted(t, a.gw.URL+"/a", 3, key...); n != 2 {
+		t.Fatalf("admitted %d of 3 under a split giving this gateway 2 of 4, want 2", n)
+	}
+	v := a.show(t, "api_key=alice&route=all")
+	s := v.RuleSets[0]
+	if s.Directives.Split == nil || s.Directives.SplitSkipped {
+		t.Fatalf("directives %+v, want the split in force", s.Directives)
+	}
+	var names []string
+	for _, b := range s.Buckets {
+		names = append(names, b.Bucket)
+		if b.InForce != (b.Bucket == "gw:gw-admin") {
+			t.Errorf("bucket %s in force: %v", b.Bucket, b.InForce)
+		}
+		if b.Bucket == "gw:gw-admin" && (b.Rules[0].Limit != 2 || b.Rules[0].Remaining != 0) {
+			t.Errorf("this gateway's bucket %+v, want limit 2, 0 remaining", b.Rules[0])
+		}
+	}
+	if got := strings.Join(names, " "); got != "shared gw:gw-admin gw:gw-other" {
+		t.Errorf("buckets %s, want shared gw:gw-admin gw:gw-other", got)
+	}
+	if r := a.call(t, http.MethodPost, "reset?api_key=alice", "Authorization", "Bearer "+testAdminToken); r.status != http.StatusOK {
+		t.Fatalf("reset = %d %s", r.status, r.body)
+	}
+	if n := admitted(t, a.gw.URL+"/a", 1, key...); n != 1 {
+		t.Error("denied after reset under a split")
+	}
+
+	// NAT: the address's plan shows the raised limit.
+	v = a.show(t, "ip=192.0.2.9")
+	if s := v.RuleSets[0]; s.Directives.NAT == nil || s.Directives.NAT.Factor != 3 || s.Buckets[0].Rules[0].Limit != 15 {
+		t.Errorf("address under a NAT directive: %+v, want factor 3 and the limit raised 5 -> 15", s)
 	}
 }
