@@ -640,3 +640,81 @@ func TestGRPCEnvOverrides(t *testing.T) {
 		t.Errorf("EDGELIMIT_GRPC_LISTEN without a config dir: %v, want an error naming grpc.config_dir", err)
 	}
 }
+
+// TestAdminCLI runs a gateway with EDGELIMIT_ADMIN_TOKEN on real Redis and
+// drives its key admin API with "gateway admin key": a caller denied at
+// its limit shows nothing remaining, is reset, and is admitted again; the
+// reset is a log line naming the token's name, never the token.
+func TestAdminCLI(t *testing.T) {
+	const token = "cli-admin-token-0123456789"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 2, up.URL, true)
+	getenv := env(map[string]string{"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_ADMIN_TOKEN": token,
+		"EDGELIMIT_REDIS_PREFIX": "admincli" + fmt.Sprint(time.Now().UnixNano())})
+	r := start(t, []string{"-config", path}, getenv)
+	for range 2 {
+		if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusOK {
+			t.Fatalf("GET / = %d before the limit", code)
+		}
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusTooManyRequests {
+		t.Fatalf("GET / = %d at the limit, want 429", code)
+	}
+	cli := func(getenv func(string) string, args ...string) (map[string]any, error) {
+		t.Helper()
+		var out strings.Builder
+		err := run(context.Background(), append([]string{"admin", "key"}, args...), getenv, &out)
+		if err != nil {
+			return nil, err
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(out.String()), &v); err != nil {
+			t.Fatalf("gateway admin key %v printed %q: %v", args, out.String(), err)
+		}
+		return v, nil
+	}
+	remaining := func(v map[string]any) float64 {
+		t.Helper()
+		rule := v["rule_sets"].([]any)[0].(map[string]any)["buckets"].([]any)[0].(map[string]any)["rules"].([]any)[0].(map[string]any)
+		return rule["remaining"].(float64)
+	}
+	v, err := cli(getenv, "show", "-admin", r.admin, "-ip", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(v); got != 0 {
+		t.Errorf("show after 2 of 2: remaining %v, want 0", got)
+	}
+	if v, err = cli(getenv, "reset", "-admin", r.admin, "-ip", "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(v); got != 2 {
+		t.Errorf("reset answered remaining %v, want 2", got)
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusOK {
+		t.Errorf("GET / = %d after reset, want 200", code)
+	}
+	line := r.logs.find("admin key reset")
+	if line == nil || line["actor"] != "env" || line["kind"] != "ip" || line["key_id"] == "" {
+		t.Errorf("audit log line %v, want actor env, kind ip, a key id", line)
+	}
+	if strings.Contains(r.logs.String(), token) {
+		t.Error("the log holds the admin token")
+	}
+
+	// A wrong or missing token, bad input: clear errors, exit non-zero.
+	if _, err := cli(env(map[string]string{"EDGELIMIT_ADMIN_TOKEN": "wrong-token-0123456789"}), "show", "-admin", r.admin, "-ip", "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("wrong token: %v, want a 401", err)
+	}
+	if _, err := cli(env(nil), "show", "-admin", r.admin, "-ip", "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "EDGELIMIT_ADMIN_TOKEN") {
+		t.Errorf("no token: %v, want an error naming EDGELIMIT_ADMIN_TOKEN", err)
+	}
+	if _, err := cli(getenv, "show", "-admin", r.admin, "-api-key", "nobody"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("unknown key id: %v, want a 404", err)
+	}
+	if _, err := cli(getenv, "frob", "-ip", "127.0.0.1"); err == nil {
+		t.Error("an unknown action was taken")
+	}
+}
