@@ -12,6 +12,11 @@ type DescriptorEntry struct {
 	Secret bool
 }
 
+// MaxDescriptorEntries is the most descriptor entries a decision event
+// carries (event.MaxDescriptorEntries); a Call's further entries are left
+// out.
+const MaxDescriptorEntries = event.MaxDescriptorEntries
+
 // hashedPrefix starts a descriptor value the event carries as a keyed hash.
 const hashedPrefix = "hmac:"
 

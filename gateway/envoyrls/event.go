@@ -6,7 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgelimit/edgelimit/gateway"
-	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
 // Bounds on what a decision event carries of a request's descriptors: the
@@ -58,7 +57,7 @@ func secretValue(key, value string) bool {
 
 // eventDescriptor is what the decision event carries of the checked
 // descriptors: their entries in request order, each distinct pair once, at
-// most event.MaxDescriptorEntries of them; what is left out is counted in
+// most gateway.MaxDescriptorEntries of them; what is left out is counted in
 // dropped.
 func eventDescriptor(all []resolved, picks []pick, dropped prometheus.Counter) []gateway.DescriptorEntry {
 	var out []gateway.DescriptorEntry
@@ -78,7 +77,7 @@ func eventDescriptor(all []resolved, picks []pick, dropped prometheus.Counter) [
 					continue entries
 				}
 			}
-			if len(out) == event.MaxDescriptorEntries {
+			if len(out) == gateway.MaxDescriptorEntries {
 				n++
 				continue
 			}
