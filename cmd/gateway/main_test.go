@@ -498,17 +498,7 @@ func TestEventsToKafka(t *testing.T) {
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 2, up.URL, false)
-	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
-	// Topics are created by deployment, not by the first event (franz-go
-	// gives up on an unknown topic after a few retries).
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
-	adm.Close()
+	topic := newTopic(t, brokers)
 	r := start(t, []string{"-config", path}, env(map[string]string{
 		"EDGELIMIT_KAFKA_BROKERS":   strings.Join(brokers, ","),
 		"EDGELIMIT_KAFKA_TOPIC":     topic,
@@ -521,26 +511,7 @@ func TestEventsToKafka(t *testing.T) {
 	waitFor(t, "3 events published", func() bool {
 		return metric(t, r.admin, "edgelimit_events_published_total") == "3"
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var got []event.Decision
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for len(got) < 3 && ctx.Err() == nil {
-		fetches := cl.PollFetches(ctx)
-		fetches.EachRecord(func(rec *kgo.Record) {
-			d, err := event.Decode(rec.Value)
-			if err != nil {
-				t.Errorf("decode: %v", err)
-				return
-			}
-			got = append(got, d)
-		})
-	}
+	got := readEvents(t, brokers, topic, 3, nil)
 	if len(got) != 3 {
 		t.Fatalf("read %d events, want 3", len(got))
 	}
@@ -556,6 +527,53 @@ func TestEventsToKafka(t *testing.T) {
 	if allowed != 2 {
 		t.Errorf("%d allowed events, want 2 (limit 2, 3 requests)", allowed)
 	}
+}
+
+// newTopic creates a topic of its own on brokers. Topics are created by
+// deployment, not by the first event (franz-go gives up on an unknown
+// topic after a few retries).
+func newTopic(t *testing.T, brokers []string) string {
+	t.Helper()
+	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	return topic
+}
+
+// readEvents reads topic from the start until n events have come (or 30s
+// have passed), each decoded; raw, if set, sees every record's value.
+func readEvents(t *testing.T, brokers []string, topic string, n int, raw func([]byte)) []event.Decision {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []event.Decision
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(got) < n && ctx.Err() == nil {
+		fetches := cl.PollFetches(ctx)
+		fetches.EachRecord(func(rec *kgo.Record) {
+			if raw != nil {
+				raw(rec.Value)
+			}
+			d, err := event.Decode(rec.Value)
+			if err != nil {
+				t.Errorf("decode: %v", err)
+				return
+			}
+			got = append(got, d)
+		})
+	}
+	return got
 }
 
 // TestSentinel: a gateway configured with Redis Sentinel finds the master
@@ -650,9 +668,12 @@ func TestAdminCLI(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "gw.yaml")
-	writeConfig(t, path, 2, up.URL, true)
+	writeConfig(t, path, 2, up.URL, false)
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopic(t, brokers)
 	getenv := env(map[string]string{"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_ADMIN_TOKEN": token,
-		"EDGELIMIT_REDIS_PREFIX": "admincli" + fmt.Sprint(time.Now().UnixNano())})
+		"EDGELIMIT_REDIS_PREFIX":  "admincli" + fmt.Sprint(time.Now().UnixNano()),
+		"EDGELIMIT_KAFKA_BROKERS": strings.Join(brokers, ","), "EDGELIMIT_KAFKA_TOPIC": topic})
 	r := start(t, []string{"-config", path}, getenv)
 	for range 2 {
 		if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusOK {
@@ -702,6 +723,25 @@ func TestAdminCLI(t *testing.T) {
 	}
 	if strings.Contains(r.logs.String(), token) {
 		t.Error("the log holds the admin token")
+	}
+	// The decision stream has the audit record: 3 decisions, then the
+	// reset of the address's plan and of its auth failure bucket.
+	evs := readEvents(t, brokers, topic, 5, func(b []byte) {
+		if strings.Contains(string(b), token) {
+			t.Error("a record holds the admin token")
+		}
+	})
+	var audits int
+	for _, e := range evs {
+		if e.Mode == event.ModeAdmin {
+			audits++
+			if e.Admin != (event.AdminAction{Action: "reset", Actor: "env"}) || e.KeyID != line["key_id"] || e.KeyKind != event.KindIP {
+				t.Errorf("audit record %+v, want a reset by env of key %v", e, line["key_id"])
+			}
+		}
+	}
+	if audits != 2 {
+		t.Errorf("%d audit records in %d events, want 2 (plan and auth-failure)", audits, len(evs))
 	}
 
 	// A wrong or missing token, bad input: clear errors, exit non-zero.
