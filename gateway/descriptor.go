@@ -21,22 +21,28 @@ const MaxDescriptorEntries = event.MaxDescriptorEntries
 const hashedPrefix = "hmac:"
 
 // eventDescriptor is what the event carries of a call's descriptor: at most
-// event.MaxDescriptorEntries entries (the caller bounds them; these are a
-// backstop), secret values hashed. The hash is keyed like key ids, so equal
+// event.MaxDescriptorEntries entries, no key or value the event cannot hold
+// (the caller bounds them; these are a backstop), secret values hashed. The hash is keyed like key ids, so equal
 // values of one fleet still group together in ClickHouse, yet no one without
 // the key can test a guess against them.
 func (g *Gateway) eventDescriptor(in []DescriptorEntry) []event.DescriptorEntry {
 	if len(in) == 0 {
 		return nil
 	}
-	in = in[:min(len(in), event.MaxDescriptorEntries)]
-	out := make([]event.DescriptorEntry, len(in))
-	for i, e := range in {
-		out[i] = event.DescriptorEntry{Key: e.Key, Value: e.Value}
-		if e.Secret {
-			// Prefixed, so a value can never hash like a limiter key.
-			out[i].Value = hashedPrefix + g.keys.id("descriptor|"+e.Value)
+	out := make([]event.DescriptorEntry, 0, min(len(in), event.MaxDescriptorEntries))
+	for _, e := range in {
+		if len(out) == cap(out) {
+			break
 		}
+		if len(e.Key) > event.MaxFieldLen {
+			continue // the event would not encode at all
+		}
+		d := event.DescriptorEntry{Key: e.Key, Value: e.Value}
+		if e.Secret || len(e.Value) > event.MaxFieldLen {
+			// Prefixed, so a value can never hash like a limiter key.
+			d.Value = hashedPrefix + g.keys.id("descriptor|"+e.Value)
+		}
+		out = append(out, d)
 	}
 	return out
 }
