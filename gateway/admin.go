@@ -94,13 +94,14 @@ const AdminPath = "/admin/v1/keys"
 
 // Register adds the endpoints to mux (the admin listener's):
 //
-//	GET  /admin/v1/keys?api_key=ID|user=ID|ip=ADDR[&route=NAME]  the key's state
-//	POST /admin/v1/keys/reset?...                                 refill to full
-//	POST /admin/v1/keys/clear?...                                 delete its state
+//	GET  /admin/v1/keys?api_key=ID|user=ID|ip=ADDR[&route=NAME|&plan=NAME]  the key's state
+//	POST /admin/v1/keys/reset?...                                            refill to full
+//	POST /admin/v1/keys/clear?...                                            delete its state
 //
 // An API key is named by its configured id, never the key itself. Without
-// route, every rule set the caller can hit; with it, the one that route
-// checks.
+// route, every rule set the caller can hit (its plan's, each route's own
+// plan, an address's auth failure bucket); with route, the one that route
+// checks; with plan, the bucket POST /v1/check keeps for a plan it names.
 func (a *Admin) Register(mux *http.ServeMux) {
 	mux.Handle("GET "+AdminPath, a.guard(a.show))
 	mux.Handle("POST "+AdminPath+"/reset", a.guard(func(w http.ResponseWriter, r *http.Request, actor string) {
@@ -159,7 +160,8 @@ const (
 // ruleSet is one bucket family a caller can hit: its plan's rules, a
 // route's own plan, or the auth failure plan.
 type ruleSet struct {
-	// scope is "plan", "route" or "auth-failure".
+	// scope is "plan", "route", "auth-failure" or "check-plan" (a plan
+	// POST /v1/check named).
 	scope string
 	route string
 	// l is the request path's limits for this set (key, plan, rules),
@@ -184,9 +186,9 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 	q := r.URL.Query()
 	for name := range q {
 		switch name {
-		case "api_key", "user", "ip", "route":
+		case "api_key", "user", "ip", "route", "plan":
 		default:
-			return bad(http.StatusBadRequest, probBadRequest, "Unknown parameter "+strconv.Quote(name)+": give one of api_key (its configured id), user or ip, and optionally route.")
+			return bad(http.StatusBadRequest, probBadRequest, "Unknown parameter "+strconv.Quote(name)+": give one of api_key (its configured id), user or ip, and optionally route or plan.")
 		}
 	}
 	var t target
@@ -225,6 +227,19 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 		if st.anonymous != nil {
 			t.id.plan = st.anonymous
 		}
+	}
+	if q.Get("route") != "" && q.Get("plan") != "" {
+		return bad(http.StatusBadRequest, probBadRequest, "Give route or plan, not both.")
+	}
+	if name := q.Get("plan"); name != "" {
+		// POST /v1/check's "plan" (trusted proxies only) checks a bucket
+		// of its own per caller and plan.
+		p, ok := st.plans[name]
+		if !ok {
+			return bad(http.StatusBadRequest, probBadRequest, "No plan is named "+strconv.Quote(name)+".")
+		}
+		t.sets = []ruleSet{{scope: "check-plan", l: limits{key: t.id.key + "|p:" + name, plan: p, rules: p.rules}}}
+		return t, nil
 	}
 	if name := q.Get("route"); name != "" {
 		i := slices.IndexFunc(st.routes, func(rt *route) bool { return rt.Name == name })

@@ -358,6 +358,8 @@ func TestAdminBadInput(t *testing.T) {
 		{name: "no identity", query: "route=all", want: http.StatusBadRequest, detail: "exactly one"},
 		{name: "two identities", query: "api_key=alice&ip=10.0.0.1", want: http.StatusBadRequest, detail: "exactly one"},
 		{name: "bad ip", query: "ip=10.0.0", want: http.StatusBadRequest, detail: "not an IP"},
+		{name: "unknown plan", query: "api_key=alice&plan=nope", want: http.StatusBadRequest, detail: "nope"},
+		{name: "route and plan", query: "api_key=alice&plan=pro&route=all", want: http.StatusBadRequest, detail: "not both"},
 		{name: "unknown parameter", query: "key=alice", want: http.StatusBadRequest, detail: "Unknown parameter"},
 	}
 	for _, tt := range tests {
@@ -388,6 +390,9 @@ func TestAdminBadInput(t *testing.T) {
 	}
 	if got := strings.Join(scopes, " "); got != "plan: route:export auth-failure:" {
 		t.Errorf("rule sets of an address: %s, want plan, route export, auth-failure", got)
+	}
+	if v := rig.show(t, "ip=192.0.2.9&plan=pro"); len(v.RuleSets) != 1 || v.RuleSets[0].Scope != "check-plan" || v.RuleSets[0].Plan != "pro" {
+		t.Errorf("plan=pro: %+v, want the check API's bucket of plan pro", v.RuleSets)
 	}
 }
 

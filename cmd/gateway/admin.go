@@ -16,7 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/internal/boot"
 )
 
-const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key ID | -user ID | -ip ADDR) [-route NAME]
+const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key ID | -user ID | -ip ADDR) [-route NAME | -plan NAME]
 
   show    the key's live limiter state for every rule set it can hit (or
           -route's), with the split and NAT directives in force for it
@@ -53,6 +53,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	user := fs.String("user", "", "a user id, as the user header carries it")
 	ip := fs.String("ip", "", "a client address")
 	route := fs.String("route", "", "only the rule set this route checks; default every rule set")
+	plan := fs.String("plan", "", "only the bucket POST /v1/check keeps for this plan (its \"plan\" field)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the gateway")
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
@@ -70,7 +71,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		return errors.New("gateway admin: set EDGELIMIT_ADMIN_TOKEN (or its _FILE variable) to the gateway's admin token")
 	}
 	q := url.Values{}
-	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route} {
+	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route, "plan": *plan} {
 		if v != "" {
 			q.Set(name, v)
 		}
