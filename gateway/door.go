@@ -38,8 +38,8 @@ type Call struct {
 	// UserAgent is hashed into the event.
 	UserAgent string
 	// Domain and Descriptor are the Envoy rate limit request's, for the
-	// event: bounded by the caller (event.MaxDescriptorEntries, the
-	// lengths the event allows), values that may be secrets marked.
+	// event: bounded by the caller (MaxDescriptorEntries, the lengths
+	// the event allows), values that may be secrets marked.
 	Domain     string
 	Descriptor []DescriptorEntry
 }
