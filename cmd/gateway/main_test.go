@@ -744,6 +744,32 @@ func TestAdminCLI(t *testing.T) {
 		t.Errorf("%d audit records in %d events, want 2 (plan and auth-failure)", audits, len(evs))
 	}
 
+	// A fleet: a second gateway on the same Redis denies from its deny
+	// cache until asked too; -admin lists both, and both admit again.
+	r2 := start(t, []string{"-config", path}, getenv)
+	denied := false
+	for range 4 { // the shared bucket holds 2: spent by the third at most
+		if code, _, _ := httpGet(t, r2.addr+"/"); code == http.StatusTooManyRequests {
+			denied = true
+			break
+		}
+	}
+	if !denied {
+		t.Fatal("the second gateway admitted 4 requests at 2 a minute")
+	}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"admin", "key", "reset", "-admin", r.admin + "," + r2.admin, "-ip", "127.0.0.1"}, getenv, &out); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), `"action": "reset"`); n != 2 {
+		t.Errorf("a reset of two gateways printed %d answers, want 2:\n%s", n, out.String())
+	}
+	for _, gw := range []*running{r, r2} {
+		if code, _, _ := httpGet(t, gw.addr+"/"); code != http.StatusOK {
+			t.Errorf("GET %s/ = %d after the fleet reset, want 200", gw.addr, code)
+		}
+	}
+
 	// A wrong or missing token, bad input: clear errors, exit non-zero.
 	if _, err := cli(env(map[string]string{"EDGELIMIT_ADMIN_TOKEN": "wrong-token-0123456789"}), "show", "-admin", r.admin, "-ip", "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong token: %v, want a 401", err)
