@@ -9,7 +9,8 @@
 --              -1 resets the rules (drops their states and old keys); -2
 --              lists the states of KEYS[1] and deletes it (no rules)
 -- ARGV[2]      m, the number of containers
--- ARGV[3+7*(i-1) ...] for rule i:
+-- ARGV[3]      the rules, each struct-packed '<Bc0BI5I6I5I6I7', all in one
+--              argument (Redis makes a Lua string of every argument):
 --   name       the rule's bucket: its state's name in its container
 --   flags      kind + 4*shadow + 8*(container - 1); kind 0 = token bucket
 --              with capacity = limit, 1 = token bucket, 2 = sliding window
@@ -17,7 +18,7 @@
 --   period     microseconds
 --   capacity   token bucket capacity (burst); the limit for sliding window
 --   pn, pd     token bucket: period / (limit × 10^6) in lowest terms, the
---              microseconds per micro-token (computed once, in Go)
+--              microseconds per micro-token (reduced once, in Go)
 --
 -- Reply (cost > 0): { allowed, r1_allowed, r1_remaining, r1_retry_us,
 -- r1_reset_us, ..., now_us } all integers; now_us is the Redis time the
@@ -66,20 +67,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local cost = tonumber(ARGV[1])
 local m = tonumber(ARGV[2])
-local n = (#ARGV - 2) / 7
-local legacy = #KEYS >= m + n
+local blob = ARGV[3] or ''
 local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
-local FMT = {[0] = 'I7I7I4I6', [1] = 'I7I7I4I6I4', [2] = 'I6I5I5I6'}
-local SIZE = {[0] = 24, [1] = 28, [2] = 22}
-
--- b/c in lowest terms, for rules Go did not reduce (converted states)
-local function reduce(b, c)
-  local x, y = b, c
-  while y > 0 do x, y = y, math.fmod(x, y) end
-  return b / x, c / x
-end
+local TB0, TB1, SW = '<I7I7I4I6', '<I7I7I4I6I4', '<I6I5I5I6' -- records by kind
 
 -- floor(a*b/c) for b/c in lowest terms, never above the exact value
 local function muldiv_floor(a, b, c)
@@ -100,57 +92,36 @@ local function wait(a, b, c)
   return q
 end
 
--- the previous window's weight (in 1/D) when left us of the window remain
-local function weight(left, period)
-  local k = math.floor(left * D / period) + 1
-  if k > D then k = D end
-  return k
+-- b/c in lowest terms, for rules Go did not reduce (stored states)
+local function reduce(b, c)
+  local x, y = b, c
+  while y > 0 do x, y = y, math.fmod(x, y) end
+  return b / x, c / x
 end
 
--- the largest weight k with prev*k <= room*D
-local function max_weight(prev, room)
-  local k = math.floor(room * D / prev)
-  if k > D then k = D end
-  while k > 0 and prev * k > room * D do k = k - 1 end
-  while k < D and prev * (k + 1) <= room * D do k = k + 1 end
-  return k
+-- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd}.
+local R, byname, n = {}, {}, 0
+local pos = 1
+while pos <= #blob do
+  n = n + 1
+  local r = {struct.unpack('<Bc0BI5I6I5I6I7', blob, pos)}
+  pos = r[8]
+  R[n] = r
+  byname[r[1]] = n
 end
-
--- the most us left in a window at which the weight is at most k (k >= 1)
-local function last_left(k, period)
-  local l = math.ceil(k * period / D) - 1
-  if l > period then l = period end
-  while l < period and weight(l + 1, period) <= k do l = l + 1 end
-  while l > 0 and weight(l, period) > k do l = l - 1 end
-  return l
-end
-
-local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
-
--- the rules
-local R, byname = {}, {}
-for i = 1, n do
-  local b = 3 + 7 * (i - 1)
-  local f = tonumber(ARGV[b + 1])
-  local r = {name = ARGV[b], kind = f % 4, shadow = math.floor(f / 4) % 2,
-    cont = math.floor(f / 8) + 1, limit = tonumber(ARGV[b + 2]),
-    period = tonumber(ARGV[b + 3]), cap = tonumber(ARGV[b + 4]),
-    pn = tonumber(ARGV[b + 5]), pd = tonumber(ARGV[b + 6])}
-  R[i] = r
-  byname[r.name] = i
-end
+local legacy = #KEYS >= m + n
 
 -- How long (us) a record of a rule not in this call still needs to be
 -- kept, by the rule it was written under; nil once it reads as full.
 local function foreign_need(kind, s, p)
   if kind == 2 then
-    local w, _, _, P = struct.unpack(FMT[2], s, p)
+    local w, _, _, P = struct.unpack(SW, s, p)
     local ow = math.floor(now / P)
     if w >= ow then return (w + 2) * P - now end
     if w == ow - 1 then return (ow + 1) * P - now end
     return nil
   end
-  local tk, ts, l1, P, c1 = struct.unpack(FMT[kind], s, p)
+  local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
   local l = l1 + 1
   local ocapu = l * MICRO
   if kind == 1 then ocapu = (c1 + 1) * MICRO end
@@ -163,42 +134,43 @@ local function foreign_need(kind, s, p)
   return wait(ocapu - tokens, rd, rn)
 end
 
--- Read the containers: each rule's stored state (st[i], with raw[i] its
--- bytes), and the records of other rules worth keeping.
+-- Read the containers: each rule's stored state st[i] (token bucket:
+-- {tokens, ts, limit, period, capacity}; sliding window: {window, count,
+-- previous, period}), raw[i] its bytes, and the records of other rules
+-- still worth keeping.
 local st, raw, keep, kneed, names = {}, {}, {}, {}, {}
 for c = 1, m do
   local s = redis.call('GET', KEYS[c])
   keep[c], kneed[c] = {}, 0
   if s then
-    local pos, len = 1, #s
-    while pos <= len do
-      local name, kind, p = struct.unpack('Bc0B', s, pos)
-      if not SIZE[kind] then
+    local p0, len = 1, #s
+    while p0 <= len do
+      local name, kind, p = struct.unpack('Bc0B', s, p0)
+      local e
+      if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 else
         return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. KEYS[c])
       end
-      local e = p + SIZE[kind]
       local i = byname[name]
+      local r = R[i]
       if cost == -2 then
         names[#names + 1] = name
         names[#names + 1] = kind
-      elseif i and R[i].cont == c and (kind == 2) == (R[i].kind == 2) then
-        local v = {struct.unpack(FMT[kind], s, p)}
+      elseif r and math.floor(r[2] / 8) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
         if kind == 2 then
-          st[i] = {w = v[1], c = v[2], p = v[3], P = v[4]}
+          st[i] = {struct.unpack(SW, s, p)}
         else
-          local cap = v[3] + 1
-          if kind == 1 then cap = v[5] + 1 end
-          st[i] = {tk = v[1], ts = v[2], l = v[3] + 1, P = v[4], cap = cap}
+          local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
+          st[i] = {tk, ts, l1 + 1, P, (kind == 1 and c1 or l1) + 1}
         end
-        raw[i] = string.sub(s, pos, e - 1)
+        raw[i] = string.sub(s, p0, e - 1)
       else
         local need = foreign_need(kind, s, p)
         if need then
-          keep[c][#keep[c] + 1] = string.sub(s, pos, e - 1)
+          keep[c][#keep[c] + 1] = string.sub(s, p0, e - 1)
           if need > kneed[c] then kneed[c] = need end
         end
       end
-      pos = e
+      p0 = e
     end
   end
 end
@@ -213,7 +185,7 @@ if cost == -1 then
   for c = 1, m do
     local had = false
     for i = 1, n do
-      if R[i].cont == c and raw[i] then had = true end
+      if raw[i] and math.floor(R[i][2] / 8) + 1 == c then had = true end
     end
     if had then
       if #keep[c] == 0 then
@@ -237,16 +209,16 @@ if legacy then
   for i = 1, n do
     if not st[i] then
       local r = R[i]
-      if r.kind == 2 then
+      if r[2] % 4 == 2 then
         local h = redis.call('HMGET', KEYS[m + i], 'w', 'c', 'p', 'P')
         if h[1] then
-          st[i] = {w = tonumber(h[1]), c = tonumber(h[2]), p = tonumber(h[3]), P = tonumber(h[4])}
+          -- no period: written by an older script still (see below)
+          st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or false}
         end
       else
         local h = redis.call('HMGET', KEYS[m + i], 'tk', 'ts', 'l', 'P', 'c')
         if h[1] then
-          st[i] = {tk = tonumber(h[1]), ts = tonumber(h[2]), l = tonumber(h[3]) or r.limit,
-            P = tonumber(h[4]) or r.period, cap = tonumber(h[5]) or r.cap}
+          st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or r[3], tonumber(h[4]) or r[4], tonumber(h[5]) or r[5]}
         end
       end
       taken[i] = st[i] ~= nil
@@ -254,75 +226,103 @@ if legacy then
   end
 end
 
-local writes, converts = {}, {}
-local oks, retries, before, after, counts = {}, {}, {}, {}, {}
+-- Sliding window helpers, made only when a sliding window is checked.
+local weight, max_weight, last_left
+
+local function sliding_helpers()
+  -- the previous window's weight (in 1/D) when left us of the window remain
+  weight = function(left, period)
+    local k = math.floor(left * D / period) + 1
+    if k > D then k = D end
+    return k
+  end
+  -- the largest weight k with prev*k <= room*D
+  max_weight = function(prev, room)
+    local k = math.floor(room * D / prev)
+    if k > D then k = D end
+    while k > 0 and prev * k > room * D do k = k - 1 end
+    while k < D and prev * (k + 1) <= room * D do k = k + 1 end
+    return k
+  end
+  -- the most us left in a window at which the weight is at most k (k >= 1)
+  last_left = function(k, period)
+    local l = math.ceil(k * period / D) - 1
+    if l > period then l = period end
+    while l < period and weight(l + 1, period) <= k do l = l + 1 end
+    while l > 0 and weight(l, period) > k do l = l - 1 end
+    return l
+  end
+end
+
+local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
+
+-- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
+-- before and after consuming this request.
+local V, writes, converts, counts = {}, {}, {}, {}
 local all = 1
 
 for i = 1, n do
   local r = R[i]
-  local limit, period, cap = r.limit, r.period, r.cap
+  local name, f, limit, period, cap = r[1], r[2], r[3], r[4], r[5]
+  local kind = f % 4
   local s = st[i]
-  local ok, retry, rb, ra
+  local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
 
-  if r.kind ~= 2 then
+  if kind ~= 2 then
     -- token bucket
     local capu = cap * MICRO
-    local pn, pd = r.pn, r.pd -- us per micro-token
+    local pn, pd = r[6], r[7] -- us per micro-token
     local tokens = capu
     local ts = now
     local conv = false
     if s then
-      local ocapu = s.cap * MICRO
-      local elapsed = now - s.ts
+      local sl, sP, ocapu = s[3], s[4], s[5] * MICRO
+      local elapsed = now - s[2]
       if elapsed < 0 then elapsed = 0 end
       local rn, rd = pd, pn
-      if s.l ~= limit or s.P ~= period then rn, rd = reduce(s.l * MICRO, s.P) end
+      if sl ~= limit or sP ~= period then rn, rd = reduce(sl * MICRO, sP) end
       local refill = muldiv_floor(elapsed, rn, rd)
       if refill > ocapu then refill = ocapu end
-      tokens = s.tk + refill
+      tokens = s[1] + refill
       if tokens > ocapu then tokens = ocapu end
       if capu > ocapu then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
-      if s.ts > ts then ts = s.ts end
-      conv = s.l ~= limit or s.P ~= period or ocapu ~= capu or taken[i]
+      if s[2] > ts then ts = s[2] end
+      conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
     end
     local need = cost * MICRO
     if tokens >= need then
       ok = 1
-      retry = 0
     else
-      ok = 0
       retry = wait(need - tokens, pn, pd)
     end
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
-    rb = {math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)}
-    counts[i] = {0, 0}
-    local function pack(tk)
-      if r.kind == 0 then
-        return struct.pack('Bc0BI7I7I4I6', #r.name, r.name, 0, tk, ts, limit - 1, period)
+    brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
+    local fmt, c1 = 'Bc0B' .. TB0, nil
+    if kind == 1 then fmt, c1 = 'Bc0B' .. TB1, cap - 1 end
+    if cost > 0 then
+      if ok == 1 then
+        arem, areset = math.floor(rest / MICRO), wait(capu - rest, pn, pd)
+        writes[i] = struct.pack(fmt, #name, name, kind, rest, ts, limit - 1, period, c1)
       end
-      return struct.pack('Bc0BI7I7I4I6I4', #r.name, r.name, 1, tk, ts, limit - 1, period, cap - 1)
+      if conv then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
     end
-    if ok == 1 and cost > 0 then
-      ra = {math.floor(rest / MICRO), wait(capu - rest, pn, pd)}
-      writes[i] = pack(rest)
-    end
-    if conv and cost > 0 then converts[i] = pack(tokens) end
   else
     -- sliding window counter
+    if not weight then sliding_helpers() end
     local w = math.floor(now / period)
     local into = now - w * period
     local cur, prev = 0, 0
     local conv = false
     if s then
-      local sw, sc, sp, sP = s.w, s.c, s.p, s.P
+      local sw, sc, sp, sP = s[1], s[2], s[3], s[4]
       conv = sP ~= period or taken[i]
-      if sP == nil and sw > w then
+      if not sP and sw > w then
         -- written by an older script, maybe under another period: carry
         -- all of it rather than freeze the window
         cur = sc + sp
-      elseif sP ~= nil and sP ~= period then
+      elseif sP and sP ~= period then
         -- the period changed: carry what the old windows had used at now
         local ow = math.floor(now / sP)
         local oleft = sP - (now - ow * sP)
@@ -346,28 +346,23 @@ for i = 1, n do
     end
     local left = period - into
     local k = weight(left, period)
-    local function state(c)
-      local rem = limit - c - ceil_div(prev * k, D)
-      if rem < 0 then rem = 0 end
-      local rs = 0
-      if c > 0 then rs = left + period elseif prev > 0 then rs = left end
-      return {rem, rs}
-    end
-    local function pack(c)
-      return struct.pack('Bc0BI6I5I5I6', #r.name, r.name, 2, w, c, prev, period)
-    end
-    rb = state(cur)
+    local pw = ceil_div(prev * k, D)
+    -- remaining and reset with c units in the current window
+    brem = limit - cur - pw
+    if brem < 0 then brem = 0 end
+    if cur > 0 then breset = left + period elseif prev > 0 then breset = left end
     counts[i] = {cur, prev}
     local room = limit - cur - cost
-    ok, retry = 0, 0
     if room >= 0 and prev * k <= room * D then
       ok = 1
       if cost > 0 then
-        ra = state(cur + cost)
-        writes[i] = pack(cur + cost)
+        arem = limit - cur - cost - pw
+        if arem < 0 then arem = 0 end
+        areset = left + period
+        writes[i] = struct.pack('Bc0B' .. SW, #name, name, 2, w, cur + cost, prev, period)
       end
     end
-    if conv and cost > 0 then converts[i] = pack(cur) end
+    if conv and cost > 0 then converts[i] = struct.pack('Bc0B' .. SW, #name, name, 2, w, cur, prev, period) end
     if ok == 0 and cost <= limit then
       -- (a cost above the limit reaches here only for a shadow rule: no
       -- wait helps, retry stays 0)
@@ -390,18 +385,21 @@ for i = 1, n do
     end
   end
 
-  if ok == 0 and r.shadow == 0 then all = 0 end
-  oks[i], retries[i], before[i], after[i] = ok, retry, rb, ra
+  if ok == 0 and math.floor(f / 4) % 2 == 0 then all = 0 end
+  local b = 6 * i - 6
+  V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6] = ok, retry, brem, breset, arem, areset
 end
 
 if cost == 0 then
   local res = {}
   for i = 1, n do
+    local b = 6 * i - 6
+    local cp = counts[i] or {0, 0}
     res[#res + 1] = st[i] and 1 or 0
-    res[#res + 1] = before[i][1]
-    res[#res + 1] = counts[i][1]
-    res[#res + 1] = counts[i][2]
-    res[#res + 1] = before[i][2]
+    res[#res + 1] = V[b + 3]
+    res[#res + 1] = cp[1]
+    res[#res + 1] = cp[2]
+    res[#res + 1] = V[b + 4]
   end
   local ttl = 0
   for c = 1, m do
@@ -419,23 +417,24 @@ local res = {all}
 local parts, dirty, need = {}, {}, {}
 for c = 1, m do parts[c], need[c] = {}, kneed[c] end
 for i = 1, n do
-  local s = before[i]
-  local c = R[i].cont
-  local rec = raw[i]
-  if all == 1 and oks[i] == 1 then
-    s, rec, dirty[c] = after[i], writes[i], true
+  local b = 6 * i - 6
+  local c = math.floor(R[i][2] / 8) + 1
+  local rem, reset, rec = V[b + 3], V[b + 4], raw[i]
+  if all == 1 and V[b + 1] == 1 then
+    rem, reset, rec, dirty[c] = V[b + 5], V[b + 6], writes[i], true
   elseif converts[i] then
     -- A state read under another rule is written back converted (nothing
     -- consumed), so the change takes effect once and the retry given holds.
     rec, dirty[c] = converts[i], true
   end
-  res[#res + 1] = oks[i]
-  res[#res + 1] = s[1]
-  res[#res + 1] = retries[i]
-  res[#res + 1] = s[2]
+  res[#res + 1] = V[b + 1]
+  res[#res + 1] = rem
+  res[#res + 1] = V[b + 2]
+  res[#res + 1] = reset
   if rec then
-    parts[c][#parts[c] + 1] = rec
-    if s[2] > need[c] then need[c] = s[2] end
+    local pc = parts[c]
+    pc[#pc + 1] = rec
+    if reset > need[c] then need[c] = reset end
   end
 end
 res[#res + 1] = now
@@ -444,7 +443,9 @@ for c = 1, m do
   if dirty[c] then
     -- expiry: when the last record would read as full anyway, plus a second
     local ttl = math.ceil(need[c] / 1000) + 1000
-    redis.call('SET', KEYS[c], table.concat(parts[c]) .. table.concat(keep[c]), 'PX', ttl)
+    local v = table.concat(parts[c])
+    if #keep[c] > 0 then v = v .. table.concat(keep[c]) end
+    redis.call('SET', KEYS[c], v, 'PX', ttl)
   end
 end
 

@@ -404,12 +404,16 @@ func (r *Redis) Load(ctx context.Context) error {
 }
 
 // scriptArgs is allow.lua's ARGV for a check (cost > 0), an inspection
-// (0) or a reset (-1) of rules; see the script's header. The token
-// bucket's rate is reduced here, once, rather than by a gcd in Lua.
+// (0) or a reset (-1) of rules; see the script's header. The rules go in
+// one packed argument, and the token bucket's rate is reduced here, once,
+// rather than by a gcd in Lua.
 func scriptArgs(rules []Rule, cost int64) []any {
 	cont, m := layout(rules)
-	args := make([]any, 0, 2+7*len(rules))
-	args = append(args, cost, m)
+	n := 0
+	for _, rule := range rules {
+		n += 1 + len(rule.bucket()) + 1 + 5 + 6 + 5 + 6 + 7
+	}
+	b := make([]byte, 0, n)
 	for i, rule := range rules {
 		kind, pn, pd := 0, int64(0), int64(0)
 		period := rule.Period.Microseconds()
@@ -426,9 +430,25 @@ func scriptArgs(rules []Rule, cost int64) []any {
 		if rule.Shadow {
 			kind += 4
 		}
-		args = append(args, rule.bucket(), kind+8*cont[i], rule.Limit, period, rule.Capacity(), pn, pd)
+		name := rule.bucket()
+		b = append(b, byte(len(name)))
+		b = append(b, name...)
+		b = append(b, byte(kind+8*cont[i]))
+		b = le(b, rule.Limit, 5)
+		b = le(b, period, 6)
+		b = le(b, rule.Capacity(), 5)
+		b = le(b, pn, 6)
+		b = le(b, pd, 7)
 	}
-	return args
+	return []any{cost, m, b}
+}
+
+// le appends the low size bytes of v, little-endian (struct's '<I<size>').
+func le(b []byte, v int64, size int) []byte {
+	for i := range size {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
 }
 
 func gcd(a, b int64) int64 {
