@@ -67,7 +67,11 @@ func (s *countingStore) Inspect(_ context.Context, key string, rules []limiter.R
 	ks := limiter.KeyState{Key: key}
 	for _, r := range rules {
 		used, ok := s.used[key][r.Name]
-		ks.Rules = append(ks.Rules, limiter.RuleState{Rule: r.Name, Algorithm: r.Algorithm, Found: ok, Remaining: r.Capacity() - used})
+		rs := limiter.RuleState{Rule: r.Name, Algorithm: r.Algorithm, Found: ok, Remaining: r.Capacity() - used}
+		if r.Algorithm == limiter.SlidingWindow {
+			rs.Count = used
+		}
+		ks.Rules = append(ks.Rules, rs)
 		if ok {
 			ks.TTL = r.Period
 		}
@@ -103,7 +107,7 @@ type adminRig struct {
 func adminConfig(upstream string) Config {
 	cfg := testConfig(upstream)
 	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 3, Period: time.Minute}}}}
-	cfg.Plans["export"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "export-hour", Limit: 2, Period: time.Hour}}}}
+	cfg.Plans["export"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "export-hour", Limit: 2, Period: time.Hour, Algorithm: limiter.SlidingWindow}}}}
 	cfg.APIKeys = []APIKey{{ID: "alice", SHA256: sha(rawAPIKey), Plan: "pro"}}
 	cfg.Routes = []Route{
 		{Name: "export", PathPrefix: "/export", Upstream: "app", Plan: "export"},
@@ -196,8 +200,9 @@ func testAdminEndToEnd(t *testing.T, store adminStore) {
 	if r := rulesOf(t, v, "plan", ""); !r[0].Found || r[0].Remaining != 0 || r[0].Limit != 3 {
 		t.Errorf("plan rules after 3 of 3: %+v, want found, 0 remaining", r)
 	}
-	if r := rulesOf(t, v, "route", "export"); !r[0].Found || r[0].Remaining != 0 || r[0].Name != "export-hour" {
-		t.Errorf("export rules after 2 of 2: %+v, want found, 0 remaining", r)
+	if r := rulesOf(t, v, "route", "export"); !r[0].Found || r[0].Remaining != 0 || r[0].Name != "export-hour" ||
+		r[0].Algorithm != "sliding_window" || r[0].Count != 2 {
+		t.Errorf("export rules after 2 of 2: %+v, want a sliding window found, count 2, 0 remaining", r)
 	}
 
 	// Reset one route's rule set: the other stays spent.
