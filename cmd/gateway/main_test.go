@@ -204,6 +204,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"both redis kinds", []string{"-config", write("d.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"set one of"}},
 		{"bad log level", []string{"-config", write("e.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"log_level: loud\n")}, nil, []string{"log_level"}},
+		{"short admin token", []string{"-config", write("f.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
+			map[string]string{"EDGELIMIT_ADMIN_TOKEN": "short"}, []string{"admin_api.tokens.env", "16 characters"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,12 +228,13 @@ func TestCheckPrintsRedacted(t *testing.T) {
 	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
 	var out strings.Builder
 	getenv := env(map[string]string{"EDGELIMIT_KEY_HASH_SECRET": "top-secret", "EDGELIMIT_REDIS_PASSWORD": "pw-secret",
-		"EDGELIMIT_UPSTREAM_APP": "http://upstream.internal:8081"})
+		"EDGELIMIT_UPSTREAM_APP": "http://upstream.internal:8081", "EDGELIMIT_ADMIN_TOKEN": "admin-token-secret-0123"})
 	if err := run(context.Background(), []string{"-config", path, "-check"}, getenv, &out); err != nil {
 		t.Fatalf("run -check: %v", err)
 	}
 	s := out.String()
-	if strings.Contains(s, "top-secret") || strings.Contains(s, "pw-secret") || !strings.Contains(s, "[redacted]") {
+	if strings.Contains(s, "top-secret") || strings.Contains(s, "pw-secret") || strings.Contains(s, "admin-token-secret") ||
+		!strings.Contains(s, "env: '[redacted]'") {
 		t.Errorf("-check output leaks or does not redact secrets:\n%s", s)
 	}
 	for _, want := range []string{"http://upstream.internal:8081", "retry_jitter: 3s", "store_deadline: 1s"} {
