@@ -105,7 +105,7 @@ func freePortBase(t *testing.T) int {
 	for range 50 {
 		base := 20000 + rand.IntN(20000)
 		ok := true
-		for _, off := range []int{80, 81, 82, 90, 91, 92, 93, 300} {
+		for _, off := range []int{80, 81, 82, 84, 85, 90, 91, 92, 93, 300} {
 			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+off))
 			if err != nil {
 				ok = false

@@ -28,13 +28,26 @@ func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 	}
 	d := g.directives.Current()
 	if d == nil || (len(d.Splits) == 0 && len(d.NATs) == 0) {
-		return
+		return // without reading the clock: the usual case
 	}
-	now := g.now()
+	nat, split := g.directed(st, id, l, d, g.now())
+	if nat {
+		g.directivesApplied.WithLabelValues("nat").Inc()
+	}
+	if split {
+		g.directivesApplied.WithLabelValues("split").Inc()
+	}
+}
+
+// directed applies d to l as of now and says which directives applied; the
+// admin API asks it too, so what it shows is what requests get.
+func (g *Gateway) directed(st *state, id *identity, l *limits, d *limiter.Directives, now time.Time) (nat, split bool) {
+	if d == nil || (len(d.Splits) == 0 && len(d.NATs) == 0) {
+		return false, false
+	}
 	if id.kind == event.KindIP && len(d.NATs) > 0 {
 		if rules, ok := d.NAT(id.key, l.rules, now); ok {
-			l.rules = rules
-			g.directivesApplied.WithLabelValues("nat").Inc()
+			l.rules, nat = rules, true
 		}
 	}
 	if len(d.Splits) > 0 && longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod {
@@ -45,9 +58,10 @@ func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 			l.key += strings.TrimPrefix(sk, dk)
 			l.rules, l.split = rules, true
 			l.reserve = strings.HasSuffix(sk, "/gw:"+limiter.OtherGateways)
-			g.directivesApplied.WithLabelValues("split").Inc()
+			split = true
 		}
 	}
+	return nat, split
 }
 
 func newDirectivesApplied(reg prometheus.Registerer) *prometheus.CounterVec {

@@ -37,6 +37,11 @@ type Call struct {
 	Route, Method string
 	// UserAgent is hashed into the event.
 	UserAgent string
+	// Domain and Descriptor are the Envoy rate limit request's, for the
+	// event: bounded by the caller (MaxDescriptorEntries, the lengths
+	// the event allows), values that may be secrets marked.
+	Domain     string
+	Descriptor []DescriptorEntry
 }
 
 // Verdict is the enforcement step's answer to a Call.
@@ -82,6 +87,7 @@ func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
 		id:     identity{kind: c.Kind, key: id, plan: p, clientIP: c.ClientIP},
 		limits: limits{key: c.Key, plan: p, rules: p.rules},
 		cost:   max(1, c.Cost), route: c.Route, method: c.Method, userAgent: c.UserAgent,
+		domain: c.Domain, descriptor: c.Descriptor,
 	}
 	v := g.enforce(ctx, st, &q)
 	a := answerFor(h, v, st)

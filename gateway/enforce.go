@@ -20,6 +20,9 @@ type call struct {
 	route     string
 	method    string
 	userAgent string
+	// domain and descriptor: Envoy's rate limit API only (see Call).
+	domain     string
+	descriptor []DescriptorEntry
 }
 
 // enforce is the one enforcement step behind every entry point: the

@@ -92,6 +92,8 @@ func (g *Gateway) publish(c *call, v verdict) {
 		Mode:          v.mode,
 		CheckLatency:  v.latency,
 		KeyName:       c.id.name,
+		Domain:        c.domain,
+		Descriptor:    g.eventDescriptor(c.descriptor),
 	}
 	if v.known && len(v.d.Rules) > 0 {
 		b := v.d.BindingRule()

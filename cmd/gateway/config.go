@@ -21,9 +21,15 @@ type fileConfig struct {
 	// GRPC serves Envoy's rate limit service (envoyrls); off unless
 	// grpc.listen is set.
 	GRPC envoyrls.Config `yaml:"grpc"`
+	// AdminAPI guards the key admin API on the admin listener; off
+	// without a token. Restart.
+	AdminAPI gateway.AdminConfig `yaml:"admin_api"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `yaml:"log_level"`
 }
+
+// envAdminToken names the token EDGELIMIT_ADMIN_TOKEN sets in audit records.
+const envAdminToken = "env"
 
 // redisConfig says where the shared limiter store is. No Redis: the
 // in-memory store (limits per process).
@@ -92,11 +98,23 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 	if proof != "" {
 		fc.TrustedProxySecret = gateway.Secret(proof)
 	}
+	var admin boot.Secret
+	e.Secret(&admin, "EDGELIMIT_ADMIN_TOKEN")
+	if admin != "" {
+		tokens := make(map[string]gateway.Secret, len(fc.AdminAPI.Tokens)+1)
+		for name, t := range fc.AdminAPI.Tokens {
+			tokens[name] = t
+		}
+		tokens[envAdminToken] = gateway.Secret(admin)
+		fc.AdminAPI.Tokens = tokens
+	}
 	fc.Redis.ApplyEnv(e)
 	e.String(&fc.Redis.Prefix, "EDGELIMIT_REDIS_PREFIX")
 	fc.Kafka.ApplyEnv(e)
 	e.String(&fc.Kafka.Topic, "EDGELIMIT_KAFKA_TOPIC")
 	e.Bool(&fc.Kafka.Embedded, "EDGELIMIT_KAFKA_EMBEDDED")
+	e.String(&fc.GRPC.Listen, "EDGELIMIT_GRPC_LISTEN")
+	e.String(&fc.GRPC.ConfigDir, "EDGELIMIT_GRPC_CONFIG_DIR")
 
 	// EDGELIMIT_UPSTREAM_<NAME> sets upstream NAME's URL (name upper-cased,
 	// '-' and '.' as '_'); EDGELIMIT_UPSTREAM sets the only one.
@@ -122,7 +140,7 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
-	errs := []error{fc.Config.Validate(), fc.Redis.Validate(), fc.Kafka.Validate()}
+	errs := []error{fc.Config.Validate(), fc.Redis.Validate(), fc.Kafka.Validate(), fc.AdminAPI.Validate()}
 	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
 	}
@@ -152,6 +170,9 @@ func restartNeeded(cur, next fileConfig) []string {
 	}
 	if !reflect.DeepEqual(cur.Kafka, next.Kafka) {
 		out = append(out, "kafka")
+	}
+	if !reflect.DeepEqual(cur.AdminAPI, next.AdminAPI) {
+		out = append(out, "admin_api")
 	}
 	if cur.LogLevel != next.LogLevel {
 		out = append(out, "log_level")

@@ -7,6 +7,8 @@
 //	gateway -version                      print the version, exit
 //	gateway -hash-key [-key-id ID] [-key-plan PLAN] < key
 //	                                      print the api_keys entry of the API key on stdin, exit
+//	gateway admin key show|reset|clear -api-key ID|-user ID|-ip ADDR [-route NAME] [-admin URL]
+//	                                      a running gateway's key admin API (token: EDGELIMIT_ADMIN_TOKEN)
 //
 // Environment overrides (addresses and secrets, so files hold none; a
 // secret X can also be read from the file named by X_FILE):
@@ -16,6 +18,7 @@
 // EDGELIMIT_REDIS_USERNAME, EDGELIMIT_REDIS_PASSWORD, EDGELIMIT_REDIS_DB,
 // EDGELIMIT_REDIS_PREFIX, EDGELIMIT_KAFKA_BROKERS, EDGELIMIT_KAFKA_TOPIC,
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
+// EDGELIMIT_GRPC_LISTEN, EDGELIMIT_GRPC_CONFIG_DIR, EDGELIMIT_ADMIN_TOKEN,
 // EDGELIMIT_REDIS_SENTINEL_USERNAME, EDGELIMIT_REDIS_SENTINEL_PASSWORD,
 // EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{REDIS,KAFKA}_TLS_* (see the README's
 // Security section),
@@ -62,6 +65,9 @@ func main() { boot.Main("gateway", run) }
 // stop the admin listener (so metrics stay scrapeable to the end); close
 // the embedded Kafka, if any, and Redis.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) > 0 && args[0] == "admin" {
+		return runAdmin(ctx, args[1:], getenv, stdout)
+	}
 	fs := boot.NewFlags("gateway", "YAML configuration file (required)", stdout)
 	path := fs.Config
 	check := fs.Bool("check", false, "validate the configuration, print it with secrets redacted, and exit")
@@ -150,8 +156,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 		return nil
 	}
-	admin, aln, err := boot.Listen("admin", defaults.AdminListen,
-		boot.NewServer(boot.Admin{Registry: reg, Ready: gw.Ready, Pprof: fc.Pprof}.Handler(), log))
+	keys, err := gateway.NewAdmin(gw, fc.AdminAPI)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("%w: %w", errConfig, err)
+	}
+	if !keys.Enabled() {
+		log.Info("key admin API disabled: no admin token (admin_api.tokens or EDGELIMIT_ADMIN_TOKEN)")
+	}
+	mux := http.NewServeMux()
+	boot.Admin{Registry: reg, Ready: gw.Ready, Pprof: fc.Pprof}.Register(mux)
+	keys.Register(mux)
+	admin, aln, err := boot.Listen("admin", defaults.AdminListen, boot.NewServer(mux, log))
 	if err != nil {
 		ln.Close()
 		return err

@@ -204,6 +204,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"both redis kinds", []string{"-config", write("d.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"set one of"}},
 		{"bad log level", []string{"-config", write("e.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"log_level: loud\n")}, nil, []string{"log_level"}},
+		{"short admin token", []string{"-config", write("f.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
+			map[string]string{"EDGELIMIT_ADMIN_TOKEN": "short"}, []string{"admin_api.tokens.env", "16 characters"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,12 +228,13 @@ func TestCheckPrintsRedacted(t *testing.T) {
 	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
 	var out strings.Builder
 	getenv := env(map[string]string{"EDGELIMIT_KEY_HASH_SECRET": "top-secret", "EDGELIMIT_REDIS_PASSWORD": "pw-secret",
-		"EDGELIMIT_UPSTREAM_APP": "http://upstream.internal:8081"})
+		"EDGELIMIT_UPSTREAM_APP": "http://upstream.internal:8081", "EDGELIMIT_ADMIN_TOKEN": "admin-token-secret-0123"})
 	if err := run(context.Background(), []string{"-config", path, "-check"}, getenv, &out); err != nil {
 		t.Fatalf("run -check: %v", err)
 	}
 	s := out.String()
-	if strings.Contains(s, "top-secret") || strings.Contains(s, "pw-secret") || !strings.Contains(s, "[redacted]") {
+	if strings.Contains(s, "top-secret") || strings.Contains(s, "pw-secret") || strings.Contains(s, "admin-token-secret") ||
+		!strings.Contains(s, "env: '[redacted]'") {
 		t.Errorf("-check output leaks or does not redact secrets:\n%s", s)
 	}
 	for _, want := range []string{"http://upstream.internal:8081", "retry_jitter: 3s", "store_deadline: 1s"} {
@@ -498,17 +501,7 @@ func TestEventsToKafka(t *testing.T) {
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 2, up.URL, false)
-	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
-	// Topics are created by deployment, not by the first event (franz-go
-	// gives up on an unknown topic after a few retries).
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
-	adm.Close()
+	topic := newTopic(t, brokers)
 	r := start(t, []string{"-config", path}, env(map[string]string{
 		"EDGELIMIT_KAFKA_BROKERS":   strings.Join(brokers, ","),
 		"EDGELIMIT_KAFKA_TOPIC":     topic,
@@ -521,26 +514,7 @@ func TestEventsToKafka(t *testing.T) {
 	waitFor(t, "3 events published", func() bool {
 		return metric(t, r.admin, "edgelimit_events_published_total") == "3"
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var got []event.Decision
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for len(got) < 3 && ctx.Err() == nil {
-		fetches := cl.PollFetches(ctx)
-		fetches.EachRecord(func(rec *kgo.Record) {
-			d, err := event.Decode(rec.Value)
-			if err != nil {
-				t.Errorf("decode: %v", err)
-				return
-			}
-			got = append(got, d)
-		})
-	}
+	got := readEvents(t, brokers, topic, 3, nil)
 	if len(got) != 3 {
 		t.Fatalf("read %d events, want 3", len(got))
 	}
@@ -556,6 +530,53 @@ func TestEventsToKafka(t *testing.T) {
 	if allowed != 2 {
 		t.Errorf("%d allowed events, want 2 (limit 2, 3 requests)", allowed)
 	}
+}
+
+// newTopic creates a topic of its own on brokers. Topics are created by
+// deployment, not by the first event (franz-go gives up on an unknown
+// topic after a few retries).
+func newTopic(t *testing.T, brokers []string) string {
+	t.Helper()
+	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	return topic
+}
+
+// readEvents reads topic from the start until n events have come (or 30s
+// have passed), each decoded; raw, if set, sees every record's value.
+func readEvents(t *testing.T, brokers []string, topic string, n int, raw func([]byte)) []event.Decision {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []event.Decision
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(got) < n && ctx.Err() == nil {
+		fetches := cl.PollFetches(ctx)
+		fetches.EachRecord(func(rec *kgo.Record) {
+			if raw != nil {
+				raw(rec.Value)
+			}
+			d, err := event.Decode(rec.Value)
+			if err != nil {
+				t.Errorf("decode: %v", err)
+				return
+			}
+			got = append(got, d)
+		})
+	}
+	return got
 }
 
 // TestSentinel: a gateway configured with Redis Sentinel finds the master
@@ -609,5 +630,160 @@ func TestVersionAndBuildInfo(t *testing.T) {
 	}
 	if r.logs.find("in-memory Kafka (kfake) inside this gateway") != nil {
 		t.Errorf("an embedded Kafka started without kafka.embedded")
+	}
+}
+
+// TestGRPCEnvOverrides: the gRPC listener and its rules directory come from
+// the environment like the other addresses, so one file serves a fleet
+// with and without Envoy.
+func TestGRPCEnvOverrides(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
+	rules := filepath.Join(dir, "rules")
+	if err := os.Mkdir(rules, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	body := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	if err := os.WriteFile(filepath.Join(rules, "edge.yaml"), []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := loadConfig(path, env(map[string]string{"EDGELIMIT_GRPC_LISTEN": "127.0.0.1:8081", "EDGELIMIT_GRPC_CONFIG_DIR": rules}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fc.GRPC.Enabled() || fc.GRPC.Listen != "127.0.0.1:8081" || fc.GRPC.ConfigDir != rules {
+		t.Errorf("grpc = %+v, want listen 127.0.0.1:8081 and config_dir %s", fc.GRPC, rules)
+	}
+	// A listener without rules is refused, naming the missing setting.
+	_, err = loadConfig(path, env(map[string]string{"EDGELIMIT_GRPC_LISTEN": "127.0.0.1:8081"}))
+	if err == nil || !strings.Contains(err.Error(), "grpc.config_dir") {
+		t.Errorf("EDGELIMIT_GRPC_LISTEN without a config dir: %v, want an error naming grpc.config_dir", err)
+	}
+}
+
+// TestAdminCLI runs a gateway with EDGELIMIT_ADMIN_TOKEN on real Redis and
+// drives its key admin API with "gateway admin key": a caller denied at
+// its limit shows nothing remaining, is reset, and is admitted again; the
+// reset is a log line naming the token's name, never the token.
+func TestAdminCLI(t *testing.T) {
+	const token = "cli-admin-token-0123456789"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 2, up.URL, false)
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopic(t, brokers)
+	getenv := env(map[string]string{"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_ADMIN_TOKEN": token,
+		"EDGELIMIT_REDIS_PREFIX":  "admincli" + fmt.Sprint(time.Now().UnixNano()),
+		"EDGELIMIT_KAFKA_BROKERS": strings.Join(brokers, ","), "EDGELIMIT_KAFKA_TOPIC": topic})
+	r := start(t, []string{"-config", path}, getenv)
+	for range 2 {
+		if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusOK {
+			t.Fatalf("GET / = %d before the limit", code)
+		}
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusTooManyRequests {
+		t.Fatalf("GET / = %d at the limit, want 429", code)
+	}
+	cli := func(getenv func(string) string, args ...string) (map[string]any, error) {
+		t.Helper()
+		var out strings.Builder
+		err := run(context.Background(), append([]string{"admin", "key"}, args...), getenv, &out)
+		if err != nil {
+			return nil, err
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(out.String()), &v); err != nil {
+			t.Fatalf("gateway admin key %v printed %q: %v", args, out.String(), err)
+		}
+		return v, nil
+	}
+	remaining := func(v map[string]any) float64 {
+		t.Helper()
+		rule := v["rule_sets"].([]any)[0].(map[string]any)["buckets"].([]any)[0].(map[string]any)["rules"].([]any)[0].(map[string]any)
+		return rule["remaining"].(float64)
+	}
+	v, err := cli(getenv, "show", "-admin", r.admin, "-ip", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(v); got != 0 {
+		t.Errorf("show after 2 of 2: remaining %v, want 0", got)
+	}
+	if v, err = cli(getenv, "reset", "-admin", r.admin, "-ip", "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(v); got != 2 {
+		t.Errorf("reset answered remaining %v, want 2", got)
+	}
+	if code, _, _ := httpGet(t, r.addr+"/"); code != http.StatusOK {
+		t.Errorf("GET / = %d after reset, want 200", code)
+	}
+	line := r.logs.find("admin key reset")
+	if line == nil || line["actor"] != "env" || line["kind"] != "ip" || line["key_id"] == "" {
+		t.Errorf("audit log line %v, want actor env, kind ip, a key id", line)
+	}
+	if strings.Contains(r.logs.String(), token) {
+		t.Error("the log holds the admin token")
+	}
+	// The decision stream has the audit record: 3 decisions, then the
+	// reset of the address's plan and of its auth failure bucket.
+	evs := readEvents(t, brokers, topic, 5, func(b []byte) {
+		if strings.Contains(string(b), token) {
+			t.Error("a record holds the admin token")
+		}
+	})
+	var audits int
+	for _, e := range evs {
+		if e.Mode == event.ModeAdmin {
+			audits++
+			if e.Admin != (event.AdminAction{Action: "reset", Actor: "env"}) || e.KeyID != line["key_id"] || e.KeyKind != event.KindIP {
+				t.Errorf("audit record %+v, want a reset by env of key %v", e, line["key_id"])
+			}
+		}
+	}
+	if audits != 2 {
+		t.Errorf("%d audit records in %d events, want 2 (plan and auth-failure)", audits, len(evs))
+	}
+
+	// A fleet: a second gateway on the same Redis denies from its deny
+	// cache until asked too; -admin lists both, and both admit again.
+	r2 := start(t, []string{"-config", path}, getenv)
+	denied := false
+	for range 4 { // the shared bucket holds 2: spent by the third at most
+		if code, _, _ := httpGet(t, r2.addr+"/"); code == http.StatusTooManyRequests {
+			denied = true
+			break
+		}
+	}
+	if !denied {
+		t.Fatal("the second gateway admitted 4 requests at 2 a minute")
+	}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"admin", "key", "reset", "-admin", r.admin + "," + r2.admin, "-ip", "127.0.0.1"}, getenv, &out); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), `"action": "reset"`); n != 2 {
+		t.Errorf("a reset of two gateways printed %d answers, want 2:\n%s", n, out.String())
+	}
+	for _, gw := range []*running{r, r2} {
+		if code, _, _ := httpGet(t, gw.addr+"/"); code != http.StatusOK {
+			t.Errorf("GET %s/ = %d after the fleet reset, want 200", gw.addr, code)
+		}
+	}
+
+	// A wrong or missing token, bad input: clear errors, exit non-zero.
+	if _, err := cli(env(map[string]string{"EDGELIMIT_ADMIN_TOKEN": "wrong-token-0123456789"}), "show", "-admin", r.admin, "-ip", "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("wrong token: %v, want a 401", err)
+	}
+	if _, err := cli(env(nil), "show", "-admin", r.admin, "-ip", "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "EDGELIMIT_ADMIN_TOKEN") {
+		t.Errorf("no token: %v, want an error naming EDGELIMIT_ADMIN_TOKEN", err)
+	}
+	if _, err := cli(getenv, "show", "-admin", r.admin, "-api-key", "nobody"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("unknown key id: %v, want a 404", err)
+	}
+	if _, err := cli(getenv, "frob", "-ip", "127.0.0.1"); err == nil {
+		t.Error("an unknown action was taken")
 	}
 }

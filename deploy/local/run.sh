@@ -15,7 +15,8 @@
 #
 # Two gateways share the limits, as a fleet would. Ports:
 # EDGELIMIT_PORT_BASE (default 18000) + 80 and +82 gateways, +81 demo
-# upstream, +90 and +93 gateway admin, +91 consumer admin, +92 embedded
+# upstream, +90 and +93 gateway admin, +84 and +85 the gateways' gRPC (Envoy's
+# rate limit API on deploy/ratelimit), +91 consumer admin, +92 embedded
 # Kafka, +300 analytics. DEMO_TRAFFIC=1 also runs the demo traffic generator
 # (3:1 uneven across the gateways, a hot key, NAT-like IPs).
 set -euo pipefail
@@ -30,6 +31,7 @@ state=$(cd "$state" && pwd)
 base=${EDGELIMIT_PORT_BASE:-18000}
 gw_port=$((base + 80)) up_port=$((base + 81)) admin_port=$((base + 90))
 gw2_port=$((base + 82)) admin2_port=$((base + 93))
+grpc_port=$((base + 84)) grpc2_port=$((base + 85))
 cons_port=$((base + 91)) kafka_port=$((base + 92)) an_port=$((base + 300)) an_admin_port=$((base + 301))
 servers=(redis clickhouse kafka)
 
@@ -129,11 +131,12 @@ start_all() {
 	launch upstream "$state/bin/demo" upstream -listen "127.0.0.1:$up_port"
 	wait_http upstream "http://127.0.0.1:$up_port/healthz" || return 1
 
+	export EDGELIMIT_GRPC_CONFIG_DIR=$root/deploy/ratelimit
 	EDGELIMIT_LISTEN=127.0.0.1:$gw_port EDGELIMIT_ADMIN_LISTEN=127.0.0.1:$admin_port \
-		EDGELIMIT_UPSTREAM_DEMO=http://127.0.0.1:$up_port \
+		EDGELIMIT_GRPC_LISTEN=127.0.0.1:$grpc_port EDGELIMIT_UPSTREAM_DEMO=http://127.0.0.1:$up_port \
 		launch gateway "$state/bin/gateway" -config "$root/deploy/demo/gateway.yaml"
 	EDGELIMIT_LISTEN=127.0.0.1:$gw2_port EDGELIMIT_ADMIN_LISTEN=127.0.0.1:$admin2_port \
-		EDGELIMIT_GATEWAY_ID=demo-gateway-2 EDGELIMIT_UPSTREAM_DEMO=http://127.0.0.1:$up_port \
+		EDGELIMIT_GRPC_LISTEN=127.0.0.1:$grpc2_port EDGELIMIT_GATEWAY_ID=demo-gateway-2 EDGELIMIT_UPSTREAM_DEMO=http://127.0.0.1:$up_port \
 		launch gateway2 "$state/bin/gateway" -config "$root/deploy/demo/gateway.yaml"
 	wait_http gateway "http://127.0.0.1:$admin_port/readyz" || return 1
 	wait_http gateway2 "http://127.0.0.1:$admin2_port/readyz" || return 1
@@ -156,6 +159,8 @@ start_all() {
 		echo "export EDGELIMIT_GATEWAY_URL=http://127.0.0.1:$gw_port"
 		echo "export EDGELIMIT_GATEWAY_ADMIN_URL=http://127.0.0.1:$admin_port"
 		echo "export EDGELIMIT_GATEWAY2_URL=http://127.0.0.1:$gw2_port"
+		echo "export EDGELIMIT_GATEWAY_GRPC_ADDR=127.0.0.1:$grpc_port"
+		echo "export EDGELIMIT_GATEWAY2_GRPC_ADDR=127.0.0.1:$grpc2_port"
 		echo "export EDGELIMIT_REDIS_ADDR=$redis_addr"
 		echo "export EDGELIMIT_KAFKA_BROKERS=$brokers"
 		echo "export EDGELIMIT_CLICKHOUSE_ADDR=$ch_addr"
@@ -173,6 +178,7 @@ print_where() {
 edgelimit is up (state and logs in $state).
   gateways           $EDGELIMIT_GATEWAY_URL and $EDGELIMIT_GATEWAY2_URL (proxy /api/ to the demo upstream)
   gateway metrics    $EDGELIMIT_GATEWAY_ADMIN_URL/metrics
+  envoy rate limit   $EDGELIMIT_GATEWAY_GRPC_ADDR and $EDGELIMIT_GATEWAY2_GRPC_ADDR (gRPC, deploy/ratelimit)
 MSG
 	if [ -n "$EDGELIMIT_CLICKHOUSE_ADDR" ]; then
 		cat >&2 <<MSG

@@ -72,9 +72,19 @@
 //   - detailed_metric and value_to_metric are accepted and change nothing: metric labels never
 //     hold request values; the decision events (and ClickHouse) answer
 //     per-value questions. Events name the domain (route "envoy:<domain>",
-//     plan "<domain>") and carry a keyed hash of all of the request's
-//     entries as key id, never the values; remote_address, when present,
-//     is the event's client IP.
+//     plan "<domain>", and the domain field) and carry a keyed hash of all
+//     of the request's entries as key id; remote_address, when present,
+//     is the event's client IP. The event's descriptor field carries the
+//     checked descriptors' entries, in request order, each distinct pair
+//     once, at most 16 (more, or a key over 64 bytes, are left out and
+//     counted in edgelimit_gateway_grpc_event_descriptor_entries_dropped_total).
+//     A value that may be a credential is carried as "hmac:<hex>", keyed
+//     like key ids, never as sent: its key holds auth, token, key, secret,
+//     passw, pwd, cookie, session, credential, signature, jwt, bearer,
+//     private or otp (Envoy's own generic_key, header_match, query_match,
+//     source_cluster, destination_cluster, remote_address and
+//     masked_remote_address excepted), or the value starts "Bearer " or
+//     "Basic ", or is over 128 bytes.
 //   - A file ratelimit refuses is refused, with its message and the
 //     file's name (its own test configurations are checked by
 //     TestRatelimitTestConfigs). MERGE_DOMAIN_CONFIG is not supported: a

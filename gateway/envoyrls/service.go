@@ -59,6 +59,8 @@ type Service struct {
 	boot   Config
 	health *health.Server
 	calls  *prometheus.CounterVec
+	// dropped counts descriptor entries left out of decision events.
+	dropped prometheus.Counter
 }
 
 // snapshot is one configuration: the settings and the rules they load.
@@ -97,9 +99,15 @@ func New(cfg Config, g enforcer, opts Options) (*Service, error) {
 		Namespace: "edgelimit_gateway", Name: "grpc_ratelimit_requests_total",
 		Help: "ShouldRateLimit calls by answer: ok, over_limit, or the gRPC error code (invalid_argument, canceled, internal).",
 	}, []string{"code"})
+	s.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "edgelimit_gateway", Name: "grpc_event_descriptor_entries_dropped_total",
+		Help: "Descriptor entries of checked descriptors left out of decision events: over 16 distinct entries, or a key over 64 bytes.",
+	})
 	if opts.Registry != nil {
-		if err := opts.Registry.Register(s.calls); err != nil {
-			return nil, fmt.Errorf("register grpc metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.calls, s.dropped} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("register grpc metrics: %w", err)
+			}
 		}
 	}
 	s.snap.Store(&snapshot{cfg: cfg, rules: rules})
@@ -345,6 +353,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		Key: dom.tag, Identity: identity(dom, all), ClientIP: clientIP,
 		Plan: dom.name, Rules: rules, Cost: cost,
 		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
+		Domain: dom.name, Descriptor: eventDescriptor(all, picks, s.dropped),
 	}, h)
 	switch v.Status {
 	case 499:

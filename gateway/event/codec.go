@@ -44,6 +44,15 @@ const (
 	fieldMode           = 17
 	fieldCheckLatencyNS = 18
 	fieldKeyName        = 19
+	fieldDomain         = 20
+	fieldDescriptor     = 21
+	fieldAdmin          = 22
+
+	// DescriptorEntry's and AdminAction's fields.
+	fieldEntryKey    = 1
+	fieldEntryValue  = 2
+	fieldAdminAction = 1
+	fieldAdminActor  = 2
 )
 
 // MaxFieldLen is the longest string field Encode writes and Decode accepts,
@@ -104,9 +113,18 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 		{"gateway_id", d.GatewayID}, {"key_id", d.KeyID}, {"client_ip", d.ClientIP},
 		{"route", d.Route}, {"method", d.Method}, {"plan", d.Plan}, {"binding_rule", d.BindingRule},
 		{"key_name", d.KeyName},
+		{"domain", d.Domain}, {"admin.action", d.Admin.Action}, {"admin.actor", d.Admin.Actor},
 	} {
 		if len(f.v) > MaxFieldLen {
 			return dst, fmt.Errorf("encode %s (%d bytes): %w", f.name, len(f.v), ErrFieldTooLong)
+		}
+	}
+	if len(d.Descriptor) > MaxDescriptorEntries {
+		return dst, fmt.Errorf("encode descriptor: %d entries, at most %d: %w", len(d.Descriptor), MaxDescriptorEntries, ErrFieldTooLong)
+	}
+	for _, e := range d.Descriptor {
+		if len(e.Key) > MaxFieldLen || len(e.Value) > MaxFieldLen {
+			return dst, fmt.Errorf("encode descriptor entry (%d, %d bytes): %w", len(e.Key), len(e.Value), ErrFieldTooLong)
 		}
 	}
 	if !d.Time.IsZero() && (d.Time.Before(minTime) || d.Time.After(maxTime)) {
@@ -144,7 +162,31 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	b = appendVarintField(b, fieldMode, uint64(d.Mode))
 	b = appendVarintField(b, fieldCheckLatencyNS, protowire.EncodeZigZag(int64(d.CheckLatency)))
 	b = appendString(b, fieldKeyName, d.KeyName)
+	b = appendString(b, fieldDomain, d.Domain)
+	for _, e := range d.Descriptor {
+		b = appendPair(b, fieldDescriptor, fieldEntryKey, e.Key, fieldEntryValue, e.Value)
+	}
+	if d.Admin != (AdminAction{}) {
+		b = appendPair(b, fieldAdmin, fieldAdminAction, d.Admin.Action, fieldAdminActor, d.Admin.Actor)
+	}
 	return b, nil
+}
+
+// appendPair writes a sub-message of two string fields a and bv, each left
+// out when empty; the message itself is written even when both are (a
+// repeated entry, or a set message, is present regardless).
+func appendPair(b []byte, field, fa protowire.Number, a string, fb protowire.Number, bv string) []byte {
+	n := 0
+	if a != "" {
+		n += protowire.SizeTag(fa) + protowire.SizeBytes(len(a))
+	}
+	if bv != "" {
+		n += protowire.SizeTag(fb) + protowire.SizeBytes(len(bv))
+	}
+	b = appendTag(b, field, protowire.BytesType)
+	b = binary.AppendUvarint(b, uint64(n))
+	b = appendString(b, fa, a)
+	return appendString(b, fb, bv)
 }
 
 // appendVarintField writes a varint field unless v is zero.
@@ -243,6 +285,20 @@ func DecodeInto(d *Decision, b []byte) error {
 			d.CheckLatency = time.Duration(ns)
 		case fieldKeyName:
 			err = r.string(&d.KeyName)
+		case fieldDomain:
+			err = r.string(&d.Domain)
+		case fieldDescriptor:
+			if len(d.Descriptor) == MaxDescriptorEntries {
+				err = fmt.Errorf("more than %d descriptor entries", MaxDescriptorEntries)
+				break
+			}
+			var e DescriptorEntry
+			if err = r.pair(fieldEntryKey, &e.Key, fieldEntryValue, &e.Value); err == nil {
+				d.Descriptor = append(d.Descriptor, e)
+			}
+		case fieldAdmin:
+			// A message field met twice merges, as protobuf's do.
+			err = r.pair(fieldAdminAction, &d.Admin.Action, fieldAdminActor, &d.Admin.Actor)
 		default:
 			// A newer writer's field: skip it, whatever its wire type.
 			n := protowire.ConsumeFieldValue(num, typ, r.b)
@@ -353,6 +409,39 @@ func (r *reader) string(dst *string) error {
 		return fmt.Errorf("%d bytes, over %d", len(v), MaxFieldLen)
 	}
 	*dst = string(v)
+	return nil
+}
+
+// pair reads a sub-message of two string fields, fa into a and fb into b,
+// skipping fields it does not know.
+func (r *reader) pair(fa protowire.Number, a *string, fb protowire.Number, b *string) error {
+	v, err := r.bytes()
+	if err != nil {
+		return err
+	}
+	sub := reader{b: v}
+	for len(sub.b) > 0 {
+		num, typ, n := protowire.ConsumeTag(sub.b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		sub.b, sub.typ = sub.b[n:], typ
+		switch num {
+		case fa:
+			err = sub.string(a)
+		case fb:
+			err = sub.string(b)
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, sub.b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			sub.b = sub.b[n:]
+		}
+		if err != nil {
+			return fmt.Errorf("field %d: %w", num, err)
+		}
+	}
 	return nil
 }
 

@@ -246,6 +246,9 @@ func TestEncodeErrors(t *testing.T) {
 		{name: "long route", give: Decision{Route: strings.Repeat("r", MaxFieldLen+1)}, want: ErrFieldTooLong},
 		{name: "long key", give: Decision{KeyID: strings.Repeat("k", MaxFieldLen+1)}, want: ErrFieldTooLong},
 		{name: "long key name", give: Decision{KeyName: strings.Repeat("k", MaxFieldLen+1)}, want: ErrFieldTooLong},
+		{name: "long descriptor value", give: Decision{Descriptor: []DescriptorEntry{{Key: "k", Value: strings.Repeat("v", MaxFieldLen+1)}}}, want: ErrFieldTooLong},
+		{name: "too many descriptor entries", give: Decision{Descriptor: make([]DescriptorEntry, MaxDescriptorEntries+1)}, want: ErrFieldTooLong},
+		{name: "long admin actor", give: Decision{Admin: AdminAction{Action: "reset", Actor: strings.Repeat("a", MaxFieldLen+1)}}, want: ErrFieldTooLong},
 		{name: "year 3000", give: Decision{Time: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 		{name: "year 1000", give: Decision{Time: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 	}
@@ -356,4 +359,25 @@ func BenchmarkNewID(b *testing.B) {
 			_ = NewID(now)
 		}
 	})
+}
+
+// TestDecodeDescriptorBounds: a record cannot carry more descriptor entries
+// than a gateway writes, and an entry's own unknown fields are skipped.
+func TestDecodeDescriptorBounds(t *testing.T) {
+	most := Decision{Domain: "d", Descriptor: make([]DescriptorEntry, MaxDescriptorEntries)}
+	b, err := Encode(most)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecode(t, b, most, "MaxDescriptorEntries entries")
+	over := append(b, 0xaa, 0x01, 0) // one more, empty
+	if _, err := Decode(over); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Decode(%d entries) = %v, want %v", MaxDescriptorEntries+1, err, ErrMalformed)
+	}
+	// Entry {key: "k", 9: 1, value: "v"}: field 9 is a newer writer's.
+	entry := []byte{0xaa, 0x01, 8, 0x0a, 1, 'k', 0x48, 1, 0x12, 1, 'v'}
+	wantDecode(t, entry, Decision{Descriptor: []DescriptorEntry{{Key: "k", Value: "v"}}}, "entry with an unknown field")
+	if _, err := Decode([]byte{0xaa, 0x01, 3, 0x0a, 5, 'k'}); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Decode(truncated entry) = %v, want %v", err, ErrMalformed)
+	}
 }

@@ -52,6 +52,7 @@ const (
 	ModeFailOpen                  // the store failed; allowed by policy
 	ModeFailClosed                // the store failed; denied by policy
 	ModeLocalFallback             // the store failed; decided in local memory
+	ModeAdmin                     // no decision: an operator's audit record (Decision.Admin)
 )
 
 // Decision is one rate-limit decision. It never holds a raw API key: KeyID
@@ -79,4 +80,29 @@ type Decision struct {
 	// KeyName is the configured id of an API key caller (not a secret);
 	// empty for users and IPs.
 	KeyName string
+	// Domain and Descriptor are set by Envoy's rate limit API only: the
+	// request's domain and the checked descriptors' entries, at most
+	// MaxDescriptorEntries, secrets already hashed (see decision.proto).
+	Domain     string
+	Descriptor []DescriptorEntry
+	// Admin is set on an operator's audit record only (ModeAdmin).
+	Admin AdminAction
+}
+
+// MaxDescriptorEntries is the most descriptor entries Encode writes and
+// Decode accepts: it bounds a record whatever a request carried.
+const MaxDescriptorEntries = 16
+
+// DescriptorEntry is one key/value pair of an Envoy rate limit descriptor.
+type DescriptorEntry struct {
+	Key, Value string
+}
+
+// AdminAction is an operator's change of a key's limiter state; the zero
+// value is none.
+type AdminAction struct {
+	// Action is "reset" or "clear".
+	Action string
+	// Actor names the admin token used, never the token.
+	Actor string
 }

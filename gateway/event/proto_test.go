@@ -27,6 +27,10 @@ func full() Decision {
 	d := golden()
 	d.Allowed, d.Remaining = true, 41
 	d.KeyName = "acme"
+	d.Domain = "edge_proxy"
+	d.Descriptor = []DescriptorEntry{{Key: "remote_address", Value: "203.0.113.7"}, {Key: "path", Value: "/v1/orders"},
+		{Key: "generic_key", Value: ""}, {Key: "", Value: "v"}}
+	d.Admin = AdminAction{Action: "reset", Actor: "oncall"}
 	return d
 }
 
@@ -71,7 +75,31 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 	enum("mode", uint8(d.Mode))
 	i64("check_latency_ns", int64(d.CheckLatency))
 	str("key_name", d.KeyName)
+	str("domain", d.Domain)
+	if len(d.Descriptor) > 0 {
+		fd := md.Fields().ByName("descriptor")
+		list := m.Mutable(fd).List()
+		for _, e := range d.Descriptor {
+			em := list.NewElement().Message()
+			setPair(em, "key", e.Key, "value", e.Value)
+			list.Append(protoreflect.ValueOfMessage(em))
+		}
+	}
+	if d.Admin != (AdminAction{}) {
+		fd := md.Fields().ByName("admin")
+		setPair(m.Mutable(fd).Message(), "action", d.Admin.Action, "actor", d.Admin.Actor)
+	}
 	return m
+}
+
+// setPair sets the string fields a and b of a sub-message, as proto3
+// leaves an empty one out.
+func setPair(m protoreflect.Message, a, av, b, bv string) {
+	for _, f := range [...][2]string{{a, av}, {b, bv}} {
+		if f[1] != "" {
+			m.Set(m.Descriptor().Fields().ByName(protoreflect.Name(f[0])), protoreflect.ValueOfString(f[1]))
+		}
+	}
 }
 
 func TestProtoCoversEveryField(t *testing.T) {

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/boot"
+)
+
+const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key ID | -user ID | -ip ADDR) [-route NAME | -plan NAME]
+
+  show    the key's live limiter state for every rule set it can hit (or
+          -route's), with the split and NAT directives in force for it
+  reset   refill those rule sets to full (audited: log line and event)
+  clear   delete the key's limiter state (audited)
+
+With -admin listing every gateway of a fleet, each is asked in turn and
+prints its answer (one JSON document each): a reset is stored in Redis
+once, but a gateway forgets its cached denials of the key only when asked.
+
+The token is read from EDGELIMIT_ADMIN_TOKEN (or, like every secret, from
+the file its _FILE variable names), never from a flag, so it stays out of
+shell history and process lists.
+`
+
+// runAdmin is "gateway admin key ...": a client of a running gateway's key
+// admin API, printing its JSON answer.
+func runAdmin(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) < 2 || args[0] != "key" {
+		fmt.Fprint(stdout, adminUsage)
+		return errors.New("gateway admin: want key show|reset|clear")
+	}
+	action := args[1]
+	method, path := http.MethodPost, gateway.AdminPath+"/"+action
+	switch action {
+	case "show":
+		method, path = http.MethodGet, gateway.AdminPath
+	case "reset", "clear":
+	default:
+		fmt.Fprint(stdout, adminUsage)
+		return fmt.Errorf("gateway admin key: unknown action %q, want show, reset or clear", action)
+	}
+	fs := flag.NewFlagSet("gateway admin key "+action, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() { fmt.Fprint(stdout, adminUsage); fs.PrintDefaults() }
+	addr := fs.String("admin", "http://127.0.0.1:9090", "the gateway's admin listener (admin_listen); comma-separated for a fleet, each asked in turn")
+	apiKey := fs.String("api-key", "", "the API key's configured id (api_keys[].id), never the key itself")
+	user := fs.String("user", "", "a user id, as the user header carries it")
+	ip := fs.String("ip", "", "a client address")
+	route := fs.String("route", "", "only the rule set this route checks; default every rule set")
+	plan := fs.String("plan", "", "only the bucket POST /v1/check keeps for this plan (its \"plan\" field)")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each gateway")
+	if err := fs.Parse(args[2:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("gateway admin key %s: unexpected arguments %q", action, fs.Args())
+	}
+	env := boot.NewEnv(getenv)
+	var token boot.Secret
+	env.Secret(&token, "EDGELIMIT_ADMIN_TOKEN")
+	if err := env.Err(); err != nil {
+		return err
+	}
+	if token == "" {
+		return errors.New("gateway admin: set EDGELIMIT_ADMIN_TOKEN (or its _FILE variable) to the gateway's admin token")
+	}
+	q := url.Values{}
+	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route, "plan": *plan} {
+		if v != "" {
+			q.Set(name, v)
+		}
+	}
+	// Every gateway asked, in order, each answer printed as it comes: a
+	// reset is in Redis once, but each gateway's deny cache and local
+	// fallback memory forget the key only when that gateway is asked.
+	var errs []error
+	for _, a := range boot.SplitList(*addr) {
+		body, err := adminCall(ctx, method, a, path+"?"+q.Encode(), token, *timeout)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gateway admin %s: %w", a, err))
+			continue
+		}
+		if _, err := stdout.Write(body); err != nil {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// adminCall sends one admin API request to the gateway at addr and returns
+// its JSON answer, or the problem it answered as an error.
+func adminCall(ctx context.Context, method, addr, pathQuery string, token boot.Secret, timeout time.Duration) ([]byte, error) {
+	base := strings.TrimSuffix(addr, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, base+pathQuery, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+string(token))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read the answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var p struct{ Detail string }
+		if json.Unmarshal(body, &p) == nil && p.Detail != "" {
+			return nil, fmt.Errorf("%s: %s", resp.Status, p.Detail)
+		}
+		return nil, errors.New(resp.Status)
+	}
+	return body, nil
+}
