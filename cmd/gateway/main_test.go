@@ -17,9 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -501,14 +498,7 @@ func TestEventsToKafka(t *testing.T) {
 	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
 	// Topics are created by deployment, not by the first event (franz-go
 	// gives up on an unknown topic after a few retries).
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
-	adm.Close()
+	testenv.CreateTopics(t, brokers, 2, topic)
 	r := start(t, []string{"-config", path}, env(map[string]string{
 		"EDGELIMIT_KAFKA_BROKERS":   strings.Join(brokers, ","),
 		"EDGELIMIT_KAFKA_TOPIC":     topic,
@@ -521,25 +511,14 @@ func TestEventsToKafka(t *testing.T) {
 	waitFor(t, "3 events published", func() bool {
 		return metric(t, r.admin, "edgelimit_events_published_total") == "3"
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	var got []event.Decision
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for len(got) < 3 && ctx.Err() == nil {
-		fetches := cl.PollFetches(ctx)
-		fetches.EachRecord(func(rec *kgo.Record) {
-			d, err := event.Decode(rec.Value)
-			if err != nil {
-				t.Errorf("decode: %v", err)
-				return
-			}
-			got = append(got, d)
-		})
+	for _, rec := range testenv.Consume(t, brokers, topic, 3) {
+		d, err := event.Decode(rec.Value)
+		if err != nil {
+			t.Errorf("decode: %v", err)
+			continue
+		}
+		got = append(got, d)
 	}
 	if len(got) != 3 {
 		t.Fatalf("read %d events, want 3", len(got))
