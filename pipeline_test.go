@@ -7,15 +7,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
@@ -35,37 +31,14 @@ func TestRequestsBecomeRows(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	chAddr := testenv.ClickHouseAddr(t)
 	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	topic, db := "pipeline-"+suffix, "edgelimit_pipeline_"+suffix
-
-	admin, err := clickhouse.Open(&clickhouse.Options{Addr: []string{chAddr}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
-		t.Fatal(err)
-	}
-	if os.Getenv("EDGELIMIT_KEEP_TEST_DB") == "" {
-		t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
-	}
-	ch, err := clickhouse.Open(&clickhouse.Options{Addr: []string{chAddr}, Auth: clickhouse.Auth{Database: db, Username: "default"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	topic := "pipeline-" + suffix
+	ch, _ := testenv.NewDatabase(t, chAddr, "edgelimit_pipeline")
 	if err := consumer.Migrate(ctx, ch, consumer.Retention{}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Topics belong to whoever runs Kafka; the gateway does not create them.
-	kcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kadm.NewClient(kcl).CreateTopics(ctx, 4, 1, nil, topic, topic+"-dlq"); err != nil {
-		t.Fatal(err)
-	}
-	kcl.Close()
+	testenv.CreateTopics(t, brokers, 4, topic, topic+"-dlq")
 
 	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), log)
 	if err != nil {

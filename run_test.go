@@ -1,7 +1,6 @@
 package edgelimit_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,8 +14,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -52,7 +49,10 @@ func TestMakeRunSmoke(t *testing.T) {
 		}
 	})
 	run("start")
-	vars := readEnvFile(t, filepath.Join(state, "run.env"))
+	vars, err := testenv.ReadEnv(filepath.Join(state, "run.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	req, _ := http.NewRequest(http.MethodGet, vars["EDGELIMIT_GATEWAY_URL"]+"/api/smoke", nil)
 	req.Header.Set("X-API-Key", "demo-key-1")
@@ -70,11 +70,7 @@ func TestMakeRunSmoke(t *testing.T) {
 		}
 	}
 
-	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{vars["EDGELIMIT_CLICKHOUSE_ADDR"]}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := testenv.OpenClickHouse(t, vars["EDGELIMIT_CLICKHOUSE_ADDR"], "default")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var n uint64
@@ -119,24 +115,6 @@ func freePortBase(t *testing.T) int {
 	}
 	t.Fatal("no free port range for run.sh")
 	return 0
-}
-
-func readEnvFile(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimPrefix(sc.Text(), "export ")
-		if k, v, ok := strings.Cut(line, "="); ok {
-			vars[k] = v
-		}
-	}
-	return vars
 }
 
 // processesMentioning lists live processes whose command line names dir,

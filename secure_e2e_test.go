@@ -330,6 +330,10 @@ func secureRefuseBadConfig(t *testing.T, s *secureStack) {
 	base := map[string]string{"EDGELIMIT_KEY_HASH_SECRET": "s", "EDGELIMIT_LISTEN": "127.0.0.1:0", "EDGELIMIT_ADMIN_LISTEN": "127.0.0.1:0",
 		"EDGELIMIT_CONSUMER_ADMIN_LISTEN": "off"}
 	redisAddr, brokers, chAddr := s.redis["EDGELIMIT_REDIS_ADDR"], s.kafka["EDGELIMIT_KAFKA_BROKERS"], s.clickhouse["EDGELIMIT_CLICKHOUSE_ADDR"]
+	// The secure links as the check names them, before the cause.
+	redisLink := "gateway: redis (" + redisAddr + ", tls): "
+	kafkaLink := "gateway: kafka (" + brokers + ", tls, sasl SCRAM-SHA-512): "
+	chLink := "consumer: clickhouse (" + chAddr + ", tls): "
 	// Each command's links, as it is started with them.
 	links := map[string]map[string]string{"gateway": merge(s.redis, s.kafka), "consumer": merge(s.clickhouse, s.kafka)}
 	for _, tt := range []struct {
@@ -338,22 +342,16 @@ func secureRefuseBadConfig(t *testing.T, s *secureStack) {
 		give    map[string]string // over the command's own links
 		want    string
 	}{
-		{"redis wrong password", "gateway", map[string]string{"EDGELIMIT_REDIS_PASSWORD_FILE": wrongPW},
-			"gateway: redis (" + redisAddr + ", tls): authentication failed: WRONGPASS"},
-		{"redis untrusted certificate", "gateway", map[string]string{"EDGELIMIT_REDIS_TLS_CA_FILE": s.certs.UntrustedCA},
-			"gateway: redis (" + redisAddr + ", tls): TLS handshake: x509: certificate signed by unknown authority"},
+		{"redis wrong password", "gateway", map[string]string{"EDGELIMIT_REDIS_PASSWORD_FILE": wrongPW}, redisLink + "authentication failed: WRONGPASS"},
+		{"redis untrusted certificate", "gateway", map[string]string{"EDGELIMIT_REDIS_TLS_CA_FILE": s.certs.UntrustedCA}, redisLink + "TLS handshake: x509: certificate signed by unknown authority"},
 		{"redis without TLS", "gateway", map[string]string{"EDGELIMIT_REDIS_TLS_CA_FILE": "", "EDGELIMIT_REDIS_TLS_CERT_FILE": "", "EDGELIMIT_REDIS_TLS_KEY_FILE": ""},
 			"gateway: redis (" + redisAddr + "): the server dropped the connection (does it require TLS, or SASL?)"},
-		{"kafka wrong password", "gateway", map[string]string{"EDGELIMIT_KAFKA_SASL_PASSWORD_FILE": wrongPW},
-			"gateway: kafka (" + brokers + ", tls, sasl SCRAM-SHA-512): authentication failed: SASL_AUTHENTICATION_FAILED"},
-		{"kafka untrusted certificate", "gateway", map[string]string{"EDGELIMIT_KAFKA_TLS_CA_FILE": s.certs.UntrustedCA},
-			"gateway: kafka (" + brokers + ", tls, sasl SCRAM-SHA-512): TLS handshake: x509: certificate signed by unknown authority"},
+		{"kafka wrong password", "gateway", map[string]string{"EDGELIMIT_KAFKA_SASL_PASSWORD_FILE": wrongPW}, kafkaLink + "authentication failed: SASL_AUTHENTICATION_FAILED"},
+		{"kafka untrusted certificate", "gateway", map[string]string{"EDGELIMIT_KAFKA_TLS_CA_FILE": s.certs.UntrustedCA}, kafkaLink + "TLS handshake: x509: certificate signed by unknown authority"},
 		{"kafka missing SASL", "consumer", map[string]string{"EDGELIMIT_KAFKA_SASL_MECHANISM": "", "EDGELIMIT_KAFKA_SASL_USERNAME": "", "EDGELIMIT_KAFKA_SASL_PASSWORD_FILE": ""},
 			"consumer: kafka (" + brokers + ", tls): the server dropped the connection (does it require TLS, or SASL?)"},
-		{"clickhouse wrong password", "consumer", map[string]string{"EDGELIMIT_CLICKHOUSE_PASSWORD_FILE": wrongPW},
-			"consumer: clickhouse (" + chAddr + ", tls): authentication failed: code: 193, message: Wrong password for user"},
-		{"clickhouse untrusted certificate", "consumer", map[string]string{"EDGELIMIT_CLICKHOUSE_TLS_CA_FILE": s.certs.UntrustedCA},
-			"consumer: clickhouse (" + chAddr + ", tls): TLS handshake: x509: certificate signed by unknown authority"},
+		{"clickhouse wrong password", "consumer", map[string]string{"EDGELIMIT_CLICKHOUSE_PASSWORD_FILE": wrongPW}, chLink + "authentication failed: code: 193, message: Wrong password for user"},
+		{"clickhouse untrusted certificate", "consumer", map[string]string{"EDGELIMIT_CLICKHOUSE_TLS_CA_FILE": s.certs.UntrustedCA}, chLink + "TLS handshake: x509: certificate signed by unknown authority"},
 		{"clickhouse without TLS", "consumer", map[string]string{"EDGELIMIT_CLICKHOUSE_TLS_CA_FILE": ""},
 			"consumer: clickhouse (" + chAddr + "): the server dropped the connection"},
 	} {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -135,27 +133,12 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 }
 
 // database creates a migrated ClickHouse database for the test and returns
-// a connection and its name.
+// a connection, the server's address and the database's name.
 func database(t *testing.T) (driver.Conn, string, string) {
 	t.Helper()
 	addr := testenv.ClickHouseAddr(t)
-	open := func(db string) driver.Conn {
-		c, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Auth: clickhouse.Auth{Database: db, Username: "default"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	db := fmt.Sprintf("analytics_cmd_test_%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	root := open("default")
-	ctx := context.Background()
-	if err := root.Exec(ctx, "CREATE DATABASE "+db); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
-	conn := open(db)
-	if err := consumer.Migrate(ctx, conn, consumer.Retention{}); err != nil {
+	conn, db := testenv.NewDatabase(t, addr, "analytics_cmd_test")
+	if err := consumer.Migrate(context.Background(), conn, consumer.Retention{}); err != nil {
 		t.Fatal(err)
 	}
 	return conn, addr, db

@@ -17,9 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -538,43 +535,27 @@ func TestEventsToKafka(t *testing.T) {
 func newTopic(t *testing.T, brokers []string) string {
 	t.Helper()
 	topic := fmt.Sprintf("gwtest-%d", time.Now().UnixNano())
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer adm.Close()
-	if _, err := kadm.NewClient(adm).CreateTopic(t.Context(), 2, 1, nil, topic); err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
+	// Topics are created by deployment, not by the first event (franz-go
+	// gives up on an unknown topic after a few retries).
+	testenv.CreateTopics(t, brokers, 2, topic)
 	return topic
 }
 
-// readEvents reads topic from the start until n events have come (or 30s
-// have passed), each decoded; raw, if set, sees every record's value.
+// readEvents reads topic from the start until n events have come, each
+// decoded; raw, if set, sees every record's value.
 func readEvents(t *testing.T, brokers []string, topic string, n int, raw func([]byte)) []event.Decision {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	var got []event.Decision
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for len(got) < n && ctx.Err() == nil {
-		fetches := cl.PollFetches(ctx)
-		fetches.EachRecord(func(rec *kgo.Record) {
-			if raw != nil {
-				raw(rec.Value)
-			}
-			d, err := event.Decode(rec.Value)
-			if err != nil {
-				t.Errorf("decode: %v", err)
-				return
-			}
-			got = append(got, d)
-		})
+	for _, rec := range testenv.Consume(t, brokers, topic, n) {
+		if raw != nil {
+			raw(rec.Value)
+		}
+		d, err := event.Decode(rec.Value)
+		if err != nil {
+			t.Errorf("decode: %v", err)
+			continue
+		}
+		got = append(got, d)
 	}
 	return got
 }

@@ -80,6 +80,10 @@ func (l *LogBuffer) String() string {
 // interval until stop is called or the test ends. stop returns once every
 // call has; f's context ends at stop, so a call in flight gives up.
 func Load(tb testing.TB, n int, every time.Duration, f func(context.Context)) (stop func()) {
+	tb.Helper()
+	if n < 1 || every <= 0 {
+		tb.Fatalf("testenv.Load(%d goroutines, every %v): want at least one goroutine and a positive interval", n, every)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {

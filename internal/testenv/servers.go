@@ -58,7 +58,7 @@ func Private(tb testing.TB, server string) *Server {
 	if err := s.run("start"); err != nil {
 		tb.Fatalf("private %s: %v", server, err)
 	}
-	env, err := readEnv(filepath.Join(s.Dir, server+".env"))
+	env, err := ReadEnv(filepath.Join(s.Dir, server+".env"))
 	if err != nil {
 		tb.Fatalf("private %s: %v", server, err)
 	}
@@ -116,8 +116,9 @@ func (s *Server) run(verb string) error {
 	return nil
 }
 
-// readEnv parses the "export NAME=value" lines of a server's env file.
-func readEnv(path string) (map[string]string, error) {
+// ReadEnv parses the "export NAME=value" lines of an env file, as the server
+// scripts and deploy/local/run.sh write them.
+func ReadEnv(path string) (map[string]string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read env file: %w", err)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -36,24 +36,9 @@ func uniqueName(prefix string) string {
 	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), time.Now().UnixNano())
 }
 
-func openClickHouse(tb testing.TB, addr string) clickhouse.Conn {
-	tb.Helper()
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr: []string{addr},
-		Auth: clickhouse.Auth{Database: "default", Username: "default"},
-		// Fail fast on a halted server instead of waiting out the default.
-		DialTimeout: 5 * time.Second,
-	})
-	if err != nil {
-		tb.Fatalf("clickhouse.Open(%s): %v", addr, err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 // insertRows inserts n rows into table, naming the columns: the only INSERT
 // form that clickhouse-go v2 gets right against ClickHouse 18.16.
-func insertRows(tb testing.TB, ctx context.Context, conn clickhouse.Conn, table string, n int) {
+func insertRows(tb testing.TB, ctx context.Context, conn driver.Conn, table string, n int) {
 	tb.Helper()
 	batch, err := conn.PrepareBatch(ctx, "INSERT INTO "+table+" (id, name)")
 	if err != nil {
@@ -69,7 +54,7 @@ func insertRows(tb testing.TB, ctx context.Context, conn clickhouse.Conn, table 
 	}
 }
 
-func countRows(tb testing.TB, ctx context.Context, conn clickhouse.Conn, table string) uint64 {
+func countRows(tb testing.TB, ctx context.Context, conn driver.Conn, table string) uint64 {
 	tb.Helper()
 	var n uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM "+table).Scan(&n); err != nil {
@@ -78,7 +63,7 @@ func countRows(tb testing.TB, ctx context.Context, conn clickhouse.Conn, table s
 	return n
 }
 
-func createTable(tb testing.TB, ctx context.Context, conn clickhouse.Conn) string {
+func createTable(tb testing.TB, ctx context.Context, conn driver.Conn) string {
 	tb.Helper()
 	table := uniqueName("testenv")
 	if err := conn.Exec(ctx, "CREATE TABLE "+table+" (id UInt64, name String) ENGINE = MergeTree ORDER BY id"); err != nil {
@@ -91,7 +76,7 @@ func TestClickHouse(t *testing.T) {
 	t.Parallel()
 	addr := testenv.ClickHouseAddr(t)
 	ctx := testContext(t, 30*time.Second)
-	conn := openClickHouse(t, addr)
+	conn := testenv.OpenClickHouse(t, addr, "default")
 
 	var version string
 	if err := conn.QueryRow(ctx, "SELECT version()").Scan(&version); err != nil {
@@ -124,7 +109,7 @@ func TestPrivateClickHouseHaltResume(t *testing.T) {
 	s := testenv.Private(t, "clickhouse")
 	addr := s.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR")
 	ctx := testContext(t, 60*time.Second)
-	conn := openClickHouse(t, addr)
+	conn := testenv.OpenClickHouse(t, addr, "default")
 	table := createTable(t, ctx, conn)
 	insertRows(t, ctx, conn, table, 2)
 
@@ -134,7 +119,7 @@ func TestPrivateClickHouseHaltResume(t *testing.T) {
 	}
 	s.Resume(t)
 	// A new connection: the old ones died with the server.
-	conn = openClickHouse(t, addr)
+	conn = testenv.OpenClickHouse(t, addr, "default")
 	if got := countRows(t, ctx, conn, table); got != 2 {
 		t.Errorf("count() after Resume = %d, want 2 (data kept)", got)
 	}
