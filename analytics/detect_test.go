@@ -35,15 +35,18 @@ func TestShares(t *testing.T) {
 		{"empty", map[string]int64{}, all, 0.05, map[string]float64{}},
 		// Issue 14 row 4: a limit of 40/s over a minute (2,400 allowed), one
 		// gateway flooding it, the other at 10/s: the quiet one keeps its
-		// 600, the flooded one gets the other 1,800, not 95 %.
-		{"saturated next to idle", map[string]int64{"a": 12000, "b": 600}, 2400, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
+		// 600 (660 with the headroom), the flooded one gets the other 1,740,
+		// not 95 %.
+		{"saturated next to idle", map[string]int64{"a": 12000, "b": 600}, 2400, 0.05, map[string]float64{"a": 1740.0 / 2400, "b": 660.0 / 2400}},
 		{"allowed exactly the demand", map[string]int64{"a": 3000, "b": 1000}, 4000, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
-		// 3:1 at twice the limit: b asks for half the limit and keeps it.
+		// 3:1 at twice the limit: b asks for half the limit and keeps it
+		// (with no room for the headroom).
 		{"3:1 at twice the limit", map[string]int64{"a": 3000, "b": 1000}, 2000, 0.05, map[string]float64{"a": 0.5, "b": 0.5}},
-		// Equal parts of 900 are 300: c's 100 is met, then 400 each for a
-		// and b, of which b asks only 200; a gets the other 600.
-		{"water-filling cascades", map[string]int64{"a": 5000, "b": 200, "c": 100}, 900, 0.05, map[string]float64{"a": 6.0 / 9, "b": 2.0 / 9, "c": 1.0 / 9}},
-		{"two saturated share equally", map[string]int64{"a": 5000, "b": 3000, "c": 100}, 1100, 0.05, map[string]float64{"a": 5.0 / 11, "b": 5.0 / 11, "c": 1.0 / 11}},
+		// Equal parts of 900 are 300: c's 100 is met (110 with the
+		// headroom), then 395 each for a and b, of which b asks only 200
+		// (220); a gets the other 570.
+		{"water-filling cascades", map[string]int64{"a": 5000, "b": 200, "c": 100}, 900, 0.05, map[string]float64{"a": 570.0 / 900, "b": 220.0 / 900, "c": 110.0 / 900}},
+		{"two saturated share equally", map[string]int64{"a": 5000, "b": 3000, "c": 100}, 1100, 0.05, map[string]float64{"a": 495.0 / 1100, "b": 495.0 / 1100, "c": 110.0 / 1100}},
 		{"nothing allowed: by requests", map[string]int64{"a": 3000, "b": 1000}, 0, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
 	}
 	for _, tt := range tests {

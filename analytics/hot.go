@@ -24,6 +24,31 @@ type KeyTraffic struct {
 	// Recent is the key's allowed requests in the last MinSpan, to the
 	// second (zero: not measured).
 	Recent int64
+	// RecentGateways and RecentDenied are the key's requests per gateway
+	// and its denials in the last MinSpan (nil: not measured). They size
+	// the split when measured, so shares follow a shift in load within
+	// seconds rather than over the whole window.
+	RecentGateways map[string]int64
+	RecentDenied   int64
+}
+
+// demand returns the requests per gateway and the allowed requests that
+// size the key's split: the last MinSpan's when measured, over every
+// gateway of the window (one quiet since gets the floor).
+func (k KeyTraffic) demand() (map[string]int64, int64) {
+	if len(k.RecentGateways) == 0 {
+		return k.Gateways, k.Allowed()
+	}
+	d := make(map[string]int64, len(k.Gateways))
+	for gw := range k.Gateways {
+		d[gw] = 0
+	}
+	var n int64
+	for gw, c := range k.RecentGateways {
+		d[gw] = c
+		n += c
+	}
+	return d, n - k.RecentDenied
 }
 
 // Allowed is the key's allowed requests at all gateways.
@@ -109,7 +134,8 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 			continue
 		}
 		if len(k.Gateways) >= cfg.MinGateways {
-			h.Shares = Shares(k.Gateways, n, cfg.MinGatewayShare)
+			demand, allowed := k.demand()
+			h.Shares = Shares(demand, allowed, cfg.MinGatewayShare)
 		}
 		hot = append(hot, h)
 	}
@@ -128,7 +154,8 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 // many of them the key's limit admitted, its capacity over the window.
 //
 // The capacity is filled max-min by demand (water-filling): a gateway that
-// asks for less than an equal part keeps all it asks for, and what is left
+// asks for less than an equal part keeps all it asks for (and quietHeadroom
+// more, so its own jitter is not denied), and what is left
 // goes to the busier ones in equal parts, as far as each asks. So a
 // gateway at 10/s next to a saturated one keeps its 10/s and the saturated
 // one gets the rest, rather than the idle share going unused (an even
@@ -146,10 +173,16 @@ func Shares(requests map[string]int64, allowed int64, floor float64) map[string]
 	return floored(fill(requests, allowed), floor)
 }
 
+// quietHeadroom is how much more than it asked a gateway whose demand is
+// met gets: its traffic next round is not exactly this round's, and a
+// share cut to the request loses every burst above it. At most this much
+// of the quiet gateways' demand goes unused.
+const quietHeadroom = 0.1
+
 // fill returns each gateway's part of capacity, filled max-min by demand:
-// the smallest demands are met in full while each fits an equal part of
-// what is left; the rest share the remainder equally. A capacity of zero
-// or at least the total demand gives each its demand.
+// the smallest demands are met in full (with quietHeadroom) while each fits
+// an equal part of what is left; the rest share the remainder equally. A
+// capacity of zero or at least the total demand gives each its demand.
 func fill(demand map[string]int64, capacity int64) map[string]float64 {
 	out := make(map[string]float64, len(demand))
 	var total int64
@@ -166,13 +199,15 @@ func fill(demand map[string]int64, capacity int64) map[string]float64 {
 	left := float64(capacity)
 	for i, gw := range gws {
 		level := left / float64(len(gws)-i)
-		if out[gw] > level {
+		want := out[gw] * (1 + quietHeadroom)
+		if want > level {
 			for _, g := range gws[i:] {
 				out[g] = level
 			}
 			break
 		}
-		left -= out[gw]
+		out[gw] = want
+		left -= want
 	}
 	return out
 }

@@ -2,12 +2,16 @@ package analytics_test
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -100,5 +104,102 @@ func TestSplitSharesKeepTheLimit(t *testing.T) {
 	}
 	if got-even < 0.08*want {
 		t.Errorf("observed shares admitted %.0f, even shares %.0f of %.0f: under 3:1 load the even split should starve the busy gateway visibly", got, even, want)
+	}
+}
+
+// TestPipelineSplitFollowsDemand is issue 14 row 4 end to end: two real
+// gateways on a real Redis, one saturated (3× the key's limit) and one at
+// 10/s, their decisions through Kafka and the consumer into ClickHouse,
+// and the split written by the detector from them. With the split in
+// force the key must admit at least 90 % of what its shared bucket would
+// (its limit), never more than the limit (plus one bucket's burst), and
+// the quiet gateway must keep what it uses: a split in proportion to
+// requests gave it the 5 % floor (about 2 of its 10/s), an even one left
+// half the limit idle at it (229 admitted of about 400).
+func TestPipelineSplitFollowsDemand(t *testing.T) {
+	const limit = 40 // per second
+	rule := limiter.Rule{Name: "second", Limit: limit, Period: time.Second}
+	f := startFleet(t, []string{"gw-a", "gw-b"}, map[string]gateway.Plan{
+		"hot": {Rules: []gateway.Rule{{Rule: rule}}},
+	}, map[string]string{"hot": "hot"})
+	t.Parallel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, stop := context.WithCancel(f.ctx)
+	defer stop() // before wg.Wait: the detector and the load run until then
+
+	det, err := analytics.NewDetector(analytics.Config{
+		Interval: time.Second,
+		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
+	}, analytics.Deps{Reader: analytics.NewReader(f.conn), Directives: f.store, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); det.Run(ctx) }()
+
+	type answer struct {
+		at     time.Time
+		gw     string
+		status int
+	}
+	var mu sync.Mutex
+	var answers []answer
+	start := time.Now()
+	for gw, rate := range map[string]float64{"gw-a": 3 * limit, "gw-b": 10} {
+		f.paced(ctx, t, &wg, start, gw, "hot", rate, func(at time.Time, status int) {
+			if status != 0 && status != http.StatusOK && status != http.StatusTooManyRequests {
+				t.Errorf("request on %s: %d", gw, status)
+			}
+			mu.Lock()
+			answers = append(answers, answer{at, gw, status})
+			mu.Unlock()
+		})
+	}
+	hotKey := limiter.DirectiveKey("api_key", eventKeyID(fleetSecret, "k:hot"))
+	testenv.WaitFor(t, 60*time.Second, "both gateways' watchers to load the split", func() bool {
+		for _, w := range f.watchers {
+			if _, ok := w.Current().Splits[hotKey]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	applied := time.Now()
+	t.Logf("split applied %.1fs after the load started: shares %v", applied.Sub(start).Seconds(), f.watchers["gw-a"].Current().Splits[hotKey].Shares)
+
+	// Measure over 8 periods from 6s on: the new buckets start full (each
+	// its share of the burst), and the first split was sized from the
+	// few seconds of traffic ClickHouse held; the analytics runs since
+	// have seen the traffic under it.
+	const measure = 8 * time.Second
+	m0 := applied.Add(6 * time.Second)
+	time.Sleep(time.Until(m0.Add(measure + time.Second)))
+	mu.Lock()
+	sent, admitted := map[string]int{}, map[string]int{}
+	for _, a := range answers {
+		if !a.at.Before(m0) && a.at.Before(m0.Add(measure)) {
+			sent[a.gw]++
+			if a.status == http.StatusOK {
+				admitted[a.gw]++
+			}
+		}
+	}
+	mu.Unlock()
+	stop()
+	total := admitted["gw-a"] + admitted["gw-b"]
+	shared := limit * measure.Seconds() // what the shared bucket admits, drained
+	t.Logf("saturated gw-a sent %d, admitted %d; gw-b at 10/s sent %d, admitted %d; total %d of the shared bucket's %.0f (%.1f%%); shares %v",
+		sent["gw-a"], admitted["gw-a"], sent["gw-b"], admitted["gw-b"], total, shared, 100*float64(total)/shared,
+		f.watchers["gw-a"].Current().Splits[hotKey].Shares)
+	if float64(total) < 0.9*shared {
+		t.Errorf("admitted %d in %v, want at least 90%% of the shared bucket's %.0f", total, measure, shared)
+	}
+	if ceiling := shared + float64(rule.Capacity()); float64(total) > ceiling {
+		t.Errorf("admitted %d in %v, over the limit's %.0f (with one burst)", total, measure, ceiling)
+	}
+	if float64(admitted["gw-b"]) < 0.9*float64(sent["gw-b"]) {
+		t.Errorf("the quiet gateway kept %d of its %d requests, want at least 90%%: its share should follow what it uses",
+			admitted["gw-b"], sent["gw-b"])
 	}
 }
