@@ -27,12 +27,8 @@ func TestFaultClusterExactlyOnce(t *testing.T) {
 		}
 	}
 	ch := testenv.OpenClickHouse(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), dist)
-	for _, table := range append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims") {
-		// Names come from the consumer's own lists and the test's databases.
-		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)
-		if err := ch.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
+	if err := CreateDistributed(ctx, ch, cluster, local); err != nil {
+		t.Fatal(err)
 	}
 
 	kb := realBackend(t, 2)
