@@ -44,7 +44,7 @@ func TestFaultClusterQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	on := testenv.OpenClickHouse(t, addr1, dist)
-	for _, table := range []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger"} {
+	for _, table := range []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m", "decisions_ledger"} {
 		// Names come from the list above and the test's own databases.
 		q := fmt.Sprintf("CREATE TABLE %s.%s AS %s.%s ENGINE = Distributed(%s, %s, %s)", dist, table, local, table, cluster, local, table)
 		if err := on.Exec(ctx, q); err != nil {

@@ -69,7 +69,7 @@ var (
 	qDropStage       = mustQuery("drop_stage")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
-	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m")}
+	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
 	// The two ALTERs name a table, which cannot be a bound parameter; the
@@ -100,6 +100,7 @@ var retainedTables = []retainedTable{
 	{name: "decisions_by_key_1m", column: "minute"},
 	{name: "decisions_by_ip_1m", column: "minute"},
 	{name: "decisions_by_gateway_1m", column: "minute"},
+	{name: "decisions_key_history_1m", column: "minute"},
 	{name: "decisions_ledger", column: "written_at", raw: true},
 	// The rollups as they were before migration 003.
 	{name: "decisions_by_key_1m_v1", column: "minute"},
@@ -108,8 +109,9 @@ var retainedTables = []retainedTable{
 }
 
 // batchTables are the tables a batch writes, each row tagged with its
-// batch_id: an aborted batch's rows are deleted from each.
-var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m"}
+// batch_id: an aborted batch's rows are deleted from each. After the raw
+// table, the rollups in the order of qRollups.
+var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m"}
 
 func (r Retention) days(t retainedTable) int {
 	if t.raw {
