@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/publish"
@@ -172,4 +173,80 @@ func (f *pipelineFleet) paced(ctx context.Context, t *testing.T, wg *sync.WaitGr
 			}()
 		}
 	}()
+}
+
+// detect runs the detector on the fleet's ClickHouse every second until ctx
+// ends (wg counts it), writing the fleet's directives. A 20s window (10s at
+// least) lets a key turn hot, and cool, within a test; nat is the NAT
+// detector's settings.
+func (f *pipelineFleet) detect(ctx context.Context, t *testing.T, wg *sync.WaitGroup, nat analytics.NATConfig) *analytics.Detector {
+	t.Helper()
+	det, err := analytics.NewDetector(analytics.Config{
+		Interval: time.Second,
+		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
+		NAT:      nat,
+	}, analytics.Deps{Reader: analytics.NewReader(f.conn), Directives: f.store, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); det.Run(ctx) }()
+	return det
+}
+
+// waitSplit waits until every gateway's watcher holds key's split.
+func (f *pipelineFleet) waitSplit(t *testing.T, key string) {
+	t.Helper()
+	testenv.WaitFor(t, 60*time.Second, "every gateway's watcher to load the split of "+key, func() bool {
+		for _, w := range f.watchers {
+			if _, ok := w.Current().Splits[key]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// answer is one paced request: when it left, through which gateway, and
+// its status.
+type answer struct {
+	at     time.Time
+	gw     string
+	status int
+}
+
+// answers collects the answers of paced load.
+type answers struct {
+	mu  sync.Mutex
+	all []answer
+}
+
+// record returns paced's callback for gw. A status other than 200 or 429
+// fails the test.
+func (as *answers) record(t *testing.T, gw string) func(time.Time, int) {
+	return func(at time.Time, status int) {
+		if status != 0 && status != http.StatusOK && status != http.StatusTooManyRequests {
+			t.Errorf("request on %s: %d", gw, status)
+		}
+		as.mu.Lock()
+		as.all = append(as.all, answer{at, gw, status})
+		as.mu.Unlock()
+	}
+}
+
+// count returns, per gateway, the requests sent in [from, to) and how many
+// of them were admitted.
+func (as *answers) count(from, to time.Time) (sent, admitted map[string]int) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	sent, admitted = map[string]int{}, map[string]int{}
+	for _, a := range as.all {
+		if !a.at.Before(from) && a.at.Before(to) {
+			sent[a.gw]++
+			if a.status == http.StatusOK {
+				admitted[a.gw]++
+			}
+		}
+	}
+	return sent, admitted
 }

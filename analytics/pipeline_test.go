@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math"
 	"net/http"
@@ -61,8 +60,7 @@ func TestPipelineDetection(t *testing.T) {
 		"hot":  {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: hotLimit, Period: time.Second}}}},
 	}, keys)
 	t.Parallel()
-	conn, store, watchers, registries := f.conn, f.store, f.watchers, f.registries
-	quiet := slog.New(slog.DiscardHandler)
+	watchers, registries := f.watchers, f.registries
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, stop := context.WithCancel(f.ctx)
@@ -101,47 +99,20 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	load.Wait()
 
-	// The detector, on its schedule. A 20s window (10s at least) lets the
-	// key cool within the test.
-	det, err := analytics.NewDetector(analytics.Config{
-		Interval: time.Second,
-		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
-		NAT:      analytics.NATConfig{MinDistinctKeys: 10, MinDistinctUserAgents: 10, MinRequests: 50},
-	}, analytics.Deps{Reader: analytics.NewReader(conn), Directives: store, Log: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); det.Run(ctx) }()
+	// The detector, on its schedule.
+	det := f.detect(ctx, t, &wg, analytics.NATConfig{MinDistinctKeys: 10, MinDistinctUserAgents: 10, MinRequests: 50})
 
 	// The key turns hot: 3:1 across gw-a and gw-b at 1.2× its limit.
-	type answer struct {
-		at     time.Time
-		gw     string
-		status int
-	}
-	var mu sync.Mutex
-	var answers []answer
+	var as answers
 	hotKey := limiter.DirectiveKey("api_key", eventKeyID(fleetSecret, "k:hot"))
 	hotAt := time.Now()
 	hotCtx, hotStop := context.WithCancel(ctx)
 	defer hotStop()
 	var hotWG sync.WaitGroup
 	for g, rate := range map[string]float64{"gw-a": 0.9 * hotLimit, "gw-b": 0.3 * hotLimit} {
-		f.paced(hotCtx, t, &hotWG, hotAt, g, "hot", rate, func(at time.Time, status int) {
-			mu.Lock()
-			answers = append(answers, answer{at, g, status})
-			mu.Unlock()
-		})
+		f.paced(hotCtx, t, &hotWG, hotAt, g, "hot", rate, as.record(t, g))
 	}
-	testenv.WaitFor(t, 60*time.Second, "every gateway's watcher to load the hot key's split", func() bool {
-		for _, w := range watchers {
-			if _, ok := w.Current().Splits[hotKey]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitSplit(t, hotKey)
 	applied := time.Now()
 	t.Logf("key turned hot → split applied by all 3 gateways: %.1fs", applied.Sub(hotAt).Seconds())
 	var gotHot []string
@@ -156,16 +127,8 @@ func TestPipelineDetection(t *testing.T) {
 	const measure = 8 * time.Second
 	m0 := applied.Add(6 * time.Second)
 	time.Sleep(time.Until(m0.Add(measure + 500*time.Millisecond)))
-	mu.Lock()
-	admitted := map[string]int{}
-	total := 0
-	for _, a := range answers {
-		if !a.at.Before(m0) && a.at.Before(m0.Add(measure)) && a.status == http.StatusOK {
-			admitted[a.gw]++
-			total++
-		}
-	}
-	mu.Unlock()
+	_, admitted := as.count(m0, m0.Add(measure))
+	total := admitted["gw-a"] + admitted["gw-b"]
 	want := hotLimit * measure.Seconds()
 	t.Logf("split in force, 3:1 load at 1.2× the limit: %d admitted in %v (%.1f%% of the limit; gw-a %d, gw-b %d)",
 		total, measure, 100*float64(total)/want, admitted["gw-a"], admitted["gw-b"])

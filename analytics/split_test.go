@@ -2,8 +2,6 @@ package analytics_test
 
 import (
 	"context"
-	"log/slog"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,7 +9,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/gateway"
-	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -128,43 +125,14 @@ func TestPipelineSplitFollowsDemand(t *testing.T) {
 	ctx, stop := context.WithCancel(f.ctx)
 	defer stop() // before wg.Wait: the detector and the load run until then
 
-	det, err := analytics.NewDetector(analytics.Config{
-		Interval: time.Second,
-		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
-	}, analytics.Deps{Reader: analytics.NewReader(f.conn), Directives: f.store, Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); det.Run(ctx) }()
-
-	type answer struct {
-		at     time.Time
-		gw     string
-		status int
-	}
-	var mu sync.Mutex
-	var answers []answer
+	f.detect(ctx, t, &wg, analytics.NATConfig{})
+	var as answers
 	start := time.Now()
 	for gw, rate := range map[string]float64{"gw-a": 3 * limit, "gw-b": 10} {
-		f.paced(ctx, t, &wg, start, gw, "hot", rate, func(at time.Time, status int) {
-			if status != 0 && status != http.StatusOK && status != http.StatusTooManyRequests {
-				t.Errorf("request on %s: %d", gw, status)
-			}
-			mu.Lock()
-			answers = append(answers, answer{at, gw, status})
-			mu.Unlock()
-		})
+		f.paced(ctx, t, &wg, start, gw, "hot", rate, as.record(t, gw))
 	}
 	hotKey := limiter.DirectiveKey("api_key", eventKeyID(fleetSecret, "k:hot"))
-	testenv.WaitFor(t, 60*time.Second, "both gateways' watchers to load the split", func() bool {
-		for _, w := range f.watchers {
-			if _, ok := w.Current().Splits[hotKey]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitSplit(t, hotKey)
 	applied := time.Now()
 	t.Logf("split applied %.1fs after the load started: shares %v", applied.Sub(start).Seconds(), f.watchers["gw-a"].Current().Splits[hotKey].Shares)
 
@@ -175,17 +143,7 @@ func TestPipelineSplitFollowsDemand(t *testing.T) {
 	const measure = 8 * time.Second
 	m0 := applied.Add(6 * time.Second)
 	time.Sleep(time.Until(m0.Add(measure + time.Second)))
-	mu.Lock()
-	sent, admitted := map[string]int{}, map[string]int{}
-	for _, a := range answers {
-		if !a.at.Before(m0) && a.at.Before(m0.Add(measure)) {
-			sent[a.gw]++
-			if a.status == http.StatusOK {
-				admitted[a.gw]++
-			}
-		}
-	}
-	mu.Unlock()
+	sent, admitted := as.count(m0, m0.Add(measure))
 	stop()
 	total := admitted["gw-a"] + admitted["gw-b"]
 	shared := limit * measure.Seconds() // what the shared bucket admits, drained

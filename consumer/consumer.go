@@ -631,11 +631,6 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	if len(batch) == 0 {
 		return "", nil
 	}
-	// Before anything of the batch is written: a newer consumer may have
-	// migrated the schema since this one started (a rolling upgrade).
-	if err := c.checkSchema(ctx); err != nil {
-		return stageSchema, err
-	}
 	if c.beforeInsert != nil {
 		c.beforeInsert()
 	}
@@ -643,6 +638,12 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 		if err := c.fillStage(ctx, batch, rows); err != nil {
 			return stageStage, err
 		}
+	}
+	// Before the batch writes anything but its own staging table: a newer
+	// consumer may have migrated the schema since this one started (a
+	// rolling upgrade).
+	if err := c.checkSchema(ctx); err != nil {
+		return stageSchema, err
 	}
 	// From the intent row on, a failure may leave rows behind: the next
 	// attempt aborts this batch first.
