@@ -136,12 +136,14 @@ func TestPipelineSplitFollowsDemand(t *testing.T) {
 	applied := time.Now()
 	t.Logf("split applied %.1fs after the load started: shares %v", applied.Sub(start).Seconds(), f.watchers["gw-a"].Current().Splits[hotKey].Shares)
 
-	// Measure over 8 periods from 6s on: the new buckets start full (each
-	// its share of the burst), and the first split was sized from the
-	// few seconds of traffic ClickHouse held; the analytics runs since
-	// have seen the traffic under it.
+	// Measure over 8 periods from 12s on. The first split was sized from
+	// the few seconds of traffic ClickHouse held, whose allowed count
+	// includes the shared bucket's initial burst (the capacity looks
+	// larger, so the quiet gateway's share smaller), and the new buckets
+	// start full; from one min_span (10s) after the split on, the shares
+	// are sized from traffic under it alone.
 	const measure = 8 * time.Second
-	m0 := applied.Add(6 * time.Second)
+	m0 := applied.Add(12 * time.Second)
 	time.Sleep(time.Until(m0.Add(measure + time.Second)))
 	sent, admitted := as.count(m0, m0.Add(measure))
 	stop()
