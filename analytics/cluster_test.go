@@ -29,7 +29,7 @@ import (
 func TestFaultClusterQueries(t *testing.T) {
 	ctx := context.Background()
 	migrate := func(ctx context.Context, c driver.Conn) error { return consumer.Migrate(ctx, c, consumer.Retention{}) }
-	srv, shards, on := testenv.Distributed(t, migrate, "decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_ledger")
+	srv, shards, on := testenv.Distributed(t, migrate, consumer.CreateDistributed)
 	one, _ := testenv.NewDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), "single")
 	if err := migrate(ctx, one); err != nil {
 		t.Fatal(err)

@@ -15,28 +15,45 @@ import (
 func defaults() Config { return Config{}.WithDefaults() }
 
 func TestShares(t *testing.T) {
+	all := int64(1 << 62) // every request allowed
 	tests := []struct {
-		name  string
-		give  map[string]int64
-		floor float64
-		want  map[string]float64
+		name    string
+		give    map[string]int64
+		allowed int64
+		floor   float64
+		want    map[string]float64
 	}{
-		{"3:1 uneven load", map[string]int64{"a": 3000, "b": 1000}, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
-		{"even", map[string]int64{"a": 10, "b": 10, "c": 10, "d": 10}, 0.05, map[string]float64{"a": 0.25, "b": 0.25, "c": 0.25, "d": 0.25}},
-		{"one gateway", map[string]int64{"a": 7}, 0.05, map[string]float64{"a": 1}},
-		{"trickle gets the floor", map[string]int64{"a": 990, "b": 10}, 0.05, map[string]float64{"a": 0.95, "b": 0.05}},
-		{"zero requests gets the floor", map[string]int64{"a": 500, "b": 500, "c": 0}, 0.1, map[string]float64{"a": 0.45, "b": 0.45, "c": 0.1}},
+		{"3:1 uneven load", map[string]int64{"a": 3000, "b": 1000}, all, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
+		{"even", map[string]int64{"a": 10, "b": 10, "c": 10, "d": 10}, all, 0.05, map[string]float64{"a": 0.25, "b": 0.25, "c": 0.25, "d": 0.25}},
+		{"one gateway", map[string]int64{"a": 7}, all, 0.05, map[string]float64{"a": 1}},
+		{"trickle gets the floor", map[string]int64{"a": 990, "b": 10}, all, 0.05, map[string]float64{"a": 0.95, "b": 0.05}},
+		{"zero requests gets the floor", map[string]int64{"a": 500, "b": 500, "c": 0}, all, 0.1, map[string]float64{"a": 0.45, "b": 0.45, "c": 0.1}},
 		// 2 % and 3 % pinned to 10 %; 80 % left for the others, 5:3.
-		{"floor cascades", map[string]int64{"a": 600, "b": 360, "c": 20, "d": 20}, 0.1, map[string]float64{"a": 0.5, "b": 0.3, "c": 0.1, "d": 0.1}},
-		{"floor too high for the count: equal", map[string]int64{"a": 99, "b": 1, "c": 0}, 0.4, map[string]float64{"a": 1.0 / 3, "b": 1.0 / 3, "c": 1.0 / 3}},
-		{"no traffic: equal", map[string]int64{"a": 0, "b": 0}, 0.05, map[string]float64{"a": 0.5, "b": 0.5}},
-		{"empty", map[string]int64{}, 0.05, map[string]float64{}},
+		{"floor cascades", map[string]int64{"a": 600, "b": 360, "c": 20, "d": 20}, all, 0.1, map[string]float64{"a": 0.5, "b": 0.3, "c": 0.1, "d": 0.1}},
+		{"floor too high for the count: equal", map[string]int64{"a": 99, "b": 1, "c": 0}, all, 0.4, map[string]float64{"a": 1.0 / 3, "b": 1.0 / 3, "c": 1.0 / 3}},
+		{"no traffic: equal", map[string]int64{"a": 0, "b": 0}, all, 0.05, map[string]float64{"a": 0.5, "b": 0.5}},
+		{"empty", map[string]int64{}, all, 0.05, map[string]float64{}},
+		// Issue 14 row 4: a limit of 40/s over a minute (2,400 allowed), one
+		// gateway flooding it, the other at 10/s: the quiet one keeps its
+		// 600 (660 with the headroom), the flooded one gets the other 1,740,
+		// not 95 %.
+		{"saturated next to idle", map[string]int64{"a": 12000, "b": 600}, 2400, 0.05, map[string]float64{"a": 1740.0 / 2400, "b": 660.0 / 2400}},
+		{"allowed exactly the demand", map[string]int64{"a": 3000, "b": 1000}, 4000, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
+		// 3:1 at twice the limit: b asks for half the limit and keeps it
+		// (with no room for the headroom).
+		{"3:1 at twice the limit", map[string]int64{"a": 3000, "b": 1000}, 2000, 0.05, map[string]float64{"a": 0.5, "b": 0.5}},
+		// Equal parts of 900 are 300: c's 100 is met (110 with the
+		// headroom), then 395 each for a and b, of which b asks only 200
+		// (220); a gets the other 570.
+		{"water-filling cascades", map[string]int64{"a": 5000, "b": 200, "c": 100}, 900, 0.05, map[string]float64{"a": 570.0 / 900, "b": 220.0 / 900, "c": 110.0 / 900}},
+		{"two saturated share equally", map[string]int64{"a": 5000, "b": 3000, "c": 100}, 1100, 0.05, map[string]float64{"a": 495.0 / 1100, "b": 495.0 / 1100, "c": 110.0 / 1100}},
+		{"nothing allowed: by requests", map[string]int64{"a": 3000, "b": 1000}, 0, 0.05, map[string]float64{"a": 0.75, "b": 0.25}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Shares(tt.give, tt.floor)
+			got := Shares(tt.give, tt.allowed, tt.floor)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
-				t.Errorf("Shares(%v, %v) mismatch (-want +got):\n%s", tt.give, tt.floor, diff)
+				t.Errorf("Shares(%v, %d, %v) mismatch (-want +got):\n%s", tt.give, tt.allowed, tt.floor, diff)
 			}
 			sum := 0.0
 			for _, s := range got {

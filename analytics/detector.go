@@ -333,12 +333,13 @@ func (r *Reader) HotKeys(ctx context.Context, cfg HotConfig, from, to time.Time,
 			return nil, err
 		}
 		type id struct{ key, kind string }
-		n := make(map[id]int64, len(recent))
+		byID := make(map[id]KeyTraffic, len(recent))
 		for _, k := range recent {
-			n[id{k.KeyID, k.KeyKind}] = k.Allowed()
+			byID[id{k.KeyID, k.KeyKind}] = k
 		}
 		for i := range keys {
-			keys[i].Recent = n[id{keys[i].KeyID, keys[i].KeyKind}]
+			r := byID[id{keys[i].KeyID, keys[i].KeyKind}]
+			keys[i].Recent, keys[i].RecentGateways, keys[i].RecentDenied = r.Allowed(), r.Gateways, r.Denied
 		}
 	}
 	return DetectHotKeys(cfg, keys, total, span, split), nil

@@ -67,15 +67,17 @@ func TestDetectorDirectivesThroughRedis(t *testing.T) {
 	if len(d.Splits) != 1 || !ok {
 		t.Fatalf("watcher splits = %+v, want only %s", d.Splits, splitKey)
 	}
-	if math.Abs(s.Shares["gw-a"]-0.75) > 0.03 || math.Abs(s.Shares["gw-b"]-0.25) > 0.03 {
-		t.Errorf("split shares = %v, want about 0.75 / 0.25", s.Shares)
+	// hot-1 is seen 3:1 and denied about half the time: gw-b asks for
+	// about half of what the key was allowed, and keeps it (Shares).
+	if math.Abs(s.Shares["gw-a"]-0.49) > 0.03 || math.Abs(s.Shares["gw-b"]-0.49) > 0.03 {
+		t.Errorf("split shares = %v, want about 0.49 / 0.49 (and 0.02 for the others)", s.Shares)
 	}
 	if got := s.Expires.Sub(now); got != 2*time.Minute {
 		t.Errorf("split expires %v after the run, want the 2m TTL", got)
 	}
 	key, scaled, applied := d.Split(splitKey, "gw-b", rules, now)
-	if !applied || key == splitKey || math.Abs(float64(scaled[0].Limit)-250) > 30 {
-		t.Errorf("gw-b applies split = %q %+v %v, want its own bucket with about 250/min", key, scaled, applied)
+	if !applied || key == splitKey || math.Abs(float64(scaled[0].Limit)-490) > 30 {
+		t.Errorf("gw-b applies split = %q %+v %v, want its own bucket with about 490/min", key, scaled, applied)
 	}
 	if len(d.NATs) != len(wantNAT) {
 		t.Errorf("watcher NATs = %v, want %v", d.NATs, wantNAT)

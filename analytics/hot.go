@@ -16,8 +16,8 @@ type KeyTraffic struct {
 	KeyKind string
 	// KeyName is the key's name (an API key's configured id), or "".
 	KeyName string
-	// Gateways maps gateway id to the key's requests there: its demand,
-	// which sizes the shares of a split.
+	// Gateways maps gateway id to the key's requests there, allowed and
+	// denied: its demand, which sizes the shares of a split (see Shares).
 	Gateways map[string]int64
 	// Denied is how many of the requests were denied. Hotness is judged
 	// on the rest, what the key was allowed: a caller cannot make itself
@@ -26,6 +26,31 @@ type KeyTraffic struct {
 	// Recent is the key's allowed requests in the last MinSpan, to the
 	// second (zero: not measured).
 	Recent int64
+	// RecentGateways and RecentDenied are the key's requests per gateway
+	// and its denials in the last MinSpan (nil: not measured). They size
+	// the split when measured, so shares follow a shift in load within
+	// seconds rather than over the whole window.
+	RecentGateways map[string]int64
+	RecentDenied   int64
+}
+
+// demand returns the requests per gateway and the allowed requests that
+// size the key's split: the last MinSpan's when measured, over every
+// gateway of the window (one quiet since gets the floor).
+func (k KeyTraffic) demand() (map[string]int64, int64) {
+	if len(k.RecentGateways) == 0 {
+		return k.Gateways, k.Allowed()
+	}
+	d := make(map[string]int64, len(k.Gateways))
+	for gw := range k.Gateways {
+		d[gw] = 0
+	}
+	var n int64
+	for gw, c := range k.RecentGateways {
+		d[gw] = c
+		n += c
+	}
+	return d, n - k.RecentDenied
 }
 
 // Allowed is the key's allowed requests at all gateways.
@@ -113,7 +138,8 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 			continue
 		}
 		if len(k.Gateways) >= cfg.MinGateways {
-			h.Shares = Shares(k.Gateways, cfg.MinGatewayShare)
+			demand, allowed := k.demand()
+			h.Shares = Shares(demand, allowed, cfg.MinGatewayShare)
 		}
 		hot = append(hot, h)
 	}
@@ -126,55 +152,113 @@ func DetectHotKeys(cfg HotConfig, keys []KeyTraffic, total int64, span time.Dura
 	return hot
 }
 
-// Shares sizes each gateway's share of a key's capacity from its observed
-// share of the key's requests, so a gateway that gets three times the
-// traffic gets three times the capacity. No share falls under floor (while
-// floor × gateways ≤ 1; otherwise all shares are equal); the rest is split
-// in proportion to the requests, and the shares sum to 1.
-func Shares(requests map[string]int64, floor float64) map[string]float64 {
-	out := make(map[string]float64, len(requests))
+// Shares sizes each gateway's share of a key's capacity from its demand:
+// requests maps gateway id to the key's requests there, allowed and denied
+// (a saturated gateway's denials are its unmet demand), and allowed is how
+// many of them the key's limit admitted, its capacity over the window.
+//
+// The capacity is filled max-min by demand (water-filling): a gateway that
+// asks for less than an equal part keeps all it asks for (and quietHeadroom
+// more, so its own jitter is not denied), and what is left
+// goes to the busier ones in equal parts, as far as each asks. So a
+// gateway at 10/s next to a saturated one keeps its 10/s and the saturated
+// one gets the rest, rather than the idle share going unused (an even
+// split) or the quiet gateway being starved (a split in proportion to
+// requests, which a flood of denials at the busy gateway would swamp).
+// When nothing was denied (allowed ≥ requests) every gateway got what it
+// asked, and the shares follow the requests.
+//
+// No share falls under floor (while floor × gateways ≤ 1; otherwise all
+// shares are equal), and the shares sum to 1: the gateways apply them to
+// the key's whole limit, so an underestimate of the capacity (a split that
+// left some of it unused) scales every part up, and the next round's
+// allowed count comes closer to the limit.
+func Shares(requests map[string]int64, allowed int64, floor float64) map[string]float64 {
+	return floored(fill(requests, allowed), floor)
+}
+
+// quietHeadroom is how much more than it asked a gateway whose demand is
+// met gets: its traffic next round is not exactly this round's, and a
+// share cut to the request loses every burst above it. At most this much
+// of the quiet gateways' demand goes unused.
+const quietHeadroom = 0.1
+
+// fill returns each gateway's part of capacity, filled max-min by demand:
+// the smallest demands are met in full (with quietHeadroom) while each fits
+// an equal part of what is left; the rest share the remainder equally. A
+// capacity of zero or at least the total demand gives each its demand.
+func fill(demand map[string]int64, capacity int64) map[string]float64 {
+	out := make(map[string]float64, len(demand))
 	var total int64
-	for _, n := range requests {
+	for gw, n := range demand {
+		out[gw] = float64(max(0, n))
 		total += max(0, n)
 	}
-	if len(requests) == 0 {
+	if capacity <= 0 || capacity >= total {
 		return out
 	}
-	if total == 0 || floor*float64(len(requests)) >= 1 {
-		for gw := range requests {
-			out[gw] = 1 / float64(len(requests))
+	gws := slices.SortedFunc(maps.Keys(demand), func(a, b string) int {
+		return cmp.Or(cmp.Compare(out[a], out[b]), cmp.Compare(a, b))
+	})
+	left := float64(capacity)
+	for i, gw := range gws {
+		level := left / float64(len(gws)-i)
+		want := out[gw] * (1 + quietHeadroom)
+		if want > level {
+			for _, g := range gws[i:] {
+				out[g] = level
+			}
+			break
+		}
+		out[gw] = want
+		left -= want
+	}
+	return out
+}
+
+// floored turns weights into shares summing to 1, none under floor: the
+// gateways whose proportional share falls under it are pinned to it and
+// the rest shared by weight, until no more fall under (water-filling).
+func floored(weights map[string]float64, floor float64) map[string]float64 {
+	out := make(map[string]float64, len(weights))
+	var total float64
+	for _, w := range weights {
+		total += w
+	}
+	if len(weights) == 0 {
+		return out
+	}
+	if total <= 0 || floor*float64(len(weights)) >= 1 {
+		for gw := range weights {
+			out[gw] = 1 / float64(len(weights))
 		}
 		return out
 	}
-	// Water-filling: pin the gateways whose proportional share falls under
-	// the floor, then share what is left among the others by requests,
-	// until no more fall under.
 	pinned := make(map[string]bool)
 	for {
 		free := 1 - floor*float64(len(pinned))
-		var rest int64
-		for gw, n := range requests {
+		var rest float64
+		for gw, w := range weights {
 			if !pinned[gw] {
-				rest += max(0, n)
+				rest += w
 			}
 		}
 		changed := false
-		for gw, n := range requests {
+		for gw, w := range weights {
 			if pinned[gw] {
 				continue
 			}
-			s := free * float64(max(0, n)) / float64(rest)
-			if rest == 0 || s < floor {
+			if rest <= 0 || free*w/rest < floor {
 				pinned[gw] = true
 				changed = true
 			}
 		}
 		if !changed {
-			for _, gw := range slices.Sorted(maps.Keys(requests)) {
+			for gw, w := range weights {
 				if pinned[gw] {
 					out[gw] = floor
 				} else {
-					out[gw] = free * float64(requests[gw]) / float64(rest)
+					out[gw] = free * w / rest
 				}
 			}
 			return out

@@ -6,12 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sort"
 	"sync"
@@ -19,13 +16,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
-	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -50,131 +43,34 @@ func eventKeyID(secret, key string) string {
 // limit; and when the key cools the split must go and the gateways return
 // to the shared bucket.
 func TestPipelineDetection(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	conn := mustDatabase(t)
-	rdb, prefix := mustRedis(t)
-	t.Parallel()
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	quiet := slog.New(slog.DiscardHandler)
-
-	// Topics of the test's own.
-	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
-	topic, dead := "analytics-decisions-"+suffix, "analytics-dead-"+suffix
-	kcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := kadm.NewClient(kcl).CreateTopics(ctx, 2, 1, nil, topic, dead)
-	kcl.Close()
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("create topics: %v", err)
-	}
-
-	// The consumer: Kafka → ClickHouse, small batches for a quick test.
-	cons, err := consumer.New(consumer.Config{
-		Brokers: brokers, Topic: topic, DeadLetterTopic: dead, Group: "analytics-" + suffix,
-		BatchWait: 200 * time.Millisecond,
-	}, conn, nil, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stop()
-	wg.Add(1)
-	go func() { defer wg.Done(); cons.Run(ctx) }()
-
-	// Three gateways sharing Redis and a key hash secret, publishing to Kafka.
-	const secret = "pipeline-test-secret"
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
-	defer up.Close()
-	var keys []gateway.APIKey
-	raw := map[string]string{} // key id → raw key
-	addKey := func(id string) {
-		r := "raw-" + id + "-" + suffix
-		sum := sha256.Sum256([]byte(r))
-		keys = append(keys, gateway.APIKey{ID: id, SHA256: hex.EncodeToString(sum[:]), Plan: "free"})
-		raw[id] = r
-	}
+	const hotLimit = 20                     // per second
+	keys := map[string]string{"hot": "hot"} // key id → plan
 	for i := range 60 {
-		addKey(fmt.Sprintf("ord-%d", i))
+		keys[fmt.Sprintf("ord-%d", i)] = "free"
 	}
 	natIPs := []string{"198.51.100.7", "198.51.100.8", "203.0.113.9"}
 	for j := range natIPs {
 		for c := range 12 {
-			addKey(fmt.Sprintf("nat-%d-%d", j, c))
+			keys[fmt.Sprintf("nat-%d-%d", j, c)] = "free"
 		}
 	}
-	addKey("hot")
-	keys[len(keys)-1].Plan = "hot"
 	gwIDs := []string{"gw-a", "gw-b", "gw-c"}
-	store := limiter.NewDirectiveStore(rdb, prefix)
-	watchers := map[string]*limiter.Watcher{}
-	for _, id := range gwIDs {
-		w := limiter.NewWatcher(store, time.Second)
-		watchers[id] = w
-		wg.Add(1)
-		go func() { defer wg.Done(); w.Run(ctx) }()
-	}
-	const hotLimit = 20                             // per second
-	gateways := map[string]string{}                 // id → traffic URL
-	registries := map[string]*prometheus.Registry{} // id → its metrics
-	for _, id := range gwIDs {
-		registries[id] = prometheus.NewRegistry()
-		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, Linger: 10 * time.Millisecond}, nil, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pub.Close(context.Background())
-		gw, err := gateway.New(gateway.Config{
-			GatewayID: id,
-			Plans: map[string]gateway.Plan{
-				"free": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}},
-				"hot":  {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: hotLimit, Period: time.Second}}}},
-			},
-			APIKeys:        keys,
-			Upstreams:      map[string]gateway.Upstream{"app": {URL: up.URL}},
-			Routes:         []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
-			TrustedProxies: []string{"127.0.0.1"},
-			KeyHashSecret:  secret,
-			StoreDeadline:  time.Second,
-			Listen:         "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet, Directives: watchers[id], Registry: registries[id]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer gw.Close()
-		s := httptest.NewServer(gw.Handler())
-		defer s.Close()
-		gateways[id] = s.URL
-	}
-	client := &http.Client{Timeout: 5 * time.Second}
+	f := startFleet(t, gwIDs, map[string]gateway.Plan{
+		"free": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}},
+		"hot":  {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: hotLimit, Period: time.Second}}}},
+	}, keys)
+	t.Parallel()
+	watchers, registries := f.watchers, f.registries
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, stop := context.WithCancel(f.ctx)
+	defer stop() // before wg.Wait: the detector runs until then
 	send := func(gw, key, ip, ua string) int {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateways[gw]+"/v1/items", nil)
-		req.Header.Set("X-API-Key", raw[key])
-		req.Header.Set("X-Forwarded-For", ip)
-		req.Header.Set("User-Agent", ua)
-		resp, err := client.Do(req)
-		if err != nil {
-			if ctx.Err() == nil {
-				t.Errorf("request: %v", err)
-			}
-			return 0
+		st := f.send(t, gw, key, ip, ua)
+		if st != 0 && st != http.StatusOK && (key != "hot" || st != http.StatusTooManyRequests) {
+			t.Errorf("request as %s on %s: %d", key, gw, st)
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && (key != "hot" || resp.StatusCode != http.StatusTooManyRequests) {
-			t.Errorf("request as %s on %s: %d", key, gw, resp.StatusCode)
-		}
-		return resp.StatusCode
+		return st
 	}
 
 	// Ordinary traffic and the NAT addresses first: 60 keys, each from an
@@ -203,61 +99,20 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	load.Wait()
 
-	// The detector, on its schedule. A 20s window (10s at least) lets the
-	// key cool within the test.
-	det, err := analytics.NewDetector(analytics.Config{
-		Interval: time.Second,
-		Hot:      analytics.HotConfig{Window: 20 * time.Second, MinSpan: 10 * time.Second, MinRate: 8, MinShare: -1},
-		NAT:      analytics.NATConfig{MinDistinctKeys: 10, MinDistinctUserAgents: 10, MinRequests: 50},
-	}, analytics.Deps{Reader: analytics.NewReader(conn), Directives: store, Log: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); det.Run(ctx) }()
+	// The detector, on its schedule.
+	det := f.detect(ctx, t, &wg, analytics.NATConfig{MinDistinctKeys: 10, MinDistinctUserAgents: 10, MinRequests: 50})
 
 	// The key turns hot: 3:1 across gw-a and gw-b at 1.2× its limit.
-	type answer struct {
-		at     time.Time
-		gw     string
-		status int
-	}
-	var mu sync.Mutex
-	var answers []answer
-	hotKey := limiter.DirectiveKey("api_key", eventKeyID(secret, "k:hot"))
+	var as answers
+	hotKey := limiter.DirectiveKey("api_key", eventKeyID(fleetSecret, "k:hot"))
 	hotAt := time.Now()
 	hotCtx, hotStop := context.WithCancel(ctx)
 	defer hotStop()
 	var hotWG sync.WaitGroup
 	for g, rate := range map[string]float64{"gw-a": 0.9 * hotLimit, "gw-b": 0.3 * hotLimit} {
-		hotWG.Add(1)
-		go func() {
-			defer hotWG.Done()
-			// Requests leave on schedule, each on its own goroutine, so a
-			// slow answer under -race does not thin the load.
-			every := time.Duration(float64(time.Second) / rate)
-			for i := 0; hotCtx.Err() == nil; i++ {
-				time.Sleep(time.Until(hotAt.Add(time.Duration(i) * every)))
-				hotWG.Add(1)
-				go func() {
-					defer hotWG.Done()
-					sent := time.Now()
-					st := send(g, "hot", "10.9.9.9", "loadgen")
-					mu.Lock()
-					answers = append(answers, answer{sent, g, st})
-					mu.Unlock()
-				}()
-			}
-		}()
+		f.paced(hotCtx, t, &hotWG, hotAt, g, "hot", rate, as.record(t, g))
 	}
-	testenv.WaitFor(t, 60*time.Second, "every gateway's watcher to load the hot key's split", func() bool {
-		for _, w := range watchers {
-			if _, ok := w.Current().Splits[hotKey]; !ok {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitSplit(t, hotKey)
 	applied := time.Now()
 	t.Logf("key turned hot → split applied by all 3 gateways: %.1fs", applied.Sub(hotAt).Seconds())
 	var gotHot []string
@@ -272,16 +127,8 @@ func TestPipelineDetection(t *testing.T) {
 	const measure = 8 * time.Second
 	m0 := applied.Add(6 * time.Second)
 	time.Sleep(time.Until(m0.Add(measure + 500*time.Millisecond)))
-	mu.Lock()
-	admitted := map[string]int{}
-	total := 0
-	for _, a := range answers {
-		if !a.at.Before(m0) && a.at.Before(m0.Add(measure)) && a.status == http.StatusOK {
-			admitted[a.gw]++
-			total++
-		}
-	}
-	mu.Unlock()
+	_, admitted := as.count(m0, m0.Add(measure))
+	total := admitted["gw-a"] + admitted["gw-b"]
 	want := hotLimit * measure.Seconds()
 	t.Logf("split in force, 3:1 load at 1.2× the limit: %d admitted in %v (%.1f%% of the limit; gw-a %d, gw-b %d)",
 		total, measure, 100*float64(total)/want, admitted["gw-a"], admitted["gw-b"])

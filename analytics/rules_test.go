@@ -37,7 +37,7 @@ func TestAlertRules(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 18 rules found"},
+		{"rules check", promtool, []string{"check", "rules", "alerts.yml"}, "SUCCESS: 19 rules found"},
 		{"rules unit tests", promtool, []string{"test", "rules", "alerts_test.yml"}, "SUCCESS"},
 		{"prometheus config", promtool, []string{"check", "config", "prometheus.yml"}, "is valid prometheus config"},
 		{"alertmanager config", "amtool", []string{"check-config", "alertmanager.yml"}, "SUCCESS"},

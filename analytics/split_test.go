@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -100,5 +101,65 @@ func TestSplitSharesKeepTheLimit(t *testing.T) {
 	}
 	if got-even < 0.08*want {
 		t.Errorf("observed shares admitted %.0f, even shares %.0f of %.0f: under 3:1 load the even split should starve the busy gateway visibly", got, even, want)
+	}
+}
+
+// TestPipelineSplitFollowsDemand is issue 14 row 4 end to end: two real
+// gateways on a real Redis, one saturated (3× the key's limit) and one at
+// 10/s, their decisions through Kafka and the consumer into ClickHouse,
+// and the split written by the detector from them. With the split in
+// force the key must admit at least 90 % of what its shared bucket would
+// (its limit), never more than the limit (plus one bucket's burst), and
+// the quiet gateway must keep what it uses: a split in proportion to
+// requests gave it the 5 % floor (about 2 of its 10/s), an even one left
+// half the limit idle at it (229 admitted of about 400).
+func TestPipelineSplitFollowsDemand(t *testing.T) {
+	const limit = 40 // per second
+	rule := limiter.Rule{Name: "second", Limit: limit, Period: time.Second}
+	f := startFleet(t, []string{"gw-a", "gw-b"}, map[string]gateway.Plan{
+		"hot": {Rules: []gateway.Rule{{Rule: rule}}},
+	}, map[string]string{"hot": "hot"})
+	t.Parallel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, stop := context.WithCancel(f.ctx)
+	defer stop() // before wg.Wait: the detector and the load run until then
+
+	f.detect(ctx, t, &wg, analytics.NATConfig{})
+	var as answers
+	start := time.Now()
+	for gw, rate := range map[string]float64{"gw-a": 3 * limit, "gw-b": 10} {
+		f.paced(ctx, t, &wg, start, gw, "hot", rate, as.record(t, gw))
+	}
+	hotKey := limiter.DirectiveKey("api_key", eventKeyID(fleetSecret, "k:hot"))
+	f.waitSplit(t, hotKey)
+	applied := time.Now()
+	t.Logf("split applied %.1fs after the load started: shares %v", applied.Sub(start).Seconds(), f.watchers["gw-a"].Current().Splits[hotKey].Shares)
+
+	// Measure over 8 periods from 12s on. The first split was sized from
+	// the few seconds of traffic ClickHouse held, whose allowed count
+	// includes the shared bucket's initial burst (the capacity looks
+	// larger, so the quiet gateway's share smaller), and the new buckets
+	// start full; from one min_span (10s) after the split on, the shares
+	// are sized from traffic under it alone.
+	const measure = 8 * time.Second
+	m0 := applied.Add(12 * time.Second)
+	time.Sleep(time.Until(m0.Add(measure + time.Second)))
+	sent, admitted := as.count(m0, m0.Add(measure))
+	stop()
+	total := admitted["gw-a"] + admitted["gw-b"]
+	shared := limit * measure.Seconds() // what the shared bucket admits, drained
+	t.Logf("saturated gw-a sent %d, admitted %d; gw-b at 10/s sent %d, admitted %d; total %d of the shared bucket's %.0f (%.1f%%); shares %v",
+		sent["gw-a"], admitted["gw-a"], sent["gw-b"], admitted["gw-b"], total, shared, 100*float64(total)/shared,
+		f.watchers["gw-a"].Current().Splits[hotKey].Shares)
+	if float64(total) < 0.9*shared {
+		t.Errorf("admitted %d in %v, want at least 90%% of the shared bucket's %.0f", total, measure, shared)
+	}
+	if ceiling := shared + float64(rule.Capacity()); float64(total) > ceiling {
+		t.Errorf("admitted %d in %v, over the limit's %.0f (with one burst)", total, measure, ceiling)
+	}
+	if float64(admitted["gw-b"]) < 0.9*float64(sent["gw-b"]) {
+		t.Errorf("the quiet gateway kept %d of its %d requests, want at least 90%%: its share should follow what it uses",
+			admitted["gw-b"], sent["gw-b"])
 	}
 }

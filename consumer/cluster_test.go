@@ -16,7 +16,7 @@ import (
 // once in the raw table and every rollup: aborts delete on each shard.
 func TestFaultClusterExactlyOnce(t *testing.T) {
 	migrate := func(ctx context.Context, c driver.Conn) error { return Migrate(ctx, c, Retention{}) }
-	_, shards, ch := testenv.Distributed(t, migrate, append(batchTables, "decisions_ledger", "decisions_aborts", "decisions_claims")...)
+	_, shards, ch := testenv.Distributed(t, migrate, CreateDistributed)
 
 	kb := realBackend(t, 2)
 	cfg := kb.config()

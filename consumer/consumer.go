@@ -290,8 +290,16 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 // Run consumes until ctx ends, then inserts and commits what it holds
 // (within ShutdownTimeout), leaves the group and returns. ClickHouse or Kafka
 // failures are retried with backoff, never returned; Run returns an error
-// only if it cannot start. Call Run once.
+// if it cannot start, or ErrSchemaNewer (at start or before any batch) once
+// a newer consumer has migrated the schema: it then writes nothing more and
+// leaves the group. Call Run once.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.checkSchema(ctx); errors.Is(err, ErrSchemaNewer) {
+		return err
+	} else if err != nil {
+		// ClickHouse may still be coming up: every batch checks again.
+		c.log.Warn("schema version not checked at start", "err", err)
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ClientID(c.cfg.ClientID),
@@ -326,15 +334,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Go(func() { c.dropExpired(bg) })
 	}
 
-	c.poll(ctx)
+	fatal := c.poll(ctx)
 
 	// Shutdown, in order: store what is buffered, leave the group (the
 	// revocation commits what was stored), stop the helpers.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
-	if err := c.flush(fctx); err != nil {
-		c.log.Warn("shutdown flush incomplete; the group's next owner reads the rest again", "err", err)
+	if fatal == nil {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
+		if err := c.flush(fctx); err != nil {
+			c.log.Warn("shutdown flush incomplete; the group's next owner reads the rest again", "err", err)
+		}
+		cancel()
+	} else {
+		c.log.Error("stopping: a newer consumer migrated the schema; nothing more is written", "err", fatal)
 	}
-	cancel()
 	cl.Close()
 	stopBG()
 	wg.Wait()
@@ -343,11 +355,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.ch.Exec(dctx, c.stageSQL(qDropStage)); err != nil {
 		c.log.Warn("drop staging table", "table", c.stage, "err", err)
 	}
+	return fatal
+}
+
+// checkSchema checks the schema version where the migrations are recorded:
+// the connection's database, or on a cluster every shard's.
+func (c *Consumer) checkSchema(ctx context.Context) error {
+	if len(c.cfg.Shards) == 0 {
+		return checkSchema(ctx, c.ch)
+	}
+	for _, sh := range c.cfg.Shards {
+		if err := checkSchema(ctx, sh); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// poll fetches, buffers and flushes until ctx ends.
-func (c *Consumer) poll(ctx context.Context) {
+// poll fetches, buffers and flushes until ctx ends, or until a flush finds
+// the schema newer than this consumer (ErrSchemaNewer, returned).
+func (c *Consumer) poll(ctx context.Context) error {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
@@ -362,7 +389,7 @@ func (c *Consumer) poll(ctx context.Context) {
 			fetches := c.cl.PollRecords(pctx, room)
 			cancel()
 			if fetches.IsClientClosed() {
-				return
+				return nil
 			}
 			fetches.EachError(func(topic string, p int32, err error) {
 				if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
@@ -372,7 +399,7 @@ func (c *Consumer) poll(ctx context.Context) {
 			c.buffer(fetches)
 		}
 		if ctx.Err() != nil {
-			return // Run's final flush, with its own deadline, stores the rest
+			return nil // Run's final flush, with its own deadline, stores the rest
 		}
 
 		c.mu.Lock()
@@ -381,11 +408,14 @@ func (c *Consumer) poll(ctx context.Context) {
 		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait)) || c.deadLetterRetryDue()
 		c.mu.Unlock()
 		if full || due {
-			if err := c.flush(ctx); err != nil && ctx.Err() == nil {
+			if err := c.flush(ctx); errors.Is(err, ErrSchemaNewer) {
+				return err
+			} else if err != nil && ctx.Err() == nil {
 				c.log.Error("flush", "err", err)
 			}
 		}
 	}
+	return nil
 }
 
 // buffer decodes fetched records into their partitions' batches.
@@ -507,7 +537,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrSchemaNewer) {
 			return fmt.Errorf("%s: %w", stage, err)
 		}
 		c.m.retries.WithLabelValues(stage).Inc()
@@ -540,6 +570,7 @@ const (
 	stageLedger     = "ledger"
 	stageCommit     = "commit"
 	stageResume     = "resume"
+	stageSchema     = "schema"
 )
 
 // flushable counts the buffered records of partitions that are not blocked.
@@ -607,6 +638,12 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 		if err := c.fillStage(ctx, batch, rows); err != nil {
 			return stageStage, err
 		}
+	}
+	// Before the batch writes anything but its own staging table: a newer
+	// consumer may have migrated the schema since this one started (a
+	// rolling upgrade).
+	if err := c.checkSchema(ctx); err != nil {
+		return stageSchema, err
 	}
 	// From the intent row on, a failure may leave rows behind: the next
 	// attempt aborts this batch first.

@@ -3,10 +3,14 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -304,5 +308,86 @@ func TestFaultEventTimeFarOff(t *testing.T) {
 	wantExact(t, ch, n)
 	if got := count(t, ch, "SELECT uniqExact(toDate(time)) FROM decisions"); got > 2 {
 		t.Errorf("rows span %d days, want at most 2 (Kafka's timestamps)", got)
+	}
+}
+
+// busyDay is the seeded day of TestFaultDedupeBusyDay: raw rows of the
+// partition (what the old dedupe scanned) and committed ledger batches
+// (what the resume reads now).
+const busyDayRows, busyDayBatches = 1 << 20, 1 << 20
+
+// oldStoredOffsets is the dedupe query before the offset ledger
+// (consumer/query/stored_offsets.sql until migration 003): the offsets
+// already stored in a partition's time range, read from the raw table. Its
+// time column is not a prefix of the raw table's order, so it read the
+// whole day; the test runs it only to show the seeded day is busy enough
+// to tell the two apart.
+const oldStoredOffsets = `SELECT kafka_offset FROM decisions
+WHERE time >= ? AND time <= ? AND kafka_topic = ? AND kafka_partition = ?
+  AND kafka_offset >= ? AND kafka_offset <= ?`
+
+// TestFaultDedupeBusyDay (row 8): resuming a partition on a busy day. The
+// day holds a million raw rows of the partition (its last million offsets,
+// 16 a second) and a million committed
+// ledger batches (a day at 100k events/s in batches of ~10k over its
+// partitions); the resume must read a bounded number of rows (the
+// ledger's index from the committed offset on: a granule or two, not the
+// day), measured by ClickHouse's own progress reports of every query the
+// resume makes. The old dedupe, run on the same day, reads all of it.
+func TestFaultDedupeBusyDay(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Second)
+	if err := ch.Exec(ctx, `INSERT INTO decisions (time, kafka_topic, kafka_partition, kafka_offset, batch_id)
+		SELECT toDateTime(?) - intDiv(number, 16), ?, 0, toInt64(? + number), 1 + intDiv(number, 100) FROM numbers(?)`,
+		now, kb.topic, int64(busyDayBatches*100-busyDayRows), busyDayRows); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Exec(ctx, `INSERT INTO decisions_ledger (batch_id, kafka_topic, topic_id, kafka_partition, first_offset,
+		last_offset, generation, fence, state, row_count, min_time, max_time)
+		SELECT 1 + number, ?, 'seed', 0, toInt64(number * 100), toInt64(number * 100 + 99), 1, 1, 1, 100,
+			toDateTime(?), toDateTime(?) FROM numbers(?)`,
+		kb.topic, now, now, busyDayBatches); err != nil {
+		t.Fatal(err)
+	}
+	committed := int64(busyDayBatches*100 - 500) // 500 offsets before the tail
+	var read atomic.Uint64
+	progress := clickhouse.Context(ctx, clickhouse.WithProgress(func(p *clickhouse.Progress) { read.Add(p.Rows) }))
+
+	c, err := New(kb.config(), ch, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kb.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	c.cl = cl
+	close(c.clReady)
+	if _, _, err := c.resume(progress, map[int32]kgo.Offset{0: kgo.NewOffset().At(committed)}); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	resumed := read.Swap(0)
+
+	var old int
+	err = eachRow(progress, ch, "old stored offsets", oldStoredOffsets,
+		[]any{now.Add(-24 * time.Hour), now, kb.topic, int32(0), committed, committed + 500},
+		func(driver.Rows) error { old++; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanned := read.Load()
+	// Two granules of the ledger's index (8,192 rows each), with room for
+	// the small fence and abort tables.
+	const bound = 3 * 8192
+	t.Logf("busy day (%d raw rows, %d ledger batches): resume read %d rows; the old dedupe read %d rows for its %d offsets",
+		busyDayRows, busyDayBatches, resumed, scanned, old)
+	if resumed > bound {
+		t.Errorf("resume read %d rows, want at most %d (the ledger's tail by index, not the day)", resumed, bound)
+	}
+	if scanned <= 10*bound {
+		t.Errorf("the old dedupe read only %d rows: the seeded day is not busy enough to tell a bounded read from a scan", scanned)
 	}
 }

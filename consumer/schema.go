@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +50,8 @@ func mustQuery(name string) string {
 var (
 	qCreateSchemaMigrations = mustQuery("create_schema_migrations")
 	qAppliedMigrations      = mustQuery("applied_migrations")
+	qSchemaVersion          = mustQuery("schema_version")
+	qCreateDistributed      = mustQuery("create_distributed")
 	qInsertMigration        = mustQuery("insert_migration")
 	qDecisionsColumns       = mustQuery("decisions_columns")
 	qInsertLedger           = mustQuery("insert_ledger")
@@ -65,7 +69,7 @@ var (
 	qDropStage       = mustQuery("drop_stage")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
-	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m")}
+	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
 	// The two ALTERs name a table, which cannot be a bound parameter; the
@@ -96,6 +100,7 @@ var retainedTables = []retainedTable{
 	{name: "decisions_by_key_1m", column: "minute"},
 	{name: "decisions_by_ip_1m", column: "minute"},
 	{name: "decisions_by_gateway_1m", column: "minute"},
+	{name: "decisions_key_history_1m", column: "minute"},
 	{name: "decisions_ledger", column: "written_at", raw: true},
 	// The rollups as they were before migration 003.
 	{name: "decisions_by_key_1m_v1", column: "minute"},
@@ -104,8 +109,9 @@ var retainedTables = []retainedTable{
 }
 
 // batchTables are the tables a batch writes, each row tagged with its
-// batch_id: an aborted batch's rows are deleted from each.
-var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m"}
+// batch_id: an aborted batch's rows are deleted from each. After the raw
+// table, the rollups in the order of qRollups.
+var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m"}
 
 func (r Retention) days(t retainedTable) int {
 	if t.raw {
@@ -178,6 +184,9 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 	if err != nil {
 		return err
 	}
+	if err := newerSchema(slices.Collect(maps.Keys(applied)), ms[len(ms)-1].version); err != nil {
+		return err
+	}
 	for _, m := range ms {
 		if applied[m.version] {
 			continue
@@ -206,6 +215,83 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// ErrSchemaNewer means the database holds a migration this consumer does
+// not know: a newer consumer migrated it. An older consumer must not write
+// a newer schema (it could miss a table the newer one fills, or resume by
+// rules the newer one no longer keeps, and count rows twice), so it stops.
+var ErrSchemaNewer = errors.New("consumer: the ClickHouse schema is newer than this consumer")
+
+// SchemaVersion is the newest migration this consumer carries: the schema
+// version it writes.
+func SchemaVersion() uint32 {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		panic(fmt.Sprintf("embedded migrations: %v", err)) // a build bug
+	}
+	return ms[len(ms)-1].version
+}
+
+// newerSchema returns ErrSchemaNewer, saying what to do, if any of applied
+// is above known.
+func newerSchema(applied []uint32, known uint32) error {
+	if len(applied) == 0 || slices.Max(applied) <= known {
+		return nil
+	}
+	return fmt.Errorf("%w: schema version %d, this consumer writes version %d: stop it and run the newer consumer (see the README, Upgrading)",
+		ErrSchemaNewer, slices.Max(applied), known)
+}
+
+// checkSchema returns ErrSchemaNewer when conn's database was migrated past
+// SchemaVersion, or an error if it cannot tell.
+func checkSchema(ctx context.Context, conn driver.Conn) error {
+	var v uint32
+	if err := conn.QueryRow(ctx, qSchemaVersion).Scan(&v); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	return newerSchema([]uint32{v}, SchemaVersion())
+}
+
+// distributedTables are the tables a consumer on a cluster writes through
+// Distributed tables: every batch table, and the ledger, aborts and claims,
+// so that every consumer sees one of each.
+var distributedTables = append(slices.Clone(batchTables), "decisions_ledger", "decisions_aborts", "decisions_claims")
+
+// identifier matches the cluster and database names CreateDistributed
+// writes into its SQL (names cannot be bound parameters).
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ErrIdentifier means a cluster or database name is not a plain identifier.
+var ErrIdentifier = errors.New("consumer: not a plain identifier (letters, digits, _)")
+
+// CheckIdentifier returns ErrIdentifier, naming what, unless name is a plain
+// identifier.
+func CheckIdentifier(what, name string) error {
+	if !identifier.MatchString(name) {
+		return fmt.Errorf("%w: %s %q", ErrIdentifier, what, name)
+	}
+	return nil
+}
+
+// CreateDistributed creates, in conn's database, a Distributed table in
+// front of each of the consumer's tables in database local on every shard
+// of cluster (as the servers' remote_servers name it), unless there is one.
+// local must be migrated (Migrate) on every shard, conn's server included,
+// whose local tables give the Distributed ones their columns. The consumer
+// and analytics then use conn's database; the consumer also needs a
+// connection to each shard's local database (Config.Shards).
+func CreateDistributed(ctx context.Context, conn driver.Conn, cluster, local string) error {
+	if err := errors.Join(CheckIdentifier("cluster", cluster), CheckIdentifier("local database", local)); err != nil {
+		return err
+	}
+	for _, t := range distributedTables {
+		q := strings.NewReplacer("{table}", t, "{local}", local, "{cluster}", cluster).Replace(qCreateDistributed)
+		if err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("create distributed %s over %s.%s: %w", t, cluster, local, err)
+		}
+	}
+	return nil
 }
 
 // isDuplicateColumn reports ClickHouse refusing an ADD COLUMN of a column

@@ -35,7 +35,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	want := []string{
 		"decisions", "decisions_aborts", "decisions_by_gateway_1m", "decisions_by_gateway_1m_v1",
 		"decisions_by_ip_1m", "decisions_by_ip_1m_v1", "decisions_by_key_1m", "decisions_by_key_1m_v1",
-		"decisions_claims", "decisions_ledger", "decisions_offsets", "schema_migrations",
+		"decisions_claims", "decisions_key_history_1m", "decisions_ledger", "decisions_offsets", "schema_migrations",
 	}
 	if !slices.Equal(tables, want) {
 		t.Errorf("tables = %v, want %v", tables, want)
@@ -174,6 +174,7 @@ func TestDropExpired(t *testing.T) {
 	want := []string{
 		"decisions/" + day(10), "decisions/" + day(4),
 		"decisions_by_key_1m/" + day(10), "decisions_by_ip_1m/" + day(10), "decisions_by_gateway_1m/" + day(10),
+		"decisions_key_history_1m/" + day(10),
 	}
 	slices.Sort(dropped)
 	slices.Sort(want)

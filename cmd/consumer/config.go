@@ -14,6 +14,7 @@ import (
 type fileConfig struct {
 	Kafka      kafkaConfig     `yaml:"kafka"`
 	ClickHouse boot.ClickHouse `yaml:"clickhouse"`
+	Cluster    clusterConfig   `yaml:"cluster"`
 	Batch      batchConfig     `yaml:"batch"`
 	Retention  retentionConfig `yaml:"retention"`
 	// Migrate applies the embedded schema migrations at start; default true.
@@ -39,6 +40,44 @@ type kafkaConfig struct {
 	// factor. Default false: production topics belong to whoever runs Kafka.
 	CreateTopics bool  `yaml:"create_topics"`
 	Partitions   int32 `yaml:"partitions"`
+}
+
+// clusterConfig is a ClickHouse cluster: the consumer writes through
+// Distributed tables in clickhouse.database and reaches every shard's local
+// tables for what a Distributed table cannot do (an abort's DELETE). Empty
+// shards: one server, no cluster.
+type clusterConfig struct {
+	// Shards are one server of each shard, native host:port; each is
+	// reached with clickhouse's credentials and TLS.
+	Shards []string `yaml:"shards"`
+	// Name is the cluster as the servers' remote_servers name it. Required
+	// with shards.
+	Name string `yaml:"name"`
+	// LocalDatabase is the database of the local tables on every shard,
+	// not clickhouse.database. Required with shards.
+	LocalDatabase string `yaml:"local_database"`
+}
+
+// validate joins the problems with a cluster section that names shards.
+func (cc clusterConfig) validate(front string) error {
+	if len(cc.Shards) == 0 {
+		return nil
+	}
+	errs := []error{
+		consumer.CheckIdentifier("cluster.name", cc.Name),
+		consumer.CheckIdentifier("cluster.local_database", cc.LocalDatabase),
+	}
+	if cc.LocalDatabase == front {
+		errs = append(errs, fmt.Errorf("cluster.local_database %q is clickhouse.database: the Distributed tables need a database of their own", front))
+	}
+	return errors.Join(errs...)
+}
+
+// shard is clickhouse's configuration for one shard's local database.
+func (fc fileConfig) shard(addr string) boot.ClickHouse {
+	c := fc.ClickHouse
+	c.Addr, c.Database = addr, fc.Cluster.LocalDatabase
+	return c
 }
 
 type batchConfig struct {
@@ -67,6 +106,9 @@ func (fc *fileConfig) ApplyEnv(e *boot.Env) error {
 	e.String(&fc.Kafka.DeadLetterTopic, "EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC")
 	e.String(&fc.Kafka.Group, "EDGELIMIT_CONSUMER_GROUP")
 	fc.ClickHouse.ApplyEnv(e)
+	e.List(&fc.Cluster.Shards, "EDGELIMIT_CLICKHOUSE_SHARDS")
+	e.String(&fc.Cluster.Name, "EDGELIMIT_CLICKHOUSE_CLUSTER")
+	e.String(&fc.Cluster.LocalDatabase, "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE")
 	e.String(&fc.AdminListen, "EDGELIMIT_CONSUMER_ADMIN_LISTEN")
 	e.String(&fc.LogLevel, "EDGELIMIT_LOG_LEVEL")
 	e.IntPtr(&fc.Retention.RawDays, "EDGELIMIT_RETENTION_RAW_DAYS")
@@ -104,7 +146,7 @@ func (fc fileConfig) WithDefaults() fileConfig {
 
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
-	errs := []error{fc.ClickHouse.Validate(), fc.consumerConfig().Validate(), fc.Kafka.Kafka.Validate()}
+	errs := []error{fc.ClickHouse.Validate(), fc.Cluster.validate(fc.ClickHouse.Database), fc.consumerConfig().Validate(), fc.Kafka.Kafka.Validate()}
 	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)
 	}

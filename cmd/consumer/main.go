@@ -13,7 +13,8 @@
 // EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC, EDGELIMIT_CONSUMER_GROUP,
 // EDGELIMIT_CLICKHOUSE_ADDR, EDGELIMIT_CLICKHOUSE_DATABASE,
 // EDGELIMIT_CLICKHOUSE_USER, EDGELIMIT_CLICKHOUSE_PASSWORD,
-// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{KAFKA,CLICKHOUSE}_TLS_* (see the
+// EDGELIMIT_CLICKHOUSE_SHARDS, EDGELIMIT_CLICKHOUSE_CLUSTER and
+// EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE (a cluster), EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{KAFKA,CLICKHOUSE}_TLS_* (see the
 // README's Security section), EDGELIMIT_RETENTION_RAW_DAYS, EDGELIMIT_RETENTION_ROLLUP_DAYS,
 // EDGELIMIT_CONSUMER_ADMIN_LISTEN, EDGELIMIT_LOG_LEVEL.
 //
@@ -31,6 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -84,13 +86,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 
 	cfg := fc.consumerConfig()
+	for _, addr := range fc.Cluster.Shards {
+		sc := fc.shard(addr)
+		sh, err := boot.OpenClickHouse(sc, 0)
+		if err != nil {
+			return err
+		}
+		defer sh.Close()
+		if err := boot.PingClickHouse(ctx, sh, sc); boot.Fatal(err) {
+			return err
+		}
+		cfg.Shards = append(cfg.Shards, sh)
+	}
 	if *fc.Migrate || *migrateOnly {
-		if err := retry(ctx, log, "migrate", func() error {
-			return consumer.Migrate(ctx, ch, cfg.Retention)
-		}); err != nil {
+		if err := retry(ctx, log, "migrate", func() error { return migrate(ctx, fc, ch, cfg) }); err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
-		log.Info("schema migrated", "database", fc.ClickHouse.Database)
+		log.Info("schema migrated", "database", fc.ClickHouse.Database, "shards", len(cfg.Shards))
 	}
 	if *migrateOnly {
 		return nil
@@ -145,14 +157,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return err
 }
 
+// migrate applies the migrations to ch's database, or on a cluster to every
+// shard's local database and then puts the Distributed tables in front of
+// them in ch's.
+func migrate(ctx context.Context, fc fileConfig, ch driver.Conn, cfg consumer.Config) error {
+	if len(cfg.Shards) == 0 {
+		return consumer.Migrate(ctx, ch, cfg.Retention)
+	}
+	for i, sh := range cfg.Shards {
+		if err := consumer.Migrate(ctx, sh, cfg.Retention); err != nil {
+			return fmt.Errorf("shard %s: %w", fc.Cluster.Shards[i], err)
+		}
+	}
+	return consumer.CreateDistributed(ctx, ch, fc.Cluster.Name, fc.Cluster.LocalDatabase)
+}
+
 // retry runs fn until it succeeds or ctx ends, backing off up to 10s: at
-// start, ClickHouse or Kafka may still be coming up.
+// start, ClickHouse or Kafka may still be coming up. A schema newer than
+// this consumer does not get older by waiting: that error returns at once.
 func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
 	wait := 200 * time.Millisecond
 	for {
 		err := fn()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, consumer.ErrSchemaNewer) {
+			return err
 		}
 		log.Warn(what+" failed; retrying", "error", err.Error(), "retry_in_ms", wait.Milliseconds())
 		select {

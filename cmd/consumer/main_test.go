@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -74,6 +75,12 @@ func TestConfigErrors(t *testing.T) {
 		{name: "bad days", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_RETENTION_RAW_DAYS": "x"}, want: "EDGELIMIT_RETENTION_RAW_DAYS"},
 		{name: "bad level", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_LOG_LEVEL": "loud"}, want: "log_level"},
 		{name: "bad flag", args: []string{"-nope"}, env: ok, want: "not defined"},
+		{name: "shards without a cluster name", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k",
+			"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000,ch-2:9000", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "local"}, want: "cluster.name"},
+		{name: "shards on the front database", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k",
+			"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000", "EDGELIMIT_CLICKHOUSE_CLUSTER": "c", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "default"}, want: "cluster.local_database \"default\" is clickhouse.database"},
+		{name: "cluster name not an identifier", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k",
+			"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000", "EDGELIMIT_CLICKHOUSE_CLUSTER": "c; DROP", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "l"}, want: "not a plain identifier"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,38 +137,9 @@ func TestRunConsumesAndStops(t *testing.T) {
 			"EDGELIMIT_CONSUMER_GROUP":        "cmd-test",
 		}), &out)
 	}()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.DefaultProduceTopic("decisions"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	waitTopic(t, cl, "decisions", 3)
 	const n = 500
-	var recs []*kgo.Record
-	now := time.Now()
-	for i := range n {
-		b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: "gw", KeyID: fmt.Sprint(i % 5), Allowed: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var c uint64
-		_ = root.QueryRow(ctx, "SELECT count() FROM "+db+".decisions").Scan(&c)
-		if c == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rows = %d, want %d; log:\n%s", c, n, out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	produceEvents(t, kc.ListenAddrs(), 3, n)
+	waitRows(t, root, db+".decisions", n, &out)
 	// The metric follows the INSERT's return, a moment after the rows show.
 	for path, want := range map[string]string{
 		"/healthz": "ok",
@@ -211,6 +189,102 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", admin); err == nil {
 		t.Errorf("admin listener %s still accepts after run returned", admin)
+	}
+}
+
+// produceEvents waits for the decisions topic to have its partitions, then
+// produces n decision events to it.
+func produceEvents(t *testing.T, brokers []string, partitions, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("decisions"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitTopic(t, cl, "decisions", partitions)
+	var recs []*kgo.Record
+	now := time.Now()
+	for i := range n {
+		b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: "gw", KeyID: fmt.Sprint(i % 5), Allowed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// waitRows waits (60s at most) for table, read through conn, to hold n
+// rows; out is the command's log, shown on failure.
+func waitRows(t *testing.T, conn driver.Conn, table string, n uint64, out *testenv.LogBuffer) {
+	t.Helper()
+	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("%d rows in %s", n, table), func() bool {
+		var c uint64
+		_ = conn.QueryRow(context.Background(), "SELECT count() FROM "+table).Scan(&c)
+		if c > n {
+			t.Fatalf("rows in %s = %d, want %d; log:\n%s", table, c, n, out.String())
+		}
+		return c == n
+	})
+}
+
+// TestRunOnCluster runs the command against a two-shard ClickHouse 18.16
+// cluster named in its environment: it migrates each shard's local
+// database, puts Distributed tables in front of them, and stores every
+// event once through them, spread over the shards.
+func TestRunOnCluster(t *testing.T) {
+	srv := testenv.Private(t, "clickhouse-cluster")
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	local, front := "local_"+suffix, "front_"+suffix
+	shards := testenv.ClusterShards(t, srv, local, front)
+	addr1, addr2 := srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD1"), srv.Get(t, "EDGELIMIT_CLICKHOUSE_SHARD2")
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "decisions", "decisions-dead-letter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out testenv.LogBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, nil, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR":           addr1,
+			"EDGELIMIT_CLICKHOUSE_DATABASE":       front,
+			"EDGELIMIT_CLICKHOUSE_SHARDS":         addr1 + "," + addr2,
+			"EDGELIMIT_CLICKHOUSE_CLUSTER":        srv.Get(t, "EDGELIMIT_CLICKHOUSE_CLUSTER"),
+			"EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": local,
+			"EDGELIMIT_KAFKA_BROKERS":             strings.Join(kc.ListenAddrs(), ","),
+			"EDGELIMIT_CONSUMER_ADMIN_LISTEN":     "off",
+			"EDGELIMIT_CONSUMER_GROUP":            "cmd-cluster-test",
+		}), &out)
+	}()
+	const n = 600
+	produceEvents(t, kc.ListenAddrs(), 2, n)
+	frontConn := testenv.OpenClickHouse(t, addr1, front)
+	waitRows(t, frontConn, "decisions", n, &out)
+	for _, table := range []string{"decisions", "decisions_ledger", "decisions_claims"} {
+		var engine string
+		if err := frontConn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = ?", table).Scan(&engine); err != nil || engine != "Distributed" {
+			t.Errorf("%s.%s engine = %q (%v), want Distributed", front, table, engine, err)
+		}
+	}
+	for i, sh := range shards {
+		var c uint64
+		if err := sh.QueryRow(ctx, "SELECT count() FROM "+local+".decisions").Scan(&c); err != nil || c == 0 || c == n {
+			t.Errorf("shard %d holds %d of %d rows (%v), want a share", i+1, c, n, err)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel = %v, want nil; log:\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return within 30s of cancel")
 	}
 }
 

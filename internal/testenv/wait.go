@@ -144,11 +144,12 @@ func ClusterShards(tb testing.TB, srv *Server, dbs ...string) []driver.Conn {
 
 // Distributed starts a private two-shard "clickhouse-cluster", migrates a
 // database of the test's own on each shard with migrate (the local tables),
-// and makes, in a second database on the first shard, a Distributed table
-// over each of tables that spreads rows at random. It returns the server, a
-// connection per shard to its local database, and one to the Distributed
-// tables.
-func Distributed(tb testing.TB, migrate func(context.Context, driver.Conn) error, tables ...string) (srv *Server, shards []driver.Conn, dist driver.Conn) {
+// and has distribute make, in a second database on the first shard, the
+// Distributed tables in front of them (the product's own code, e.g.
+// consumer.CreateDistributed). It returns the server, a connection per
+// shard to its local database, and one to the Distributed tables.
+func Distributed(tb testing.TB, migrate func(context.Context, driver.Conn) error,
+	distribute func(ctx context.Context, conn driver.Conn, cluster, local string) error) (srv *Server, shards []driver.Conn, dist driver.Conn) {
 	tb.Helper()
 	srv = Private(tb, "clickhouse-cluster")
 	cluster := srv.Get(tb, "EDGELIMIT_CLICKHOUSE_CLUSTER")
@@ -162,12 +163,8 @@ func Distributed(tb testing.TB, migrate func(context.Context, driver.Conn) error
 		}
 	}
 	dist = OpenClickHouse(tb, srv.Get(tb, "EDGELIMIT_CLICKHOUSE_SHARD1"), distDB)
-	for _, table := range tables {
-		// Names come from the caller's lists and the test's own databases.
-		q := fmt.Sprintf("CREATE TABLE %s AS %s.%s ENGINE = Distributed(%s, %s, %s, rand())", table, local, table, cluster, local, table)
-		if err := dist.Exec(ctx, q); err != nil {
-			tb.Fatalf("create Distributed table %s: %v", table, err)
-		}
+	if err := distribute(ctx, dist, cluster, local); err != nil {
+		tb.Fatalf("create Distributed tables: %v", err)
 	}
 	return srv, shards, dist
 }
