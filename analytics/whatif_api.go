@@ -52,6 +52,16 @@ func (a *API) whatIf(w http.ResponseWriter, r *http.Request) error {
 		writeProblem(w, problem{Type: probNotFound, Status: http.StatusNotFound, Detail: "What-if is not configured on this server."})
 		return nil
 	}
+	// The slot is taken first, so the work bounded includes reading the
+	// body and the proposal.
+	if n := a.whatIfs.Add(1); n > maxWhatIfs {
+		a.whatIfs.Add(-1)
+		w.Header().Set("Retry-After", "30")
+		writeProblem(w, problem{Type: probBusy, Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("%d what-if replays are running; try again when one is done.", maxWhatIfs)})
+		return nil
+	}
+	defer a.whatIfs.Add(-1)
 	var req WhatIfRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxWhatIfBody))
 	dec.DisallowUnknownFields()
@@ -62,14 +72,6 @@ func (a *API) whatIf(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if n := a.whatIfs.Add(1); n > maxWhatIfs {
-		a.whatIfs.Add(-1)
-		w.Header().Set("Retry-After", "30")
-		writeProblem(w, problem{Type: probBusy, Status: http.StatusTooManyRequests,
-			Detail: fmt.Sprintf("%d what-if replays are running; try again when one is done.", maxWhatIfs)})
-		return nil
-	}
-	defer a.whatIfs.Add(-1)
 	rep, err := a.reader.WhatIf(r.Context(), q)
 	switch {
 	case r.Context().Err() != nil:

@@ -101,6 +101,49 @@ func TestWhatIfAPI(t *testing.T) {
 	wantProblem(t, "without a parser", resp, body, http.StatusNotFound, "urn:edgelimit:problem:no-route")
 }
 
+// TestWhatIfBusy: two replays at once, the third is told to come back.
+func TestWhatIfBusy(t *testing.T) {
+	inside, release := make(chan struct{}), make(chan struct{})
+	srv := whatIfAPI(t, func(rules, change string) (analytics.Proposal, error) {
+		inside <- struct{}{}
+		<-release
+		return fakeProposals(rules, change)
+	})
+	t.Parallel()
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			// Not post: t.Fatal must not run on this goroutine.
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/whatif", strings.NewReader(`{"rules": "plans: {}"}`))
+			req.Header.Set("Authorization", "Bearer "+testToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		<-inside // that one holds a slot
+	}
+	resp, body := post(t, srv.URL+"/api/whatif", testToken, `{"rules": "plans: {}"}`)
+	wantProblem(t, "a third replay", resp, body, http.StatusTooManyRequests, "urn:edgelimit:problem:busy")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("busy: no Retry-After")
+	}
+	close(release)
+	for range 2 {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("a replay holding a slot = %d, want 200", code)
+		}
+	}
+	// The slots are free again.
+	go func() { <-inside }()
+	if resp, body := post(t, srv.URL+"/api/whatif", testToken, `{"rules": "plans: {}"}`); resp.StatusCode != http.StatusOK {
+		t.Errorf("after the others = %d %s, want 200", resp.StatusCode, body)
+	}
+}
+
 // TestWhatIfDashboard runs the dashboard's what-if form in headless
 // Chromium: a link whose fragment carries the proposal and the range
 // fills the form and replays it, and the page shows the report.

@@ -371,6 +371,25 @@ alerts:
 		}
 	}
 
+	// What-if is wired to the gateway's YAML parser: a proposal replays,
+	// a misspelt field is a 400 naming its line.
+	for body, want := range map[string]int{
+		`{"rules": "plans:\n  free:\n    rules:\n      - {name: m, limit: 5, period: 1m}\n", "from": "-1h"}`: 200,
+		`{"rules": "plans:\n  free:\n    rules:\n      - {name: m, limt: 5, period: 1m}\n", "from": "-1h"}`: 400,
+	} {
+		req, _ := http.NewRequest(http.MethodPost, base0+"/api/whatif", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == 200 && !strings.Contains(string(b), `"read"`) || want == 400 && !strings.Contains(string(b), "line 4: field limt not found") {
+			t.Errorf("POST /api/whatif %s = %d %s, want %d", body, resp.StatusCode, b, want)
+		}
+	}
+
 	// A key turns hot: its decisions land in ClickHouse (as the consumer
 	// would write them), and a gateway's watcher, polling every second,
 	// must apply the split.
