@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -382,31 +381,9 @@ func TestAPIUnknownRoutes(t *testing.T) {
 func TestDashboardInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv, _ := seededAPI(t)
-	// Sign in as a person would: a form POSTs the token (never a URL with
-	// it), and the browser follows to the page with its session cookie.
-	signIn := filepath.Join(t.TempDir(), "signin.html")
-	page := `<!doctype html><form id="f" method="post" action="` + srv.URL + `/login">` +
-		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
-	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
-		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("chromium: %v\n%s", err, stderr.String())
-	}
-	dom := string(out)
-	if !strings.Contains(dom, `data-state="ready"`) {
-		t.Fatalf("dashboard did not reach ready:\n%.3000s", dom)
-	}
-	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
+	signIn := signInPage(t, srv.URL, "/")
+	dom := dumpDOM(t, chromium, signIn)
+	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-denials", "chart-cost", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
 		m := regexp.MustCompile(`<svg id="` + chart + `"[^>]*data-points="(\d+)"`).FindStringSubmatch(dom)
 		if m == nil {
 			t.Errorf("%s: no data-points attribute: not rendered", chart)
@@ -421,6 +398,8 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	// EDGELIMIT_DASHBOARD_SCREENSHOT=file.png keeps a picture for humans.
 	if png := os.Getenv("EDGELIMIT_DASHBOARD_SCREENSHOT"); png != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
 		shot := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 			"--user-data-dir="+t.TempDir(), "--window-size=1400,1900", "--virtual-time-budget=20000",
 			"--screenshot="+png, "file://"+signIn)
@@ -428,7 +407,8 @@ func TestDashboardInChromium(t *testing.T) {
 			t.Errorf("screenshot: %v\n%s", err, out)
 		}
 	}
-	for _, want := range []string{`data-key="hot-1"`, "<td>hot-1</td>", "<td>203.0.113.9</td>", "<td>2001:db8:aa:1::/64</td>", "gw-c open"} {
+	// Keys show their names and link to their pages by id.
+	for _, want := range []string{`data-key="hot-1"`, `<td><a href="/keys/hot-1">acme</a></td>`, "<td>203.0.113.9</td>", "<td>2001:db8:aa:1::/64</td>", "gw-c open"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("dashboard lacks %s", want)
 		}
