@@ -58,7 +58,9 @@ const loginHTML = `<!doctype html>
 var nextRE = regexp.MustCompile(`^/(keys/[A-Za-z0-9_.-]+)?$`)
 
 // validNext reports whether signing in may lead to path (see nextRE).
-func validNext(path string) bool { return len(path) <= len("/keys/")+maxKeyLen && nextRE.MatchString(path) }
+func validNext(path string) bool {
+	return len(path) <= len("/keys/")+maxKeyLen && nextRE.MatchString(path)
+}
 
 // loginPage is the sign-in page leading back to path when it is a page
 // nextRE allows.
