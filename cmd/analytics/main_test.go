@@ -171,13 +171,21 @@ func fleet(now time.Time) analyticstest.Fleet {
 	}
 }
 
-func TestQueryCommands(t *testing.T) {
+// seededFleet inserts fleet's rows, at a now 30s into the minute before
+// the real one, into a database of the test's own.
+func seededFleet(t *testing.T) (addr, db string, now time.Time, rows []analyticstest.Decision) {
+	t.Helper()
 	conn, addr, db := database(t)
-	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
-	rows := fleet(now).Rows()
+	now = time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
+	rows = fleet(now).Rows()
 	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
+	return addr, db, now, rows
+}
+
+func TestQueryCommands(t *testing.T) {
+	addr, db, now, rows := seededFleet(t)
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
 	from, to := now.Add(-15*time.Minute).Format(time.RFC3339), now.Add(time.Minute).Format(time.RFC3339)
 	cli := func(args ...string) string {
@@ -553,12 +561,7 @@ func TestConfigJoinsEveryError(t *testing.T) {
 // read from the real Redis, in every format; without Redis it says the
 // directives were not read.
 func TestKeyCommand(t *testing.T) {
-	conn, addr, db := database(t)
-	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
-	rows := fleet(now).Rows()
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	addr, db, now, rows := seededFleet(t)
 	prefix := fmt.Sprintf("analytics-key-test-%d", rand.IntN(1<<30))
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { rdb.Close() })
