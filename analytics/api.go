@@ -14,6 +14,7 @@ import (
 	"html"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -46,8 +47,8 @@ var dashboardCSP = func() string {
 const loginHTML = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgelimit analytics: sign in</title></head>
 <body><h1>edgelimit analytics</h1>
-<form method="post" action="/login">
-<label>API token <input type="password" name="token" autocomplete="current-password" autofocus required minlength="16"></label>{next}
+<form method="post" action="/login{next}">
+<label>API token <input type="password" name="token" autocomplete="current-password" autofocus required minlength="16"></label>
 <button type="submit">Sign in</button>
 </form></body></html>
 `
@@ -63,11 +64,12 @@ func validNext(path string) bool {
 }
 
 // loginPage is the sign-in page leading back to path when it is a page
-// nextRE allows.
+// nextRE allows: its form posts to /login?next=PATH (the token stays in
+// the body).
 func loginPage(path string) []byte {
 	next := ""
 	if path != "/" && validNext(path) {
-		next = `<input type="hidden" name="next" value="` + html.EscapeString(path) + `">`
+		next = html.EscapeString("?next=" + url.QueryEscape(path))
 	}
 	return []byte(strings.Replace(loginHTML, "{next}", next, 1))
 }
@@ -184,7 +186,7 @@ func (a *API) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, a.sessionCookie(r, a.newSession(), int(SessionTTL/time.Second)))
-	next := r.PostFormValue("next")
+	next := r.URL.Query().Get("next")
 	if !validNext(next) {
 		next = "/"
 	}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -381,8 +382,13 @@ func TestAPIUnknownRoutes(t *testing.T) {
 func TestDashboardInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv, _ := seededAPI(t)
-	signIn := signInPage(t, srv.URL, "/")
-	dom := dumpDOM(t, chromium, signIn)
+	signIn := signInPage(t, srv.URL+"/login")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dom := dumpDOM(t, ctx, chromium, signIn)
+	if !strings.Contains(dom, `data-state="ready"`) {
+		t.Fatalf("dashboard did not reach ready:\n%.3000s", dom)
+	}
 	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-denials", "chart-cost", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
 		m := regexp.MustCompile(`<svg id="` + chart + `"[^>]*data-points="(\d+)"`).FindStringSubmatch(dom)
 		if m == nil {
@@ -398,8 +404,6 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	// EDGELIMIT_DASHBOARD_SCREENSHOT=file.png keeps a picture for humans.
 	if png := os.Getenv("EDGELIMIT_DASHBOARD_SCREENSHOT"); png != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		defer cancel()
 		shot := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 			"--user-data-dir="+t.TempDir(), "--window-size=1400,1900", "--virtual-time-budget=20000",
 			"--screenshot="+png, "file://"+signIn)
@@ -413,4 +417,35 @@ func TestDashboardInChromium(t *testing.T) {
 			t.Errorf("dashboard lacks %s", want)
 		}
 	}
+}
+
+// signInPage writes a page that signs in as a person would, a form that
+// POSTs the token to action (never a URL with it), after which the browser
+// follows to the dashboard with its session cookie; it returns its path.
+func signInPage(t *testing.T, action string) string {
+	t.Helper()
+	signIn := filepath.Join(t.TempDir(), "signin.html")
+	page := `<!doctype html><form id="f" method="post" action="` + action + `">` +
+		`<input name="token" value="` + testToken + `"></form><script>document.getElementById("f").submit()</script>`
+	if err := os.WriteFile(signIn, []byte(page), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return signIn
+}
+
+// dumpDOM opens page in headless Chromium and returns the DOM once the
+// page's scripts have run (20s of virtual time).
+func dumpDOM(t *testing.T, ctx context.Context, chromium, page string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
+		"--virtual-time-budget=20000", "--dump-dom", "file://"+page)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	return string(out)
 }

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -346,6 +344,20 @@ func TestAPIKeyPageAndCSV(t *testing.T) {
 		t.Errorf("CSV requests sum to %d, want the %d POSTs", sum, posts)
 	}
 
+	// Signing in leads back to a key's page, and nowhere else.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for next, want := range map[string]string{"%2Fkeys%2Facme": "/keys/acme", "%2F%2Fevil.example%2F": "/",
+		"https%3A%2F%2Fevil.example": "/", "%2Fapi%2Falerts": "/", "": "/"} {
+		resp, err := noFollow.PostForm(srv.URL+"/login?next="+next, url.Values{"token": {testToken}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || got != want {
+			t.Errorf("sign in with next=%s: %d to %q, want 303 to %q", next, resp.StatusCode, got, want)
+		}
+	}
+
 	for _, q := range []string{"tz=Nowhere/Atall", "bucket=7m", "kind=robot", "format=xml", "by=colour"} {
 		resp, body := get(t, c, srv.URL+"/api/trends?"+q, testToken)
 		if p := wantProblem(t, "trends?"+q, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query"); p.Detail == "" {
@@ -363,10 +375,12 @@ func TestKeyPageInChromium(t *testing.T) {
 	// The login page of /keys/acme carries next=/keys/acme; the form here
 	// posts what it would.
 	resp, body := get(t, srv.Client(), srv.URL+"/keys/acme", "")
-	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `name="next" value="/keys/acme"`) {
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `action="/login?next=%2Fkeys%2Facme"`) {
 		t.Fatalf("GET /keys/acme signed out = %d\n%s\nwant the sign-in page leading back", resp.StatusCode, body)
 	}
-	dom := dumpDOM(t, chromium, signInPage(t, srv.URL, "/keys/acme"))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dom := readyDOM(t, ctx, chromium, signInPage(t, srv.URL+"/login?next=%2Fkeys%2Facme"))
 	for _, want := range []string{`<h2 id="key-title">acme</h2>`, "<td>hot-1</td>", "<td>per_minute</td>", "<td>/v1/orders</td>",
 		"<td>gw-a</td>", "<td>gw-b</td>"} {
 		if !strings.Contains(dom, want) {
@@ -384,44 +398,16 @@ func TestKeyPageInChromium(t *testing.T) {
 		}
 	}
 	// And the dashboard's CSV link carries every filter set in the page.
-	dom = dumpDOM(t, chromium, signInPage(t, srv.URL, "/"))
+	dom = readyDOM(t, ctx, chromium, signInPage(t, srv.URL+"/login"))
 	if !regexp.MustCompile(`<a id="csv" href="/api/trends\?[^"]*format=csv"`).MatchString(dom) {
 		t.Errorf("dashboard has no CSV link for its trend")
 	}
 }
 
-// signInPage writes a page that signs in as a person would: a form POSTs
-// the token (never a URL holding it) with next set to page, and the
-// browser follows there with its session cookie. It returns the file.
-func signInPage(t *testing.T, base, page string) string {
+// readyDOM is dumpDOM of a page that must reach data-state="ready".
+func readyDOM(t *testing.T, ctx context.Context, chromium, page string) string {
 	t.Helper()
-	signIn := filepath.Join(t.TempDir(), "signin.html")
-	form := `<!doctype html><form id="f" method="post" action="` + base + `/login">` +
-		`<input name="token" value="` + testToken + `"><input name="next" value="` + page + `"></form>` +
-		`<script>document.getElementById("f").submit()</script>`
-	if err := os.WriteFile(signIn, []byte(form), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return signIn
-}
-
-// dumpDOM opens signIn in headless Chromium and returns the DOM of the page
-// it leads to, once that page is ready.
-func dumpDOM(t *testing.T, chromium, signIn string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, "--headless", "--no-sandbox", "--disable-gpu",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(), "--window-size=1400,1800",
-		"--virtual-time-budget=20000", "--dump-dom", "file://"+signIn)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("chromium: %v\n%s", err, stderr.String())
-	}
-	dom := string(out)
+	dom := dumpDOM(t, ctx, chromium, page)
 	if !strings.Contains(dom, `data-state="ready"`) {
 		t.Fatalf("page did not reach ready:\n%.3000s", dom)
 	}
