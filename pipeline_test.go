@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/publish"
@@ -130,6 +131,19 @@ func TestRequestsBecomeRows(t *testing.T) {
 	}
 	if keyReq != n || keyAllowed != uint64(allowed) || gwReq != n || ipReq != n {
 		t.Errorf("rollups: by key %d requests (%d allowed), by gateway %d, by IP %d; want %d (%d allowed) each", keyReq, keyAllowed, gwReq, ipReq, n, allowed)
+	}
+	// The API key's name, its configured id, reached analytics; the
+	// anonymous half has none.
+	rep, err := analytics.NewReader(ch).KeyReport(ctx, analytics.Range{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Minute)}, "acme", "auto", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Keys) != 1 || rep.Keys[0].KeyKind != "api_key" || rep.Keys[0].KeyName != "acme" || rep.Total.Requests != n/2 || rep.Total.RateLimited == 0 {
+		t.Errorf("key page of acme = %+v, %+v; want the api key's %d requests, some rate-limited", rep.Keys, rep.Total, n/2)
+	}
+	var named uint64
+	if err := ch.QueryRow(ctx, "SELECT count() FROM decisions WHERE key_name != ''").Scan(&named); err != nil || named != n/2 {
+		t.Errorf("%d rows have a key name (%v), want the %d of acme", named, err, n/2)
 	}
 	cancel()
 	if err := <-consDone; err != nil && ctx.Err() == nil {

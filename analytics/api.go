@@ -11,8 +11,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,15 +43,37 @@ var dashboardCSP = func() string {
 }()
 
 // loginHTML is the sign-in page: a form that POSTs the token, no script
-// and no style, so its CSP allows nothing but the form.
-var loginHTML = []byte(`<!doctype html>
+// and no style, so its CSP allows nothing but the form. {next} is where
+// signing in leads (see loginPage).
+const loginHTML = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgelimit analytics: sign in</title></head>
 <body><h1>edgelimit analytics</h1>
-<form method="post" action="/login">
+<form method="post" action="/login{next}">
 <label>API token <input type="password" name="token" autocomplete="current-password" autofocus required minlength="16"></label>
 <button type="submit">Sign in</button>
 </form></body></html>
-`)
+`
+
+// nextRE matches the pages signing in may lead to: the dashboard and a
+// key's page (a key's name or id is letters, digits, '_', '-' and '.'). A
+// fixed shape, never another host: no open redirect.
+var nextRE = regexp.MustCompile(`^/(keys/[A-Za-z0-9_.-]+)?$`)
+
+// validNext reports whether signing in may lead to path (see nextRE).
+func validNext(path string) bool {
+	return len(path) <= len("/keys/")+maxKeyLen && nextRE.MatchString(path)
+}
+
+// loginPage is the sign-in page leading back to path when it is a page
+// nextRE allows: its form posts to /login?next=PATH (the token stays in
+// the body).
+func loginPage(path string) []byte {
+	next := ""
+	if path != "/" && validNext(path) {
+		next = html.EscapeString("?next=" + url.QueryEscape(path))
+	}
+	return []byte(strings.Replace(loginHTML, "{next}", next, 1))
+}
 
 const loginCSP = "default-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 
@@ -167,7 +191,11 @@ func (a *API) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, a.sessionCookie(r, a.newSession(), int(SessionTTL/time.Second)))
-	http.Redirect(w, r, "/", http.StatusSeeOther)
+	next := r.URL.Query().Get("next")
+	if !validNext(next) {
+		next = "/"
+	}
+	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 // logout ends the request's session.
@@ -316,7 +344,7 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 		h.Set("Content-Type", "text/html; charset=utf-8")
 		h.Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
 		w.WriteHeader(http.StatusUnauthorized)
-		w.Write(loginHTML)
+		w.Write(loginPage(r.URL.Path))
 		return
 	}
 	h.Set("Content-Type", "text/html; charset=utf-8")

@@ -389,7 +389,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if !strings.Contains(dom, `data-state="ready"`) {
 		t.Fatalf("dashboard did not reach ready:\n%.3000s", dom)
 	}
-	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
+	for _, chart := range []string{"chart-trends", "chart-ratio", "chart-denials", "chart-cost", "chart-top-keys", "chart-store", "chart-fail", "chart-latency"} {
 		m := regexp.MustCompile(`<svg id="` + chart + `"[^>]*data-points="(\d+)"`).FindStringSubmatch(dom)
 		if m == nil {
 			t.Errorf("%s: no data-points attribute: not rendered", chart)
@@ -411,7 +411,8 @@ func TestDashboardInChromium(t *testing.T) {
 			t.Errorf("screenshot: %v\n%s", err, out)
 		}
 	}
-	for _, want := range []string{`data-key="hot-1"`, "<td>hot-1</td>", "<td>203.0.113.9</td>", "<td>2001:db8:aa:1::/64</td>", "gw-c open"} {
+	// Keys show their names and link to their pages by id.
+	for _, want := range []string{`data-key="hot-1"`, `<td><a href="/keys/hot-1">acme</a></td>`, "<td>203.0.113.9</td>", "<td>2001:db8:aa:1::/64</td>", "gw-c open"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("dashboard lacks %s", want)
 		}

@@ -90,6 +90,16 @@ func BenchmarkTrendQueries(b *testing.B) {
 			p, err := r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: analytics.BucketDay, By: analytics.DimGateway})
 			return len(p), err
 		}},
+		{"trends/every-filter/by=method/bucket=15m/tz=Asia-Kolkata/6h", func() (int, error) {
+			rg := all
+			rg.Plan, rg.Route, rg.Rule, rg.Gateway, rg.KeyKind, rg.Method = "free", "/v1/search", "per_minute", "gw-1", "api_key", "GET"
+			p, err := r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: analytics.Bucket15m, TZ: "Asia/Kolkata", By: analytics.DimMethod})
+			return len(p), err
+		}},
+		{"key-page/6h", func() (int, error) {
+			rep, err := r.KeyReport(ctx, all, "key-7", "auto", "Europe/Berlin")
+			return len(rep.History), err
+		}},
 		{"top-keys/6h", func() (int, error) {
 			k, err := r.TopKeys(ctx, all, 20)
 			return len(k), err

@@ -57,6 +57,7 @@ func TestFaultClusterQueries(t *testing.T) {
 		"bucket": "minute", "by": "key", "top": 5, "top_limit": 6, "limit": 50,
 		"min_requests": 10, "min_keys": 5, "min_user_agents": 5,
 		"key": "hot-1", "ip": "198.51.100.7", "rule": "", "route": "", "plan": "", "gateway": "",
+		"kind": "", "method": "", "tz": "Asia/Kolkata",
 	}
 	files, err := filepath.Glob("sql/*.sql")
 	if err != nil || len(files) == 0 {

@@ -53,7 +53,8 @@ func fleetClock() time.Time {
 }
 
 // seededFleet is the standard synthetic fleet: 3 gateways, 300 ordinary
-// keys over 10 minutes, one hot key at 60/s for 90s split 3:1:0, a busy
+// keys over 10 minutes, one hot key (an API key named acme) at 60/s for
+// 90s split 3:1:0, a busy
 // key under the threshold, three NAT addresses (one an IPv6 /64), a near
 // miss, and a fail-open outage on gw-c.
 func seededFleet(fleetNow time.Time) (analyticstest.Fleet, []string, []string) {
@@ -64,7 +65,7 @@ func seededFleet(fleetNow time.Time) (analyticstest.Fleet, []string, []string) {
 		Keys:       300,
 		PerKeyRate: 0.05,
 		Hot: []analyticstest.HotKey{
-			{KeyID: "hot-1", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}},
+			{KeyID: "hot-1", Name: "acme", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}},
 			{KeyID: "busy-not-hot", Rate: 5, For: 90 * time.Second},
 		},
 		NAT: []analyticstest.NATAddr{

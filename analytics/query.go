@@ -434,6 +434,9 @@ func (q TrendQuery) normalize() (TrendQuery, error) {
 	if b, ok := bucketAliases[q.Bucket]; ok {
 		q.Bucket = b
 	}
+	if q.Bucket == "" || q.Bucket == "auto" {
+		q.Bucket = AutoBucket(q.From, q.To)
+	}
 	if !slices.Contains([]string{BucketMinute, Bucket5m, Bucket15m, BucketHour, BucketDay}, q.Bucket) {
 		return q, fmt.Errorf("%w: bucket %q: want minute (1m), 5m, 15m, hour (1h) or day (1d)", ErrBadQuery, q.Bucket)
 	}

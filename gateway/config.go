@@ -192,8 +192,10 @@ type Rule struct {
 
 // APIKey is a known API key. The file holds its SHA-256, never the key.
 type APIKey struct {
-	// ID names the key in the limiter's keys; default the first 16 hex
-	// digits of SHA256. It is not secret.
+	// ID names the key in the limiter's keys and, when set, in decision
+	// events (key_name), so analysts see which customer a key is; default
+	// the first 16 hex digits of SHA256, which events do not carry. It is
+	// not secret.
 	ID string `yaml:"id"`
 	// SHA256 is the hex SHA-256 of the raw key.
 	SHA256 string `yaml:"sha256"`

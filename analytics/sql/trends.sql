@@ -10,11 +10,17 @@
 -- key's series. multiIf on bound constants picks the bucket and the
 -- dimension: one query serves every grouping without building SQL; each
 -- bucket is a UInt32 so the branches share one type whatever the zone.
+-- multiIf computes every branch, so the rollup is first summed per minute
+-- and the time-zone arithmetic runs on those sums, not on every row.
 -- GLOBAL IN: on a Distributed table the subquery runs once, on the
 -- initiator, not once per shard against the whole cluster ("double
 -- distributed", which servers deny by default); on one server it is IN.
 SELECT
-    bucket,
+    multiIf(@bucket = 'day', toUInt32(toStartOfDay(m, @tz)),
+            @bucket = 'hour', toUInt32(toStartOfHour(m, @tz)),
+            @bucket = '15m', toUInt32(toStartOfFifteenMinutes(m, @tz)),
+            @bucket = '5m', toUInt32(toStartOfFiveMinute(m, @tz)),
+            toUInt32(m)) AS bucket,
     if(@top = 0 OR dim GLOBAL IN (
         SELECT multiIf(@by = 'rule', binding_rule, @by = 'route', route, @by = 'plan', plan,
                        @by = 'gateway', gateway_id, @by = 'key', if(key_name = '', key_id, key_name),
@@ -43,11 +49,7 @@ SELECT
     toInt64(sum(b_allowed_cost)) AS cost_allowed
 FROM (
     SELECT
-        multiIf(@bucket = 'day', toUInt32(toStartOfDay(minute, @tz)),
-                @bucket = 'hour', toUInt32(toStartOfHour(minute, @tz)),
-                @bucket = '15m', toUInt32(toStartOfFifteenMinutes(minute, @tz)),
-                @bucket = '5m', toUInt32(toStartOfFiveMinute(minute, @tz)),
-                toUInt32(minute)) AS bucket,
+        minute AS m,
         multiIf(@by = 'rule', binding_rule, @by = 'route', route, @by = 'plan', plan,
                 @by = 'gateway', gateway_id, @by = 'key', if(key_name = '', key_id, key_name),
                 @by = 'kind', key_kind, @by = 'method', method, '') AS dim,
@@ -67,7 +69,7 @@ FROM (
       AND (@key = '' OR key_id = @key OR key_name = @key)
       AND (@kind = '' OR key_kind = @kind)
       AND (@method = '' OR method = @method)
-    GROUP BY bucket, dim
+    GROUP BY m, dim
 )
 GROUP BY bucket, series
 ORDER BY bucket, series = '(other)', series

@@ -148,19 +148,27 @@ func fleet(now time.Time) analyticstest.Fleet {
 	return analyticstest.Fleet{
 		Now: now, Window: 10 * time.Minute, Gateways: []string{"gw-a", "gw-b", "gw-c"},
 		Keys: 200, PerKeyRate: 0.05, Seed: 7,
-		Hot:     []analyticstest.HotKey{{KeyID: "hot-1", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}},
+		Hot:     []analyticstest.HotKey{{KeyID: "hot-1", Name: "acme", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}},
 		NAT:     []analyticstest.NATAddr{{IP: "203.0.113.9", Clients: 40, Requests: 800}, {IP: "198.51.100.7", Clients: 25, Requests: 500}},
 		Outages: []analyticstest.Outage{{Gateway: "gw-c", From: now.Add(-5 * time.Minute).Truncate(time.Minute), For: time.Minute, Share: 0.5, Mode: "fail_closed"}},
 	}
 }
 
-func TestQueryCommands(t *testing.T) {
+// seededFleet inserts fleet's rows, at a now 30s into the minute before
+// the real one, into a database of the test's own.
+func seededFleet(t *testing.T) (addr, db string, now time.Time, rows []analyticstest.Decision) {
+	t.Helper()
 	conn, addr, db := database(t)
-	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
-	rows := fleet(now).Rows()
+	now = time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
+	rows = fleet(now).Rows()
 	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
 		t.Fatal(err)
 	}
+	return addr, db, now, rows
+}
+
+func TestQueryCommands(t *testing.T) {
+	addr, db, now, rows := seededFleet(t)
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
 	from, to := now.Add(-15*time.Minute).Format(time.RFC3339), now.Add(time.Minute).Format(time.RFC3339)
 	cli := func(args ...string) string {
@@ -174,31 +182,37 @@ func TestQueryCommands(t *testing.T) {
 
 	// trends, three formats, the same numbers.
 	args := []string{"trends", "-from", from, "-to", to, "-by", "gateway", "-bucket", "minute"}
-	var denied, requests int64
+	var denied, requests, failClosed int64
 	for _, d := range rows {
 		requests++
 		if !d.Allowed {
 			denied++
+		}
+		if d.Mode == "fail_closed" {
+			failClosed++
 		}
 	}
 	recs, err := csv.NewReader(strings.NewReader(cli(append(args, "-format", "csv")...))).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(recs[0], ","); got != "bucket,gateway,requests,denied,ratio,shadow,fail_open,fail_closed" {
+	if got := strings.Join(recs[0], ","); got != "bucket,gateway,requests,denied,ratio,rate_limited,fail_closed,shadow,fail_open,cost,cost_allowed" {
 		t.Errorf("trends csv header = %q", got)
 	}
-	var csvReq, csvDen int64
+	var csvReq, csvDen, csvLimited, csvClosed int64
 	for _, r := range recs[1:] {
 		a, _ := strconv.ParseInt(r[2], 10, 64)
 		b, _ := strconv.ParseInt(r[3], 10, 64)
-		csvReq, csvDen = csvReq+a, csvDen+b
+		c, _ := strconv.ParseInt(r[5], 10, 64)
+		d, _ := strconv.ParseInt(r[6], 10, 64)
+		csvReq, csvDen, csvLimited, csvClosed = csvReq+a, csvDen+b, csvLimited+c, csvClosed+d
 		if _, err := time.Parse(time.RFC3339, r[0]); err != nil {
 			t.Errorf("trends csv bucket %q: %v", r[0], err)
 		}
 	}
-	if csvReq != requests || csvDen != denied {
-		t.Errorf("trends csv sums %d requests, %d denied; want %d, %d", csvReq, csvDen, requests, denied)
+	if csvReq != requests || csvDen != denied || csvClosed != failClosed || csvLimited != denied-failClosed || failClosed == 0 {
+		t.Errorf("trends csv sums %d requests, %d denied (%d rate-limited, %d fail-closed); want %d, %d (%d, %d)",
+			csvReq, csvDen, csvLimited, csvClosed, requests, denied, denied-failClosed, failClosed)
 	}
 	var pts []analytics.TrendPoint
 	if err := json.Unmarshal([]byte(cli(append(args, "-format", "json")...)), &pts); err != nil {
@@ -208,7 +222,7 @@ func TestQueryCommands(t *testing.T) {
 		t.Errorf("trends json has %d points, csv %d", len(pts), len(recs)-1)
 	}
 	tbl := strings.Split(strings.TrimSpace(cli(args...)), "\n")
-	if len(tbl) != len(recs) || !strings.HasPrefix(tbl[0], "bucket") || len(strings.Fields(tbl[1])) != 8 {
+	if len(tbl) != len(recs) || !strings.HasPrefix(tbl[0], "bucket") || len(strings.Fields(tbl[1])) != 11 {
 		t.Errorf("trends table has %d lines (want %d), first %q %q", len(tbl), len(recs), tbl[0], tbl[1])
 	}
 
@@ -216,8 +230,8 @@ func TestQueryCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli("top-keys", "-from", from, "-to", to, "-limit", "3", "-format", "json")), &keys); err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 3 || keys[0].KeyID != "hot-1" {
-		t.Errorf("top-keys = %+v, want 3 keys, hot-1 first", keys)
+	if len(keys) != 3 || keys[0].KeyID != "hot-1" || keys[0].KeyName != "acme" {
+		t.Errorf("top-keys = %+v, want 3 keys, hot-1 (acme) first", keys)
 	}
 	if out := cli("hot-keys", "-from", now.Add(-time.Minute).Truncate(time.Minute).Format(time.RFC3339), "-to", now.Format(time.RFC3339)); !strings.Contains(out, "hot-1") || !strings.Contains(out, "gw-a=0.7") {
 		t.Errorf("hot-keys table:\n%s", out)
@@ -252,6 +266,10 @@ func TestQueryCommands(t *testing.T) {
 		{"trends", "-from", "last tuesday"},
 		{"nat-ips", "-ip", "not-an-ip"},
 		{"trends", "extra"},
+		{"trends", "-tz", "Mars/Olympus"},
+		{"trends", "-kind", "robot"},
+		{"key"},
+		{"key", "acme", "extra"},
 	} {
 		if err := run(context.Background(), bad, getenv, io.Discard); err == nil {
 			t.Errorf("analytics %s = nil error, want one", strings.Join(bad, " "))
@@ -538,5 +556,81 @@ func TestConfigJoinsEveryError(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("loadConfig = %v, want it to mention %q", err, want)
 		}
+	}
+}
+
+// TestKeyCommand: analytics key NAME|ID prints the key's page, its split
+// read from the real Redis, in every format; without Redis it says the
+// directives were not read.
+func TestKeyCommand(t *testing.T) {
+	addr, db, now, rows := seededFleet(t)
+	prefix := fmt.Sprintf("analytics-key-test-%d", time.Now().UnixNano())
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { rdb.Close() })
+	split := limiter.SplitDirective{Key: limiter.DirectiveKey("api_key", "hot-1"), Shares: map[string]float64{"gw-a": 0.75, "gw-b": 0.25},
+		Expires: time.Now().Add(time.Hour).UTC().Truncate(time.Second)}
+	if err := limiter.NewDirectiveStore(rdb, prefix).WriteSplits(context.Background(), []limiter.SplitDirective{split}); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db,
+		"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_REDIS_PREFIX": prefix}
+	from, to := now.Add(-15*time.Minute).Format(time.RFC3339), now.Add(time.Minute).Format(time.RFC3339)
+	cli := func(vars map[string]string, args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := run(context.Background(), args, env(vars), &out); err != nil {
+			t.Fatalf("analytics %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		}
+		return out.String()
+	}
+
+	var want, denied int64
+	gateways := map[string]bool{}
+	for _, d := range rows {
+		if d.KeyID == "hot-1" {
+			want++
+			gateways[d.Gateway] = true
+			if !d.Allowed {
+				denied++
+			}
+		}
+	}
+	for _, key := range []string{"acme", "hot-1"} {
+		var rep analytics.KeyReport
+		// The id may come before or after the flags.
+		if err := json.Unmarshal([]byte(cli(vars, "key", key, "-from", from, "-to", to, "-format", "json")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Total.Requests != want || rep.Total.Denied != denied || len(rep.Gateways) != len(gateways) ||
+			len(rep.Keys) != 1 || rep.Keys[0].KeyName != "acme" || len(rep.History) == 0 {
+			t.Errorf("key %s = %+v, want hot-1 (acme) with %d requests, %d denied at %d gateways", key, rep, want, denied, len(gateways))
+		}
+		if diff := cmp.Diff([]limiter.SplitDirective{split}, rep.Splits); rep.Directives != "redis" || diff != "" {
+			t.Errorf("key %s directives %q, splits (-want +got):\n%s", key, rep.Directives, diff)
+		}
+	}
+	out := cli(vars, "key", "-from", from, "-to", to, "-bucket", "5m", "-tz", "Asia/Kolkata", "-format", "csv", "acme")
+	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]int{}
+	for _, r := range recs[1:] {
+		sections[r[0]]++
+		if r[0] == "history" && !strings.HasSuffix(r[1], "+05:30") {
+			t.Errorf("history bucket %q not in Asia/Kolkata", r[1])
+		}
+		if r[0] == "total" && r[2] != strconv.FormatInt(want, 10) {
+			t.Errorf("total row %v, want %d requests", r, want)
+		}
+	}
+	for _, s := range []string{"key", "total", "rule", "route", "gateway", "plan", "method", "split", "history"} {
+		if sections[s] == 0 {
+			t.Errorf("key csv has no %s rows:\n%s", s, out)
+		}
+	}
+	delete(vars, "EDGELIMIT_REDIS_ADDR")
+	if out := cli(vars, "key", "acme", "-from", from, "-to", to); !strings.Contains(out, "directives not read") || !strings.Contains(out, "acme") {
+		t.Errorf("key without Redis:\n%s", out)
 	}
 }
