@@ -58,6 +58,7 @@ func TestFaultClusterQueries(t *testing.T) {
 		"min_requests": 10, "min_keys": 5, "min_user_agents": 5,
 		"key": "hot-1", "ip": "198.51.100.7", "rule": "", "route": "", "plan": "", "gateway": "",
 		"kind": "", "method": "", "tz": "Asia/Kolkata",
+		"lo": "", "hi": "~", "plans": []string{"free", "pro"}, "routes": []string{" none", "/v1/orders"},
 	}
 	files, err := filepath.Glob("sql/*.sql")
 	if err != nil || len(files) == 0 {

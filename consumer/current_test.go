@@ -154,6 +154,12 @@ func literal(t *testing.T, v any) string {
 		return "toDateTime('" + x.UTC().Format("2006-01-02 15:04:05") + "', 'UTC')"
 	case int, int32, int64, uint8, uint16, uint32, uint64:
 		return fmt.Sprint(x)
+	case []string:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			parts[i] = literal(t, e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
 	}
 	t.Fatalf("literal of %T", v)
 	return ""
@@ -219,6 +225,7 @@ var namedArgs = map[string]any{
 	"min_requests": 1, "min_keys": 1, "min_user_agents": 1,
 	"key": "key-1", "ip": "10.0.0.1", "rule": "", "route": "", "plan": "", "gateway": "",
 	"kind": "api_key", "method": "GET", "tz": "Asia/Kathmandu",
+	"lo": "", "hi": "~", "plans": []string{"free"}, "routes": []string{" none", "/v1/orders"},
 }
 
 // bindNamed fills each @name (after dropping comment lines, as the driver
