@@ -75,7 +75,7 @@ const maxCheckBody = 64 << 10
 func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) {
 	routeName := "check"
 	status := http.StatusOK
-	defer func() { g.m.requests.WithLabelValues(routeName, strconv.Itoa(status)).Inc() }()
+	defer func() { g.m.countResponse(routeName, status) }()
 	c, rt, p := g.checkCall(w, r, st)
 	if p != nil {
 		status = p.Status
