@@ -75,7 +75,7 @@ const maxCheckBody = 64 << 10
 func (g *Gateway) serveCheck(w http.ResponseWriter, r *http.Request, st *state) {
 	routeName := "check"
 	status := http.StatusOK
-	defer func() { g.m.requests.WithLabelValues(routeName, strconv.Itoa(status)).Inc() }()
+	defer func() { g.m.countResponse(routeName, status) }()
 	c, rt, p := g.checkCall(w, r, st)
 	if p != nil {
 		status = p.Status
@@ -305,26 +305,11 @@ func parseCheckRequest(b []byte, req *checkRequest) bool {
 			req.Cost, i = n, j
 		} else {
 			v, j, ok := plainString(s, i)
-			if !ok {
-				return false
+			field := req.stringField(name)
+			if !ok || field == nil {
+				return false // for an unknown name, json's error names it
 			}
-			switch name {
-			case "key":
-				req.Key = v
-			case "user":
-				req.User = v
-			case "ip":
-				req.IP = v
-			case "plan":
-				req.Plan = v
-			case "method":
-				req.Method = v
-			case "path":
-				req.Path = v
-			default:
-				return false // json's error names the field
-			}
-			i = j
+			*field, i = v, j
 		}
 		i = skipSpace(s, i)
 		if i == len(s) {
@@ -339,6 +324,19 @@ func parseCheckRequest(b []byte, req *checkRequest) bool {
 			return false
 		}
 	}
+}
+
+// stringField is the string member of r whose JSON name is name, or nil.
+func (r *checkRequest) stringField(name string) *string {
+	for _, f := range [...]struct {
+		name string
+		p    *string
+	}{{"key", &r.Key}, {"user", &r.User}, {"ip", &r.IP}, {"plan", &r.Plan}, {"method", &r.Method}, {"path", &r.Path}} {
+		if f.name == name {
+			return f.p
+		}
+	}
+	return nil
 }
 
 // skipSpace returns the index of the first byte at or after i that is not

@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,7 +312,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
 		return nil
 	}
-	defer func() { g.m.requests.WithLabelValues(rt.Name, strconv.Itoa(w.Status)).Inc() }()
+	defer func() { g.m.countResponse(rt.Name, w.Status) }()
 	if r.ContentLength > st.cfg.MaxBodyBytes {
 		g.m.rejected.WithLabelValues("body_too_large").Inc()
 		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: rt.Name,

@@ -62,6 +62,36 @@ func (o *jsonObject) bool(k string, v bool) {
 	o.b = strconv.AppendBool(o.b, v)
 }
 
+// optStr and optInt write a member tagged omitempty: not at all when zero.
+func (o *jsonObject) optStr(k, v string) {
+	if v != "" {
+		o.str(k, v)
+	}
+}
+
+func (o *jsonObject) optInt(k string, v int64) {
+	if v != 0 {
+		o.int(k, v)
+	}
+}
+
+// optList writes an array member tagged omitempty of n elements, each
+// appended by elem.
+func (o *jsonObject) optList(k string, n int, elem func(b []byte, i int) []byte) {
+	if n == 0 {
+		return
+	}
+	o.key(k)
+	o.b = append(o.b, '[')
+	for i := range n {
+		if i > 0 {
+			o.b = append(o.b, ',')
+		}
+		o.b = elem(o.b, i)
+	}
+	o.b = append(o.b, ']')
+}
+
 // appendJSONString appends s quoted as encoding/json quotes it. Strings of
 // printable ASCII other than <, > and & (all names, types and most
 // details) are written here; any other is left to encoding/json, whose
@@ -93,39 +123,28 @@ func appendProblem(b []byte, p *problem) []byte {
 	o.str("type", p.Type)
 	o.str("title", p.Title)
 	o.int("status", int64(p.Status))
-	if p.Detail != "" {
-		o.str("detail", p.Detail)
-	}
-	if len(p.Violated) > 0 {
-		o.key("violated_rules")
-		o.b = append(o.b, '[')
-		for i := range p.Violated {
-			if i > 0 {
-				o.b = append(o.b, ',')
-			}
-			o.b = appendViolation(o.b, &p.Violated[i])
-		}
-		o.b = append(o.b, ']')
-	}
-	if p.Route != "" {
-		o.str("route", p.Route)
-	}
-	if p.Upstream != "" {
-		o.str("upstream", p.Upstream)
-	}
+	o.optStr("detail", p.Detail)
+	o.optList("violated_rules", len(p.Violated), func(b []byte, i int) []byte { return appendViolation(b, &p.Violated[i]) })
+	o.optStr("route", p.Route)
+	o.optStr("upstream", p.Upstream)
 	return append(o.b, '}')
 }
 
+// rule opens an object with the members a violation and a check rule
+// both begin with.
+func (o *jsonObject) rule(name string, limit, window, capacity int64) {
+	o.b = append(o.b, '{')
+	o.str("name", name)
+	o.int("limit", limit)
+	o.int("window_seconds", window)
+	o.int("capacity", capacity)
+}
+
 func appendViolation(b []byte, v *violation) []byte {
-	o := jsonObject{b: append(b, '{')}
-	o.str("name", v.Name)
-	o.int("limit", v.Limit)
-	o.int("window_seconds", v.WindowSeconds)
-	o.int("capacity", v.Capacity)
+	o := jsonObject{b: b}
+	o.rule(v.Name, v.Limit, v.WindowSeconds, v.Capacity)
 	o.int("remaining", v.Remaining)
-	if v.RetryAfterSeconds != 0 {
-		o.int("retry_after_seconds", v.RetryAfterSeconds)
-	}
+	o.optInt("retry_after_seconds", v.RetryAfterSeconds)
 	return append(o.b, '}')
 }
 
@@ -135,35 +154,15 @@ func appendCheckResponse(b []byte, r *checkResponse) []byte {
 	o.bool("allowed", r.Allowed)
 	o.str("key_kind", r.KeyKind)
 	o.str("plan", r.Plan)
-	if r.Route != "" {
-		o.str("route", r.Route)
-	}
+	o.optStr("route", r.Route)
 	o.int("cost", r.Cost)
 	o.str("mode", r.Mode)
 	o.str("store", r.Store)
-	if r.RetryAfterMS != 0 {
-		o.int("retry_after_ms", r.RetryAfterMS)
-	}
-	if r.RetryAfterSeconds != 0 {
-		o.int("retry_after_seconds", r.RetryAfterSeconds)
-	}
-	if r.Reason != "" {
-		o.str("reason", r.Reason)
-	}
-	if r.Binding != "" {
-		o.str("binding_rule", r.Binding)
-	}
-	if len(r.Rules) > 0 {
-		o.key("rules")
-		o.b = append(o.b, '[')
-		for i := range r.Rules {
-			if i > 0 {
-				o.b = append(o.b, ',')
-			}
-			o.b = appendCheckRule(o.b, &r.Rules[i])
-		}
-		o.b = append(o.b, ']')
-	}
+	o.optInt("retry_after_ms", r.RetryAfterMS)
+	o.optInt("retry_after_seconds", r.RetryAfterSeconds)
+	o.optStr("reason", r.Reason)
+	o.optStr("binding_rule", r.Binding)
+	o.optList("rules", len(r.Rules), func(b []byte, i int) []byte { return appendCheckRule(b, &r.Rules[i]) })
 	if r.Problem != nil {
 		o.key("problem")
 		o.b = appendProblem(o.b, r.Problem)
@@ -172,25 +171,21 @@ func appendCheckResponse(b []byte, r *checkResponse) []byte {
 }
 
 func appendCheckRule(b []byte, r *checkRule) []byte {
-	o := jsonObject{b: append(b, '{')}
-	o.str("name", r.Name)
-	o.int("limit", r.Limit)
-	o.int("window_seconds", r.WindowSeconds)
-	o.int("capacity", r.Capacity)
+	o := jsonObject{b: b}
+	o.rule(r.Name, r.Limit, r.WindowSeconds, r.Capacity)
 	if r.Shadow {
 		o.bool("shadow", r.Shadow)
 	}
 	if r.Allowed != nil {
 		o.bool("allowed", *r.Allowed)
 	}
-	if r.Remaining != nil {
-		o.int("remaining", *r.Remaining)
-	}
-	if r.ResetSeconds != nil {
-		o.int("reset_seconds", *r.ResetSeconds)
-	}
-	if r.RetryAfterMS != nil {
-		o.int("retry_after_ms", *r.RetryAfterMS)
+	for _, f := range [...]struct {
+		k string
+		v *int64
+	}{{"remaining", r.Remaining}, {"reset_seconds", r.ResetSeconds}, {"retry_after_ms", r.RetryAfterMS}} {
+		if f.v != nil {
+			o.int(f.k, *f.v)
+		}
 	}
 	return append(o.b, '}')
 }

@@ -67,22 +67,21 @@ func TestJSONEncodingMatchesMarshal(t *testing.T) {
 			Rules: []checkRule{{Name: s}}, Problem: &problem{Type: s, Title: s, Detail: s, Route: s, Upstream: s, Violated: []violation{{Name: s}}}})
 		problems = append(problems, problem{Type: s, Title: s, Detail: s, Route: s, Upstream: s})
 	}
-	for _, r := range responses {
-		want, err := json.Marshal(r)
+	matchesMarshal(t, "appendCheckResponse", responses, appendCheckResponse)
+	matchesMarshal(t, "appendProblem", problems, appendProblem)
+}
+
+// matchesMarshal checks that enc appends what json.Marshal writes for
+// each of vals.
+func matchesMarshal[T any](t *testing.T, name string, vals []T, enc func([]byte, *T) []byte) {
+	t.Helper()
+	for _, v := range vals {
+		want, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := appendCheckResponse(nil, &r); string(got) != string(want) {
-			t.Errorf("appendCheckResponse(%+v)\n got %s\nwant %s", r, got, want)
-		}
-	}
-	for _, p := range problems {
-		want, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := appendProblem(nil, &p); string(got) != string(want) {
-			t.Errorf("appendProblem(%+v)\n got %s\nwant %s", p, got, want)
+		if got := enc(nil, &v); string(got) != string(want) {
+			t.Errorf("%s(%+v)\n got %s\nwant %s", name, v, got, want)
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,6 +58,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.reloads.WithLabelValues(r)
 	}
 	return m
+}
+
+// countResponse counts one response of route with status code.
+func (m *metrics) countResponse(route string, code int) {
+	m.requests.WithLabelValues(route, codeLabel(code)).Inc()
+}
+
+// codeLabels are the label values of the status codes, made once: a
+// label made per response was an allocation on every request.
+var codeLabels = func() (l [600]string) {
+	for i := range l {
+		l[i] = strconv.Itoa(i)
+	}
+	return l
+}()
+
+func codeLabel(code int) string {
+	if code >= 0 && code < len(codeLabels) {
+		return codeLabels[code]
+	}
+	return strconv.Itoa(code)
 }
 
 // newCounterVec is the gateway's counter name (under ns) with labels.
