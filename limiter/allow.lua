@@ -72,6 +72,7 @@ local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
 local TB0, TB1, SW = '<I7I7I4I6', '<I7I7I4I6I4', '<I6I5I5I6' -- records by kind
+local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
 
 -- floor(a*b/c) for b/c in lowest terms, never above the exact value
 local function muldiv_floor(a, b, c)
@@ -206,6 +207,15 @@ end
 -- converted once: it is written back here whatever the verdict.
 local taken = {}
 if legacy then
+  -- One EXISTS for the rules without a record (a new identity: all of
+  -- them), and an HMGET only for an old key that is there.
+  local missing = {}
+  for i = 1, n do
+    if not st[i] then missing[#missing + 1] = KEYS[m + i] end
+  end
+  if #missing == 0 or redis.call('EXISTS', unpack(missing)) == 0 then legacy = false end
+end
+if legacy then
   for i = 1, n do
     if not st[i] then
       local r = R[i]
@@ -299,8 +309,8 @@ for i = 1, n do
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
     brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
-    local fmt, c1 = 'Bc0B' .. TB0, nil
-    if kind == 1 then fmt, c1 = 'Bc0B' .. TB1, cap - 1 end
+    local fmt, c1 = PTB0, nil
+    if kind == 1 then fmt, c1 = PTB1, cap - 1 end
     if cost > 0 then
       if ok == 1 then
         arem, areset = math.floor(rest / MICRO), wait(capu - rest, pn, pd)
@@ -359,10 +369,10 @@ for i = 1, n do
         arem = limit - cur - cost - pw
         if arem < 0 then arem = 0 end
         areset = left + period
-        writes[i] = struct.pack('Bc0B' .. SW, #name, name, 2, w, cur + cost, prev, period)
+        writes[i] = struct.pack(PSW, #name, name, 2, w, cur + cost, prev, period)
       end
     end
-    if conv and cost > 0 then converts[i] = struct.pack('Bc0B' .. SW, #name, name, 2, w, cur, prev, period) end
+    if conv and cost > 0 then converts[i] = struct.pack(PSW, #name, name, 2, w, cur, prev, period) end
     if ok == 0 and cost <= limit then
       -- (a cost above the limit reaches here only for a shadow rule: no
       -- wait helps, retry stays 0)
@@ -441,11 +451,12 @@ res[#res + 1] = now
 
 for c = 1, m do
   if dirty[c] then
-    -- expiry: when the last record would read as full anyway, plus a second
-    local ttl = math.ceil(need[c] / 1000) + 1000
+    -- expiry: when the last record would read as full anyway, plus a
+    -- second; absolute, which Redis propagates as given (it rewrites PX)
+    local at = math.ceil((now + need[c]) / 1000) + 1000
     local v = table.concat(parts[c])
     if #keep[c] > 0 then v = v .. table.concat(keep[c]) end
-    redis.call('SET', KEYS[c], v, 'PX', ttl)
+    redis.call('SET', KEYS[c], v, 'PXAT', at)
   end
 end
 

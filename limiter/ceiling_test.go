@@ -28,19 +28,21 @@ func BenchmarkCeiling(b *testing.B) {
 	ctx := context.Background()
 	l := mustLimiter(b, rdb, Config{})
 	prev := redis.NewScript(perRuleKeysSource)
-	var prevArgs []any
-	prevArgs = append(prevArgs, 1)
-	for _, r := range benchRules {
-		prevArgs = append(prevArgs, 0, r.Limit, r.Period.Microseconds(), r.Capacity(), 0)
+	prevArgs := func(cost int64) []any {
+		args := []any{cost}
+		for _, r := range benchRules {
+			args = append(args, 0, r.Limit, r.Period.Microseconds(), r.Capacity(), 0)
+		}
+		return args
 	}
 	for _, tc := range []struct {
 		name   string
 		script *redis.Script
 		keys   func(key string) []string
-		args   []any
+		args   func(cost int64) []any
 	}{
-		{"one-key", allowScript, func(key string) []string { return l.Keys(key, benchRules) }, scriptArgs(benchRules, 1)},
-		{"one-key-only", allowScript, func(key string) []string { return l.Keys(key, benchRules)[:1] }, scriptArgs(benchRules, 1)},
+		{"one-key", allowScript, func(key string) []string { return l.Keys(key, benchRules) }, func(c int64) []any { return scriptArgs(benchRules, c) }},
+		{"one-key-only", allowScript, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
 		{"per-rule-keys", prev, func(key string) []string {
 			keys := make([]string, len(benchRules))
 			for i, r := range benchRules {
@@ -55,7 +57,8 @@ func BenchmarkCeiling(b *testing.B) {
 			if err := tc.script.Load(ctx, rdb).Err(); err != nil {
 				b.Fatal(err)
 			}
-			mem0, cpu0, keys0 := redisInfo(b, rdb, "memory", "used_memory"), redisCPU(b, rdb), rdb.DBSize(ctx).Val()
+			cpu0, held := redisCPU(b, rdb), rdb.DBSize(ctx).Val()
+			args := tc.args(1)
 			const conns, depth = 64, 16
 			var next sync.WaitGroup
 			work := make(chan int, conns)
@@ -67,7 +70,7 @@ func BenchmarkCeiling(b *testing.B) {
 					for n := range work {
 						pipe := rdb.Pipeline()
 						for range n {
-							tc.script.EvalSha(ctx, pipe, tc.keys(prefix+strconv.Itoa(r.IntN(100_000))), tc.args...)
+							tc.script.EvalSha(ctx, pipe, tc.keys(prefix+strconv.Itoa(r.IntN(100_000))), args...)
 						}
 						if _, err := pipe.Exec(ctx); err != nil {
 							b.Error(err)
@@ -84,18 +87,39 @@ func BenchmarkCeiling(b *testing.B) {
 			elapsed := time.Since(start)
 			b.StopTimer()
 			cpu := redisCPU(b, rdb) - cpu0
-			mem := redisInfo(b, rdb, "memory", "used_memory") - mem0
-			// Identities still held: states expire within seconds (a
-			// token's refill), and memory and key count drop together.
-			ids := rdb.DBSize(ctx).Val() - keys0
-			if tc.name == "per-rule-keys" {
-				ids /= int64(len(benchRules))
-			}
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "checks/s")
 			b.ReportMetric(cpu*1e6/float64(b.N), "redis-cpu-µs/check")
-			if ids > 0 {
-				b.ReportMetric(float64(mem)/float64(ids), "redis-B/identity")
-				b.ReportMetric(float64(ids), "identities")
+			// Memory: 100k new identities at cost 50, whose states (the
+			// same size at any cost) live a minute or more, so none
+			// expires while they are counted; once the run's own states
+			// (seconds long) have expired, so their freeing is not counted.
+			deadline := time.Now().Add(time.Minute)
+			for rdb.DBSize(ctx).Val() > held && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			const ids = 100_000
+			mem0, keys0 := redisInfo(b, rdb, "memory", "used_memory"), rdb.DBSize(ctx).Val()
+			for i := 0; i < ids; i += 1000 {
+				pipe := rdb.Pipeline()
+				for j := i; j < i+1000; j++ {
+					tc.script.EvalSha(ctx, pipe, tc.keys(prefix+"m"+strconv.Itoa(j)), tc.args(50)...)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			mem, keys := redisInfo(b, rdb, "memory", "used_memory")-mem0, rdb.DBSize(ctx).Val()-keys0
+			b.ReportMetric(float64(mem)/ids, "redis-B/identity")
+			b.ReportMetric(float64(keys)/ids, "keys/identity")
+			// Gone now, not expiring into the next count.
+			for i := 0; i < ids; i += 1000 {
+				pipe := rdb.Pipeline()
+				for j := i; j < i+1000; j++ {
+					pipe.Unlink(ctx, tc.keys(prefix+"m"+strconv.Itoa(j))...)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

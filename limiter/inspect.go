@@ -49,16 +49,9 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 
 // parseInspect checks the shape of allow.lua's cost-0 reply before using it.
 func parseInspect(key string, res []any, rules []Rule) (KeyState, error) {
-	if len(res) != 2+5*len(rules) {
-		return KeyState{}, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), len(rules))
-	}
-	ints := make([]int64, len(res))
-	for i, v := range res {
-		n, ok := v.(int64)
-		if !ok {
-			return KeyState{}, fmt.Errorf("%w: value %d is %T, want integer", ErrBadScriptData, i, v)
-		}
-		ints[i] = n
+	ints, err := replyInts(res, 2+5*len(rules), len(rules))
+	if err != nil {
+		return KeyState{}, err
 	}
 	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules))}
 	for i, rule := range rules {

@@ -507,16 +507,9 @@ func gcd(a, b int64) int64 {
 
 // parseReply checks the script reply's shape before using it.
 func parseReply(res []any, rules []Rule) (Decision, error) {
-	if len(res) != 2+4*len(rules) {
-		return Decision{}, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), len(rules))
-	}
-	ints := make([]int64, len(res))
-	for i, v := range res {
-		n, ok := v.(int64)
-		if !ok {
-			return Decision{}, fmt.Errorf("%w: value %d is %T, want integer", ErrBadScriptData, i, v)
-		}
-		ints[i] = n
+	ints, err := replyInts(res, 2+4*len(rules), len(rules))
+	if err != nil {
+		return Decision{}, err
 	}
 	rr := make([]RuleResult, len(rules))
 	for i, rule := range rules {
@@ -535,6 +528,22 @@ func parseReply(res []any, rules []Rule) (Decision, error) {
 	}
 	d.Time = time.UnixMicro(ints[len(ints)-1])
 	return d, nil
+}
+
+// replyInts checks that a script reply is want integers (for n rules).
+func replyInts(res []any, want, n int) ([]int64, error) {
+	if len(res) != want {
+		return nil, fmt.Errorf("%w: %d values for %d rules", ErrBadScriptData, len(res), n)
+	}
+	ints := make([]int64, len(res))
+	for i, v := range res {
+		x, ok := v.(int64)
+		if !ok {
+			return nil, fmt.Errorf("%w: value %d is %T, want integer", ErrBadScriptData, i, v)
+		}
+		ints[i] = x
+	}
+	return ints, nil
 }
 
 // fingerprint identifies a key together with its rules, so a cached denial
