@@ -133,3 +133,35 @@ func insert(tb testing.TB, conn driver.Conn, query string, values ...any) {
 		tb.Fatalf("send %s: %v", query, err)
 	}
 }
+
+// TestAdminRecordsNotCounted: a gateway admin API's audit records (mode
+// admin, a key reset or cleared) are kept in the raw table but are no
+// requests: no rollup counts them.
+func TestAdminRecordsNotCounted(t *testing.T) {
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		ds := decisions(200)
+		admin := 0
+		for i := range ds {
+			if i%4 == 0 {
+				ds[i].Mode, ds[i].Allowed, ds[i].Cost = event.ModeAdmin, true, 0
+				ds[i].Admin = event.AdminAction{Action: "reset", Actor: "oncall"}
+				admin++
+			}
+		}
+		produce(t, kb.brokers, kb.topic, ds)
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all rows in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= uint64(len(ds))
+		})
+		r.stop()
+		if n := count(t, ch, "SELECT count() FROM decisions WHERE mode = 'admin'"); n != uint64(admin) {
+			t.Errorf("raw table holds %d admin records, want %d", n, admin)
+		}
+		for table, sum := range map[string]string{"decisions_by_key_1m": "sum", "decisions_key_history_1m": "sum",
+			"decisions_by_ip_1m": "countMerge", "decisions_by_gateway_1m": "countMerge"} {
+			if n := count(t, ch, "SELECT toUInt64("+sum+"(requests)) FROM "+table); n != uint64(len(ds)-admin) {
+				t.Errorf("%s counts %d requests, want %d (admin records are not requests)", table, n, len(ds)-admin)
+			}
+		}
+	})
+}

@@ -212,7 +212,7 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 			// Not echoed: an operator may have pasted the key itself.
 			return bad(http.StatusNotFound, probAdminNotFound, "No API key has this id in this gateway's configuration: give its api_keys[].id (default the first 16 hex digits of its sha256), never the key itself.")
 		}
-		t.id, t.apiKeyID = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan}, k.id
+		t.id, t.apiKeyID = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, name: k.name}, k.id
 	case q.Get("user") != "":
 		if st.user == nil {
 			return bad(http.StatusNotFound, probAdminNotFound, "No user plan is configured, so no user is limited.")
@@ -502,7 +502,7 @@ func (a *Admin) audit(t target, s ruleSet, actor, action string) {
 	}
 	a.g.pub.Publish(event.Decision{
 		ID: event.NewID(now), Time: now, GatewayID: a.g.gatewayID,
-		KeyID: a.g.keyID(&t.id), KeyKind: t.id.kind, ClientIP: t.id.clientIP,
+		KeyID: a.g.keyID(&t.id), KeyKind: t.id.kind, KeyName: t.id.name, ClientIP: t.id.clientIP,
 		Route: s.route, Method: http.MethodPost, Plan: s.l.plan.name,
 		// Nothing was decided: allowed, costing nothing, so a reader that
 		// does not know mode admin counts no denial and no usage.

@@ -26,5 +26,6 @@ WHERE key_id GLOBAL IN (
     LIMIT @limit
   )
   AND time >= @recent AND time < @to
+  AND mode != 'admin'
 GROUP BY key_id, key_kind, gateway_id
 ORDER BY key_id, key_kind, gateway_id

@@ -29,5 +29,6 @@ SELECT
 FROM decisions
 WHERE key_id >= @lo AND key_id < @hi
   AND time >= @from AND time < @to
+  AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)
 ORDER BY cityHash64(key_id), key_id, at_ms, event_id

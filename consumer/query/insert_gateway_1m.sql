@@ -18,5 +18,7 @@ SELECT
     quantilesState(0.5, 0.9, 0.99)(check_latency_us) AS check_latency_us_q,
     maxState(check_latency_us) AS check_latency_us_max
 FROM {stage}
-WHERE (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
+-- mode admin: an operator's audit record (a reset), not a request.
+WHERE mode != 'admin'
+  AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, gateway_id, batch_id

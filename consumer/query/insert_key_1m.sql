@@ -25,5 +25,7 @@ SELECT
     sum(toUInt64(mode = 'shadow')) AS shadow,
     sum(toUInt64(mode = 'local_fallback')) AS local_fallback
 FROM {stage}
-WHERE (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
+-- mode admin: an operator's audit record (a reset), not a request.
+WHERE mode != 'admin'
+  AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id, key_name, method

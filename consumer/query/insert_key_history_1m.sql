@@ -9,5 +9,7 @@ SELECT
     count() AS requests,
     sum(toUInt64(allowed = 0)) AS denied_requests
 FROM {stage}
-WHERE (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
+-- mode admin: an operator's audit record (a reset), not a request.
+WHERE mode != 'admin'
+  AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY key_id, minute, gateway_id, batch_id
