@@ -83,6 +83,7 @@ if want peer && [ ! -x "$peer" ]; then
 fi
 echo "== old: $BASE ($(git -C "$root" log -1 --format='%h %cs %s' "$base_sha" | cut -c1-70))"
 echo "== new: this tree ($(git -C "$root" log -1 --format='%h' HEAD)$(git -C "$root" diff --quiet HEAD -- . || echo ' + uncommitted changes'))"
+if want peer; then echo "== peer: $(go version -m "$peer" | awk '$1 == "mod" { print $2, $3 }')"; fi
 
 up=127.0.0.1:$(free_port)
 "$tmp/demo" upstream -listen "$up" >"$tmp/upstream.log" 2>&1 &
