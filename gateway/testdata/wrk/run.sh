@@ -83,6 +83,7 @@ if want peer && [ ! -x "$peer" ]; then
 fi
 echo "== old: $BASE ($(git -C "$root" log -1 --format='%h %cs %s' "$base_sha" | cut -c1-70))"
 echo "== new: this tree ($(git -C "$root" log -1 --format='%h' HEAD)$(git -C "$root" diff --quiet HEAD -- . || echo ' + uncommitted changes'))"
+if want peer; then echo "== peer: $(go version -m "$peer" | awk '$1 == "mod" { print $2, $3 }')"; fi
 
 up=127.0.0.1:$(free_port)
 "$tmp/demo" upstream -listen "$up" >"$tmp/upstream.log" 2>&1 &
@@ -168,15 +169,58 @@ record() { echo "$1 $2 $3" >>"$tmp/results"; }
 : >"$tmp/results"
 
 # case_* SIDE: one case for one gateway, already started (gw, admin).
+# case_check SIDE BINARY: /v1/check with 100k random keys (cases 1 and 3);
+# with the events case selected too, it is that case's events-off run.
 case_check() {
-	wrk_run "$gw" "check $1" check
+	if want events; then events_pair "$1" "$2" check; else check_run "$1" check; fi
+}
+# check_run SIDE WHAT: the check load; WHAT check records its figures.
+check_run() {
+	wrk_run "$gw" "$2 $1" check
+	[ "$2" = check ] || return 0
 	record check_rps "$1" "$rps"
 	record check_p99 "$1" "$p99_ms"
 	record cpu_us "$1" "$(per_request "$cpu" 1e6 %.2f)"
 	record check_cmds "$1" "$(per_request "$cmds" 1 %.2f)"
 	record check_scripts "$1" "$(per_request "$scripts" 1 %.3f)"
 	eval "sat_$1=$rps" # case_openloop's saturating rate
-	if want events; then case_events "$1" "$2" "$rps"; fi
+}
+# case_events SIDE BINARY: without the check case, its own events-off run.
+case_events() { events_pair "$1" "$2" "events off"; }
+# events_pair SIDE BINARY WHAT: the check load with events off (check_run
+# WHAT) and on, one right after the other on the same side: off first in
+# odd rounds, on first in even ones, so that neither order favours a side
+# of the pair. It leaves the last of the two gateways running.
+events_pair() {
+	local side=$1 bin=$2 off on
+	if [ $((round % 2)) = 1 ]; then
+		check_run "$side" "$3"
+		off=$rps
+		events_on "$side" "$bin"
+		on=$rps
+	else
+		events_on "$side" "$bin"
+		on=$rps
+		stop_gateway
+		start_gateway "$bin" "$here/gateway.yaml"
+		check_run "$side" "$3"
+		off=$rps
+	fi
+	record events_cost "$side" "$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.1f", 100 * (1 - a / b) }')"
+}
+# events_on SIDE BINARY: restarts the gateway with decision events on, to
+# a fresh topic on the real broker, and runs the check load (rps).
+events_on() {
+	local published dropped topic
+	stop_gateway
+	topic=bench-$1-$RANDOM
+	"$tmp/demo" topic -brokers "${EDGELIMIT_KAFKA_BROKERS:?the events case needs Kafka}" "$topic"
+	start_gateway "$2" "$tmp/events.yaml" EDGELIMIT_KAFKA_BROKERS="$EDGELIMIT_KAFKA_BROKERS" EDGELIMIT_KAFKA_TOPIC="$topic"
+	wrk_run "$gw" "events on $1" check
+	published=$(metric_sum '^edgelimit_events_published_total')
+	dropped=$(metric_sum '^edgelimit_events_dropped_total')
+	echo "      events published $published, dropped $dropped"
+	[ "$published" -gt 0 ] || { echo "events $1: no event published:" >&2; cat "$tmp/gateway.log" >&2; exit 1; }
 }
 case_memory() {
 	local m0 m1 out n keys u0 u1
@@ -188,8 +232,12 @@ case_memory() {
 	m0=$(redis_info memory used_memory) u0=$(unavailable "$gw")
 	# Each request a new client IP, open-loop at more than any gateway
 	# here sustains: those dropped for want of a free connection simply
-	# never become identities, and the 200s are counted.
-	out=$("$tmp/demo" load -url "http://$gw/v1/check" -body '{"ip":"{ip}"}' -sequential -conns "$CONNS" \
+	# never become identities, and the 200s are counted. Each costs 50 of
+	# the minute rule's 100: a bucket that would be full again needs no
+	# state, so at cost 1 every state expires within 2 s and used_memory
+	# would hold only the last seconds' identities; at 50 none expires
+	# before it is read (the minute rule's after 30 s).
+	out=$("$tmp/demo" load -url "http://$gw/v1/check" -body '{"ip":"{ip}","cost":50}' -sequential -conns "$CONNS" \
 		-rate "$((IDENTITIES / 5))" -duration 5s)
 	m1=$(redis_info memory used_memory) u1=$(unavailable "$gw")
 	keys=$(rcli DBSIZE)
@@ -197,36 +245,25 @@ case_memory() {
 	n=$(($(sed -n 's/.* status_200=\([0-9]*\).*/\1/p' <<<"$out") - (u1 - u0)))
 	[ "${n:-0}" -gt 0 ] || { echo "memory $1: no identity allowed: $out" >&2; exit 1; }
 	printf '   %-22s %d identities, %d keys, used_memory +%d B  (%s)\n' "memory $1" "$n" "$keys" "$((m1 - m0))" "$out"
+	record mem_keys "$1" "$(awk -v k="$keys" -v n="$n" 'BEGIN { printf "%.2f", k / n }')"
 	record mem_b "$1" "$(((m1 - m0) / n))"
 }
+# case_proxy: the exempt route first in odd rounds, the limited first in
+# even ones, like events_pair.
 case_proxy() {
-	wrk_run "$gw" "proxy exempt $1" proxy /off
-	local off=$rps
-	wrk_run "$gw" "proxy limited $1" proxy
-	record proxy_pct "$1" "$(awk -v a="$rps" -v b="$off" 'BEGIN { printf "%.1f", 100 * a / b }')"
-}
-# case_events: the check case's load with events off, then on. With the
-# check case selected too, it runs right after it on the same side and
-# takes its figure as "off" (12 s less per side and round, and adjacent
-# runs are the fairest pair).
-case_events() {
-	local bin=$2 off published dropped topic
-	if [ -n "${3:-}" ]; then
-		off=$3
+	local off limited
+	if [ $((round % 2)) = 1 ]; then
+		wrk_run "$gw" "proxy exempt $1" proxy /off
+		off=$rps
+		wrk_run "$gw" "proxy limited $1" proxy
+		limited=$rps
 	else
-		wrk_run "$gw" "events off $1" check
+		wrk_run "$gw" "proxy limited $1" proxy
+		limited=$rps
+		wrk_run "$gw" "proxy exempt $1" proxy /off
 		off=$rps
 	fi
-	stop_gateway
-	topic=bench-$1-$RANDOM
-	"$tmp/demo" topic -brokers "${EDGELIMIT_KAFKA_BROKERS:?the events case needs Kafka}" "$topic"
-	start_gateway "$bin" "$tmp/events.yaml" EDGELIMIT_KAFKA_BROKERS="$EDGELIMIT_KAFKA_BROKERS" EDGELIMIT_KAFKA_TOPIC="$topic"
-	wrk_run "$gw" "events on $1" check
-	published=$(metric_sum '^edgelimit_events_published_total')
-	dropped=$(metric_sum '^edgelimit_events_dropped_total')
-	echo "      events published $published, dropped $dropped"
-	[ "$published" -gt 0 ] || { echo "events $1: no event published:" >&2; cat "$tmp/gateway.log" >&2; exit 1; }
-	record events_cost "$1" "$(awk -v a="$rps" -v b="$off" 'BEGIN { printf "%.1f", 100 * (1 - a / b) }')"
+	record proxy_pct "$1" "$(awk -v a="$limited" -v b="$off" 'BEGIN { printf "%.1f", 100 * a / b }')"
 }
 case_openloop() {
 	local sat out
@@ -320,6 +357,7 @@ awk -v base="$BASE" '
 		row("  script calls per check", "check_scripts", "%.3f", "-", "-")
 		row("  Redis commands per check (in scripts too)", "check_cmds", "%.2f", "-", "-")
 		row("2 Redis memory per identity (B)", "mem_b", "%.0f", "<= 150", le("mem_b", 150))
+		row("  Redis keys per identity", "mem_keys", "%.2f", "-", "-")
 		row("3 /v1/check, 100k random keys (req/s)", "check_rps", "%.0f", ">= 1.5x old", ratio("check_rps", 1.5))
 		row("  /v1/check p99 (ms, wrk)", "check_p99", "%.2f", "-", "-")
 		row("4 proxy limited / exempt route (%)", "proxy_pct", "%.1f", ">= 80", ge("proxy_pct", 80))
