@@ -62,7 +62,10 @@
 -- one clamps, except that a split's share (flag share) that grows keeps
 -- the tokens it had: its units moved from another gateway's share, whose
 -- bucket only clamps, so adding them would mint them on every resize. From
--- then on it refills at the new rate. A sliding window whose period
+-- then on it refills at the new rate. A share that reads as full starts
+-- full at its new capacity, as it would with no state: a full record is
+-- dropped a second later anyway (and the memory store forgets it at once),
+-- so the stores agree whatever they kept. A sliding window whose period
 -- changed carries what it had used into the current window of the new
 -- period; a changed limit keeps its counts (in units). States of the
 -- previous layout without these fields (written by an older script still)
@@ -300,7 +303,7 @@ for i = 1, n do
       if refill > ocapu then refill = ocapu end
       tokens = s[1] + refill
       if tokens > ocapu then tokens = ocapu end
-      if capu > ocapu and math.floor(f / 8) % 2 == 0 then tokens = tokens + capu - ocapu end
+      if capu > ocapu and (math.floor(f / 8) % 2 == 0 or tokens >= ocapu) then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if s[2] > ts then ts = s[2] end
       conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]

@@ -326,3 +326,26 @@ func TestShareGrows(t *testing.T) {
 		}
 	})
 }
+
+// TestFullShareGrows: a share that reads as full is full at its new size,
+// as a bucket without state is, whether or not the store still holds the
+// full state (Redis keeps it a second, the memory store forgets it).
+func TestFullShareGrows(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		key := uniqueKey(t)
+		rule := []Rule{{Name: "sec", Limit: 100, Period: 100 * time.Millisecond, Share: true}}
+		half, more := rule[0], rule[0]
+		half.Limit, more.Limit = 50, 65
+		if d := mustAllow(t, s, key, []Rule{half}, 1); !d.Allowed {
+			t.Fatalf("Allow(1 of 50) = %+v, want allowed", d)
+		}
+		s.wait(200 * time.Millisecond) // refills to full, well within the state's second
+		admitted := int64(0)
+		for mustAllow(t, s, key, []Rule{more}, 1).Allowed && admitted <= 1000 {
+			admitted++
+		}
+		if admitted < 65 {
+			t.Errorf("full share of 50 grown to 65: admitted %d, want at least 65", admitted)
+		}
+	})
+}

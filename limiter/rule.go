@@ -96,7 +96,8 @@ type Rule struct {
 	// gateway's, which only clamps what it had, so a raised capacity keeps
 	// the tokens the state had instead of adding the difference (which an
 	// operator raising a limit gets): adding it would mint the moved units
-	// on every resize. Not configurable.
+	// on every resize. A full state starts full at the new capacity, as no
+	// state would. Not configurable.
 	Share bool `yaml:"-"`
 }
 
