@@ -473,6 +473,9 @@ func replaySets(t *testing.T, rules [][]Rule, events []modelEvent, seed uint64) 
 			if r.Shadow {
 				names[j] += "(shadow)"
 			}
+			if r.Share {
+				names[j] += "(share)"
+			}
 		}
 		t.Logf("rules %v: %d admitted, %d denied", names, a, d)
 	}
