@@ -249,3 +249,49 @@ func TestLocalFallbackSplitsReserve(t *testing.T) {
 		t.Errorf("store down, split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 7", admitted)
 	}
 }
+
+// TestSplitResizeMintsNothing: two saturated gateways whose split shares
+// of the acme key's 100/h swap back and forth every round admit, over the
+// run, one capacity and the refill, never more: a share that grows keeps
+// the tokens it had. Before: each round's grown share got the 15 units
+// the other gateway's bucket had already spent, 15 per round.
+func TestSplitResizeMintsNothing(t *testing.T) {
+	lim, _ := redisStore(t)
+	const limit = 100
+	dirs := &fixedDirectives{}
+	var fleet []*Gateway
+	for _, id := range []string{"gw-a", "gw-b"} {
+		cfg := localConfig(limiter.Rule{Name: "hour", Limit: limit, Period: time.Hour}, 2)
+		cfg.GatewayID = id
+		cfg.SplitMaxPeriod = time.Hour
+		g, err := New(cfg, Options{Store: lim, Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, g)
+	}
+	keyID := fleet[0].keys.id(limiter.APIKeyKey("acme"))
+	start := time.Now()
+	admitted := 0
+	const rounds = 8
+	for i := range rounds {
+		a := []float64{0.5, 0.65, 0.35}[i%3]
+		dirs.d = &limiter.Directives{Version: int64(i + 1), Splits: map[string]limiter.SplitDirective{
+			limiter.DirectiveKey("api_key", keyID): {Shares: map[string]float64{"gw-a": a, "gw-b": 1 - a}, Expires: time.Now().Add(time.Hour)},
+		}}
+		// Saturated: each gateway asks for more than the whole limit.
+		for _, g := range fleet {
+			admitted += enforceN(t, g, limit+1)
+		}
+	}
+	// One capacity, and the refill of the run rounded up (under a unit
+	// unless the run takes 36s).
+	want := limit + int(time.Since(start)*limit/time.Hour) + 1
+	t.Logf("admitted %d over %d resizes, bound %d", admitted, rounds, want)
+	if admitted > want {
+		t.Errorf("split of %d/h resized %d times between saturated gateways: admitted %d, want at most %d", limit, rounds, admitted, want)
+	}
+	if admitted < limit {
+		t.Errorf("split of %d/h: admitted %d, want at least the capacity %d", limit, admitted, limit)
+	}
+}

@@ -1045,7 +1045,7 @@ func (m *gwModel) checkLower() {
 
 // modelRule is r as the reference model sees it.
 func modelRule(r limiter.Rule) ratemodel.Rule {
-	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.Algorithm == limiter.SlidingWindow}
+	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.Algorithm == limiter.SlidingWindow, Share: r.Share}
 }
 
 // checkShared replays key k's shared bucket, every verdict the contract

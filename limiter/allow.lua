@@ -12,8 +12,9 @@
 -- ARGV[3]      the rules, each struct-packed '<Bc0BI5I6I5I6I7', all in one
 --              argument (Redis makes a Lua string of every argument):
 --   name       the rule's bucket: its state's name in its container
---   flags      kind + 4*shadow + 8*(container - 1); kind 0 = token bucket
---              with capacity = limit, 1 = token bucket, 2 = sliding window
+--   flags      kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
+--              token bucket with capacity = limit, 1 = token bucket, 2 =
+--              sliding window; share marks a split's share (see below)
 --   limit      units per period
 --   period     microseconds
 --   capacity   token bucket capacity (burst); the limit for sliding window
@@ -58,10 +59,17 @@
 --
 -- A changed rule converts the state: a token bucket refills at its old
 -- rate up to now, then a raised capacity adds its difference and a lowered
--- one clamps; a sliding window whose period changed carries what it had
--- used into the current window of the new period. States of the previous
--- layout without these fields (written by an older script still) are read
--- as written under the current rule.
+-- one clamps, except that a split's share (flag share) that grows keeps
+-- the tokens it had: its units moved from another gateway's share, whose
+-- bucket only clamps, so adding them would mint them on every resize. From
+-- then on it refills at the new rate. A share that reads as full starts
+-- full at its new capacity, as it would with no state: a full record is
+-- dropped a second later anyway (and the memory store forgets it at once),
+-- so the stores agree whatever they kept. A sliding window whose period
+-- changed carries what it had used into the current window of the new
+-- period; a changed limit keeps its counts (in units). States of the
+-- previous layout without these fields (written by an older script still)
+-- are read as written under the current rule.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -156,7 +164,7 @@ for c = 1, m do
       if cost == -2 then
         names[#names + 1] = name
         names[#names + 1] = kind
-      elseif r and math.floor(r[2] / 8) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
+      elseif r and math.floor(r[2] / 16) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
         if kind == 2 then
           st[i] = {struct.unpack(SW, s, p)}
         else
@@ -186,7 +194,7 @@ if cost == -1 then
   for c = 1, m do
     local had = false
     for i = 1, n do
-      if raw[i] and math.floor(R[i][2] / 8) + 1 == c then had = true end
+      if raw[i] and math.floor(R[i][2] / 16) + 1 == c then had = true end
     end
     if had then
       if #keep[c] == 0 then
@@ -295,7 +303,7 @@ for i = 1, n do
       if refill > ocapu then refill = ocapu end
       tokens = s[1] + refill
       if tokens > ocapu then tokens = ocapu end
-      if capu > ocapu then tokens = tokens + capu - ocapu end
+      if capu > ocapu and (math.floor(f / 8) % 2 == 0 or tokens >= ocapu) then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if s[2] > ts then ts = s[2] end
       conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
@@ -428,7 +436,7 @@ local parts, dirty, need = {}, {}, {}
 for c = 1, m do parts[c], need[c] = {}, kneed[c] end
 for i = 1, n do
   local b = 6 * i - 6
-  local c = math.floor(R[i][2] / 8) + 1
+  local c = math.floor(R[i][2] / 16) + 1
   local rem, reset, rec = V[b + 3], V[b + 4], raw[i]
   if all == 1 and V[b + 1] == 1 then
     rem, reset, rec, dirty[c] = V[b + 5], V[b + 6], writes[i], true

@@ -150,6 +150,7 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 				r.Burst = bursts[i]
 			}
 		}
+		r.Share = true
 		out[j] = r
 	}
 	return key + "/gw:" + gateway, out, true

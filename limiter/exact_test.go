@@ -278,3 +278,74 @@ func TestOlderScriptState(t *testing.T) {
 		t.Errorf("old frozen window after RetryAfter: Allow(2) = %+v, %v; want allowed", d, err)
 	}
 }
+
+// TestShareGrows: a split's share that grows keeps the tokens it had. Its
+// units moved from another gateway's share, whose bucket only clamps, so
+// adding the difference (what a raised limit gets, TestRaisedLimit) minted
+// them on every resize. Before: both gateways drained, each swap of a
+// 50:50 split to 65:35 and back admitted 15 more. The period is a day, so
+// the refill in the test's run is far below a unit.
+func TestShareGrows(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		for _, rule := range []Rule{
+			{Name: "day", Limit: 100, Period: 24 * time.Hour},
+			{Name: "burst", Limit: 1000, Period: 24 * time.Hour, Burst: 100},
+		} {
+			key := uniqueKey(t) + rule.Name
+			split := func(a float64) *Directives {
+				return &Directives{Splits: map[string]SplitDirective{key: {Key: key, Shares: map[string]float64{"a": a, "b": 1 - a}, Expires: s.now().Add(time.Hour)}}}
+			}
+			drain := func(d *Directives, gw string) (admitted int64) {
+				k, rules, ok := d.Split(key, gw, []Rule{rule}, s.now())
+				if !ok || !rules[0].Share {
+					t.Fatalf("Split(%q, %q) = %+v, %v: want a share", key, gw, rules, ok)
+				}
+				for mustAllow(t, s, k, rules, 1).Allowed {
+					admitted++
+					if admitted > rule.Capacity() {
+						t.Fatalf("%s: gateway %s admitted more than the whole capacity %d", rule.Name, gw, rule.Capacity())
+					}
+				}
+				return admitted
+			}
+			first := drain(split(0.5), "a") + drain(split(0.5), "b")
+			if first != rule.Capacity() {
+				t.Fatalf("%s: split 50:50 admitted %d, want the capacity %d", rule.Name, first, rule.Capacity())
+			}
+			var minted int64
+			for i := range 6 {
+				a := 0.65
+				if i%2 == 1 {
+					a = 0.5
+				}
+				minted += drain(split(a), "a") + drain(split(a), "b")
+			}
+			if minted != 0 {
+				t.Errorf("%s: drained shares resized 6 times admitted %d more, want 0 (a day's refill is far below a unit)", rule.Name, minted)
+			}
+		}
+	})
+}
+
+// TestFullShareGrows: a share that reads as full is full at its new size,
+// as a bucket without state is, whether or not the store still holds the
+// full state (Redis keeps it a second, the memory store forgets it).
+func TestFullShareGrows(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		key := uniqueKey(t)
+		rule := []Rule{{Name: "sec", Limit: 100, Period: 100 * time.Millisecond, Share: true}}
+		half, more := rule[0], rule[0]
+		half.Limit, more.Limit = 50, 65
+		if d := mustAllow(t, s, key, []Rule{half}, 1); !d.Allowed {
+			t.Fatalf("Allow(1 of 50) = %+v, want allowed", d)
+		}
+		s.wait(200 * time.Millisecond) // refills to full, well within the state's second
+		admitted := int64(0)
+		for mustAllow(t, s, key, []Rule{more}, 1).Allowed && admitted <= 1000 {
+			admitted++
+		}
+		if admitted < 65 {
+			t.Errorf("full share of 50 grown to 65: admitted %d, want at least 65", admitted)
+		}
+	})
+}

@@ -297,7 +297,10 @@ func waitMicros(a, b, c int64) int64 { return min(maxWait, mulDiv(a, b, c, true)
 // tokenBucket mirrors allow.lua's token bucket. A state written under
 // another rule refills at that rule's rate up to now, then takes the new
 // capacity the way gubernator does: a raised capacity adds its difference
-// to the tokens, a lowered one clamps them.
+// to the tokens, a lowered one clamps them. A split's share (Rule.Share)
+// that grows adds nothing unless it reads as full (a full state is no
+// state: forgotten, it would start full at the new capacity): the units
+// moved from another gateway's share, whose bucket kept what it had.
 func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	capu := r.Capacity() * micro
@@ -305,7 +308,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	if st != nil {
 		oldCap := st.capacity * micro
 		tokens = min(oldCap, st.tokens+min(oldCap, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false)))
-		if capu > oldCap {
+		if capu > oldCap && (!r.Share || tokens >= oldCap) {
 			tokens += capu - oldCap
 		}
 		tokens = min(tokens, capu)

@@ -68,7 +68,7 @@ import (
 
 // modelRule is r as the reference model (internal/ratemodel) sees it.
 func modelRule(r Rule) ratemodel.Rule {
-	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.algorithm() == SlidingWindow}
+	return ratemodel.Rule{Limit: r.Limit, Period: r.Period, Capacity: r.Capacity(), Sliding: r.algorithm() == SlidingWindow, Share: r.Share}
 }
 
 func ratInt(n int64) *big.Rat { return ratemodel.Int(n) }
@@ -256,12 +256,15 @@ func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint6
 type setRule struct {
 	idx    int
 	shadow bool
+	share  bool // as a split makes it (Rule.Share)
 }
 
 // ruleSets are what each key of a run is checked against: each algorithm
 // alone, so its model decides alone; all three at once, all-or-nothing;
-// and a token bucket beside a shadow sliding window.
-var ruleSets = [][]setRule{{{0, false}}, {{1, false}}, {{2, false}}, {{0, false}, {1, false}, {2, false}}, {{0, false}, {2, true}}}
+// a token bucket beside a shadow sliding window; and all three as a
+// split's shares, whose raised capacities add nothing.
+var ruleSets = [][]setRule{{{0, false, false}}, {{1, false, false}}, {{2, false, false}}, {{0, false, false}, {1, false, false}, {2, false, false}}, {{0, false, false}, {2, true, false}},
+	{{0, false, true}, {1, false, true}, {2, false, true}}}
 
 // randomRules draws one phase's rules: a token bucket, a GCRA (burst 4)
 // and a sliding window, with the given period range.
@@ -441,7 +444,7 @@ func setRules(rules [][]Rule) [][][]Rule {
 			var sub []Rule
 			for _, sr := range idx {
 				r := rs[sr.idx]
-				r.Shadow = sr.shadow
+				r.Shadow, r.Share = sr.shadow, sr.share
 				sub = append(sub, r)
 			}
 			sets[i] = append(sets[i], sub)
@@ -469,6 +472,9 @@ func replaySets(t *testing.T, rules [][]Rule, events []modelEvent, seed uint64) 
 			names[j] = r.Name
 			if r.Shadow {
 				names[j] += "(shadow)"
+			}
+			if r.Share {
+				names[j] += "(share)"
 			}
 		}
 		t.Logf("rules %v: %d admitted, %d denied", names, a, d)

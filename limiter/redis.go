@@ -477,10 +477,14 @@ func scriptArgs(rules []Rule, cost int64) []any {
 		if rule.Shadow {
 			kind += 4
 		}
+		if rule.Share {
+			kind += 8
+		}
 		name := rule.bucket()
 		b = append(b, byte(len(name)))
 		b = append(b, name...)
-		b = append(b, byte(kind+8*cont[i]))
+		// MaxRules containers at most, so the flags fit in a byte.
+		b = append(b, byte(kind+16*cont[i]))
 		b = le(b, rule.Limit, 5)
 		b = le(b, period, 6)
 		b = le(b, rule.Capacity(), 5)

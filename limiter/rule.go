@@ -90,6 +90,15 @@ type Rule struct {
 	// at most MaxBucketLen bytes. Two rules of one check may share a Name
 	// but not a bucket.
 	Bucket string `yaml:"-"`
+	// Share marks a rule a split made (Directives.Split): its limit and
+	// burst are this gateway's part of one rule's, and the parts of all
+	// gateways sum to it. A share that grows took its units from another
+	// gateway's, which only clamps what it had, so a raised capacity keeps
+	// the tokens the state had instead of adding the difference (which an
+	// operator raising a limit gets): adding it would mint the moved units
+	// on every resize. A full state starts full at the new capacity, as no
+	// state would. Not configurable.
+	Share bool `yaml:"-"`
 }
 
 // bucket is the rule's identity in the store: Bucket, else Name.

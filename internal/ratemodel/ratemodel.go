@@ -23,6 +23,10 @@ type Rule struct {
 	Capacity int64
 	// Sliding selects the sliding window counter.
 	Sliding bool
+	// Share marks a split's share of a limit (the limiter's Rule.Share):
+	// a raised capacity keeps the tokens instead of adding the difference,
+	// unless the bucket is full.
+	Share bool
 }
 
 // Model is either algorithm's model of one key under one rule. Times are
@@ -77,10 +81,11 @@ func (b *Bucket) At(now int64) *big.Rat {
 }
 
 // Change refills at the old rate up to now; a raised capacity adds its
-// difference, a lowered one clamps.
+// difference (but not to a share that is not full: its units moved from
+// another gateway's), a lowered one clamps.
 func (b *Bucket) Change(r Rule, now int64) {
 	t := b.At(now)
-	if d := r.Capacity - b.Rule.Capacity; d > 0 {
+	if d := r.Capacity - b.Rule.Capacity; d > 0 && (!r.Share || t.Cmp(Int(b.Rule.Capacity)) >= 0) {
 		t.Add(t, Int(d))
 	} else if c := Int(r.Capacity); t.Cmp(c) > 0 {
 		t = c
