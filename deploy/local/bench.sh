@@ -7,7 +7,8 @@
 # (gateway/testdata/wrk/run.sh: BASE, ROUNDS, DURATION), then the analytics
 # and the other Go benchmarks. Not part of make test. CASES=a,b,... runs a
 # subset: limiter, ceiling, analytics, go, and run.sh's (check memory proxy
-# events openloop hot denied peer); the default is all.
+# events openloop hot denied peer), and grpc (gateway/testdata/wrk/grpc.sh:
+# Envoy's rate limit API beside envoyproxy/ratelimit); the default is all.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # 2s, not 5s: the whole of make bench in about 15 minutes on a busy 2-core machine.
@@ -33,6 +34,10 @@ go test -run '^$' -bench BenchmarkCeiling -benchtime "${CEILING_N:-200000}x" ./l
 fi
 # It prints its own header, when CASES selects any of its cases.
 gateway/testdata/wrk/run.sh
+
+if want grpc; then
+gateway/testdata/wrk/grpc.sh
+fi
 
 if want analytics; then
 echo "== analytics: trend queries over 10M events (seeds ClickHouse, ~1 min)"

@@ -38,7 +38,7 @@ command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"
 all_cases=(check memory proxy events openloop hot denied peer)
 want() { [ "$CASES" = all ] || [[ ",$CASES," == *",$1,"* ]]; }
 for c in ${CASES//,/ }; do
-	[ "$c" = all ] || [[ " ${all_cases[*]} " == *" $c "* ]] || [[ " limiter ceiling analytics go " == *" $c "* ]] ||
+	[ "$c" = all ] || [[ " ${all_cases[*]} " == *" $c "* ]] || [[ " limiter ceiling grpc analytics go " == *" $c "* ]] ||
 		{ echo "run.sh: unknown case $c; the cases are: ${all_cases[*]}" >&2; exit 2; }
 done
 selected=0
