@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,18 +30,11 @@ import (
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-// benchRules is the load's configuration: three descriptors per request,
-// each of a different key, none ever over its limit.
-const benchRules = `
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 100000}
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 1000000}
-  - key: path
-    rate_limit: {unit: hour, requests_per_unit: 100000000}
-`
+// benchRules is the load's configuration, shared with the peer's run in
+// gateway/testdata/wrk/grpc.sh.
+//
+//go:embed testdata/bench.yaml
+var benchRules string
 
 const (
 	benchKeys    = 100_000

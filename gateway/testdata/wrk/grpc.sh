@@ -26,17 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$tmp/runtime/ratelimit/config"
-# The same limits as benchRules in gateway/envoyrls/bench_test.go.
-cat >"$tmp/runtime/ratelimit/config/config.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 100000}
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 1000000}
-  - key: path
-    rate_limit: {unit: hour, requests_per_unit: 100000000}
-YAML
+cp "$root/gateway/envoyrls/testdata/bench.yaml" "$tmp/runtime/ratelimit/config/config.yaml"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 gport=$(free_port) hport=$(free_port)
 env -i PATH="$PATH" HOME="$HOME" USE_STATSD=false LOG_LEVEL=warn REDIS_SOCKET_TYPE=tcp REDIS_URL="$EDGELIMIT_REDIS_ADDR" \
