@@ -478,7 +478,7 @@ func (a *API) key(w http.ResponseWriter, r *http.Request) error {
 			rep.AddDirectives(d, a.now())
 		}
 	}
-	rep.Keys, rep.Splits, rep.History = nonNil(rep.Keys), nonNil(rep.Splits), nonNil(rep.History)
+	rep.Keys, rep.Splits, rep.NATs, rep.History = nonNil(rep.Keys), nonNil(rep.Splits), nonNil(rep.NATs), nonNil(rep.History)
 	writeJSON(w, http.StatusOK, rep)
 	return nil
 }

@@ -39,6 +39,8 @@ type KeyReport struct {
 	Truncated bool `json:"truncated,omitempty"`
 	// Splits are the split directives in force for the matched keys.
 	Splits []limiter.SplitDirective `json:"splits"`
+	// NATs are the NAT directives in force for the matched IP keys.
+	NATs []limiter.NATDirective `json:"nats"`
 	// Directives says where the directives came from: "redis", or why
 	// they are unknown ("not read": no Redis configured).
 	Directives string `json:"directives"`
@@ -53,6 +55,9 @@ type KeyIdentity struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
 	KeyName string `json:"key_name"`
+	// ipKey is an IP key's limiter key (its address), which NAT
+	// directives name; "" for other kinds or when unknown.
+	ipKey string
 }
 
 // KeyCount is a key's decisions under one value of a dimension (a rule, a
@@ -155,6 +160,20 @@ func (r *Reader) KeyReport(ctx context.Context, rg Range, key, bucket, tz string
 	if rep.History, err = r.Trends(ctx, q); err != nil {
 		return KeyReport{}, err
 	}
+	for i, k := range rep.Keys {
+		if k.KeyKind != "ip" {
+			continue
+		}
+		args := []any{clickhouse.Named("key", k.KeyID), clickhouse.Named("from", rg.From.UTC().Truncate(time.Second)),
+			clickhouse.Named("to", rg.To.UTC().Truncate(time.Second))}
+		ips, err := queryRows(ctx, r.ch, "key address", qKeyAddress, args, func(rows driver.Rows, ip *string) error { return rows.Scan(ip) })
+		if err != nil {
+			return KeyReport{}, err
+		}
+		if len(ips) == 1 {
+			rep.Keys[i].ipKey, _ = limiter.IPKey(ips[0])
+		}
+	}
 	return rep, nil
 }
 
@@ -172,13 +191,16 @@ func mergeNames(ids []KeyIdentity) []KeyIdentity {
 	return out
 }
 
-// AddDirectives sets the split directives in force at now for the report's
-// keys from d, a set read from Redis.
+// AddDirectives sets the split and NAT directives in force at now for the
+// report's keys from d, a set read from Redis.
 func (rep *KeyReport) AddDirectives(d limiter.Directives, now time.Time) {
-	rep.Directives, rep.Splits = "redis", nil
+	rep.Directives, rep.Splits, rep.NATs = "redis", nil, nil
 	for _, k := range rep.Keys {
 		if s, ok := d.Splits[limiter.DirectiveKey(k.KeyKind, k.KeyID)]; ok && s.Expires.After(now) {
 			rep.Splits = append(rep.Splits, s)
+		}
+		if n, ok := d.NATs[k.ipKey]; ok && k.ipKey != "" && n.Expires.After(now) {
+			rep.NATs = append(rep.NATs, n)
 		}
 	}
 }

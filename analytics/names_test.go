@@ -414,3 +414,51 @@ func readyDOM(t *testing.T, ctx context.Context, chromium, page string) string {
 	}
 	return dom
 }
+
+// TestAPIKeyPageNAT: an IP key's page shows the NAT directive in force for
+// its address, which directives name by address and decisions by the
+// address's keyed hash; another IP key's page shows none.
+func TestAPIKeyPageNAT(t *testing.T) {
+	conn := mustDatabase(t)
+	now := fleetClock()
+	var rows []analyticstest.Decision
+	for i, k := range []struct{ id, ip string }{{"ip-nat", "198.51.100.7"}, {"ip-plain", "192.0.2.1"}, {"ip-v6", "2001:db8:aa:1::5"}} {
+		for j := range 5 {
+			rows = append(rows, analyticstest.Decision{Time: now.Add(-time.Duration(i*5+j) * time.Second), Gateway: "gw-a",
+				KeyID: k.id, KeyKind: "ip", ClientIP: k.ip, Route: "/v1/orders", Method: "GET", Plan: "anonymous",
+				BindingRule: "per_minute", Allowed: true, Limit: 100, Remaining: 50, Cost: 1, StoreStatus: "ok", Mode: "enforced"})
+		}
+	}
+	mustInsert(t, conn, rows)
+	rdb, prefix := mustRedis(t)
+	store := limiter.NewDirectiveStore(rdb, prefix)
+	var nats []limiter.NATDirective
+	for _, ip := range []string{"198.51.100.7", "2001:db8:aa:1::9"} { // the v6 one: another address of the same /64
+		k, _ := limiter.IPKey(ip)
+		nats = append(nats, limiter.NATDirective{Key: k, Factor: 4, Clients: 25, Expires: time.Now().Add(time.Hour).UTC().Truncate(time.Second)})
+	}
+	if err := store.WriteNATs(context.Background(), nats); err != nil {
+		t.Fatal(err)
+	}
+	reader := analytics.NewReader(conn)
+	det, err := analytics.NewDetector(analytics.Config{}, analytics.Deps{Reader: reader, Directives: store, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := analytics.NewAPI(reader, det, testToken, func() time.Time { return now }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	for key, want := range map[string][]limiter.NATDirective{"ip-nat": nats[:1], "ip-v6": nats[1:], "ip-plain": {}} {
+		resp, body := get(t, srv.Client(), srv.URL+"/api/keys/"+key+"?from=-15m&to=now", testToken)
+		var rep analytics.KeyReport
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &rep) != nil {
+			t.Fatalf("GET /api/keys/%s = %d %s", key, resp.StatusCode, body)
+		}
+		if rep.Directives != "redis" || !cmp.Equal(rep.NATs, want) {
+			t.Errorf("key page of %s: directives %q, NATs %+v; want %+v", key, rep.Directives, rep.NATs, want)
+		}
+	}
+}

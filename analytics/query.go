@@ -40,6 +40,7 @@ var (
 	qIPHistory     = mustSQL("ip_history")
 	qFreshness     = mustSQL("freshness")
 	qKeySummary    = mustSQL("key_summary")
+	qKeyAddress    = mustSQL("key_address")
 )
 
 // querier is the part of a ClickHouse connection the queries need.

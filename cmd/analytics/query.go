@@ -248,7 +248,7 @@ func topKeysTable(keys []analytics.KeyRejections) table {
 	return t
 }
 
-// readKeyDirectives adds the split directives in Redis to rep when Redis
+// readKeyDirectives adds the split and NAT directives in Redis to rep when Redis
 // is configured; a Redis that does not answer leaves them unknown, said
 // so, rather than failing the whole page.
 func readKeyDirectives(ctx context.Context, fc fileConfig, rep *analytics.KeyReport, now time.Time) {
@@ -270,7 +270,7 @@ func readKeyDirectives(ctx context.Context, fc fileConfig, rep *analytics.KeyRep
 }
 
 // keyTable is a key's page as one table: a section column (key, total,
-// rule, route, gateway, plan, method, split, history) and the counts.
+// rule, route, gateway, plan, method, split, nat, history) and the counts.
 func keyTable(rep analytics.KeyReport) table {
 	t := table{header: []string{"section", "name", "requests", "denied", "ratio", "rate_limited", "fail_closed", "cost", "cost_allowed"}}
 	for _, k := range rep.Keys {
@@ -298,6 +298,10 @@ func keyTable(rep analytics.KeyReport) table {
 	}
 	for _, s := range rep.Splits {
 		t.rows = append(t.rows, []string{"split", shares(s.Shares) + " until " + ts(s.Expires), "", "", "", "", "", "", ""})
+	}
+	for _, d := range rep.NATs {
+		t.rows = append(t.rows, []string{"nat", fmt.Sprintf("limit x%s for ~%d clients until %s", f(d.Factor, 2), d.Clients, ts(d.Expires)),
+			"", "", "", "", "", "", ""})
 	}
 	for _, p := range rep.History {
 		t.rows = append(t.rows, []string{"history", p.Bucket.Format(time.RFC3339), n(p.Requests), n(p.Denied), f(p.Ratio, 4),
