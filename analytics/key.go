@@ -41,6 +41,9 @@ type KeyReport struct {
 	Splits []limiter.SplitDirective `json:"splits"`
 	// NATs are the NAT directives in force for the matched IP keys.
 	NATs []limiter.NATDirective `json:"nats"`
+	// ipKeys maps a matched IP key's id to its limiter key (its address),
+	// which NAT directives name.
+	ipKeys map[string]string
 	// Directives says where the directives came from: "redis", or why
 	// they are unknown ("not read": no Redis configured).
 	Directives string `json:"directives"`
@@ -55,9 +58,6 @@ type KeyIdentity struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
 	KeyName string `json:"key_name"`
-	// ipKey is an IP key's limiter key (its address), which NAT
-	// directives name; "" for other kinds or when unknown.
-	ipKey string
 }
 
 // KeyCount is a key's decisions under one value of a dimension (a rule, a
@@ -160,7 +160,7 @@ func (r *Reader) KeyReport(ctx context.Context, rg Range, key, bucket, tz string
 	if rep.History, err = r.Trends(ctx, q); err != nil {
 		return KeyReport{}, err
 	}
-	for i, k := range rep.Keys {
+	for _, k := range rep.Keys {
 		if k.KeyKind != "ip" {
 			continue
 		}
@@ -170,8 +170,14 @@ func (r *Reader) KeyReport(ctx context.Context, rg Range, key, bucket, tz string
 		if err != nil {
 			return KeyReport{}, err
 		}
-		if len(ips) == 1 {
-			rep.Keys[i].ipKey, _ = limiter.IPKey(ips[0])
+		if len(ips) != 1 {
+			continue
+		}
+		if ipKey, ok := limiter.IPKey(ips[0]); ok {
+			if rep.ipKeys == nil {
+				rep.ipKeys = map[string]string{}
+			}
+			rep.ipKeys[k.KeyID] = ipKey
 		}
 	}
 	return rep, nil
@@ -199,7 +205,8 @@ func (rep *KeyReport) AddDirectives(d limiter.Directives, now time.Time) {
 		if s, ok := d.Splits[limiter.DirectiveKey(k.KeyKind, k.KeyID)]; ok && s.Expires.After(now) {
 			rep.Splits = append(rep.Splits, s)
 		}
-		if n, ok := d.NATs[k.ipKey]; ok && k.ipKey != "" && n.Expires.After(now) {
+		ipKey, isIP := rep.ipKeys[k.KeyID]
+		if n, ok := d.NATs[ipKey]; isIP && k.KeyKind == "ip" && ok && n.Expires.After(now) {
 			rep.NATs = append(rep.NATs, n)
 		}
 	}
