@@ -229,12 +229,12 @@ func (a *API) Handler() http.Handler {
 		h    func(http.ResponseWriter, *http.Request) error
 	}{
 		{"/api/trends", a.trends},
-		{"/api/top-keys", a.topKeys},
-		{"/api/keys/{key}", a.key},
-		{"/api/fail-minutes", a.failMinutes},
-		{"/api/store-health", a.storeHealth},
-		{"/api/hot-keys", a.hotKeys},
-		{"/api/nat-ips", a.natIPs},
+		{"/api/top-keys", a.ranged(a.topKeys)},
+		{"/api/keys/{key}", a.ranged(a.key)},
+		{"/api/fail-minutes", a.ranged(a.failMinutes)},
+		{"/api/store-health", a.ranged(a.storeHealth)},
+		{"/api/hot-keys", a.ranged(a.hotKeys)},
+		{"/api/nat-ips", a.ranged(a.natIPs)},
 		{"/api/alerts", a.alerts},
 		{"/api/status", a.status},
 	} {
@@ -458,15 +458,29 @@ func writeCSV(w http.ResponseWriter, name string, header []string, rows [][]stri
 	return nil
 }
 
-// key answers a key's page: GET /api/keys/{key}, key an id or a name.
-func (a *API) key(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
+// ranged is a GET route over a range (see rangeOf): body reads the
+// request and the range and returns the JSON answer, so each route is
+// left with its own parameters, its query and its answer's fields.
+func (a *API) ranged(body func(r *http.Request, rg Range) (any, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		rg, err := a.rangeOf(r)
+		if err != nil {
+			return err
+		}
+		v, err := body(r, rg)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, v)
+		return nil
 	}
+}
+
+// key answers a key's page: GET /api/keys/{key}, key an id or a name.
+func (a *API) key(r *http.Request, rg Range) (any, error) {
 	rep, err := a.reader.KeyReport(r.Context(), rg, r.PathValue("key"), bucketOf(r, rg), r.URL.Query().Get("tz"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if a.det != nil {
 		switch d, ok, err := a.det.Directives(r.Context()); {
@@ -479,104 +493,55 @@ func (a *API) key(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	rep.Keys, rep.Splits, rep.NATs, rep.History = nonNil(rep.Keys), nonNil(rep.Splits), nonNil(rep.NATs), nonNil(rep.History)
-	writeJSON(w, http.StatusOK, rep)
-	return nil
+	return rep, nil
 }
 
-func (a *API) topKeys(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
-	}
+func (a *API) topKeys(r *http.Request, rg Range) (any, error) {
 	limit, err := intParam(r, "limit", 20, 1, 10000)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	keys, err := a.reader.TopKeys(r.Context(), rg, limit)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "keys": nonNil(keys)})
-	return nil
+	return map[string]any{"from": rg.From, "to": rg.To, "keys": nonNil(keys)}, err
 }
 
-func (a *API) failMinutes(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
-	}
+func (a *API) failMinutes(r *http.Request, rg Range) (any, error) {
 	ms, err := a.reader.FailMinutes(r.Context(), rg)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "minutes": nonNil(ms)})
-	return nil
+	return map[string]any{"from": rg.From, "to": rg.To, "minutes": nonNil(ms)}, err
 }
 
-func (a *API) storeHealth(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
-	}
+func (a *API) storeHealth(r *http.Request, rg Range) (any, error) {
 	b := bucketOf(r, rg)
 	gh, err := a.reader.StoreHealth(r.Context(), rg, b)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"from": rg.From, "to": rg.To, "bucket": b, "points": nonNil(gh)})
-	return nil
+	return map[string]any{"from": rg.From, "to": rg.To, "bucket": b, "points": nonNil(gh)}, err
 }
 
 // hotKeys answers the detector's current hot keys; with ?key=ID, that
 // key's history per bucket and gateway instead.
-func (a *API) hotKeys(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
-	}
+func (a *API) hotKeys(r *http.Request, rg Range) (any, error) {
 	if rg.KeyID != "" {
 		b := bucketOf(r, rg)
 		h, err := a.reader.KeyHistory(r.Context(), rg, b)
-		if err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"key_id": rg.KeyID, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)})
-		return nil
+		return map[string]any{"key_id": rg.KeyID, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)}, err
 	}
 	hot, at, err := current(a, r, func(rep Report) []HotKey { return rep.HotKeys }, func(cfg Config) ([]HotKey, error) {
 		return a.reader.HotKeys(r.Context(), cfg.Hot, rg.From, rg.To, 0, nil)
 	})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"at": at, "hot_keys": nonNil(hot)})
-	return nil
+	return map[string]any{"at": at, "hot_keys": nonNil(hot)}, err
 }
 
 // natIPs answers the detector's current NAT IPs; with ?ip=ADDR, that
 // address's history per bucket instead.
-func (a *API) natIPs(w http.ResponseWriter, r *http.Request) error {
-	rg, err := a.rangeOf(r)
-	if err != nil {
-		return err
-	}
+func (a *API) natIPs(r *http.Request, rg Range) (any, error) {
 	if ip := r.URL.Query().Get("ip"); ip != "" {
 		b := bucketOf(r, rg)
 		h, err := a.reader.IPHistory(r.Context(), rg, ip, b)
-		if err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"ip": ip, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)})
-		return nil
+		return map[string]any{"ip": ip, "from": rg.From, "to": rg.To, "bucket": b, "history": nonNil(h)}, err
 	}
 	nats, at, err := current(a, r, func(rep Report) []NATIP { return rep.NATIPs }, func(cfg Config) ([]NATIP, error) {
 		return a.reader.NATIPs(r.Context(), cfg.NAT, rg.From, rg.To, nil)
 	})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"at": at, "nat_ips": nonNil(nats)})
-	return nil
+	return map[string]any{"at": at, "nat_ips": nonNil(nats)}, err
 }
 
 // current returns the detector's last findings, or, without a detector

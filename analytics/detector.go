@@ -156,10 +156,16 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		}
 	}
 
-	// write writes a directive set of kind (split, nat) unless this is a
-	// dry run, the live sets are unknown, or they already say the same;
-	// it reports whether it wrote.
-	write := func(kind string, current bool, put func() error) bool {
+	// write finishes a directive-writing detector's step: after a failed
+	// query (err) the directives stay as they are; else put writes the
+	// set of kind (split, nat) unless this is a dry run, the live sets are
+	// unknown, or they already say the same (current). It reports whether
+	// it wrote.
+	write := func(step, kind string, err error, current bool, put func() error) bool {
+		if err != nil {
+			fail(step, err)
+			return false
+		}
 		if dt.d.Directives == nil || !loaded || current {
 			return false
 		}
@@ -193,24 +199,14 @@ func (dt *Detector) RunOnce(ctx context.Context) Report {
 		return dt.finish(rep, start)
 	}
 	if !dt.cfg.Hot.Disabled {
-		if hot, err := dt.hotKeys(ctx, start, live); err != nil {
-			fail("hot keys", err)
-		} else {
-			rep.HotKeys = hot
-			next := SplitDirectives(hot, start, dt.cfg.Hot.TTL)
-			rep.SplitsWritten = write("split", splitsCurrent(live.Splits, next, start, dt.cfg.Hot.TTL),
-				func() error { return dt.d.Directives.WriteSplits(ctx, next) })
-		}
+		hot, next, current, err := dt.hotKeys(ctx, start, live)
+		rep.HotKeys = hot
+		rep.SplitsWritten = write("hot keys", "split", err, current, func() error { return dt.d.Directives.WriteSplits(ctx, next) })
 	}
 	if !dt.cfg.NAT.Disabled {
-		if nats, err := dt.natIPs(ctx, start, live); err != nil {
-			fail("nat ips", err)
-		} else {
-			rep.NATIPs = nats
-			next := NATDirectives(nats, start, dt.cfg.NAT.TTL)
-			rep.NATsWritten = write("nat", natsCurrent(live.NATs, next, start, dt.cfg.NAT.TTL),
-				func() error { return dt.d.Directives.WriteNATs(ctx, next) })
-		}
+		nats, next, current, err := dt.natIPs(ctx, start, live)
+		rep.NATIPs = nats
+		rep.NATsWritten = write("nat ips", "nat", err, current, func() error { return dt.d.Directives.WriteNATs(ctx, next) })
 	}
 	if !dt.cfg.Alerts.Disabled {
 		from, to, _ := window(start, dt.cfg.Alerts.Window)
@@ -296,14 +292,22 @@ func inForce[D any](live map[string]D, now time.Time, expires func(D) time.Time)
 func splitExpires(d limiter.SplitDirective) time.Time { return d.Expires }
 func natExpires(d limiter.NATDirective) time.Time     { return d.Expires }
 
-func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, error) {
+// hotKeys finds the keys hot at now (nil on error), the splits they
+// make, and whether the live splits already say the same.
+func (dt *Detector) hotKeys(ctx context.Context, now time.Time, live limiter.Directives) ([]HotKey, []limiter.SplitDirective, bool, error) {
 	from, to, span := window(now, dt.cfg.Hot.Window)
-	return dt.d.Reader.HotKeys(ctx, dt.cfg.Hot, from, to, span, inForce(live.Splits, now, splitExpires))
+	hot, err := dt.d.Reader.HotKeys(ctx, dt.cfg.Hot, from, to, span, inForce(live.Splits, now, splitExpires))
+	next := SplitDirectives(hot, now, dt.cfg.Hot.TTL)
+	return hot, next, splitsCurrent(live.Splits, next, now, dt.cfg.Hot.TTL), err
 }
 
-func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Directives) ([]NATIP, error) {
+// natIPs finds the IPs NAT-shared at now (nil on error), the NAT
+// directives they make, and whether the live ones already say the same.
+func (dt *Detector) natIPs(ctx context.Context, now time.Time, live limiter.Directives) ([]NATIP, []limiter.NATDirective, bool, error) {
 	from, to, _ := window(now, dt.cfg.NAT.Window)
-	return dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, inForce(live.NATs, now, natExpires))
+	nats, err := dt.d.Reader.NATIPs(ctx, dt.cfg.NAT, from, to, inForce(live.NATs, now, natExpires))
+	next := NATDirectives(nats, now, dt.cfg.NAT.TTL)
+	return nats, next, natsCurrent(live.NATs, next, now, dt.cfg.NAT.TTL), err
 }
 
 // HotKeys runs the hot-key detector over [from, to), whose rate divides

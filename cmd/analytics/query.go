@@ -115,79 +115,102 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	}
 	r := analytics.NewReader(ch)
 
+	// Each command leaves its typed result in v (json prints it as is);
+	// tableOf gives the table and csv formats its rows.
 	var v any
-	var t table
 	switch cmd {
 	case "trends":
-		pts, err := r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: b, TZ: *tz, By: dim, Top: *top})
-		if err != nil {
-			return err
-		}
-		v, t = pts, trendsTable(pts, dim)
+		v, err = r.Trends(ctx, analytics.TrendQuery{Range: rg, Bucket: b, TZ: *tz, By: dim, Top: *top})
 	case "key":
-		rep, err := r.KeyReport(ctx, rg, keyArg, b, *tz)
-		if err != nil {
-			return err
-		}
-		readKeyDirectives(ctx, fc, &rep, now)
-		v, t = rep, keyTable(rep)
-	case "top-keys":
-		keys, err := r.TopKeys(ctx, rg, *limit)
-		if err != nil {
-			return err
-		}
-		v, t = keys, topKeysTable(keys)
-	case "hot-keys":
-		if *key != "" {
-			h, err := r.KeyHistory(ctx, rg, b)
-			if err != nil {
-				return err
-			}
-			v, t = h, keyHistoryTable(h)
-			break
-		}
-		hot, err := r.HotKeys(ctx, cfg.Hot, rg.From, rg.To, 0, nil)
-		if err != nil {
-			return err
-		}
-		v, t = hot, hotKeysTable(hot)
-	case "nat-ips":
-		if *ip != "" {
-			h, err := r.IPHistory(ctx, rg, *ip, b)
-			if err != nil {
-				return err
-			}
-			v, t = h, ipHistoryTable(h)
-			break
-		}
-		nats, err := r.NATIPs(ctx, cfg.NAT, rg.From, rg.To, nil)
-		if err != nil {
-			return err
-		}
-		v, t = nats, natTable(nats)
-	case "fail-minutes":
-		ms, err := r.FailMinutes(ctx, rg)
-		if err != nil {
-			return err
-		}
-		v, t = ms, failTable(ms)
-	case "whatif":
-		rep, err := r.WhatIf(ctx, wq)
-		if err != nil {
-			return err
-		}
-		if *format != "json" {
-			return renderWhatIf(stdout, *format, rep)
+		var rep analytics.KeyReport
+		if rep, err = r.KeyReport(ctx, rg, keyArg, b, *tz); err == nil {
+			readKeyDirectives(ctx, fc, &rep, now)
 		}
 		v = rep
-	case "store-health":
-		gh, err := r.StoreHealth(ctx, rg, b)
-		if err != nil {
-			return err
+	case "top-keys":
+		v, err = r.TopKeys(ctx, rg, *limit)
+	case "hot-keys":
+		if *key != "" {
+			v, err = r.KeyHistory(ctx, rg, b)
+		} else {
+			v, err = r.HotKeys(ctx, cfg.Hot, rg.From, rg.To, 0, nil)
 		}
-		v, t = gh, healthTable(gh)
+	case "nat-ips":
+		if *ip != "" {
+			v, err = r.IPHistory(ctx, rg, *ip, b)
+		} else {
+			v, err = r.NATIPs(ctx, cfg.NAT, rg.From, rg.To, nil)
+		}
+	case "fail-minutes":
+		v, err = r.FailMinutes(ctx, rg)
+	case "whatif":
+		v, err = r.WhatIf(ctx, wq)
+	case "store-health":
+		v, err = r.StoreHealth(ctx, rg, b)
 	}
-	return render(stdout, *format, t, v)
+	if err != nil {
+		return err
+	}
+	if rep, ok := v.(analytics.WhatIfReport); ok && *format != "json" {
+		return renderWhatIf(stdout, *format, rep)
+	}
+	return render(stdout, *format, tableOf(v, dim), v)
+}
+
+// tableOf is a command's result as a table: the columns of each result
+// type, in one place.
+func tableOf(v any, by string) table {
+	switch v := v.(type) {
+	case []analytics.TrendPoint:
+		// The API's CSV: one definition of a trend's columns.
+		return newTable(analytics.TrendHeader(by), v, analytics.TrendPoint.Record)
+	case analytics.KeyReport:
+		return keyTable(v)
+	case []analytics.KeyRejections:
+		return newTable([]string{"key_id", "key_name", "key_kind", "requests", "denied", "ratio", "rate_limited", "fail_closed",
+			"cost", "cost_allowed", "rules", "plans", "routes", "gateways"}, v, func(k analytics.KeyRejections) []string {
+			return []string{k.KeyID, k.KeyName, k.KeyKind, n(k.Requests), n(k.Denied), f(k.Ratio, 4),
+				n(k.RateLimited), n(k.FailClosed), n(k.Cost), n(k.CostAllowed),
+				strings.Join(k.Rules, ";"), strings.Join(k.Plans, ";"), strings.Join(k.Routes, ";"), n(k.Gateways)}
+		})
+	case []analytics.HotKey:
+		return newTable([]string{"key_id", "key_name", "key_kind", "requests", "rate", "share", "reason", "gateway_shares"}, v, func(h analytics.HotKey) []string {
+			return []string{h.KeyID, h.KeyName, h.KeyKind, n(h.Requests), f(h.Rate, 2), f(h.Share, 4), h.Reason, shares(h.Shares)}
+		})
+	case []analytics.KeyPoint:
+		return newTable([]string{"bucket", "gateway", "requests", "denied"}, v, func(p analytics.KeyPoint) []string {
+			return []string{ts(p.Bucket), p.Gateway, n(p.Requests), n(p.Denied)}
+		})
+	case []analytics.NATIP:
+		return newTable([]string{"ip", "key", "requests", "denied", "distinct_keys", "distinct_user_agents", "clients", "factor", "reason"}, v, func(x analytics.NATIP) []string {
+			return []string{x.IP, x.Key, n(x.Requests), n(x.Denied), n(x.DistinctKeys), n(x.DistinctUserAgents), n(x.Clients), f(x.Factor, 2), x.Reason}
+		})
+	case []analytics.IPPoint:
+		return newTable([]string{"bucket", "requests", "denied", "distinct_keys", "distinct_user_agents"}, v, func(p analytics.IPPoint) []string {
+			return []string{ts(p.Bucket), n(p.Requests), n(p.Denied), n(p.DistinctKeys), n(p.DistinctUserAgents)}
+		})
+	case []analytics.FailMinute:
+		return newTable([]string{"minute", "gateway", "requests", "fail_open", "fail_closed", "store_unavailable"}, v, func(m analytics.FailMinute) []string {
+			return []string{ts(m.Minute), m.Gateway, n(m.Requests), n(m.FailOpen), n(m.FailClosed), n(m.StoreUnavailable)}
+		})
+	case []analytics.GatewayHealth:
+		return newTable([]string{"bucket", "gateway", "requests", "denied", "store_ok", "store_unavailable", "store_timeout",
+			"store_local_cache", "fail_open", "fail_closed", "local_fallback", "p50_us", "p90_us", "p99_us", "max_us"}, v, func(g analytics.GatewayHealth) []string {
+			return []string{ts(g.Minute), g.Gateway, n(g.Requests), n(g.Denied), n(g.StoreOK), n(g.StoreUnavailable),
+				n(g.StoreTimeout), n(g.StoreLocalCache), n(g.FailOpen), n(g.FailClosed), n(g.LocalFallback),
+				f(g.LatencyP50, 0), f(g.LatencyP90, 0), f(g.LatencyP99, 0), f(g.LatencyMax, 0)}
+		})
+	}
+	return table{}
+}
+
+// newTable is header over one row per element of xs.
+func newTable[T any](header []string, xs []T, row func(T) []string) table {
+	t := table{header: header}
+	for _, x := range xs {
+		t.rows = append(t.rows, row(x))
+	}
+	return t
 }
 
 func render(w io.Writer, format string, t table, v any) error {
@@ -226,26 +249,6 @@ func ts(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 func n(v int64) string      { return strconv.FormatInt(v, 10) }
 func f(v float64, prec int) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
-}
-
-// trendsTable is the API's CSV: one definition of a trend's columns.
-func trendsTable(pts []analytics.TrendPoint, by string) table {
-	t := table{header: analytics.TrendHeader(by)}
-	for _, p := range pts {
-		t.rows = append(t.rows, p.Record())
-	}
-	return t
-}
-
-func topKeysTable(keys []analytics.KeyRejections) table {
-	t := table{header: []string{"key_id", "key_name", "key_kind", "requests", "denied", "ratio", "rate_limited", "fail_closed",
-		"cost", "cost_allowed", "rules", "plans", "routes", "gateways"}}
-	for _, k := range keys {
-		t.rows = append(t.rows, []string{k.KeyID, k.KeyName, k.KeyKind, n(k.Requests), n(k.Denied), f(k.Ratio, 4),
-			n(k.RateLimited), n(k.FailClosed), n(k.Cost), n(k.CostAllowed),
-			strings.Join(k.Rules, ";"), strings.Join(k.Plans, ";"), strings.Join(k.Routes, ";"), n(k.Gateways)})
-	}
-	return t
 }
 
 // readKeyDirectives adds the split and NAT directives in Redis to rep when Redis
@@ -319,55 +322,4 @@ func shares(s map[string]float64) string {
 		out = append(out, gw+"="+f(s[gw], 3))
 	}
 	return strings.Join(out, ";")
-}
-
-func hotKeysTable(hot []analytics.HotKey) table {
-	t := table{header: []string{"key_id", "key_name", "key_kind", "requests", "rate", "share", "reason", "gateway_shares"}}
-	for _, h := range hot {
-		t.rows = append(t.rows, []string{h.KeyID, h.KeyName, h.KeyKind, n(h.Requests), f(h.Rate, 2), f(h.Share, 4), h.Reason, shares(h.Shares)})
-	}
-	return t
-}
-
-func keyHistoryTable(h []analytics.KeyPoint) table {
-	t := table{header: []string{"bucket", "gateway", "requests", "denied"}}
-	for _, p := range h {
-		t.rows = append(t.rows, []string{ts(p.Bucket), p.Gateway, n(p.Requests), n(p.Denied)})
-	}
-	return t
-}
-
-func natTable(nats []analytics.NATIP) table {
-	t := table{header: []string{"ip", "key", "requests", "denied", "distinct_keys", "distinct_user_agents", "clients", "factor", "reason"}}
-	for _, x := range nats {
-		t.rows = append(t.rows, []string{x.IP, x.Key, n(x.Requests), n(x.Denied), n(x.DistinctKeys), n(x.DistinctUserAgents), n(x.Clients), f(x.Factor, 2), x.Reason})
-	}
-	return t
-}
-
-func ipHistoryTable(h []analytics.IPPoint) table {
-	t := table{header: []string{"bucket", "requests", "denied", "distinct_keys", "distinct_user_agents"}}
-	for _, p := range h {
-		t.rows = append(t.rows, []string{ts(p.Bucket), n(p.Requests), n(p.Denied), n(p.DistinctKeys), n(p.DistinctUserAgents)})
-	}
-	return t
-}
-
-func failTable(ms []analytics.FailMinute) table {
-	t := table{header: []string{"minute", "gateway", "requests", "fail_open", "fail_closed", "store_unavailable"}}
-	for _, m := range ms {
-		t.rows = append(t.rows, []string{ts(m.Minute), m.Gateway, n(m.Requests), n(m.FailOpen), n(m.FailClosed), n(m.StoreUnavailable)})
-	}
-	return t
-}
-
-func healthTable(gh []analytics.GatewayHealth) table {
-	t := table{header: []string{"bucket", "gateway", "requests", "denied", "store_ok", "store_unavailable", "store_timeout",
-		"store_local_cache", "fail_open", "fail_closed", "local_fallback", "p50_us", "p90_us", "p99_us", "max_us"}}
-	for _, g := range gh {
-		t.rows = append(t.rows, []string{ts(g.Minute), g.Gateway, n(g.Requests), n(g.Denied), n(g.StoreOK), n(g.StoreUnavailable),
-			n(g.StoreTimeout), n(g.StoreLocalCache), n(g.FailOpen), n(g.FailClosed), n(g.LocalFallback),
-			f(g.LatencyP50, 0), f(g.LatencyP90, 0), f(g.LatencyP99, 0), f(g.LatencyMax, 0)})
-	}
-	return t
 }
