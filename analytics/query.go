@@ -399,10 +399,17 @@ func (r *Reader) FailMinutes(ctx context.Context, rg Range) ([]FailMinute, error
 		return nil, err
 	}
 	return queryRows(ctx, r.ch, "fail minutes", qFailMinutes, rg.args(), func(rows driver.Rows, m *FailMinute) error {
-		err := rows.Scan(&m.Minute, &m.Gateway, &m.Requests, &m.FailOpen, &m.FailClosed, &m.StoreUnavailable)
-		m.Minute = m.Minute.UTC()
-		return err
+		return scanAt(rows, &m.Minute, &m.Gateway, &m.Requests, &m.FailOpen, &m.FailClosed, &m.StoreUnavailable)
 	})
+}
+
+// scanAt scans a row whose first column is a minute or bucket start into
+// at, in UTC (the driver answers in the server's time zone), and the rest
+// into dest.
+func scanAt(rows driver.Rows, at *time.Time, dest ...any) error {
+	err := rows.Scan(append([]any{at}, dest...)...)
+	*at = at.UTC()
+	return err
 }
 
 // TrendQuery asks for rejections over time.
@@ -605,9 +612,7 @@ func (r *Reader) KeyHistory(ctx context.Context, rg Range, bucket string) ([]Key
 		return nil, fmt.Errorf("%w: key history needs a key", ErrBadQuery)
 	}
 	return queryRows(ctx, r.ch, "key history", qKeyHistory, append(rg.args(), clickhouse.Named("bucket", bucket)), func(rows driver.Rows, p *KeyPoint) error {
-		err := rows.Scan(&p.Bucket, &p.Gateway, &p.Requests, &p.Denied)
-		p.Bucket = p.Bucket.UTC()
-		return err
+		return scanAt(rows, &p.Bucket, &p.Gateway, &p.Requests, &p.Denied)
 	})
 }
 
@@ -631,8 +636,6 @@ func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]
 	}
 	args := append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))
 	return queryRows(ctx, r.ch, "ip history", qIPHistory, args, func(rows driver.Rows, p *IPPoint) error {
-		err := rows.Scan(&p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents)
-		p.Bucket = p.Bucket.UTC()
-		return err
+		return scanAt(rows, &p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents)
 	})
 }
