@@ -18,23 +18,15 @@ import (
 // 100k random keys, with no limiter in between (the ceiling beside
 // BenchmarkAllow in `make bench`). It reports Redis' own CPU per check
 // (INFO cpu) and its memory per identity (INFO memory; run it on a Redis
-// nothing else writes to), for this script ("one-key") and for the previous one, a hash
-// per rule ("per-rule-keys"), on the same server. The rules travel packed
-// in one binary argument, which redis-benchmark cannot send (it cuts
-// arguments at NUL bytes).
+// nothing else writes to), with the old keys of the previous layout passed
+// ("one-key", as the gateway does) and without ("one-key-only"). The rules
+// travel packed in one binary argument, which redis-benchmark cannot send
+// (it cuts arguments at NUL bytes).
 func BenchmarkCeiling(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: mustRedis(b).Options().Addr, PoolSize: 64})
 	defer rdb.Close()
 	ctx := context.Background()
 	l := mustLimiter(b, rdb, Config{})
-	prev := redis.NewScript(perRuleKeysSource)
-	prevArgs := func(cost int64) []any {
-		args := []any{cost}
-		for _, r := range benchRules {
-			args = append(args, 0, r.Limit, r.Period.Microseconds(), r.Capacity(), 0)
-		}
-		return args
-	}
 	for _, tc := range []struct {
 		name   string
 		script *redis.Script
@@ -43,13 +35,6 @@ func BenchmarkCeiling(b *testing.B) {
 	}{
 		{"one-key", allowScript, func(key string) []string { return l.Keys(key, benchRules) }, func(c int64) []any { return scriptArgs(benchRules, c) }},
 		{"one-key-only", allowScript, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
-		{"per-rule-keys", prev, func(key string) []string {
-			keys := make([]string, len(benchRules))
-			for i, r := range benchRules {
-				keys[i] = ruleKey("rl", key, r)
-			}
-			return keys
-		}, prevArgs},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Fresh identities each run.

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	_ "embed"
 	"testing"
 	"time"
 
@@ -195,28 +194,42 @@ func mustRedisAllow(t *testing.T, l *Redis, key string, rules []Rule, cost int64
 	return d
 }
 
-// perRuleKeysScript is allow.lua as it was before one key per identity:
-// a hash per rule, keyed <prefix>:{<key>}:<bucket>:tb|sw.
-//
-//go:embed testdata/allow_per_rule_keys.lua
-var perRuleKeysSource string
-
-// oldAllow runs the previous script, as a gateway not yet upgraded would.
-func oldAllow(t *testing.T, rdb redis.Scripter, key string, rules []Rule, cost int64) {
+// writePreviousLayout leaves in Redis what a gateway from before one key
+// per identity wrote on admitting cost units of key to fresh states: a hash
+// per rule, keyed <prefix>:{<key>}:<bucket>:tb|sw, holding a token
+// bucket's tk (micro-tokens), ts (us), l, P (us) and c (the rule), or a
+// sliding window's w (window index), c, p and P (us), expiring as that
+// script set it (when the state reads as full again, plus a second). The
+// fields, not a kept copy of the old script: they are the contract
+// allow.lua still reads.
+func writePreviousLayout(t testing.TB, rdb redis.Cmdable, key string, rules []Rule, cost int64) {
 	t.Helper()
-	var keys []string
-	args := []any{cost}
-	for _, r := range rules {
-		keys = append(keys, ruleKey("rl", key, r))
-		algo := 0
-		if r.algorithm() == SlidingWindow {
-			algo = 1
-		}
-		args = append(args, algo, r.Limit, r.Period.Microseconds(), r.Capacity(), 0)
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
-	res, err := redis.NewScript(perRuleKeysSource).Run(context.Background(), rdb, keys, args...).Int64Slice()
-	if err != nil || res[0] != 1 {
-		t.Fatalf("previous script: %v, %v; want allowed", res, err)
+	us := now.UnixMicro()
+	for _, r := range rules {
+		period := r.Period.Microseconds()
+		var fields []any
+		var full int64 // us until the state reads as full
+		if r.algorithm() == SlidingWindow {
+			w := us / period
+			fields = []any{"w", w, "c", cost, "p", 0, "P", period}
+			full = (w+2)*period - us
+		} else {
+			fields = []any{"tk", (r.Capacity() - cost) * 1_000_000, "ts", us, "l", r.Limit, "P", period, "c", r.Capacity()}
+			full = (cost*period + r.Limit - 1) / r.Limit
+		}
+		k := ruleKey("rl", key, r)
+		ttl := time.Duration((full+999)/1000)*time.Millisecond + time.Second
+		if err := rdb.HSet(ctx, k, fields...).Err(); err != nil {
+			t.Fatalf("HSET %s: %v", k, err)
+		}
+		if err := rdb.PExpire(ctx, k, ttl).Err(); err != nil {
+			t.Fatalf("PEXPIRE %s: %v", k, err)
+		}
 	}
 }
 
@@ -232,7 +245,7 @@ func TestPreviousLayoutTakenOver(t *testing.T) {
 			key := uniqueKey(t)
 			tb := Rule{Name: "tb", Limit: 10, Period: time.Hour}
 			sw := Rule{Name: "sw", Limit: 5, Period: time.Hour, Algorithm: SlidingWindow}
-			oldAllow(t, rdb, key, []Rule{tb, sw}, 4)
+			writePreviousLayout(t, rdb, key, []Rule{tb, sw}, 4)
 			ks, err := l.Inspect(ctx, key, []Rule{tb, sw})
 			if err != nil || !cmp.Equal(remaining(ks), []int64{6, 1}) || !ks.Rules[0].Found {
 				t.Fatalf("Inspect of the previous layout = %+v, %v; want found, remaining [6 1]", ks, err)
@@ -271,7 +284,7 @@ func TestIdentityKeyMemory(t *testing.T) {
 	l := mustLimiter(t, rdb, Config{DenyCache: -1})
 	key := "test:mem:" + time.Now().Format("150405.000000")
 	mustRedisAllow(t, l, key, benchRules, 1)
-	oldAllow(t, rdb, key, benchRules, 1)
+	writePreviousLayout(t, rdb, key, benchRules, 1)
 	defer l.Clear(ctx, key)
 	one := rdb.MemoryUsage(ctx, identityKey("rl", key)).Val()
 	var old int64

@@ -174,7 +174,7 @@ func TestCreateTopics(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := fmt.Sprintf("demo-topic-%d", time.Now().UnixNano())
 	for range 2 {
-		if err := createTopics(t.Context(), []string{"-brokers", strings.Join(brokers, ","), "-partitions", "3", topic}); err != nil {
+		if err := createTopics(t.Context(), []string{"-brokers", strings.Join(brokers, ","), "-partitions", "3", topic}, io.Discard); err != nil {
 			t.Fatalf("createTopics(%s) = %v", topic, err)
 		}
 	}
@@ -190,7 +190,21 @@ func TestCreateTopics(t *testing.T) {
 	if got := len(details[topic].Partitions); got != 3 {
 		t.Errorf("topic %s has %d partitions, want 3", topic, got)
 	}
-	if err := createTopics(t.Context(), []string{topic}); err == nil || !strings.Contains(err.Error(), "usage") {
+	if err := createTopics(t.Context(), []string{topic}, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
 		t.Errorf("createTopics without -brokers = %v, want its usage", err)
+	}
+}
+
+func TestRunSubcommands(t *testing.T) {
+	const usage = "usage: demo upstream|traffic|probe|kafka|keyhash|topic|load [flags]"
+	if err := run(t.Context(), nil, io.Discard); err == nil || err.Error() != usage {
+		t.Errorf("run() = %v, want %q", err, usage)
+	}
+	if err := run(t.Context(), []string{"nope"}, io.Discard); err == nil || err.Error() != `unknown subcommand "nope"` {
+		t.Errorf("run(nope) = %v, want unknown subcommand", err)
+	}
+	var out strings.Builder
+	if err := run(t.Context(), []string{"keyhash", "abc"}, &out); err != nil || out.String() != "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n" {
+		t.Errorf("run(keyhash abc) = %q, %v; want abc's SHA-256", out.String(), err)
 	}
 }

@@ -45,32 +45,43 @@ func main() {
 	})
 }
 
+// commands are demo's subcommands, in the order its usage lists them.
+var commands = []struct {
+	name string
+	run  func(ctx context.Context, args []string, stdout io.Writer) error
+}{
+	{"upstream", upstream},
+	{"traffic", traffic},
+	{"probe", probe},
+	{"kafka", embeddedKafka},
+	{"keyhash", keyHash},
+	{"topic", createTopics},
+	{"load", load},
+}
+
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: demo upstream|traffic|probe|kafka|keyhash|topic|load [flags]")
-	}
-	switch args[0] {
-	case "upstream":
-		return upstream(ctx, args[1:], stdout)
-	case "traffic":
-		return traffic(ctx, args[1:], stdout)
-	case "probe":
-		return probe(ctx, args[1:])
-	case "kafka":
-		return embeddedKafka(ctx, args[1:], stdout)
-	case "load":
-		return load(ctx, args[1:], stdout)
-	case "topic":
-		return createTopics(ctx, args[1:])
-	case "keyhash":
-		// keyhash prints the SHA-256 a gateway config uses for a raw key.
-		for _, k := range args[1:] {
-			sum := sha256.Sum256([]byte(k))
-			fmt.Fprintln(stdout, hex.EncodeToString(sum[:]))
+		names := make([]string, len(commands))
+		for i, c := range commands {
+			names[i] = c.name
 		}
-		return nil
+		return fmt.Errorf("usage: demo %s [flags]", strings.Join(names, "|"))
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout)
+		}
 	}
 	return fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+// keyHash prints the SHA-256 a gateway config uses for each raw key.
+func keyHash(_ context.Context, keys []string, stdout io.Writer) error {
+	for _, k := range keys {
+		sum := sha256.Sum256([]byte(k))
+		fmt.Fprintln(stdout, hex.EncodeToString(sum[:]))
+	}
+	return nil
 }
 
 // upstream serves a trivial JSON API behind the gateway.
@@ -216,7 +227,7 @@ func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 // probe exits non-zero unless url answers 2xx within two seconds.
-func probe(ctx context.Context, args []string) error {
+func probe(ctx context.Context, args []string, _ io.Writer) error {
 	if len(args) != 1 {
 		return errors.New("usage: demo probe URL")
 	}
@@ -273,7 +284,7 @@ func embeddedKafka(ctx context.Context, args []string, stdout io.Writer) error {
 // createTopics creates topics on a real broker, whose gateways do not
 // create them (franz-go asks for no auto-creation): make bench's events
 // case publishes to a fresh one. A topic that exists is not an error.
-func createTopics(ctx context.Context, args []string) error {
+func createTopics(ctx context.Context, args []string, _ io.Writer) error {
 	fs := flag.NewFlagSet("topic", flag.ContinueOnError)
 	brokers := fs.String("brokers", "", "seed brokers, comma separated (required)")
 	partitions := fs.Int("partitions", 4, "partitions of each topic")

@@ -47,6 +47,7 @@ const (
 	fieldDomain         = 20
 	fieldDescriptor     = 21
 	fieldAdmin          = 22
+	maxField            = fieldAdmin // the highest field number this code knows
 
 	// DescriptorEntry's and AdminAction's fields.
 	fieldEntryKey    = 1
@@ -228,6 +229,17 @@ func Decode(b []byte) (Decision, error) {
 // DecodeInto is Decode writing into d, which it resets first.
 func DecodeInto(d *Decision, b []byte) error {
 	*d = Decision{}
+	// Where the plain fields go, by field number, each as a pointer whose
+	// type says how it is read: string, sint64 (every integer of
+	// decision.proto is one) or an enum. The other fields have cases of
+	// their own below.
+	plain := [maxField + 1]any{
+		fieldGatewayID: &d.GatewayID, fieldKeyID: &d.KeyID, fieldKeyKind: (*uint8)(&d.KeyKind),
+		fieldClientIP: &d.ClientIP, fieldRoute: &d.Route, fieldMethod: &d.Method, fieldPlan: &d.Plan,
+		fieldBindingRule: &d.BindingRule, fieldLimit: &d.Limit, fieldRemaining: &d.Remaining,
+		fieldCost: &d.Cost, fieldStoreStatus: (*uint8)(&d.StoreStatus), fieldMode: (*uint8)(&d.Mode),
+		fieldCheckLatencyNS: (*int64)(&d.CheckLatency), fieldKeyName: &d.KeyName, fieldDomain: &d.Domain,
+	}
 	r := reader{b: b}
 	for len(r.b) > 0 {
 		tag, n := consumeVarint(r.b)
@@ -240,77 +252,65 @@ func DecodeInto(d *Decision, b []byte) error {
 		}
 		r.b = r.b[n:]
 		r.typ = typ
+		var dst any
+		if num <= maxField {
+			dst = plain[num]
+		}
 		var err error
-		switch num {
-		case fieldID:
-			err = r.id(&d.ID)
-		case fieldTime:
-			var ns int64
-			if err = r.sint64(&ns); err == nil {
-				d.Time = time.Unix(0, ns).UTC()
-			}
-		case fieldGatewayID:
-			err = r.string(&d.GatewayID)
-		case fieldKeyID:
-			err = r.string(&d.KeyID)
-		case fieldKeyKind:
-			err = r.enum((*uint8)(&d.KeyKind))
-		case fieldClientIP:
-			err = r.string(&d.ClientIP)
-		case fieldUserAgentHash:
-			err = r.fixed64(&d.UserAgentHash)
-		case fieldRoute:
-			err = r.string(&d.Route)
-		case fieldMethod:
-			err = r.string(&d.Method)
-		case fieldPlan:
-			err = r.string(&d.Plan)
-		case fieldBindingRule:
-			err = r.string(&d.BindingRule)
-		case fieldAllowed:
-			err = r.bool(&d.Allowed)
-		case fieldLimit:
-			err = r.sint64(&d.Limit)
-		case fieldRemaining:
-			err = r.sint64(&d.Remaining)
-		case fieldCost:
-			err = r.sint64(&d.Cost)
-		case fieldStoreStatus:
-			err = r.enum((*uint8)(&d.StoreStatus))
-		case fieldMode:
-			err = r.enum((*uint8)(&d.Mode))
-		case fieldCheckLatencyNS:
-			var ns int64
-			err = r.sint64(&ns)
-			d.CheckLatency = time.Duration(ns)
-		case fieldKeyName:
-			err = r.string(&d.KeyName)
-		case fieldDomain:
-			err = r.string(&d.Domain)
-		case fieldDescriptor:
-			if len(d.Descriptor) == MaxDescriptorEntries {
-				err = fmt.Errorf("more than %d descriptor entries", MaxDescriptorEntries)
-				break
-			}
-			var e DescriptorEntry
-			if err = r.pair(fieldEntryKey, &e.Key, fieldEntryValue, &e.Value); err == nil {
-				d.Descriptor = append(d.Descriptor, e)
-			}
-		case fieldAdmin:
-			// A message field met twice merges, as protobuf's do.
-			err = r.pair(fieldAdminAction, &d.Admin.Action, fieldAdminActor, &d.Admin.Actor)
+		switch dst := dst.(type) {
+		case *string:
+			err = r.string(dst)
+		case *int64:
+			err = r.sint64(dst)
+		case *uint8:
+			err = r.enum(dst)
 		default:
-			// A newer writer's field: skip it, whatever its wire type.
-			n := protowire.ConsumeFieldValue(num, typ, r.b)
-			if n < 0 {
-				return fmt.Errorf("%w: field %d: %w", ErrMalformed, num, protowire.ParseError(n))
-			}
-			r.b = r.b[n:]
+			err = r.other(d, num)
 		}
 		if err != nil {
 			return fmt.Errorf("%w: field %d: %w", ErrMalformed, num, err)
 		}
 	}
+	return nil
+}
+
+// other reads field num of d, one that is not a plain field of
+// DecodeInto's, skipping a field this code does not know.
+func (r *reader) other(d *Decision, num protowire.Number) error {
+	switch num {
+	case fieldID:
+		return r.id(&d.ID)
+	case fieldTime:
+		var ns int64
+		err := r.sint64(&ns)
+		if err == nil {
+			d.Time = time.Unix(0, ns).UTC()
+		}
+		return err
+	case fieldUserAgentHash:
+		return r.fixed64(&d.UserAgentHash)
+	case fieldAllowed:
+		return r.bool(&d.Allowed)
+	case fieldDescriptor:
+		if len(d.Descriptor) == MaxDescriptorEntries {
+			return fmt.Errorf("more than %d descriptor entries", MaxDescriptorEntries)
+		}
+		var e DescriptorEntry
+		err := r.pair(fieldEntryKey, &e.Key, fieldEntryValue, &e.Value)
+		if err == nil {
+			d.Descriptor = append(d.Descriptor, e)
+		}
+		return err
+	case fieldAdmin:
+		// A message field met twice merges, as protobuf's do.
+		return r.pair(fieldAdminAction, &d.Admin.Action, fieldAdminActor, &d.Admin.Actor)
+	}
+	// A newer writer's field: skip it, whatever its wire type.
+	n := protowire.ConsumeFieldValue(num, r.typ, r.b)
+	if n < 0 {
+		return protowire.ParseError(n)
+	}
+	r.b = r.b[n:]
 	return nil
 }
 
