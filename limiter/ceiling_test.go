@@ -19,7 +19,12 @@ import (
 // BenchmarkAllow in `make bench`). It reports Redis' own CPU per check
 // (INFO cpu) and its memory per identity (INFO memory; run it on a Redis
 // nothing else writes to), with the old keys of the previous layout passed
-// ("one-key", as the gateway does) and without ("one-key-only"). The rules
+// ("one-key", as the gateway does) and without ("one-key-only"). Two
+// floors beside them say what any script costs Redis here, whatever it
+// computes: "floor-call" returns at once, "floor-read-write" only reads
+// TIME, GETs the key and SETs it with an expiry (a value of the rules'
+// size) and replies as allow.lua does; a check that reads and writes its
+// state in one script cannot cost less than the second. The rules
 // travel packed in one binary argument, which redis-benchmark cannot send
 // (it cuts arguments at NUL bytes).
 func BenchmarkCeiling(b *testing.B) {
@@ -35,6 +40,8 @@ func BenchmarkCeiling(b *testing.B) {
 	}{
 		{"one-key", allowScript, func(key string) []string { return l.Keys(key, benchRules) }, func(c int64) []any { return scriptArgs(benchRules, c) }},
 		{"one-key-only", allowScript, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
+		{"floor-call", redis.NewScript("return 1"), func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
+		{"floor-read-write", floorReadWrite, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Fresh identities each run.
@@ -109,6 +116,15 @@ func BenchmarkCeiling(b *testing.B) {
 		})
 	}
 }
+
+// floorReadWrite is the least a read-and-write check can do in a script:
+// allow.lua's Redis calls and reply shape (one verdict, four integers per
+// rule, the time) without its arithmetic.
+var floorReadWrite = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[3], 'PXAT', (tonumber(t[1]) + 86400) * 1000)
+return {1, 1, 99, 0, 600000000, 1, 4999, 0, 36000000000, 1, 49999, 0, 86400000000, tonumber(t[1])}`)
 
 // redisCPU is Redis' CPU time so far, system and user, in seconds.
 func redisCPU(tb testing.TB, rdb *redis.Client) float64 {
