@@ -27,8 +27,9 @@ echo "== ceiling: allow.lua by EVALSHA, pipelines of 16 on 64 connections, 3 rul
 # Same rules as BenchmarkAllow: 100/min, 5000/h, 50000/day token buckets,
 # with KEYS and ARGV as the limiter sends them. The rules travel packed in
 # one binary argument, which redis-benchmark cannot send (it cuts arguments
-# at NUL bytes). Beside it the previous script (a hash per rule); each
-# reports Redis' CPU per check and memory per identity.
+# at NUL bytes). Beside it two floors (a script that returns at once; one
+# that only reads TIME, GETs and SETs the key): what any script costs
+# Redis here. Each reports Redis' CPU per check and memory per identity.
 go test -run '^$' -bench BenchmarkCeiling -benchtime "${CEILING_N:-200000}x" ./limiter/
 
 fi
