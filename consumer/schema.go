@@ -191,10 +191,8 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		if applied[m.version] {
 			continue
 		}
-		for i, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) && !isRenamed(s, err) {
-				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
-			}
+		if err := applyMigration(ctx, conn, m); err != nil {
+			return err
 		}
 		b, err := conn.PrepareBatch(ctx, qInsertMigration)
 		if err != nil {
@@ -215,6 +213,17 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// applyMigration runs m's statements, each of which may have run before (a
+// migration interrupted before it was recorded runs again).
+func applyMigration(ctx context.Context, conn driver.Conn, m migration) error {
+	for i, s := range m.stmts {
+		if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) && !isRenamed(s, err) {
+			return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
+		}
+	}
+	return nil
 }
 
 // ErrSchemaNewer means the database holds a migration this consumer does
