@@ -62,12 +62,11 @@ ORDER BY (kafka_topic, kafka_partition, fence);
 -- Rollups tagged by batch: batch_id is part of each rollup's key, so rows of
 -- different batches never merge and a failed batch's rollup rows can be
 -- deleted exactly. The old tables keep their names with _v1. Each new table
--- is its old one with batch_id after the grouping columns, made from the old
--- one's rows (batch 0) in one statement: columns and types are the old
--- table's, and only a table not there yet is made, so a rerun copies
--- nothing. (Until this file changed, each new table's columns were listed
--- here, then its rows copied; the tables come out the same, see
--- TestSchemaGolden.)
+-- is made from its old one, whose columns and types it takes, batch_id (0)
+-- after the grouping columns, and whose rows it copies in the same
+-- statement; a table already there is left alone, so a rerun copies
+-- nothing. (This file once listed the new tables' columns again and copied
+-- the rows apart; the tables come out the same: TestSchemaGolden.)
 RENAME TABLE decisions_by_key_1m TO decisions_by_key_1m_v1;
 RENAME TABLE decisions_by_ip_1m TO decisions_by_ip_1m_v1;
 RENAME TABLE decisions_by_gateway_1m TO decisions_by_gateway_1m_v1;
