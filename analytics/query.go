@@ -31,7 +31,6 @@ var (
 	qHotKeys       = mustSQL("hot_keys")
 	qHotKeysRecent = mustSQL("hot_keys_recent")
 	qNATIPs        = mustSQL("nat_ips")
-	qGatewayHealth = mustSQL("gateway_health")
 	qStoreHealth   = mustSQL("store_health")
 	qFailMinutes   = mustSQL("fail_minutes")
 	qTrends        = mustSQL("trends")
@@ -328,29 +327,31 @@ func (r *Reader) IPTraffic(ctx context.Context, q NATQuery) ([]IPTraffic, error)
 	})
 }
 
-// scanHealth scans a gateway_health row, or with bucketed a store_health
-// row (the same columns after a leading bucket).
+// scanHealth scans a store_health row, its bucket into g.Minute when
+// bucketed; a row of the whole range (bucketRange) has no minute.
 func scanHealth(rows driver.Rows, g *GatewayHealth, bucketed bool) error {
 	var q []float64
-	dest := []any{&g.Gateway, &g.Requests, &g.Denied, &g.StoreOK, &g.StoreUnavailable, &g.StoreTimeout,
-		&g.StoreLocalCache, &g.FailOpen, &g.FailClosed, &g.LocalFallback, &q, &g.LatencyMax}
-	if bucketed {
-		dest = append([]any{&g.Minute}, dest...)
-	}
-	if err := rows.Scan(dest...); err != nil {
+	if err := rows.Scan(&g.Minute, &g.Gateway, &g.Requests, &g.Denied, &g.StoreOK, &g.StoreUnavailable, &g.StoreTimeout,
+		&g.StoreLocalCache, &g.FailOpen, &g.FailClosed, &g.LocalFallback, &q, &g.LatencyMax); err != nil {
 		return err
 	}
 	if len(q) == 3 {
 		g.LatencyP50, g.LatencyP90, g.LatencyP99 = q[0], q[1], q[2]
 	}
 	g.Minute = g.Minute.UTC()
+	if !bucketed {
+		g.Minute = time.Time{}
+	}
 	return nil
 }
+
+// bucketRange is store_health's one bucket of the whole range.
+const bucketRange = "range"
 
 // GatewayHealth returns each gateway's decisions in [from, to) by store
 // status and failure mode.
 func (r *Reader) GatewayHealth(ctx context.Context, from, to time.Time) ([]GatewayHealth, error) {
-	return queryRows(ctx, r.ch, "gateway health", qGatewayHealth, Range{From: from, To: to}.args(),
+	return queryRows(ctx, r.ch, "gateway health", qStoreHealth, append(Range{From: from, To: to}.args(), clickhouse.Named("bucket", bucketRange)),
 		func(rows driver.Rows, g *GatewayHealth) error { return scanHealth(rows, g, false) })
 }
 

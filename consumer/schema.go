@@ -38,13 +38,18 @@ func mustQuery(name string) string {
 		panic(err) // embedded at build time: a missing file is a build bug
 	}
 	// Comment lines go: the driver recognises an INSERT by its first word.
+	return strings.TrimSpace(withoutComments(string(b)))
+}
+
+// withoutComments returns sql without its "--" comment lines.
+func withoutComments(sql string) string {
 	var lines []string
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(sql, "\n") {
 		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
 			lines = append(lines, l)
 		}
 	}
-	return strings.TrimSpace(strings.Join(lines, "\n"))
+	return strings.Join(lines, "\n")
 }
 
 var (
@@ -152,14 +157,8 @@ func migrations() ([]migration, error) {
 // splitStatements splits a migration file on semicolons after dropping "--"
 // comment lines. The migrations contain no semicolons inside literals.
 func splitStatements(sql string) []string {
-	var lines []string
-	for _, l := range strings.Split(sql, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
-			lines = append(lines, l)
-		}
-	}
 	var stmts []string
-	for _, s := range strings.Split(strings.Join(lines, "\n"), ";") {
+	for _, s := range strings.Split(withoutComments(sql), ";") {
 		if s = strings.TrimSpace(s); s != "" {
 			stmts = append(stmts, s)
 		}
@@ -191,10 +190,8 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		if applied[m.version] {
 			continue
 		}
-		for i, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) && !isRenamed(s, err) {
-				return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
-			}
+		if err := applyMigration(ctx, conn, m); err != nil {
+			return err
 		}
 		b, err := conn.PrepareBatch(ctx, qInsertMigration)
 		if err != nil {
@@ -215,6 +212,17 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// applyMigration runs m's statements, each of which may have run before (a
+// migration interrupted before it was recorded runs again).
+func applyMigration(ctx context.Context, conn driver.Conn, m migration) error {
+	for i, s := range m.stmts {
+		if err := conn.Exec(ctx, s); err != nil && !isDuplicateColumn(err) && !isRenamed(s, err) {
+			return fmt.Errorf("migration %s statement %d: %w", m.name, i+1, err)
+		}
+	}
+	return nil
 }
 
 // ErrSchemaNewer means the database holds a migration this consumer does

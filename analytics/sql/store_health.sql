@@ -1,8 +1,10 @@
 -- store_health: each gateway's decisions by store status and failure mode,
 -- with check latency quantiles, per @bucket (minute, hour or day) in
--- [@from, @to).
+-- [@from, @to). @bucket 'range' makes the whole range one bucket (at 0):
+-- each gateway's totals, the fleet alerts' input (Reader.GatewayHealth).
 SELECT
-    multiIf(@bucket = 'day', toStartOfDay(minute), @bucket = 'hour', toStartOfHour(minute), minute) AS bucket,
+    multiIf(@bucket = 'day', toStartOfDay(minute), @bucket = 'hour', toStartOfHour(minute),
+            @bucket = 'range', toDateTime(0), minute) AS bucket,
     gateway_id,
     toInt64(countMerge(requests)) AS requests,
     toInt64(sumMerge(denied_requests)) AS denied,
