@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,6 +24,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/readme"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -39,6 +39,13 @@ func writeFile(t *testing.T, body string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestEnvDocumented: README.md's environment table lists exactly the
+// variables the analytics reads (serve and the analyst commands alike).
+func TestEnvDocumented(t *testing.T) {
+	names, secrets := testenv.ConfigEnv(env(nil), loadConfig)
+	readme.CheckEnv(t, "analytics", names, secrets)
 }
 
 func TestConfig(t *testing.T) {
@@ -280,31 +287,6 @@ func TestQueryCommands(t *testing.T) {
 	}
 }
 
-// amAlerts returns the active alerts in Alertmanager carrying label run=id.
-func amAlerts(t *testing.T, am, id string) []map[string]any {
-	t.Helper()
-	resp, err := http.Get(am + "/api/v2/alerts?filter=" + url.QueryEscape(`run="`+id+`"`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out []map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func alertNames(as []map[string]any) []string {
-	var names []string
-	for _, a := range as {
-		if l, ok := a["labels"].(map[string]any); ok {
-			names = append(names, fmt.Sprint(l["alertname"]))
-		}
-	}
-	return names
-}
-
 // TestServe runs "analytics serve" against real ClickHouse, Redis and
 // Alertmanager: a key turning hot gets a split that a gateway's
 // limiter.Watcher loads; a fail-open spike reaches Alertmanager and
@@ -459,7 +441,10 @@ alerts:
 	}
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		names := alertNames(amAlerts(t, am, run))
+		names, err := testenv.ActiveAlerts(t, fmt.Sprintf("run=%q", run))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if strings.Contains(strings.Join(names, ","), analytics.AlertFailOpen) {
 			t.Logf("fail-open spike to alert in Alertmanager: %.1fs (%v)", time.Since(spikeAt).Seconds(), names)
 			break
@@ -479,7 +464,10 @@ alerts:
 	resolveAt := time.Now()
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		names := alertNames(amAlerts(t, am, run))
+		names, err := testenv.ActiveAlerts(t, fmt.Sprintf("run=%q", run))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if len(names) == 0 {
 			t.Logf("recovery to alert resolved in Alertmanager: %.1fs", time.Since(resolveAt).Seconds())
 			break
