@@ -3,8 +3,12 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"sync"
@@ -54,6 +58,51 @@ func FreeAddr(tb testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// WantOK is a load generator's check of one HTTP call: it drains and
+// closes the response's body, so the connection is reused, and returns an
+// error unless the call got a 200.
+func WantOK(resp *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s", resp.Request.Method, resp.Request.URL.Path, resp.Status)
+	}
+	return nil
+}
+
+// ErrStillRunning is Run's stop when its function has not returned within
+// a minute of its context ending: a process that does not stop is a bug.
+var ErrStillRunning = errors.New("still running a minute after its context ended")
+
+// Run runs f in a goroutine of its own, as a process under test runs its
+// main loop, until stop is called or the test ends. stop cancels f's
+// context and returns f's error, or ErrStillRunning; the test's end only
+// reports ErrStillRunning, so a test that cares about f's error calls stop.
+func Run(tb testing.TB, f func(ctx context.Context) error) (stop func() error) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(time.Minute):
+			return ErrStillRunning
+		}
+	})
+	tb.Cleanup(func() {
+		if err := stop(); errors.Is(err, ErrStillRunning) {
+			tb.Error(err)
+		}
+	})
+	return stop
 }
 
 // LogBuffer collects a process's log lines; it is safe for the process's
