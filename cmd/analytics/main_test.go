@@ -322,21 +322,12 @@ alerts:
   labels: {run: %q}
 `, listen, adminListen, prefix, run))
 	var logs testenv.LogBuffer
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- runCmd(sctx, []string{"serve", "-config", file}, env(map[string]string{
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return runCmd(ctx, []string{"serve", "-config", file}, env(map[string]string{
 			"EDGELIMIT_CLICKHOUSE_ADDR": chAddr, "EDGELIMIT_CLICKHOUSE_DATABASE": db, "EDGELIMIT_REDIS_ADDR": redisAddr,
 			"EDGELIMIT_ANALYTICS_TOKEN": token, "EDGELIMIT_ALERTMANAGER_URL": am,
 		}), &logs)
-	}()
-	stopped := false
-	defer func() {
-		if !stopped {
-			stop()
-			<-done
-		}
-	}()
+	})
 	base0 := "http://" + listen
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -494,15 +485,8 @@ alerts:
 		t.Errorf("/metrics lacks the analytics series")
 	}
 
-	stop()
-	select {
-	case err := <-done:
-		stopped = true
-		if err != nil {
-			t.Errorf("serve returned %v after ctx ended", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop within 15s of ctx ending")
+	if err := stop(); err != nil {
+		t.Errorf("serve returned %v after ctx ended", err)
 	}
 	if !strings.Contains(logs.String(), "analytics stopped") {
 		t.Errorf("serve log lacks the stop line:\n%s", logs.String())
