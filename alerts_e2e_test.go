@@ -26,9 +26,7 @@ import (
 // shipped rules (deploy/prometheus/alerts.yml, unmodified), stopping Redis
 // under load makes the gateway fail open, its metric climbs, and
 // EdgelimitFailOpen reaches Alertmanager; with Redis back every alert of
-// the gateway resolves. It reports both delays. (It is the only test of
-// the shipped rules against a real Prometheus: analytics' copy of it
-// merged into it.)
+// the gateway resolves. It reports both delays.
 func TestFailOpenAlert(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for real alert windows (about two minutes)")

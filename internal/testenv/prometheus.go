@@ -13,8 +13,8 @@ import (
 )
 
 // The shared Prometheus and Alertmanager serve every package under test at
-// once, so these helpers name each test's files after the test and filter
-// alerts by the labels of the test's own targets.
+// once: a test names its files after itself and asks for the alerts of its
+// own targets only.
 
 // PrometheusFile writes b to the shared Prometheus's folder as
 // kind/name.yml (kind is "rules" or "targets", see PrometheusDir) and has
