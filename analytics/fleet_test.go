@@ -2,13 +2,10 @@ package analytics_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -83,8 +80,6 @@ func startFleet(t *testing.T, gwIDs []string, plans map[string]gateway.Plan, key
 	wg.Add(1)
 	go func() { defer wg.Done(); cons.Run(ctx) }()
 
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
-	t.Cleanup(up.Close)
 	f := &pipelineFleet{
 		ctx: ctx, conn: conn, store: limiter.NewDirectiveStore(rdb, prefix),
 		watchers: map[string]*limiter.Watcher{}, urls: map[string]string{}, registries: map[string]*prometheus.Registry{},
@@ -93,8 +88,7 @@ func startFleet(t *testing.T, gwIDs []string, plans map[string]gateway.Plan, key
 	var apiKeys []gateway.APIKey
 	for id, plan := range keys {
 		r := "raw-" + id + "-" + suffix
-		sum := sha256.Sum256([]byte(r))
-		apiKeys = append(apiKeys, gateway.APIKey{ID: id, SHA256: hex.EncodeToString(sum[:]), Plan: plan})
+		apiKeys = append(apiKeys, apiKey(id, r, plan))
 		f.raw[id] = r
 	}
 	for _, id := range gwIDs {
@@ -112,24 +106,14 @@ func startFleet(t *testing.T, gwIDs []string, plans map[string]gateway.Plan, key
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pub.Close(context.Background()) })
-		gw, err := gateway.New(gateway.Config{
+		f.urls[id] = serveGateway(t, gateway.Config{
 			GatewayID:      id,
 			Plans:          plans,
 			APIKeys:        apiKeys,
-			Upstreams:      map[string]gateway.Upstream{"app": {URL: up.URL}},
-			Routes:         []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
 			TrustedProxies: []string{"127.0.0.1"},
 			KeyHashSecret:  fleetSecret,
 			StoreDeadline:  time.Second,
-			Listen:         "127.0.0.1:0", AdminListen: "127.0.0.1:0",
 		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet, Directives: w, Registry: f.registries[id]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { gw.Close() })
-		s := httptest.NewServer(gw.Handler())
-		t.Cleanup(s.Close)
-		f.urls[id] = s.URL
 	}
 	return f
 }

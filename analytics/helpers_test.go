@@ -2,8 +2,13 @@ package analytics_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -43,6 +49,33 @@ func mustRedis(tb testing.TB) (*redis.Client, string) {
 		tb.Fatalf("redis ping: %v", err)
 	}
 	return rdb, fmt.Sprintf("analytics-test-%d-%d", time.Now().UnixNano(), rand.IntN(1000))
+}
+
+// apiKey is the gateway's configuration of the API key raw: id on plan,
+// stored as its SHA-256.
+func apiKey(id, raw, plan string) gateway.APIKey {
+	sum := sha256.Sum256([]byte(raw))
+	return gateway.APIKey{ID: id, SHA256: hex.EncodeToString(sum[:]), Plan: plan}
+}
+
+// serveGateway starts a gateway of cfg and opts that proxies every path to
+// an upstream answering "ok", and returns its traffic URL; both stop when
+// the test ends.
+func serveGateway(tb testing.TB, cfg gateway.Config, opts gateway.Options) string {
+	tb.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	tb.Cleanup(up.Close)
+	cfg.Upstreams = map[string]gateway.Upstream{"app": {URL: up.URL}}
+	cfg.Routes = []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}}
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	gw, err := gateway.New(cfg, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { gw.Close() })
+	s := httptest.NewServer(gw.Handler())
+	tb.Cleanup(s.Close)
+	return s.URL
 }
 
 // fleetClock is a seeded fleet's "now": 30s into the minute before the

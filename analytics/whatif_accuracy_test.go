@@ -2,15 +2,12 @@ package analytics_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -52,39 +49,26 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 		{Rule: limiter.Rule{Name: "second", Limit: 1, Period: time.Second, Burst: 3}},
 		{Rule: limiter.Rule{Name: "ten_seconds", Limit: 15, Period: 10 * time.Second, Algorithm: limiter.SlidingWindow}},
 	}
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
-	defer up.Close()
 	const nKeys = 40
 	var keys []gateway.APIKey
 	raw := make([]string, nKeys)
 	for i := range raw {
 		raw[i] = fmt.Sprintf("raw-whatif-%d-%s", i, prefix)
-		sum := sha256.Sum256([]byte(raw[i]))
-		keys = append(keys, gateway.APIKey{ID: fmt.Sprintf("k%d", i), SHA256: hex.EncodeToString(sum[:]), Plan: "free"})
+		keys = append(keys, apiKey(fmt.Sprintf("k%d", i), raw[i], "free"))
 	}
 	start := func(name string, rules []gateway.Rule, pub *eventLog) string {
 		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix + "-" + name, DenyCache: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gw, err := gateway.New(gateway.Config{
+		return serveGateway(t, gateway.Config{
 			GatewayID: "gw-" + name,
 			Plans:     map[string]gateway.Plan{"free": {Rules: rules}},
 			APIKeys:   keys,
-			Upstreams: map[string]gateway.Upstream{"app": {URL: up.URL}},
-			Routes:    []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
 			// One secret: both gateways name a key by the same id.
 			KeyHashSecret: secret,
 			StoreDeadline: time.Second,
-			Listen:        "127.0.0.1:0", AdminListen: "127.0.0.1:0",
 		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { gw.Close() })
-		s := httptest.NewServer(gw.Handler())
-		t.Cleanup(s.Close)
-		return s.URL
 	}
 	xLog, yLog := &eventLog{}, &eventLog{}
 	xURL, yURL := start("x", ruleX, xLog), start("y", ruleY, yLog)

@@ -173,23 +173,12 @@ func start(tb testing.TB, cfg Config, ch driver.Conn, hook func(*Consumer)) *run
 	if hook != nil {
 		hook(c)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					tb.Errorf("Run: %v", err)
-				}
-			case <-time.After(60 * time.Second):
-				tb.Errorf("Run did not return within 60s of cancel")
-			}
-		})
-	}
+	run := testenv.Run(tb, c.Run)
+	stop := sync.OnceFunc(func() {
+		if err := run(); err != nil {
+			tb.Errorf("Run: %v", err)
+		}
+	})
 	tb.Cleanup(stop)
 	return &running{c: c, reg: reg, stop: stop}
 }

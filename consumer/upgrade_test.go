@@ -29,10 +29,14 @@ func TestUpgradeOlderConsumerStops(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rctx, cancel := context.WithCancel(ctx)
-			t.Cleanup(cancel)
+			// The test waits for Run to end on its own (ErrSchemaNewer);
+			// testenv.Run stops and awaits it should it not.
 			done := make(chan error, 1)
-			go func() { done <- c.Run(rctx) }()
+			testenv.Run(t, func(ctx context.Context) error {
+				err := c.Run(ctx)
+				done <- err
+				return err
+			})
 			return done
 		}
 		done := run()

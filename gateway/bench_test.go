@@ -226,16 +226,7 @@ func benchGet(cl *http.Client, url string, hot bool, ips []string) error {
 	} else {
 		req.Header.Set("X-Forwarded-For", ips[rand.IntN(len(ips))])
 	}
-	resp, err := cl.Do(req)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
+	return testenv.WantOK(cl.Do(req))
 }
 
 // timedStore records how long each limiter call takes.

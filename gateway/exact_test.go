@@ -194,59 +194,66 @@ func TestDenyCacheFollowsDirectives(t *testing.T) {
 	}
 }
 
-// reserveFleet is three gateways under one split of the acme key's 10/h:
-// half to gw-a, half reserved for the gateways the split does not name
-// (gw-b and gw-c), which must check one bucket together.
-func reserveFleet(t *testing.T, store func() checker) []*Gateway {
+// splitFleet is a fleet of gateways ids, each expecting the fleet's size
+// and checking store, that read their split directives from dirs (nil
+// until the test sets them): the acme key's limit, shared as the test's
+// splits say. keyID is the acme key's id in a split.
+func splitFleet(t *testing.T, store checker, limit int64, ids ...string) (fleet []*Gateway, dirs *fixedDirectives, keyID string) {
 	t.Helper()
-	var fleet []*Gateway
-	dirs := &fixedDirectives{}
-	for _, id := range []string{"gw-a", "gw-b", "gw-c"} {
-		cfg := localConfig(limiter.Rule{Name: "hour", Limit: 10, Period: time.Hour}, 3)
+	dirs = &fixedDirectives{}
+	for _, id := range ids {
+		cfg := localConfig(limiter.Rule{Name: "hour", Limit: limit, Period: time.Hour}, len(ids))
 		cfg.GatewayID = id
 		cfg.SplitMaxPeriod = time.Hour
-		g, err := New(cfg, Options{Store: store(), Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
+		g, err := New(cfg, Options{Store: store, Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fleet = append(fleet, g)
 	}
-	keyID := fleet[0].keys.id(limiter.APIKeyKey("acme"))
+	return fleet, dirs, fleet[0].keys.id(limiter.APIKeyKey("acme"))
+}
+
+// reserveFleet is three gateways under one split of the acme key's 10/h:
+// half to gw-a, half reserved for the gateways the split does not name
+// (gw-b and gw-c), which must check one bucket together; all check store.
+func reserveFleet(t *testing.T, store checker) []*Gateway {
+	t.Helper()
+	fleet, dirs, keyID := splitFleet(t, store, 10, "gw-a", "gw-b", "gw-c")
 	dirs.d = &limiter.Directives{Splits: map[string]limiter.SplitDirective{
 		limiter.DirectiveKey("api_key", keyID): {Shares: map[string]float64{"gw-a": 0.5, limiter.OtherGateways: 0.5}, Expires: time.Now().Add(time.Hour)},
 	}}
 	return fleet
 }
 
-// TestSplitReserveIsOneBucket: gateways a split does not name share the
-// reserve in one bucket ({key/gw:*}), so the fleet admits the rule, not the
-// reserve once per unnamed gateway (found by TestGatewayModel: two unnamed
-// gateways each checked a bucket of their own, 15 of a 10/h rule).
-func TestSplitReserveIsOneBucket(t *testing.T) {
-	lim, _ := redisStore(t)
-	fleet := reserveFleet(t, func() checker { return lim })
-	admitted := 0
-	for _, g := range fleet {
-		admitted += enforceN(t, g, 10)
+// TestSplitReserve: the gateways a split does not name share its reserve.
+// With the store up they check it in one bucket ({key/gw:*}), so the fleet
+// admits the rule, not the reserve once per unnamed gateway (found by
+// TestGatewayModel: two unnamed gateways each checked a bucket of their
+// own, 15 of a 10/h rule). With the store down an unnamed gateway enforces
+// its local share of the reserve, not the whole reserve, so the unnamed
+// gateways together stay within it but for the local policy's rounding
+// (capacity at least 1 each).
+func TestSplitReserve(t *testing.T) {
+	tests := []struct {
+		name  string
+		store func(t *testing.T) checker
+		want  int
+	}{
+		{"store up: one reserve bucket", func(t *testing.T) checker { lim, _ := redisStore(t); return lim }, 10},
+		// gw-a its 5; gw-b and gw-c each ⌊5/3⌋ = 1 of the reserve.
+		{"store down: local shares of the reserve", func(*testing.T) checker { return downStore{} }, 7},
 	}
-	if admitted != 10 {
-		t.Errorf("split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 10", admitted)
-	}
-}
-
-// TestLocalFallbackSplitsReserve: with the store down, an unnamed gateway
-// enforces its local share of the reserve, not the whole reserve, so the
-// unnamed gateways together stay within it but for the local policy's
-// rounding (capacity at least 1 each).
-func TestLocalFallbackSplitsReserve(t *testing.T) {
-	fleet := reserveFleet(t, func() checker { return downStore{} })
-	admitted := 0
-	for _, g := range fleet {
-		admitted += enforceN(t, g, 10)
-	}
-	// gw-a its 5; gw-b and gw-c each ⌊5/3⌋ = 1 of the reserve.
-	if admitted != 7 {
-		t.Errorf("store down, split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want 7", admitted)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			admitted := 0
+			for _, g := range reserveFleet(t, tt.store(t)) {
+				admitted += enforceN(t, g, 10)
+			}
+			if admitted != tt.want {
+				t.Errorf("split 10/h half to gw-a, half reserved for gw-b and gw-c: fleet admitted %d, want %d", admitted, tt.want)
+			}
+		})
 	}
 }
 
@@ -258,19 +265,7 @@ func TestLocalFallbackSplitsReserve(t *testing.T) {
 func TestSplitResizeMintsNothing(t *testing.T) {
 	lim, _ := redisStore(t)
 	const limit = 100
-	dirs := &fixedDirectives{}
-	var fleet []*Gateway
-	for _, id := range []string{"gw-a", "gw-b"} {
-		cfg := localConfig(limiter.Rule{Name: "hour", Limit: limit, Period: time.Hour}, 2)
-		cfg.GatewayID = id
-		cfg.SplitMaxPeriod = time.Hour
-		g, err := New(cfg, Options{Store: lim, Directives: dirs, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fleet = append(fleet, g)
-	}
-	keyID := fleet[0].keys.id(limiter.APIKeyKey("acme"))
+	fleet, dirs, keyID := splitFleet(t, lim, limit, "gw-a", "gw-b")
 	start := time.Now()
 	admitted := 0
 	const rounds = 8

@@ -130,7 +130,7 @@ import (
 //
 // It found unnamed gateways checking a split's reserve in a bucket each
 // (the reserve once per unnamed gateway), and each enforcing the whole
-// reserve in local fallback; see TestSplitReserveIsOneBucket.
+// reserve in local fallback; see TestSplitReserve.
 //
 // EDGELIMIT_GATEWAY_MODEL_SEED reproduces a run's phases, rules and costs
 // (not the interleaving of goroutines nor Redis' clock);

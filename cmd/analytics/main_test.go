@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,6 +24,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/internal/readme"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -39,6 +39,13 @@ func writeFile(t *testing.T, body string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestEnvDocumented: README.md's environment table lists exactly the
+// variables the analytics reads (serve and the analyst commands alike).
+func TestEnvDocumented(t *testing.T) {
+	names, secrets := testenv.ConfigEnv(env(nil), loadConfig)
+	readme.CheckEnv(t, "analytics", names, secrets)
 }
 
 func TestConfig(t *testing.T) {
@@ -280,31 +287,6 @@ func TestQueryCommands(t *testing.T) {
 	}
 }
 
-// amAlerts returns the active alerts in Alertmanager carrying label run=id.
-func amAlerts(t *testing.T, am, id string) []map[string]any {
-	t.Helper()
-	resp, err := http.Get(am + "/api/v2/alerts?filter=" + url.QueryEscape(`run="`+id+`"`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out []map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func alertNames(as []map[string]any) []string {
-	var names []string
-	for _, a := range as {
-		if l, ok := a["labels"].(map[string]any); ok {
-			names = append(names, fmt.Sprint(l["alertname"]))
-		}
-	}
-	return names
-}
-
 // TestServe runs "analytics serve" against real ClickHouse, Redis and
 // Alertmanager: a key turning hot gets a split that a gateway's
 // limiter.Watcher loads; a fail-open spike reaches Alertmanager and
@@ -340,21 +322,12 @@ alerts:
   labels: {run: %q}
 `, listen, adminListen, prefix, run))
 	var logs testenv.LogBuffer
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- runCmd(sctx, []string{"serve", "-config", file}, env(map[string]string{
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return runCmd(ctx, []string{"serve", "-config", file}, env(map[string]string{
 			"EDGELIMIT_CLICKHOUSE_ADDR": chAddr, "EDGELIMIT_CLICKHOUSE_DATABASE": db, "EDGELIMIT_REDIS_ADDR": redisAddr,
 			"EDGELIMIT_ANALYTICS_TOKEN": token, "EDGELIMIT_ALERTMANAGER_URL": am,
 		}), &logs)
-	}()
-	stopped := false
-	defer func() {
-		if !stopped {
-			stop()
-			<-done
-		}
-	}()
+	})
 	base0 := "http://" + listen
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -459,7 +432,10 @@ alerts:
 	}
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		names := alertNames(amAlerts(t, am, run))
+		names, err := testenv.ActiveAlerts(t, fmt.Sprintf("run=%q", run))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if strings.Contains(strings.Join(names, ","), analytics.AlertFailOpen) {
 			t.Logf("fail-open spike to alert in Alertmanager: %.1fs (%v)", time.Since(spikeAt).Seconds(), names)
 			break
@@ -479,7 +455,10 @@ alerts:
 	resolveAt := time.Now()
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		names := alertNames(amAlerts(t, am, run))
+		names, err := testenv.ActiveAlerts(t, fmt.Sprintf("run=%q", run))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if len(names) == 0 {
 			t.Logf("recovery to alert resolved in Alertmanager: %.1fs", time.Since(resolveAt).Seconds())
 			break
@@ -506,15 +485,8 @@ alerts:
 		t.Errorf("/metrics lacks the analytics series")
 	}
 
-	stop()
-	select {
-	case err := <-done:
-		stopped = true
-		if err != nil {
-			t.Errorf("serve returned %v after ctx ended", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop within 15s of ctx ending")
+	if err := stop(); err != nil {
+		t.Errorf("serve returned %v after ctx ended", err)
 	}
 	if !strings.Contains(logs.String(), "analytics stopped") {
 		t.Errorf("serve log lacks the stop line:\n%s", logs.String())

@@ -22,11 +22,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/readme"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
+}
+
+// TestEnvDocumented: README.md's environment table lists exactly the
+// variables the consumer reads.
+func TestEnvDocumented(t *testing.T) {
+	names, secrets := testenv.ConfigEnv(env(nil), loadConfig)
+	readme.CheckEnv(t, "consumer", names, secrets)
 }
 
 func TestCheckRedactsAndDefaults(t *testing.T) {
@@ -124,19 +132,16 @@ func TestRunConsumesAndStops(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("kafka:\n  create_topics: true\n  partitions: 3\nbatch:\n  wait: 200ms\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var out testenv.LogBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-config", cfgPath}, env(map[string]string{
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return run(ctx, []string{"-config", cfgPath}, env(map[string]string{
 			"EDGELIMIT_CLICKHOUSE_ADDR":       addr,
 			"EDGELIMIT_CLICKHOUSE_DATABASE":   db,
 			"EDGELIMIT_KAFKA_BROKERS":         brokers,
 			"EDGELIMIT_CONSUMER_ADMIN_LISTEN": admin,
 			"EDGELIMIT_CONSUMER_GROUP":        "cmd-test",
 		}), &out)
-	}()
+	})
 	const n = 500
 	produceEvents(t, kc.ListenAddrs(), 3, n)
 	waitRows(t, root, db+".decisions", n, &out)
@@ -166,14 +171,8 @@ func TestRunConsumesAndStops(t *testing.T) {
 		}
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run after cancel = %v, want nil", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return within 30s of cancel")
+	if err := stop(); err != nil {
+		t.Errorf("run after cancel = %v, want nil", err)
 	}
 	sc := bufio.NewScanner(strings.NewReader(out.String()))
 	lines := 0
@@ -245,12 +244,9 @@ func TestRunOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var out testenv.LogBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, nil, env(map[string]string{
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return run(ctx, nil, env(map[string]string{
 			"EDGELIMIT_CLICKHOUSE_ADDR":           addr1,
 			"EDGELIMIT_CLICKHOUSE_DATABASE":       front,
 			"EDGELIMIT_CLICKHOUSE_SHARDS":         addr1 + "," + addr2,
@@ -260,31 +256,25 @@ func TestRunOnCluster(t *testing.T) {
 			"EDGELIMIT_CONSUMER_ADMIN_LISTEN":     "off",
 			"EDGELIMIT_CONSUMER_GROUP":            "cmd-cluster-test",
 		}), &out)
-	}()
+	})
 	const n = 600
 	produceEvents(t, kc.ListenAddrs(), 2, n)
 	frontConn := testenv.OpenClickHouse(t, addr1, front)
 	waitRows(t, frontConn, "decisions", n, &out)
 	for _, table := range []string{"decisions", "decisions_ledger", "decisions_claims"} {
 		var engine string
-		if err := frontConn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = ?", table).Scan(&engine); err != nil || engine != "Distributed" {
+		if err := frontConn.QueryRow(t.Context(), "SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = ?", table).Scan(&engine); err != nil || engine != "Distributed" {
 			t.Errorf("%s.%s engine = %q (%v), want Distributed", front, table, engine, err)
 		}
 	}
 	for i, sh := range shards {
 		var c uint64
-		if err := sh.QueryRow(ctx, "SELECT count() FROM "+local+".decisions").Scan(&c); err != nil || c == 0 || c == n {
+		if err := sh.QueryRow(t.Context(), "SELECT count() FROM "+local+".decisions").Scan(&c); err != nil || c == 0 || c == n {
 			t.Errorf("shard %d holds %d of %d rows (%v), want a share", i+1, c, n, err)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run after cancel = %v, want nil; log:\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return within 30s of cancel")
+	if err := stop(); err != nil {
+		t.Errorf("run after cancel = %v, want nil; log:\n%s", err, out.String())
 	}
 }
 

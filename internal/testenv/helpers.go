@@ -3,13 +3,19 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/readme"
 )
 
 // Seed is a randomized test's seed: the variable name's value when set,
@@ -52,6 +58,51 @@ func FreeAddr(tb testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// WantOK is a load generator's check of one HTTP call: it drains and
+// closes the response's body, so the connection is reused, and returns an
+// error unless the call got a 200.
+func WantOK(resp *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s", resp.Request.Method, resp.Request.URL.Path, resp.Status)
+	}
+	return nil
+}
+
+// ErrStillRunning is Run's stop when its function has not returned within
+// a minute of its context ending: a process that does not stop is a bug.
+var ErrStillRunning = errors.New("still running a minute after its context ended")
+
+// Run runs f in a goroutine of its own, as a process under test runs its
+// main loop, until stop is called or the test ends. stop cancels f's
+// context and returns f's error, or ErrStillRunning; the test's end only
+// reports ErrStillRunning, so a test that cares about f's error calls stop.
+func Run(tb testing.TB, f func(ctx context.Context) error) (stop func() error) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(time.Minute):
+			return ErrStillRunning
+		}
+	})
+	tb.Cleanup(func() {
+		if err := stop(); errors.Is(err, ErrStillRunning) {
+			tb.Error(err)
+		}
+	})
+	return stop
 }
 
 // LogBuffer collects a process's log lines; it is safe for the process's
@@ -103,4 +154,15 @@ func Load(tb testing.TB, n int, every time.Duration, f func(context.Context)) (s
 	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
 	tb.Cleanup(stop)
 	return stop
+}
+
+// ConfigEnv returns the EDGELIMIT_* variables that a process's loadConfig
+// asks getenv for when it has no config file, as readme.Recorder.Names
+// gives them: what the process's test compares with README's environment
+// table (readme.CheckEnv). loadConfig's error is not the point: without
+// addresses the configuration is invalid, but the environment was read.
+func ConfigEnv[C any](getenv func(string) string, loadConfig func(path string, getenv func(string) string) (C, error)) (names, secrets []string) {
+	rec := readme.NewRecorder(getenv)
+	_, _ = loadConfig("", rec.Getenv)
+	return rec.Names()
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -223,16 +222,8 @@ func TestPrometheus(t *testing.T) {
 
 	// A rule file dropped into the rules folder loads on /-/reload.
 	group := uniqueName("testenv")
-	file := filepath.Join(testenv.PrometheusDir(t), "rules", group+".yml")
 	rule := "groups:\n  - name: " + group + "\n    rules:\n      - record: " + group + ":one\n        expr: vector(1)\n"
-	if err := os.WriteFile(file, []byte(rule), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.Remove(file)
-		reloadPrometheus(t)
-	})
-	reloadPrometheus(t)
+	testenv.PrometheusFile(t, "rules", group, []byte(rule))
 	resp, err := http.Get(testenv.PrometheusURL(t) + "/api/v1/rules")
 	if err != nil {
 		t.Fatalf("GET /api/v1/rules: %v", err)
@@ -241,18 +232,6 @@ func TestPrometheus(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(body), `"name":"`+group+`"`) {
 		t.Errorf("GET /api/v1/rules = %s, want group %s", body, group)
-	}
-}
-
-func reloadPrometheus(tb testing.TB) {
-	tb.Helper()
-	resp, err := http.Post(testenv.PrometheusURL(tb)+"/-/reload", "", nil)
-	if err != nil {
-		tb.Fatalf("POST /-/reload: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		tb.Errorf("POST /-/reload = %d, want 200", resp.StatusCode)
 	}
 }
 
