@@ -3,8 +3,7 @@ package analytics_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
+	"maps"
 	"reflect"
 	"regexp"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/internal/testenv"
@@ -60,16 +60,12 @@ func TestFaultClusterQueries(t *testing.T) {
 		"kind": "", "method": "", "tz": "Asia/Kolkata",
 		"lo": "", "hi": "~", "plans": []string{"free", "pro"}, "routes": []string{" none", "/v1/orders"},
 	}
-	files, err := filepath.Glob("sql/*.sql")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("queries: %v", err)
+	queries := analytics.Queries()
+	if len(queries) == 0 {
+		t.Fatal("no embedded queries")
 	}
-	for _, file := range files {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		q := string(b)
+	for _, file := range slices.Sorted(maps.Keys(queries)) {
+		q := queries[file]
 		var named []any
 		for _, m := range slices.Compact(slices.Sorted(slices.Values(regexp.MustCompile(`@([a-z_]+)`).FindAllString(q, -1)))) {
 			v, ok := args[m[1:]]

@@ -15,13 +15,22 @@ import (
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-//go:embed sql/*.sql
+//go:embed sql/*.sql sql/part/*.sql
 var sqlFS embed.FS
 
+// keyFilters is the analyst's filters on the key rollup, written once
+// (sql/part/key_filters.sql) for every query that takes them.
+var keyFilters = strings.TrimSpace(mustRead("sql/part/key_filters.sql"))
+
+// mustSQL is the embedded query name as it runs: {key_filters} spliced.
 func mustSQL(name string) string {
-	b, err := sqlFS.ReadFile("sql/" + name + ".sql")
+	return strings.ReplaceAll(mustRead("sql/"+name+".sql"), "{key_filters}", keyFilters)
+}
+
+func mustRead(file string) string {
+	b, err := sqlFS.ReadFile(file)
 	if err != nil {
-		panic(fmt.Sprintf("analytics: embedded query %s: %v", name, err))
+		panic(fmt.Sprintf("analytics: embedded query %s: %v", file, err))
 	}
 	return string(b)
 }

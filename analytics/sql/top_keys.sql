@@ -18,13 +18,7 @@ SELECT
     toInt64(uniqExact(gateway_id)) AS gateways
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
-  AND (@rule = '' OR binding_rule = @rule)
-  AND (@route = '' OR route = @route)
-  AND (@plan = '' OR plan = @plan)
-  AND (@gateway = '' OR gateway_id = @gateway)
-  AND (@key = '' OR key_id = @key OR key_name = @key)
-  AND (@kind = '' OR key_kind = @kind)
-  AND (@method = '' OR method = @method)
+  {key_filters}
 GROUP BY key_id, key_kind
 HAVING denied > 0
 ORDER BY denied DESC, total DESC, key_id

@@ -28,13 +28,7 @@ SELECT
         FROM decisions_by_key_1m
         WHERE @top > 0
           AND minute >= @from AND minute < @to
-          AND (@rule = '' OR binding_rule = @rule)
-          AND (@route = '' OR route = @route)
-          AND (@plan = '' OR plan = @plan)
-          AND (@gateway = '' OR gateway_id = @gateway)
-          AND (@key = '' OR key_id = @key OR key_name = @key)
-          AND (@kind = '' OR key_kind = @kind)
-          AND (@method = '' OR method = @method)
+          {key_filters}
         GROUP BY top_dim
         ORDER BY sum(denied_requests) DESC, sum(requests) DESC, top_dim
         LIMIT @top_limit
@@ -62,13 +56,7 @@ FROM (
         sum(allowed_cost) AS b_allowed_cost
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
-      AND (@rule = '' OR binding_rule = @rule)
-      AND (@route = '' OR route = @route)
-      AND (@plan = '' OR plan = @plan)
-      AND (@gateway = '' OR gateway_id = @gateway)
-      AND (@key = '' OR key_id = @key OR key_name = @key)
-      AND (@kind = '' OR key_kind = @kind)
-      AND (@method = '' OR method = @method)
+      {key_filters}
     GROUP BY m, dim
 )
 GROUP BY bucket, series
