@@ -16,6 +16,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -29,6 +30,18 @@ func (l *eventLog) Publish(d event.Decision) {
 	l.mu.Lock()
 	l.events = append(l.events, d)
 	l.mu.Unlock()
+}
+
+// counts is how many decisions are logged so far, and how many denied.
+func (l *eventLog) counts() (n, denied int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.events {
+		if !e.Allowed {
+			denied++
+		}
+	}
+	return len(l.events), denied
 }
 
 // TestWhatIfMatchesGateway is the replay's accuracy check against the
@@ -74,8 +87,9 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 	xURL, yURL := start("x", ruleX, xLog), start("y", ruleY, yLog)
 
 	// Each key sends at its own pace (2 to 8 a second on average, in
-	// random gaps) for 8 seconds; each request goes to both gateways at
-	// once.
+	// random gaps) for 8 seconds, and on until the traffic tests the
+	// proposal (on a busy machine requests take longer, so fewer are sent
+	// in 8 seconds); each request goes to both gateways at once.
 	client := &http.Client{Timeout: 5 * time.Second}
 	send := func(u, key string) int {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+"/v1/items", nil)
@@ -90,7 +104,7 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 		return resp.StatusCode
 	}
 	from := time.Now().UTC().Add(-time.Second)
-	deadline := time.Now().Add(8 * time.Second)
+	stop := make(chan struct{})
 	var load sync.WaitGroup
 	for i := range nKeys {
 		load.Add(1)
@@ -98,8 +112,12 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 			defer load.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			mean := time.Second / time.Duration(2+i%7)
-			for time.Now().Before(deadline) {
-				time.Sleep(time.Duration(rng.Int64N(int64(2 * mean))))
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Duration(rng.Int64N(int64(2 * mean)))):
+				}
 				var both sync.WaitGroup
 				both.Add(2)
 				go func() { defer both.Done(); send(xURL, raw[i]) }()
@@ -108,6 +126,12 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 			}
 		}()
 	}
+	time.Sleep(8 * time.Second)
+	testenv.WaitFor(t, time.Minute, "enough traffic to test the proposal", func() bool {
+		n, denied := yLog.counts()
+		return n >= 600 && denied >= 250
+	})
+	close(stop)
 	load.Wait()
 	to := time.Now().UTC().Add(2 * time.Second)
 
