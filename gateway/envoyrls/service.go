@@ -315,7 +315,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			p.current = f.lim.current()
 			c := int64(max(1, req.GetHitsAddend()))
 			if h := descs[i].GetHitsAddend(); h != nil {
-				c = int64(min(max(1, h.GetValue()), math.MaxInt32))
+				// Charged in full: a cut-down cost could fit under a limit
+				// (up to 2^32) the real one exceeds. Values past 2^53 (exact
+				// in the script's doubles) exceed every limit all the same.
+				c = int64(min(max(1, h.GetValue()), 1<<53))
 			}
 			if costSet && c != cost {
 				return nil, status.Errorf(codes.InvalidArgument,
