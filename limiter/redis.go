@@ -287,7 +287,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		return Decision{}, err
 	}
 	if r.deny != nil && !d.Allowed {
-		r.deny.put(fp, key, cost, sent.Add(d.RetryAfter()), d)
+		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
 	}
 	return d, nil
 }

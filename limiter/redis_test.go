@@ -279,6 +279,36 @@ func TestDenyCacheExact(t *testing.T) {
 	}
 }
 
+// TestCachedRetryAfterIsEnough: a client that waits the RetryAfter of a
+// denial the deny cache answered is admitted, even when Redis decided the
+// denial it cached long after the call was sent (here a CLIENT PAUSE
+// holds the call): the wait counts from the reply, not from the send.
+func TestCachedRetryAfterIsEnough(t *testing.T) {
+	rdb := mustRedis(t)
+	pauser := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{})
+	ctx := context.Background()
+	rules := []Rule{{Name: "r", Limit: 1, Period: 4 * time.Second}}
+	key := uniqueKey(t)
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || !d.Allowed {
+		t.Fatalf("first Allow = %+v, %v; want allowed", d, err)
+	}
+	if err := pauser.ClientPause(ctx, time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || d.Allowed || d.Cached {
+		t.Fatalf("Allow during the pause = %+v, %v; want denied by Redis", d, err)
+	}
+	d, err := l.Allow(ctx, key, rules, 1)
+	if err != nil || d.Allowed || !d.Cached {
+		t.Fatalf("Allow after the pause = %+v, %v; want a cached denial", d, err)
+	}
+	time.Sleep(d.RetryAfter())
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || !d.Allowed {
+		t.Errorf("Allow after the cached RetryAfter = %+v, %v; want allowed", d, err)
+	}
+}
+
 func TestStoreErrors(t *testing.T) {
 	// Nothing listens on port 1: the limiter must return an error, not a
 	// decision, so the gateway's failure policy can act.
