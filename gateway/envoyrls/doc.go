@@ -84,7 +84,9 @@
 //     private or otp (Envoy's own generic_key, header_match, query_match,
 //     source_cluster, destination_cluster, remote_address and
 //     masked_remote_address excepted), or the value starts "Bearer " or
-//     "Basic ", or is over 128 bytes.
+//     "Basic ", or is over 128 bytes, or holds a URL's password
+//     (user:pass@host) or a parameter named with one of those words
+//     (a path's "?access_token=…", ";jsessionid=…").
 //   - A file ratelimit refuses is refused, with its message and the
 //     file's name (its own test configurations are checked by
 //     TestRatelimitTestConfigs). MERGE_DOMAIN_CONFIG is not supported: a
