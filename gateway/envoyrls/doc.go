@@ -101,4 +101,8 @@
 //     429's body; ratelimit sends none.
 //   - At most 64 descriptors of 32 entries per request, and 16 distinct
 //     limited descriptors (one limiter call's rules).
+//   - A descriptor value that is not UTF-8 (header bytes 0x80-0xFF, which
+//     Envoy forwards as they came) is read as Latin-1 and counted like any
+//     other; ratelimit's gRPC server refuses the whole request, which
+//     Envoy's default failure_mode_deny: false then lets through.
 package envoyrls

@@ -153,6 +153,8 @@ func (s *Service) Server() (*grpc.Server, error) {
 		}),
 		// Envoy pings idle connections too; allow it, at a bounded rate.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.Keepalive.MinTime, PermitWithoutStream: true}),
+		// Strings that are not UTF-8 are read, not refused (see codec).
+		grpc.ForceServerCodec(codec{}),
 	}
 	if c.TLS.CertFile != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
