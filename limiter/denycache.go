@@ -11,7 +11,10 @@ const denyShards = 16
 // key's denials are answered from memory. It is exact: an entry ends at
 // send time + retry-after, and Redis decided after the send, so the cache
 // stops denying no later than Redis would. Only refill can make a denied
-// key allowed again, and no other gateway can refill it faster.
+// key allowed again, and no other gateway can refill it faster. The waits
+// it reports count from the reply's arrival instead, which is after Redis
+// decided, so a client that waits them is admitted: counted from the
+// send, they would come short by the call's whole latency.
 type denyCache struct {
 	shards [denyShards]denyShard
 	per    int
@@ -23,9 +26,9 @@ type denyShard struct {
 }
 
 type denyEntry struct {
-	key     string // guards against fingerprint collisions
-	until   time.Time
-	at      time.Time // when the decision was cached
+	key     string    // guards against fingerprint collisions
+	until   time.Time // send time + retry-after: deny no longer
+	at      time.Time // when the reply arrived: waits count from here
 	minCost int64     // other costs have other retry times
 	d       Decision
 }
@@ -56,13 +59,13 @@ func (c *denyCache) get(fp uint64, key string, cost int64, now time.Time) (Decis
 		r.ResetAfter = max(0, r.ResetAfter-since)
 		d.Rules[i] = r
 	}
-	d.Rules[d.Binding].RetryAfter = e.until.Sub(now)
 	return d, true
 }
 
-func (c *denyCache) put(fp uint64, key string, cost int64, until time.Time, d Decision) {
-	now := until.Add(-d.RetryAfter())
-	if !until.After(now) {
+// put caches d, which Redis gave a call sent at sent and answered at recv.
+func (c *denyCache) put(fp uint64, key string, cost int64, sent, recv time.Time, d Decision) {
+	until := sent.Add(d.RetryAfter())
+	if !until.After(recv) {
 		return
 	}
 	s := &c.shards[fp%denyShards]
@@ -70,7 +73,7 @@ func (c *denyCache) put(fp uint64, key string, cost int64, until time.Time, d De
 	defer s.mu.Unlock()
 	if _, ok := s.m[fp]; !ok && len(s.m) >= c.per {
 		for k, e := range s.m {
-			if !now.Before(e.until) {
+			if !recv.Before(e.until) {
 				delete(s.m, k)
 			}
 		}
@@ -83,5 +86,5 @@ func (c *denyCache) put(fp uint64, key string, cost int64, until time.Time, d De
 			delete(s.m, k)
 		}
 	}
-	s.m[fp] = denyEntry{key: key, until: until, at: now, minCost: cost, d: d}
+	s.m[fp] = denyEntry{key: key, until: until, at: recv, minCost: cost, d: d}
 }

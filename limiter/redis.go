@@ -208,8 +208,22 @@ func layout(rules []Rule) (cont []int, m int) {
 	return cont, m
 }
 
-// identityKey is the container of key's named rules.
-func identityKey(prefix, key string) string { return prefix + ":{" + key + "}" }
+// identityKey is the container of key's named rules. The key is the
+// Redis Cluster hash tag, which ends at the first '}': a key holding one
+// would move the identity into another key's slot, and one starting with
+// '}' leaves the tag empty, so each key is hashed whole and a check's keys
+// land in different slots (CROSSSLOT: every check fails). A key with
+// braces is escaped ('%', '{', '}' as %25, %7B, %7D) and marked by a '~'
+// after the tag, where no brace-free key's names have one, so no two keys
+// share a name.
+func identityKey(prefix, key string) string {
+	if !strings.ContainsAny(key, "{}") {
+		return prefix + ":{" + key + "}"
+	}
+	return prefix + ":{" + braceEscaper.Replace(key) + "}~"
+}
+
+var braceEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // containerKey is the container rule's state lives in.
 func containerKey(prefix, key string, rule Rule) string {
@@ -273,7 +287,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		return Decision{}, err
 	}
 	if r.deny != nil && !d.Allowed {
-		r.deny.put(fp, key, cost, sent.Add(d.RetryAfter()), d)
+		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
 	}
 	return d, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -206,19 +207,41 @@ func TestExpiry(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "keys to expire", func() bool { return rdb.Exists(ctx, keys...).Val() == 0 })
 }
 
-// TestOneSlot: all keys of one check share a Redis Cluster hash slot.
+// TestOneSlot: all keys of one check share a Redis Cluster hash slot,
+// whatever braces the key holds, and a check of such a key succeeds on
+// the Cluster and counts apart from every other key.
 func TestOneSlot(t *testing.T) {
 	rdb := mustCluster(t)
-	l := mustLimiter(t, rdb, Config{})
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	ctx := context.Background()
 	rules := []Rule{{Name: "m", Limit: 1, Period: time.Minute}, {Name: "h", Limit: 1, Period: time.Hour}, {Name: "d", Limit: 1, Period: 24 * time.Hour, Algorithm: SlidingWindow}, {Name: "e", Limit: 1, Period: time.Hour, Bucket: "e0123"}}
-	for _, key := range []string{"k:abc", "ip:10.0.0.0/64", "odd}key{", "u:{x}"} {
+	slot := func(k string) int64 { return rdb.ClusterKeySlot(ctx, k).Val() }
+	base := uniqueKey(t)
+	// A leading '}' empties the hash tag (each key is then hashed whole);
+	// one inside ends it early, in the slot of the key before it.
+	for _, suffix := range []string{"", "}", "}x", "{}", "odd}key{", "{x}", "%7D", "}~"} {
+		key := base + suffix
+		if strings.HasPrefix(suffix, "}") {
+			key = suffix + base
+		}
 		var slots []int64
 		for _, k := range l.Keys(key, rules) {
-			slots = append(slots, rdb.ClusterKeySlot(context.Background(), k).Val())
+			slots = append(slots, slot(k))
 		}
 		for _, s := range slots[1:] {
 			if s != slots[0] {
 				t.Errorf("Keys(%q) slots = %v, want one slot", key, slots)
+				break
+			}
+		}
+		if prefix, _, ok := strings.Cut(key, "}"); ok && prefix != "" && slots[0] == slot(l.Keys(prefix, rules)[0]) {
+			t.Errorf("Keys(%q) share slot %d with Keys(%q): a brace moved the identity", key, slots[0], prefix)
+		}
+		// Each key admits its own one unit: no other key's state is its.
+		for i, want := range []bool{true, false} {
+			d, err := l.Allow(ctx, key, rules, 1)
+			if err != nil || d.Allowed != want {
+				t.Errorf("Allow(%q) #%d = %v, %v; want allowed %v", key, i+1, d.Allowed, err, want)
 			}
 		}
 	}
@@ -253,6 +276,36 @@ func TestDenyCacheExact(t *testing.T) {
 	}
 	if st.Cached == 0 || st.Checks > int64(calls)/2 {
 		t.Errorf("Stats() = %+v for %d calls: the deny cache answered too little", st, calls)
+	}
+}
+
+// TestCachedRetryAfterIsEnough: a client that waits the RetryAfter of a
+// denial the deny cache answered is admitted, even when Redis decided the
+// denial it cached long after the call was sent (here a CLIENT PAUSE
+// holds the call): the wait counts from the reply, not from the send.
+func TestCachedRetryAfterIsEnough(t *testing.T) {
+	rdb := mustRedis(t)
+	pauser := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{})
+	ctx := context.Background()
+	rules := []Rule{{Name: "r", Limit: 1, Period: 4 * time.Second}}
+	key := uniqueKey(t)
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || !d.Allowed {
+		t.Fatalf("first Allow = %+v, %v; want allowed", d, err)
+	}
+	if err := pauser.ClientPause(ctx, time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || d.Allowed || d.Cached {
+		t.Fatalf("Allow during the pause = %+v, %v; want denied by Redis", d, err)
+	}
+	d, err := l.Allow(ctx, key, rules, 1)
+	if err != nil || d.Allowed || !d.Cached {
+		t.Fatalf("Allow after the pause = %+v, %v; want a cached denial", d, err)
+	}
+	time.Sleep(d.RetryAfter())
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || !d.Allowed {
+		t.Errorf("Allow after the cached RetryAfter = %+v, %v; want allowed", d, err)
 	}
 }
 

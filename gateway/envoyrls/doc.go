@@ -84,7 +84,9 @@
 //     private or otp (Envoy's own generic_key, header_match, query_match,
 //     source_cluster, destination_cluster, remote_address and
 //     masked_remote_address excepted), or the value starts "Bearer " or
-//     "Basic ", or is over 128 bytes.
+//     "Basic ", or is over 128 bytes, or holds a URL's password
+//     (user:pass@host) or a parameter named with one of those words
+//     (a path's "?access_token=…", ";jsessionid=…").
 //   - A file ratelimit refuses is refused, with its message and the
 //     file's name (its own test configurations are checked by
 //     TestRatelimitTestConfigs). MERGE_DOMAIN_CONFIG is not supported: a
@@ -99,4 +101,8 @@
 //     429's body; ratelimit sends none.
 //   - At most 64 descriptors of 32 entries per request, and 16 distinct
 //     limited descriptors (one limiter call's rules).
+//   - A descriptor value that is not UTF-8 (header bytes 0x80-0xFF, which
+//     Envoy forwards as they came) is read as Latin-1 and counted like any
+//     other; ratelimit's gRPC server refuses the whole request, which
+//     Envoy's default failure_mode_deny: false then lets through.
 package envoyrls

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"net/url"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +36,8 @@ var plainKeys = map[string]bool{
 
 // secretValue says whether the event must carry value's hash rather than
 // value: its key names a credential, or it looks like one (an
-// Authorization header's scheme, or too long to be a plain name).
+// Authorization header's scheme, or too long to be a plain name), or it
+// holds one inside a URL (a path descriptor's ":path" carries the query).
 func secretValue(key, value string) bool {
 	if len(value) > maxEventValue {
 		return true
@@ -43,12 +45,48 @@ func secretValue(key, value string) bool {
 	if v := strings.ToLower(value); strings.HasPrefix(v, "bearer ") || strings.HasPrefix(v, "basic ") {
 		return true
 	}
-	if plainKeys[key] {
-		return false
+	if urlSecret(value) {
+		return true
 	}
-	k := strings.ToLower(key)
+	return !plainKeys[key] && secretName(key)
+}
+
+// secretName says whether a key or parameter name names a credential.
+func secretName(name string) bool {
+	k := strings.ToLower(name)
 	for _, w := range secretWords {
 		if strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// urlSecret says whether value holds a URL's password (user:pass@host,
+// with or without a scheme) or a parameter named like a credential
+// (?access_token=…, ;jsessionid=…, #id_token=…), its name unescaped, so
+// no spelling of one is carried as sent.
+func urlSecret(value string) bool {
+	auth := value
+	if _, rest, ok := strings.Cut(value, "://"); ok {
+		auth = rest
+	}
+	auth = strings.TrimPrefix(auth, "//")
+	if i := strings.IndexAny(auth, "/?#"); i >= 0 {
+		auth = auth[:i]
+	}
+	if at := strings.LastIndex(auth, "@"); at >= 0 && strings.Contains(auth[:at], ":") {
+		return true
+	}
+	for _, p := range strings.FieldsFunc(value, func(r rune) bool { return r == '?' || r == '&' || r == ';' || r == '#' }) {
+		name, _, ok := strings.Cut(p, "=")
+		if !ok {
+			continue
+		}
+		if u, err := url.QueryUnescape(name); err == nil {
+			name = u
+		}
+		if secretName(name) {
 			return true
 		}
 	}

@@ -38,6 +38,7 @@ descriptors:
 		desc("api_key", secret),
 		desc("path", "/v1/orders"),
 		desc("path", "Bearer "+secret),
+		desc("path", "/callback?state=1&access_token="+secret),
 		desc("path", long),
 		desc("unconfigured", "not checked"),
 		desc("path", "/v1/orders")) // the same entry again: once in the event
@@ -56,7 +57,7 @@ descriptors:
 			t.Errorf("event descriptor entry %q carries a secret value as sent: %q", d.Key, d.Value)
 		}
 	}
-	if want := []string{"remote_address", "api_key", "path", "path", "path"}; !cmp.Equal(keys, want) {
+	if want := []string{"remote_address", "api_key", "path", "path", "path", "path"}; !cmp.Equal(keys, want) {
 		t.Errorf("event descriptor keys %v, want %v (checked descriptors only, duplicates once)", keys, want)
 	}
 	plain := map[string]bool{"192.0.2.7": true, "/v1/orders": true}
@@ -110,6 +111,20 @@ func TestSecretValue(t *testing.T) {
 		{"user", "basic dXNlcjpwYXNz", true},
 		{"user", strings.Repeat("a", maxEventValue+1), true},
 		{"user", strings.Repeat("a", maxEventValue), false},
+		// Inside a URL: its user info's password, or a parameter named
+		// like a credential, escaped or not.
+		{"path", "/cb?state=1&access_token=abc", true},
+		{"path", "/login?user=a&PASSWORD=hunter2", true},
+		{"path", "/x;jsessionid=abc", true},
+		{"path", "/x#id_token=abc", true},
+		{"path", "/x?%74oken=abc", true},
+		{"query", "X-Amz-Signature=abc&X-Amz-Date=1", true},
+		{"url", "https://user:pass@example.com/x", true},
+		{"upstream", "user:pass@10.0.0.1:6379", true},
+		{"path", "/v1/orders?page=2&sort=asc", false},
+		{"path", "/v1/keys/42", false},
+		{"user", "alice@example.com", false},
+		{"url", "https://example.com/a@b", false},
 	}
 	for _, tt := range tests {
 		if got := secretValue(tt.key, tt.value); got != tt.want {

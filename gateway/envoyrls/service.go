@@ -153,6 +153,8 @@ func (s *Service) Server() (*grpc.Server, error) {
 		}),
 		// Envoy pings idle connections too; allow it, at a bounded rate.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.Keepalive.MinTime, PermitWithoutStream: true}),
+		// Strings that are not UTF-8 are read, not refused (see codec).
+		grpc.ForceServerCodec(codec{}),
 	}
 	if c.TLS.CertFile != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
@@ -315,7 +317,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			p.current = f.lim.current()
 			c := int64(max(1, req.GetHitsAddend()))
 			if h := descs[i].GetHitsAddend(); h != nil {
-				c = int64(min(max(1, h.GetValue()), math.MaxInt32))
+				// Charged in full: a cut-down cost could fit under a limit
+				// (up to 2^32) the real one exceeds. Values past 2^53 (exact
+				// in the script's doubles) exceed every limit all the same.
+				c = int64(min(max(1, h.GetValue()), 1<<53))
 			}
 			if costSet && c != cost {
 				return nil, status.Errorf(codes.InvalidArgument,

@@ -149,6 +149,37 @@ func TestHitsAddendIsTheCost(t *testing.T) {
 	}
 }
 
+// TestHugeHitsAddendCountsInFull: a descriptor's hits_addend (a uint64,
+// e.g. bytes sent) above 2^31 is charged in full, never cut down to a
+// smaller cost that fits under the limit.
+func TestHugeHitsAddendCountsInFull(t *testing.T) {
+	const bytes = `
+domain: bytes
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: year
+      requests_per_unit: 4000000000
+`
+	r := startRLS(t, map[string]string{"bytes.yaml": bytes}, Config{}, gatewayConfig(), "")
+	// 4e9 a year refill 127 a second: the remaining count after one 3e9
+	// hit is 1e9 plus what a test's seconds refill, far below 1.1e9.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
+		d := desc("tenant", "acme")
+		d.HitsAddend = wrap(3_000_000_000)
+		st := r.ask(t, "bytes", 1, d).GetStatuses()[0]
+		if rem := st.GetLimitRemaining(); st.GetCode() != want || rem < 1_000_000_000 || rem >= 1_100_000_000 {
+			t.Errorf("hits_addend 3e9 #%d of a 4e9 limit: %v with %d remaining, want %v with 1e9 (and what refilled since)", i+1, st.GetCode(), rem, want)
+		}
+	}
+	// Above any capacity: refused, whatever the value's size.
+	d := desc("tenant", "other")
+	d.HitsAddend = wrap(math.MaxUint64)
+	if st := r.ask(t, "bytes", 1, d).GetStatuses()[0]; st.GetCode() != over {
+		t.Errorf("hits_addend 2^64-1: %v, want OVER_LIMIT", st.GetCode())
+	}
+}
+
 func TestAllOrNothingAcrossDescriptors(t *testing.T) {
 	r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "")
 	five, one := desc("generic_key", "five"), desc("generic_key", "one")
