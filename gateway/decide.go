@@ -68,7 +68,8 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		g.m.storeUnavailable.WithLabelValues("circuit_open").Inc()
 		return g.fallback(ctx, st, l, cost, event.StoreUnavailable, start)
 	}
-	cctx, cancel := context.WithTimeout(ctx, st.cfg.StoreDeadline)
+	budget, short := storeBudget(ctx, st.cfg.StoreDeadline)
+	cctx, cancel := context.WithTimeout(ctx, budget)
 	d, err := g.store.Allow(cctx, l.key, l.rules, cost)
 	cancel()
 	lat := g.now().Sub(start)
@@ -93,16 +94,43 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		g.breaker.abandon(probe)
 		return verdict{err: err}
 	}
-	g.breaker.failure(start, g.now())
 	status, reason := event.StoreUnavailable, "error"
-	if isTimeout(err) {
+	switch {
+	case short && isTimeout(err):
+		// The caller's time ran out, not the store's: its answer is the
+		// failure policy's, but a caller's impatience is no sign the store
+		// is down, so the breaker is not told.
+		g.breaker.abandon(probe)
+		status, reason = event.StoreTimeout, "caller_deadline"
+	case isTimeout(err):
+		g.breaker.failure(start, g.now())
 		status, reason = event.StoreTimeout, "timeout"
+	default:
+		g.breaker.failure(start, g.now())
 	}
 	g.m.checkLatency.WithLabelValues("shared", reason).Observe(lat.Seconds())
 	g.m.storeUnavailable.WithLabelValues(reason).Inc()
 	v := g.fallback(ctx, st, l, cost, status, start)
 	v.latency = lat
 	return v
+}
+
+// storeBudget is how long the store call may take: the store deadline, or
+// less when the caller has a deadline of its own that comes sooner (a gRPC
+// client's: Envoy's default is 20ms, below the default store deadline),
+// leaving it the time to get the failure policy's answer (short) rather
+// than none, which Envoy would let through whatever the policy.
+func storeBudget(ctx context.Context, deadline time.Duration) (budget time.Duration, short bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return deadline, false
+	}
+	left := time.Until(dl)
+	left -= min(left/5, 5*time.Millisecond) // to answer in
+	if left >= deadline {
+		return deadline, false
+	}
+	return max(left, 0), true
 }
 
 func enforced(d limiter.Decision, rules []limiter.Rule, status event.StoreStatus, lat time.Duration) verdict {

@@ -29,7 +29,7 @@ const ns = "edgelimit_gateway"
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		decisions:        newCounterVec("decisions_total", "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback).", "result", "rule", "mode"),
-		storeUnavailable: newCounterVec("store_unavailable_total", "Decisions the shared store could not make, by reason (error, timeout, circuit_open).", "reason"),
+		storeUnavailable: newCounterVec("store_unavailable_total", "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, circuit_open).", "reason"),
 		failOpen:         newCounter("fail_open_total", "Requests allowed unchecked because the store was unavailable."),
 		failClosed:       newCounter("fail_closed_total", "Requests refused with 503 because the store was unavailable."),
 		checkLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.circuitState, m.circuitOpens, m.requests, m.upstreamErrors, m.rejected, m.reloads)
 	m.sharedOK = m.checkLatency.WithLabelValues("shared", "ok")
 	m.localOK = m.checkLatency.WithLabelValues("local", "ok")
-	for _, r := range []string{"error", "timeout", "circuit_open"} {
+	for _, r := range []string{"error", "timeout", "caller_deadline", "circuit_open"} {
 		m.storeUnavailable.WithLabelValues(r)
 	}
 	for _, r := range []string{"ok", "failed"} {

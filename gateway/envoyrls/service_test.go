@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -358,6 +359,58 @@ func TestFailurePoliciesWithRedisStopped(t *testing.T) {
 			evs := r.events.list()
 			if last := evs[len(evs)-1]; last.Mode != tc.mode {
 				t.Errorf("event mode %v, want %v", last.Mode, tc.mode)
+			}
+		})
+	}
+}
+
+// TestFailurePolicyBeforeCallerDeadline hangs Redis (CLIENT PAUSE) and asks
+// with Envoy's default 20ms timeout, shorter than the store deadline: the
+// failure policy must answer before the caller gives up. An answer that
+// comes too late is a DeadlineExceeded, which Envoy's default
+// failure_mode_deny: false lets through whatever the policy.
+func TestFailurePolicyBeforeCallerDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		policy gateway.FailurePolicy
+		want   rlsv3.RateLimitResponse_Code
+		mode   event.Mode
+	}{
+		{gateway.FailClosed, over, event.ModeFailClosed},
+		{gateway.FailOpen, ok, event.ModeFailOpen},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			srv := testenv.Private(t, "redis")
+			addr := srv.Get(t, "EDGELIMIT_REDIS_ADDR")
+			r := startRLS(t, map[string]string{"test.yaml": features}, Config{FailurePolicy: tc.policy}, gatewayConfig(), addr)
+			if resp := r.ask(t, "test", 0, desc("generic_key", "one")); resp.GetOverallCode() != ok {
+				t.Fatalf("with Redis: %v", resp.GetOverallCode())
+			}
+			admin := redis.NewClient(&redis.Options{Addr: addr})
+			defer admin.Close()
+			if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 3000, "ALL").Err(); err != nil {
+				t.Fatal(err)
+			}
+			defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
+			before := len(r.events.list())
+			for i := range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", fmt.Sprint("10.0.0.", i))}})
+				cancel()
+				if err != nil {
+					t.Fatalf("request %d, Redis hung, policy %s: %v, want the policy's %v", i, tc.policy, err, tc.want)
+				}
+				if resp.GetOverallCode() != tc.want {
+					t.Fatalf("request %d, Redis hung, policy %s: %v, want %v", i, tc.policy, resp.GetOverallCode(), tc.want)
+				}
+			}
+			evs := r.events.list()[before:]
+			if len(evs) != 5 {
+				t.Fatalf("%d events for 5 requests", len(evs))
+			}
+			for _, e := range evs {
+				if e.Mode != tc.mode || e.StoreStatus != event.StoreTimeout {
+					t.Errorf("event mode %v, store %v; want %v, %v", e.Mode, e.StoreStatus, tc.mode, event.StoreTimeout)
+				}
 			}
 		})
 	}
