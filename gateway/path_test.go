@@ -235,6 +235,8 @@ func TestOnePath(t *testing.T) {
 		{name: "encoded slash off export", method: "POST", target: "/api/export/..%2Fcsv", wantStatus: 400},
 		{name: "jsessionid refused", method: "POST", target: "/api/export;jsessionid=1", wantStatus: 400},
 		{name: "upper case is not export", method: "POST", target: "/api/EXPORT", wantStatus: 200, wantRoute: "api", wantPath: "/api/EXPORT"},
+		// Django and Werkzeug upper-case the method: "post" runs the export.
+		{name: "lower-case method is export", method: "post", target: "/api/export", wantStatus: 200, wantRoute: "export", wantPath: "/api/export"},
 		// Tricky encodings.
 		{name: "encoded dots resolved", method: "GET", target: "/api/search/%2e%2e/%2E%2E/healthz", wantStatus: 200, wantRoute: "health", wantPath: "/healthz"},
 		{name: "encoded dots to unrouted", method: "GET", target: "/api/%2e%2e/internal/x", wantStatus: 404},
