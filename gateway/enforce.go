@@ -103,7 +103,7 @@ func (a answer) write(w http.ResponseWriter) {
 // 429, else the refusal (401). The bucket is the address's own, apart
 // from its anonymous traffic's.
 func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e identifyError, c call) problem {
-	if e == errBadForwardedFor || st.authFailure == nil {
+	if e == errBadForwardedFor || e == errAmbiguousKey || st.authFailure == nil {
 		return g.refusal(e)
 	}
 	c.id.kind, c.id.key, c.id.plan = event.KindIP, ipKey(c.id.clientIP), st.authFailure
@@ -121,6 +121,11 @@ func (g *Gateway) refusal(e identifyError) problem {
 		g.m.rejected.WithLabelValues("bad_forwarded_for").Inc()
 		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
 			Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}
+	}
+	if e == errAmbiguousKey {
+		g.m.rejected.WithLabelValues("ambiguous_key").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "The request carries more than one API key (X-API-Key fields, or X-API-Key and Authorization: Bearer, that differ); send one."}
 	}
 	if e == errUnknownKey {
 		g.m.rejected.WithLabelValues("unknown_key").Inc()

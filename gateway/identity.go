@@ -36,6 +36,8 @@ const (
 	errKeyRequired
 	// errBadForwardedFor: a trusted hop names the client unreadably.
 	errBadForwardedFor
+	// errAmbiguousKey: the request carries more than one API key.
+	errAmbiguousKey
 )
 
 // identify finds the caller: API key, then user header from a trusted
@@ -46,7 +48,11 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	if id.clientIP, ok = st.clientIP(r); !ok {
 		return id, errBadForwardedFor
 	}
-	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
+	raw, ok := apiKeyOf(r.Header, st.cfg.IgnoreBearer)
+	if !ok {
+		return id, errAmbiguousKey
+	}
+	if raw != "" {
 		if k := st.lookupKey(raw); k != nil {
 			id.kind, id.key, id.plan, id.name = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan, k.name
 			return id, identified
@@ -78,19 +84,62 @@ func ipKey(ip string) string {
 	return "ip:unknown"
 }
 
-// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer.
-func apiKeyOf(r *http.Request, ignoreBearer bool) string {
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return strings.TrimSpace(k)
+// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer,
+// and false when the request carries two different keys. An upstream may
+// read another of them than the gateway would pick: the first of repeated
+// fields (Go), the last, or all joined (Node); and a CGI or WSGI stack
+// reads "X_API_KEY" as X-API-Key. Charged to one key (or to the address,
+// when the first field is empty) and served as another, a caller would
+// never meet its key's limits, so such a request is refused. Empty values
+// name no key.
+func apiKeyOf(h http.Header, ignoreBearer bool) (string, bool) {
+	var key string
+	ok := true
+	add := func(v string) {
+		if v = strings.TrimSpace(v); v == "" {
+			return
+		}
+		if key != "" && v != key {
+			ok = false
+		}
+		key = v
 	}
-	if ignoreBearer {
-		return ""
+	for name, vs := range h {
+		switch {
+		case sameHeader(name, "x-api-key"):
+			for _, v := range vs {
+				add(v)
+			}
+		case !ignoreBearer && strings.EqualFold(name, "Authorization"):
+			for _, a := range vs {
+				if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+					add(a[7:])
+				}
+			}
+		}
 	}
-	a := r.Header.Get("Authorization")
-	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
+	return key, ok
+}
+
+// sameHeader says name is the lower-case header name folded as
+// foldHeader folds it, without allocating.
+func sameHeader(name, folded string) bool {
+	if len(name) != len(folded) {
+		return false
 	}
-	return ""
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		case c == '_':
+			c = '-'
+		}
+		if c != folded[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // peerTrusted reports whether r comes from a trusted proxy: its peer is
