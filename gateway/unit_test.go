@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -424,5 +425,56 @@ func TestKeyID(t *testing.T) {
 		if got := k.id(key); got != want {
 			t.Errorf("id(%.20q) = %s, want %s", key, got, want)
 		}
+	}
+}
+
+// encodedPublisher encodes each event as the Kafka publisher does and
+// keeps the decoded result, or the encoding error.
+type encodedPublisher struct {
+	mu     sync.Mutex
+	events []event.Decision
+	errs   []error
+}
+
+func (p *encodedPublisher) Publish(d event.Decision) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := event.Encode(d)
+	if err == nil {
+		d, err = event.Decode(b)
+	}
+	if err != nil {
+		p.errs = append(p.errs, err)
+		return
+	}
+	p.events = append(p.events, d)
+}
+
+// TestEventMethodBounded: whatever method a client sends, its decision's
+// event can be encoded (a method over the field limit dropped the event,
+// hiding the caller from analytics) and names one of a few methods (each
+// new spelling was a row of its own in the per-key rollups).
+func TestEventMethodBounded(t *testing.T) {
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}}}}
+	pub := &encodedPublisher{}
+	gw := startGateway(t, cfg, Options{Publisher: pub})
+	long := strings.Repeat("X", 2*event.MaxFieldLen)
+	for _, m := range []string{"get", long, "PROPFIND"} {
+		rawDo(t, gw.URL, m+" /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+	}
+	do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"path":"/a","method":"`+long+`"}`))
+
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.errs) > 0 {
+		t.Errorf("events not encodable: %v", pub.errs)
+	}
+	var got []string
+	for _, e := range pub.events {
+		got = append(got, e.Method)
+	}
+	if want := []string{"GET", "OTHER", "OTHER", "OTHER"}; !slices.Equal(got, want) {
+		t.Errorf("event methods %q, want %q", got, want)
 	}
 }
