@@ -478,3 +478,31 @@ func TestEventMethodBounded(t *testing.T) {
 		t.Errorf("event methods %q, want %q", got, want)
 	}
 }
+
+// TestCheckClientIPCanonical: an address the check API is given names the
+// client in its event as proxied traffic names it, and a zone of any
+// length leaves the event encodable.
+func TestCheckClientIPCanonical(t *testing.T) {
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	pub := &encodedPublisher{}
+	gw := startGateway(t, cfg, Options{Publisher: pub})
+	get(t, gw.URL+"/a", "X-Forwarded-For", "192.0.2.7")
+	for _, ip := range []string{"::ffff:192.0.2.7", "2001:DB8:0::1", "fe80::1%" + strings.Repeat("x", 2*event.MaxFieldLen)} {
+		if r := do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"ip":"`+ip+`"}`)); r.status != http.StatusOK {
+			t.Fatalf("check for ip %.40q = %d %s", ip, r.status, r.body)
+		}
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if len(pub.errs) > 0 {
+		t.Errorf("events not encodable: %v", pub.errs)
+	}
+	var got []string
+	for _, e := range pub.events {
+		got = append(got, e.ClientIP)
+	}
+	if want := []string{"192.0.2.7", "192.0.2.7", "2001:db8::1", "fe80::1"}; !slices.Equal(got, want) {
+		t.Errorf("event client ips %q, want %q", got, want)
+	}
+}
