@@ -81,6 +81,8 @@ func answerFor(h http.Header, v verdict, st *state) answer {
 		return answer{status: http.StatusOK}
 	}
 	p, after := denial(v, st.jitter)
+	// Set here, not only when written: the check API embeds the problem.
+	p.Title = http.StatusText(p.Status)
 	if after > 0 {
 		h[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
 	}

@@ -552,7 +552,7 @@ func TestCheckAPI(t *testing.T) {
 		t.Errorf("first check: %d %+v headers %v", r.status, cr, r.header)
 	}
 	r, cr = post(`{"key":"secret-acme","method":"GET","path":"/export/all"}`)
-	if r.status != 429 || cr.Allowed || cr.Route != "export" || cr.Cost != 2 || cr.RetryAfterMS <= 0 || r.header.Get("Retry-After") == "" || cr.Problem == nil {
+	if r.status != 429 || cr.Allowed || cr.Route != "export" || cr.Cost != 2 || cr.RetryAfterMS <= 0 || r.header.Get("Retry-After") == "" || cr.Problem == nil || cr.Problem.Title != "Too Many Requests" {
 		t.Errorf("route check over the limit: %d %+v", r.status, cr)
 	}
 	if r, _ := post(`{"key":"nope"}`); r.status != 401 {
