@@ -450,6 +450,22 @@ func (p *encodedPublisher) Publish(d event.Decision) {
 	p.events = append(p.events, d)
 }
 
+// field is f of every event published, after failing t for any that
+// could not be encoded.
+func (p *encodedPublisher) field(t *testing.T, f func(event.Decision) string) []string {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.errs) > 0 {
+		t.Errorf("events not encodable: %v", p.errs)
+	}
+	var out []string
+	for _, e := range p.events {
+		out = append(out, f(e))
+	}
+	return out
+}
+
 // TestEventMethodBounded: whatever method a client sends, its decision's
 // event can be encoded (a method over the field limit dropped the event,
 // hiding the caller from analytics) and names one of a few methods (each
@@ -465,15 +481,7 @@ func TestEventMethodBounded(t *testing.T) {
 	}
 	do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"path":"/a","method":"`+long+`"}`))
 
-	pub.mu.Lock()
-	defer pub.mu.Unlock()
-	if len(pub.errs) > 0 {
-		t.Errorf("events not encodable: %v", pub.errs)
-	}
-	var got []string
-	for _, e := range pub.events {
-		got = append(got, e.Method)
-	}
+	got := pub.field(t, func(e event.Decision) string { return e.Method })
 	if want := []string{"GET", "OTHER", "OTHER", "OTHER"}; !slices.Equal(got, want) {
 		t.Errorf("event methods %q, want %q", got, want)
 	}
@@ -493,15 +501,7 @@ func TestCheckClientIPCanonical(t *testing.T) {
 			t.Fatalf("check for ip %.40q = %d %s", ip, r.status, r.body)
 		}
 	}
-	pub.mu.Lock()
-	defer pub.mu.Unlock()
-	if len(pub.errs) > 0 {
-		t.Errorf("events not encodable: %v", pub.errs)
-	}
-	var got []string
-	for _, e := range pub.events {
-		got = append(got, e.ClientIP)
-	}
+	got := pub.field(t, func(e event.Decision) string { return e.ClientIP })
 	if want := []string{"192.0.2.7", "192.0.2.7", "2001:db8::1", "fe80::1"}; !slices.Equal(got, want) {
 		t.Errorf("event client ips %q, want %q", got, want)
 	}
