@@ -152,6 +152,8 @@ func TestClientIP(t *testing.T) {
 		want    string // "": refused
 	}{
 		{name: "no trust", peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
+		{name: "link-local peer", peer: "[fe80::1%eth0]:1", want: "fe80::1"},
+		{name: "trusted link-local peer", trusted: []string{"fe80::/10"}, peer: "[fe80::1%eth0]:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
 		{name: "untrusted peer", trusted: []string{"10.0.0.0/8"}, peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
 		{name: "trusted peer", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
 		{name: "trusted chain", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.9, 192.0.2.1, 10.0.0.7"}, want: "192.0.2.1"},

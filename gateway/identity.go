@@ -170,5 +170,11 @@ func peerIP(remoteAddr string) net.IP {
 	if err != nil {
 		host = remoteAddr
 	}
+	// A link-local peer's zone names this host's interface, not the
+	// client; net.ParseIP refuses it, which put every such peer, port and
+	// all, into one "ip:unknown" bucket.
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = host[:i]
+	}
 	return net.ParseIP(host)
 }
