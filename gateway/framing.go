@@ -127,10 +127,12 @@ const probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
 
 // guard answers, before echo, what is wrong with a request as a message
 // rather than as a call: CONNECT (echo's router has no path to match in
-// an authority-form target and would answer 404), and a chunked request
-// whose head also had a Content-Length, and an HTTP/1.0 request with a
-// Transfer-Encoding, which RFC 9112 §6.1 says to treat as faulty framing
-// even with a Content-Length (400 each, and the connection closed).
+// an authority-form target and would answer 404), a target without a path
+// ("GET a:b", "GET *"; an absolute URI's empty path is "/"), a chunked
+// request whose head also had a Content-Length, and an HTTP/1.0 request
+// with a Transfer-Encoding, which RFC 9112 §6.1 says to treat as faulty
+// framing even with a Content-Length (400 each, and the connection
+// closed).
 func (g *Gateway) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -143,12 +145,22 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 			w.Header()["Connection"] = []string{"close"}
 			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "The request has both Content-Length and Transfer-Encoding."})
+		case r.URL.Opaque != "" || r.URL.Path != "" && r.URL.Path[0] != '/':
+			// "GET a:b", "GET *": no path to route on.
+			g.m.rejected.WithLabelValues("bad_path").Inc()
+			writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+				Detail: "The request target must be a path, or an absolute URI with one."})
 		case !r.ProtoAtLeast(1, 1) && sawTransferEncoding(r):
 			g.m.rejected.WithLabelValues("http10_transfer_encoding").Inc()
 			w.Header()["Connection"] = []string{"close"}
 			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "An HTTP/1.0 request cannot use Transfer-Encoding."})
 		default:
+			if r.URL.Path == "" {
+				// "GET http://host": an empty path is "/" (RFC 9112
+				// §3.2.2); echo's router found no route for it.
+				r.URL.Path, r.URL.RawPath = "/", ""
+			}
 			if mixedFraming(r) {
 				// Whatever else came on this connection ends with it.
 				w.Header()["Connection"] = []string{"close"}

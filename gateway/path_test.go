@@ -298,6 +298,39 @@ func TestOnePath(t *testing.T) {
 	}
 }
 
+// TestRequestTargetForms: an absolute-form target with an empty path is
+// "/", decided and forwarded as such; a target with no path at all is a
+// 400 that says so, not echo's bare 404.
+func TestRequestTargetForms(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := startGateway(t, testConfig(up.URL), Options{})
+	tests := []struct {
+		give       string
+		wantStatus int
+		wantPath   string // what the upstream received; "": nothing
+	}{
+		{"http://gw", 200, "/"},
+		{"http://gw?q=1", 200, "/?q=1"},
+		{"a:admin/x", 400, ""},
+		{"mailto:admin", 400, ""},
+		{"*", 400, ""},
+	}
+	for _, tt := range tests {
+		res := rawDo(t, gw.URL, "GET "+tt.give+" HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+		var p problem
+		if res.status != 200 {
+			res.json(t, &p)
+		}
+		if res.status != tt.wantStatus || res.status == 400 && (p.Type != probBadPath || p.Detail == "") {
+			t.Errorf("GET %s = %d %s, want %d (an ambiguous-path problem when refused)", tt.give, res.status, res.body, tt.wantStatus)
+		}
+		seen := up.take()
+		if tt.wantPath == "" && len(seen) != 0 || tt.wantPath != "" && (len(seen) != 1 || seen[0] != tt.wantPath) {
+			t.Errorf("GET %s: upstream received %q, want %q", tt.give, seen, tt.wantPath)
+		}
+	}
+}
+
 // TestOnePathAfterDenial is the attack: once search is denied, an
 // encoded slash must not buy more searches as the exempt health check.
 func TestOnePathAfterDenial(t *testing.T) {
