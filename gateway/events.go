@@ -85,7 +85,7 @@ func (g *Gateway) publish(c *call, v verdict) {
 		ClientIP:      c.id.clientIP,
 		UserAgentHash: userAgentHash(c.userAgent),
 		Route:         c.route,
-		Method:        eventMethod(c.method),
+		Method:        c.method,
 		Plan:          c.limits.plan.name,
 		Allowed:       v.allowed,
 		Cost:          c.cost,
@@ -106,12 +106,13 @@ func (g *Gateway) publish(c *call, v verdict) {
 // eventMethods are the methods events name (RFC 9110's and PATCH).
 var eventMethods = [...]string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
 
-// eventMethod is m as events carry it: one of eventMethods, in any case,
-// else "OTHER" ("" stays ""). net/http takes any token as a method, and
-// the check API any string: a method over event.MaxFieldLen made the
-// decision's event unencodable, so it was dropped and the caller unseen by
-// analytics, and every new spelling was a row of its own in ClickHouse's
-// per-key rollups.
+// eventMethod is a client's method m as events carry it: one of
+// eventMethods, in any case, else "OTHER" ("" stays ""). net/http takes
+// any token as a method, and the check API any string: a method over
+// event.MaxFieldLen made the decision's event unencodable, so it was
+// dropped and the caller unseen by analytics, and every new spelling was a
+// row of its own in ClickHouse's per-key rollups. The HTTP entry points
+// apply it; Enforce's callers name their calls themselves.
 func eventMethod(m string) string {
 	if m == "" {
 		return ""
