@@ -105,7 +105,7 @@ func (a answer) write(w http.ResponseWriter) {
 // 429, else the refusal (401). The bucket is the address's own, apart
 // from its anonymous traffic's.
 func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e identifyError, c call) problem {
-	if e == errBadForwardedFor || e == errAmbiguousKey || st.authFailure == nil {
+	if e == errBadForwardedFor || e == errAmbiguousKey || e == errAmbiguousUser || st.authFailure == nil {
 		return g.refusal(e)
 	}
 	c.id.kind, c.id.key, c.id.plan = event.KindIP, ipKey(c.id.clientIP), st.authFailure
@@ -128,6 +128,11 @@ func (g *Gateway) refusal(e identifyError) problem {
 		g.m.rejected.WithLabelValues("ambiguous_key").Inc()
 		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
 			Detail: "The request carries more than one API key (X-API-Key fields, or X-API-Key and Authorization: Bearer, that differ); send one."}
+	}
+	if e == errAmbiguousUser {
+		g.m.rejected.WithLabelValues("ambiguous_user").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "The user header holds two different users; the trusted proxy must replace the client's, not add its own."}
 	}
 	if e == errUnknownKey {
 		g.m.rejected.WithLabelValues("unknown_key").Inc()

@@ -6,6 +6,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // headerUpstream answers with every header it received.
@@ -226,6 +229,39 @@ func TestTrustedProxySecret(t *testing.T) {
 		}
 		if v := got.Get(ProxySecretHeader); v != "" {
 			t.Errorf("%s: the proxy's secret reached the upstream: %q", tt.name, v)
+		}
+	}
+}
+
+// TestOneUser: a trusted proxy that adds its user header instead of
+// replacing the client's leaves two users; the client's comes first, so
+// believing the first let a client name any user, a fresh budget each.
+// Two different users are refused; one, repeated or beside an empty
+// field, is the user.
+func TestOneUser(t *testing.T) {
+	lim, _ := redisStore(t)
+	up := newPathUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Plans["users"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 7, Period: time.Minute}}}}
+	cfg.UserHeader, cfg.UserPlan = "X-User-ID", "users"
+	cfg.TrustedProxies = []string{"127.0.0.0/8"}
+	gw := startGateway(t, cfg, Options{Store: lim})
+	for _, tt := range []struct {
+		give       string // header lines
+		wantStatus int
+		wantLimit  string
+	}{
+		{"X-User-ID: mallory-" + randHex(4) + "\r\nX-User-ID: alice\r\n", 400, ""},
+		{"X-User-ID: alice\r\nX-User-ID: alice\r\n", 200, "7"},
+		{"X-User-ID:\r\nX-User-ID: alice\r\n", 200, "7"},
+		{"X-User-ID: alice\r\n", 200, "7"},
+	} {
+		r := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw\r\n"+tt.give+"Connection: close\r\n\r\n")
+		if r.status != tt.wantStatus || r.header.Get("X-RateLimit-Limit") != tt.wantLimit {
+			t.Errorf("GET with %q = %d limit %q, want %d limit %q (%s)", tt.give, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
+		}
+		if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
+			t.Errorf("GET with %q: upstream received %q, want nothing", tt.give, seen)
 		}
 	}
 }

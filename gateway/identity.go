@@ -38,6 +38,8 @@ const (
 	errBadForwardedFor
 	// errAmbiguousKey: the request carries more than one API key.
 	errAmbiguousKey
+	// errAmbiguousUser: a trusted proxy's user header has two values.
+	errAmbiguousUser
 )
 
 // identify finds the caller: API key, then user header from a trusted
@@ -62,8 +64,18 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 		}
 	}
 	if h := st.cfg.UserHeader; h != "" && id.peerTrusted {
-		if u := r.Header.Get(h); u != "" {
-			id.kind, id.key, id.plan = event.KindUser, limiter.UserKey(u), st.user
+		var u oneValue
+		for _, v := range r.Header.Values(h) {
+			u.add(v)
+		}
+		if u.two {
+			// A proxy that appends its value (HAProxy add-header, Envoy's
+			// request_headers_to_add) leaves the client's first: the first
+			// would be any user the client names, a fresh budget each.
+			return id, errAmbiguousUser
+		}
+		if u.v != "" {
+			id.kind, id.key, id.plan = event.KindUser, limiter.UserKey(u.v), st.user
 			return id, identified
 		}
 	}
@@ -93,32 +105,40 @@ func ipKey(ip string) string {
 // never meet its key's limits, so such a request is refused. Empty values
 // name no key.
 func apiKeyOf(h http.Header, ignoreBearer bool) (string, bool) {
-	var key string
-	ok := true
-	add := func(v string) {
-		if v = strings.TrimSpace(v); v == "" {
-			return
-		}
-		if key != "" && v != key {
-			ok = false
-		}
-		key = v
-	}
+	var key oneValue
 	for name, vs := range h {
 		switch {
 		case sameHeader(name, "x-api-key"):
 			for _, v := range vs {
-				add(v)
+				key.add(v)
 			}
 		case !ignoreBearer && strings.EqualFold(name, "Authorization"):
 			for _, a := range vs {
 				if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-					add(a[7:])
+					key.add(a[7:])
 				}
 			}
 		}
 	}
-	return key, ok
+	return key.v, !key.two
+}
+
+// oneValue gathers the values of what should be one header: the one
+// non-empty value ("" for none), and two when there are different ones.
+type oneValue struct {
+	v   string
+	two bool
+}
+
+func (o *oneValue) add(x string) {
+	if x = strings.TrimSpace(x); x == "" || x == o.v {
+		return
+	}
+	if o.v != "" {
+		o.two = true
+		return
+	}
+	o.v = x
 }
 
 // sameHeader says name is the lower-case header name folded as
