@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -161,11 +162,16 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		if st.anonymous == nil {
 			return bad(http.StatusBadRequest, probBadRequest, "No anonymous plan is configured.")
 		}
-		key, ok := limiter.IPKey(req.IP)
-		if !ok {
+		a, err := netip.ParseAddr(req.IP)
+		if err != nil {
 			return bad(http.StatusBadRequest, probBadRequest, "ip is not an IP address.")
 		}
-		id = identity{kind: event.KindIP, key: key, plan: st.anonymous, clientIP: req.IP}
+		// The address as proxied traffic names it: "::ffff:192.0.2.1" is
+		// 192.0.2.1 in events too, and a zone (of any length) is no part
+		// of whom it names.
+		ip := a.Unmap().WithZone("").String()
+		key, _ := limiter.IPKey(ip)
+		id = identity{kind: event.KindIP, key: key, plan: st.anonymous, clientIP: ip}
 	default:
 		var ierr identifyError
 		if id, ierr = st.identify(r); ierr != identified {
@@ -190,7 +196,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 			return bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
 		}
 	}
-	c := call{id: id, limits: st.limitsFor(id, rt), cost: req.Cost, route: "check", method: req.Method, userAgent: r.UserAgent()}
+	c := call{id: id, limits: st.limitsFor(id, rt), cost: req.Cost, route: "check", method: eventMethod(req.Method), userAgent: r.UserAgent()}
 	if rt != nil {
 		c.route = rt.Name
 	}

@@ -566,8 +566,13 @@ func (c Config) Validate() error {
 		notNegative(bad, field+".cost", r.Cost)
 		for j, u := range r.Upgrades {
 			if u == "" || strings.Trim(u, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
-				// Tokens such as "websocket" or "h2c"; no versions or lists.
+				// Tokens such as "websocket"; no versions or lists.
 				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "%q is not an upgrade protocol name", u)
+			}
+			if strings.EqualFold(u, "h2c") {
+				// An h2c tunnel is an HTTP/2 connection to the upstream: every
+				// request on it, to any path, would pass for the one charged.
+				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "h2c would tunnel HTTP/2 requests past the gateway's routes and limits, charged once")
 			}
 		}
 		notNegative(bad, field+".tunnel_max_duration", r.TunnelMaxDuration)

@@ -47,6 +47,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bad rule policy", func(c *Config) {
 			c.Plans["x"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "a", Limit: 1, Period: time.Second}, FailurePolicy: "maybe"}}}
 		}, "plans.x.rules[0].failure_policy"},
+		{"h2c upgrade", func(c *Config) { c.Routes[0].Upgrades = []string{"websocket", "H2C"} }, "routes[0].upgrades[1]: h2c would tunnel"},
 		{"unknown anonymous plan", func(c *Config) { c.AnonymousPlan = "gold" }, "anonymous_plan: unknown plan \"gold\""},
 		{"user header without plan", func(c *Config) { c.AnonymousPlan = ""; c.UserHeader = "X-User-ID" }, "user_plan: a plan is needed"},
 		{"unknown key anonymous without plan", func(c *Config) { c.AnonymousPlan = ""; c.UnknownKey = UnknownKeyAnonymous }, "unknown_key"},

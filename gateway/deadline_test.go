@@ -126,6 +126,10 @@ func TestFraming(t *testing.T) {
 		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
 		{"content-length with chunked", "POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400},
 		{"chunked with content-length", "POST /x HTTP/1.1\r\nHost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 30\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: gw\r\n\r\n", 400},
+		// net/http ignores Transfer-Encoding in HTTP/1.0 and would frame by
+		// Content-Length, or take the chunked body for the next request.
+		{"http/1.0 chunked with content-length", "POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 30\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: gw\r\n\r\n", 400},
+		{"http/1.0 chunked", "POST /x HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: gw\r\n\r\n", 400},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -81,6 +81,8 @@ func answerFor(h http.Header, v verdict, st *state) answer {
 		return answer{status: http.StatusOK}
 	}
 	p, after := denial(v, st.jitter)
+	// Set here, not only when written: the check API embeds the problem.
+	p.Title = http.StatusText(p.Status)
 	if after > 0 {
 		h[hRetryAfter] = []string{strconv.FormatInt(after, 10)}
 	}
@@ -103,7 +105,7 @@ func (a answer) write(w http.ResponseWriter) {
 // 429, else the refusal (401). The bucket is the address's own, apart
 // from its anonymous traffic's.
 func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e identifyError, c call) problem {
-	if e == errBadForwardedFor || st.authFailure == nil {
+	if e == errBadForwardedFor || e == errAmbiguousKey || e == errAmbiguousUser || st.authFailure == nil {
 		return g.refusal(e)
 	}
 	c.id.kind, c.id.key, c.id.plan = event.KindIP, ipKey(c.id.clientIP), st.authFailure
@@ -121,6 +123,16 @@ func (g *Gateway) refusal(e identifyError) problem {
 		g.m.rejected.WithLabelValues("bad_forwarded_for").Inc()
 		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
 			Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}
+	}
+	if e == errAmbiguousKey {
+		g.m.rejected.WithLabelValues("ambiguous_key").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "The request carries more than one API key (X-API-Key fields, or X-API-Key and Authorization: Bearer, that differ); send one."}
+	}
+	if e == errAmbiguousUser {
+		g.m.rejected.WithLabelValues("ambiguous_user").Inc()
+		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "The user header holds two different users; the trusted proxy must replace the client's, not add its own."}
 	}
 	if e == errUnknownKey {
 		g.m.rejected.WithLabelValues("unknown_key").Inc()

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"hash"
 	"hash/fnv"
+	"strings"
 	"sync"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -100,4 +101,26 @@ func (g *Gateway) publish(c *call, v verdict) {
 		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
 	}
 	g.pub.Publish(ev)
+}
+
+// eventMethods are the methods events name (RFC 9110's and PATCH).
+var eventMethods = [...]string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+
+// eventMethod is a client's method m as events carry it: one of
+// eventMethods, in any case, else "OTHER" ("" stays ""). net/http takes
+// any token as a method, and the check API any string: a method over
+// event.MaxFieldLen made the decision's event unencodable, so it was
+// dropped and the caller unseen by analytics, and every new spelling was a
+// row of its own in ClickHouse's per-key rollups. The HTTP entry points
+// apply it; Enforce's callers name their calls themselves.
+func eventMethod(m string) string {
+	if m == "" {
+		return ""
+	}
+	for _, k := range eventMethods {
+		if strings.EqualFold(m, k) {
+			return k
+		}
+	}
+	return "OTHER"
 }

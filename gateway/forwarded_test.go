@@ -6,6 +6,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // headerUpstream answers with every header it received.
@@ -152,6 +155,8 @@ func TestClientIP(t *testing.T) {
 		want    string // "": refused
 	}{
 		{name: "no trust", peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
+		{name: "link-local peer", peer: "[fe80::1%eth0]:1", want: "fe80::1"},
+		{name: "trusted link-local peer", trusted: []string{"fe80::/10"}, peer: "[fe80::1%eth0]:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
 		{name: "untrusted peer", trusted: []string{"10.0.0.0/8"}, peer: "198.51.100.1:1", xff: []string{"192.0.2.1"}, want: "198.51.100.1"},
 		{name: "trusted peer", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.1"}, want: "192.0.2.1"},
 		{name: "trusted chain", trusted: []string{"10.0.0.0/8"}, peer: "10.0.0.1:1", xff: []string{"192.0.2.9, 192.0.2.1, 10.0.0.7"}, want: "192.0.2.1"},
@@ -224,6 +229,39 @@ func TestTrustedProxySecret(t *testing.T) {
 		}
 		if v := got.Get(ProxySecretHeader); v != "" {
 			t.Errorf("%s: the proxy's secret reached the upstream: %q", tt.name, v)
+		}
+	}
+}
+
+// TestOneUser: a trusted proxy that adds its user header instead of
+// replacing the client's leaves two users; the client's comes first, so
+// believing the first let a client name any user, a fresh budget each.
+// Two different users are refused; one, repeated or beside an empty
+// field, is the user.
+func TestOneUser(t *testing.T) {
+	lim, _ := redisStore(t)
+	up := newPathUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Plans["users"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 7, Period: time.Minute}}}}
+	cfg.UserHeader, cfg.UserPlan = "X-User-ID", "users"
+	cfg.TrustedProxies = []string{"127.0.0.0/8"}
+	gw := startGateway(t, cfg, Options{Store: lim})
+	for _, tt := range []struct {
+		give       string // header lines
+		wantStatus int
+		wantLimit  string
+	}{
+		{"X-User-ID: mallory-" + randHex(4) + "\r\nX-User-ID: alice\r\n", 400, ""},
+		{"X-User-ID: alice\r\nX-User-ID: alice\r\n", 200, "7"},
+		{"X-User-ID:\r\nX-User-ID: alice\r\n", 200, "7"},
+		{"X-User-ID: alice\r\n", 200, "7"},
+	} {
+		r := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw\r\n"+tt.give+"Connection: close\r\n\r\n")
+		if r.status != tt.wantStatus || r.header.Get("X-RateLimit-Limit") != tt.wantLimit {
+			t.Errorf("GET with %q = %d limit %q, want %d limit %q (%s)", tt.give, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
+		}
+		if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
+			t.Errorf("GET with %q: upstream received %q, want nothing", tt.give, seen)
 		}
 	}
 }

@@ -42,6 +42,11 @@ type framingConn struct {
 	cl    bool   // the current block has a Content-Length line
 	te    bool   // and a Transfer-Encoding line
 	mixed atomic.Bool
+	// sawTE: some block had a Transfer-Encoding line. net/http drops the
+	// header of an HTTP/1.0 request without a trace and frames the body
+	// by Content-Length (none: empty), where a proxy in front may have
+	// read it chunked.
+	sawTE atomic.Bool
 }
 
 var (
@@ -82,7 +87,10 @@ func (c *framingConn) scan(b []byte) {
 			c.cl, c.te = false, false // an empty line: the block ended
 		}
 		c.cl = c.cl || hasPrefixFold(rest, lineCL)
-		c.te = c.te || hasPrefixFold(rest, lineTE)
+		if hasPrefixFold(rest, lineTE) {
+			c.te = true
+			c.sawTE.Store(true)
+		}
 		if c.cl && c.te {
 			c.mixed.Store(true)
 			return
@@ -119,8 +127,12 @@ const probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
 
 // guard answers, before echo, what is wrong with a request as a message
 // rather than as a call: CONNECT (echo's router has no path to match in
-// an authority-form target and would answer 404), and a chunked request
-// whose head also had a Content-Length (400, and the connection closed).
+// an authority-form target and would answer 404), a target without a path
+// ("GET a:b", "GET *"; an absolute URI's empty path is "/"), a chunked
+// request whose head also had a Content-Length, and an HTTP/1.0 request
+// with a Transfer-Encoding, which RFC 9112 §6.1 says to treat as faulty
+// framing even with a Content-Length (400 each, and the connection
+// closed).
 func (g *Gateway) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -133,7 +145,22 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 			w.Header()["Connection"] = []string{"close"}
 			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "The request has both Content-Length and Transfer-Encoding."})
+		case r.URL.Opaque != "" || r.URL.Path != "" && r.URL.Path[0] != '/':
+			// "GET a:b", "GET *": no path to route on.
+			g.m.rejected.WithLabelValues("bad_path").Inc()
+			writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+				Detail: "The request target must be a path, or an absolute URI with one."})
+		case !r.ProtoAtLeast(1, 1) && sawTransferEncoding(r):
+			g.m.rejected.WithLabelValues("http10_transfer_encoding").Inc()
+			w.Header()["Connection"] = []string{"close"}
+			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+				Detail: "An HTTP/1.0 request cannot use Transfer-Encoding."})
 		default:
+			if r.URL.Path == "" {
+				// "GET http://host": an empty path is "/" (RFC 9112
+				// §3.2.2); echo's router found no route for it.
+				r.URL.Path, r.URL.RawPath = "/", ""
+			}
 			if mixedFraming(r) {
 				// Whatever else came on this connection ends with it.
 				w.Header()["Connection"] = []string{"close"}
@@ -156,6 +183,23 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 // mixedFraming says whether r came on a connection that sent a head with
 // both Content-Length and Transfer-Encoding.
 func mixedFraming(r *http.Request) bool {
-	fc, _ := r.Context().Value(framingConnKey{}).(*framingConn)
+	fc := framingOf(r)
 	return fc != nil && fc.mixed.Load()
+}
+
+// sawTransferEncoding says whether r came on a connection that sent a
+// Transfer-Encoding line. For an HTTP/1.0 request it may have been in an
+// earlier request's head on the connection, or look like one in a body:
+// either is no HTTP/1.0 client's way, and costs a 400, never a request
+// framed two ways.
+func sawTransferEncoding(r *http.Request) bool {
+	fc := framingOf(r)
+	return fc != nil && fc.sawTE.Load()
+}
+
+// framingOf is the framingConn r came on; nil when the listener was not
+// wrapped by Listener.
+func framingOf(r *http.Request) *framingConn {
+	fc, _ := r.Context().Value(framingConnKey{}).(*framingConn)
+	return fc
 }

@@ -338,7 +338,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	id, ierr := st.identify(r)
-	q := call{id: id, cost: rt.Cost, route: rt.Name, method: r.Method, userAgent: r.UserAgent()}
+	q := call{id: id, cost: rt.Cost, route: rt.Name, method: eventMethod(r.Method), userAgent: r.UserAgent()}
 	if ierr != identified {
 		writeProblem(w, g.failedAuth(r.Context(), w.Header(), st, ierr, q))
 		return nil

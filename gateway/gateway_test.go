@@ -310,6 +310,43 @@ func TestAPIKeys(t *testing.T) {
 	}
 }
 
+// TestOneAPIKey: a request is charged to the key its upstream will read,
+// however it spells or repeats the header; two different keys are refused
+// rather than charged to one and served as the other.
+func TestOneAPIKey(t *testing.T) {
+	lim, _ := redisStore(t)
+	up := newPathUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 50, Period: time.Minute}}}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("secret-acme"), Plan: "pro"}, {ID: "other", SHA256: sha("secret-other"), Plan: "pro"}}
+	gw := startGateway(t, cfg, Options{Store: lim})
+	tests := []struct {
+		name       string
+		give       string // header lines
+		wantStatus int
+		wantLimit  string
+	}{
+		{"empty first field", "X-API-Key:\r\nX-API-Key: secret-acme\r\n", 200, "50"},
+		{"underscore spelling", "X_API_KEY: secret-acme\r\n", 200, "50"},
+		{"same key twice", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-acme\r\n", 200, "50"},
+		{"two fields", "X-API-Key: secret-acme\r\nX-API-Key: secret-other\r\n", 400, ""},
+		{"header and underscore twin", "X-API-Key: secret-acme\r\nX_Api_Key: secret-other\r\n", 400, ""},
+		{"header and bearer", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-other\r\n", 400, ""},
+		{"unknown second key", "X-API-Key: secret-acme\r\nX-API-Key: nope\r\n", 400, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw\r\n"+tt.give+"Connection: close\r\n\r\n")
+			if r.status != tt.wantStatus || r.header.Get("X-RateLimit-Limit") != tt.wantLimit {
+				t.Errorf("GET with %q = %d limit %q, want %d limit %q (%s)", tt.give, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
+			}
+			if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
+				t.Errorf("GET with %q: upstream received %q, want nothing", tt.give, seen)
+			}
+		})
+	}
+}
+
 func TestRoutesAndCost(t *testing.T) {
 	gw := redisGateway(t, func(cfg *Config) {
 		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 10, Period: time.Minute}}}}
@@ -515,7 +552,7 @@ func TestCheckAPI(t *testing.T) {
 		t.Errorf("first check: %d %+v headers %v", r.status, cr, r.header)
 	}
 	r, cr = post(`{"key":"secret-acme","method":"GET","path":"/export/all"}`)
-	if r.status != 429 || cr.Allowed || cr.Route != "export" || cr.Cost != 2 || cr.RetryAfterMS <= 0 || r.header.Get("Retry-After") == "" || cr.Problem == nil {
+	if r.status != 429 || cr.Allowed || cr.Route != "export" || cr.Cost != 2 || cr.RetryAfterMS <= 0 || r.header.Get("Retry-After") == "" || cr.Problem == nil || cr.Problem.Title != "Too Many Requests" {
 		t.Errorf("route check over the limit: %d %+v", r.status, cr)
 	}
 	if r, _ := post(`{"key":"nope"}`); r.status != 401 {

@@ -36,6 +36,10 @@ const (
 	errKeyRequired
 	// errBadForwardedFor: a trusted hop names the client unreadably.
 	errBadForwardedFor
+	// errAmbiguousKey: the request carries more than one API key.
+	errAmbiguousKey
+	// errAmbiguousUser: a trusted proxy's user header has two values.
+	errAmbiguousUser
 )
 
 // identify finds the caller: API key, then user header from a trusted
@@ -46,7 +50,11 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	if id.clientIP, ok = st.clientIP(r); !ok {
 		return id, errBadForwardedFor
 	}
-	if raw := apiKeyOf(r, st.cfg.IgnoreBearer); raw != "" {
+	raw, ok := apiKeyOf(r.Header, st.cfg.IgnoreBearer)
+	if !ok {
+		return id, errAmbiguousKey
+	}
+	if raw != "" {
 		if k := st.lookupKey(raw); k != nil {
 			id.kind, id.key, id.plan, id.name = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan, k.name
 			return id, identified
@@ -56,8 +64,18 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 		}
 	}
 	if h := st.cfg.UserHeader; h != "" && id.peerTrusted {
-		if u := r.Header.Get(h); u != "" {
-			id.kind, id.key, id.plan = event.KindUser, limiter.UserKey(u), st.user
+		var u oneValue
+		for _, v := range r.Header.Values(h) {
+			u.add(v)
+		}
+		if u.two {
+			// A proxy that appends its value (HAProxy add-header, Envoy's
+			// request_headers_to_add) leaves the client's first: the first
+			// would be any user the client names, a fresh budget each.
+			return id, errAmbiguousUser
+		}
+		if u.v != "" {
+			id.kind, id.key, id.plan = event.KindUser, limiter.UserKey(u.v), st.user
 			return id, identified
 		}
 	}
@@ -78,19 +96,70 @@ func ipKey(ip string) string {
 	return "ip:unknown"
 }
 
-// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer.
-func apiKeyOf(r *http.Request, ignoreBearer bool) string {
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return strings.TrimSpace(k)
+// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer,
+// and false when the request carries two different keys. An upstream may
+// read another of them than the gateway would pick: the first of repeated
+// fields (Go), the last, or all joined (Node); and a CGI or WSGI stack
+// reads "X_API_KEY" as X-API-Key. Charged to one key (or to the address,
+// when the first field is empty) and served as another, a caller would
+// never meet its key's limits, so such a request is refused. Empty values
+// name no key.
+func apiKeyOf(h http.Header, ignoreBearer bool) (string, bool) {
+	var key oneValue
+	for name, vs := range h {
+		switch {
+		case sameHeader(name, "x-api-key"):
+			for _, v := range vs {
+				key.add(v)
+			}
+		case !ignoreBearer && strings.EqualFold(name, "Authorization"):
+			for _, a := range vs {
+				if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+					key.add(a[7:])
+				}
+			}
+		}
 	}
-	if ignoreBearer {
-		return ""
+	return key.v, !key.two
+}
+
+// oneValue gathers the values of what should be one header: the one
+// non-empty value ("" for none), and two when there are different ones.
+type oneValue struct {
+	v   string
+	two bool
+}
+
+func (o *oneValue) add(x string) {
+	if x = strings.TrimSpace(x); x == "" || x == o.v {
+		return
 	}
-	a := r.Header.Get("Authorization")
-	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
+	if o.v != "" {
+		o.two = true
+		return
 	}
-	return ""
+	o.v = x
+}
+
+// sameHeader says name is the lower-case header name folded as
+// foldHeader folds it, without allocating.
+func sameHeader(name, folded string) bool {
+	if len(name) != len(folded) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		case c == '_':
+			c = '-'
+		}
+		if c != folded[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // peerTrusted reports whether r comes from a trusted proxy: its peer is
@@ -120,6 +189,12 @@ func peerIP(remoteAddr string) net.IP {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		host = remoteAddr
+	}
+	// A link-local peer's zone names this host's interface, not the
+	// client; net.ParseIP refuses it, which put every such peer, port and
+	// all, into one "ip:unknown" bucket.
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = host[:i]
 	}
 	return net.ParseIP(host)
 }

@@ -29,8 +29,8 @@ import (
 // a raw backslash or control byte; an escaped '%' that starts another
 // escape ("%252F", decoded twice by some stacks); bytes that are not UTF-8
 // once decoded ("%c0%af", an overlong '/' to old decoders); a segment
-// ending in '.' that is not a dot segment ("export." is "export" on
-// Windows stacks); and ';' unless paths.allow_params (Java stacks cut
+// ending in '.' that is not a dot segment, or in a space ("export." and
+// "export%20" are "export" on Windows stacks); and ';' unless paths.allow_params (Java stacks cut
 // ";jsessionid=…" off a segment before routing).
 
 // errAmbiguousPath is a path the gateway refuses to guess at.
@@ -147,6 +147,9 @@ func resolveSegments(p string) (string, error) {
 			trailing = trailing || last
 		case strings.HasSuffix(paramless(s), "."):
 			return "", errAmbiguousPath("a segment ending in '.'")
+		case strings.HasSuffix(paramless(s), "%20"):
+			// Windows trims trailing spaces from a name as it trims dots.
+			return "", errAmbiguousPath("a segment ending in a space")
 		default:
 			out = append(out, s)
 		}

@@ -52,6 +52,9 @@ func TestNormalizePath(t *testing.T) {
 		{name: "invalid utf8", give: "/api/%ff"},
 		{name: "trailing dot", give: "/api/export."},
 		{name: "trailing dots", give: "/api/export.../x"},
+		{name: "trailing space", give: "/api/export%20"},
+		{name: "trailing space and dot", give: "/api/export%20./x"},
+		{name: "space inside kept", give: "/api/a%20b", want: "/api/a%20b"},
 		{name: "params refused", give: "/api/export;jsessionid=1"},
 		{name: "params allowed", give: "/api/export;jsessionid=1", pc: PathConfig{AllowParams: true}, want: "/api/export;jsessionid=1"},
 		{name: "dot dot params", give: "/api/..;/healthz", pc: PathConfig{AllowParams: true}},
@@ -235,6 +238,8 @@ func TestOnePath(t *testing.T) {
 		{name: "encoded slash off export", method: "POST", target: "/api/export/..%2Fcsv", wantStatus: 400},
 		{name: "jsessionid refused", method: "POST", target: "/api/export;jsessionid=1", wantStatus: 400},
 		{name: "upper case is not export", method: "POST", target: "/api/EXPORT", wantStatus: 200, wantRoute: "api", wantPath: "/api/EXPORT"},
+		// Django and Werkzeug upper-case the method: "post" runs the export.
+		{name: "lower-case method is export", method: "post", target: "/api/export", wantStatus: 200, wantRoute: "export", wantPath: "/api/export"},
 		// Tricky encodings.
 		{name: "encoded dots resolved", method: "GET", target: "/api/search/%2e%2e/%2E%2E/healthz", wantStatus: 200, wantRoute: "health", wantPath: "/healthz"},
 		{name: "encoded dots to unrouted", method: "GET", target: "/api/%2e%2e/internal/x", wantStatus: 404},
@@ -243,6 +248,7 @@ func TestOnePath(t *testing.T) {
 		{name: "dot segment", method: "POST", target: "/api/./export", wantStatus: 200, wantRoute: "export", wantPath: "/api/export"},
 		{name: "dot dot into export", method: "POST", target: "/api/search/../export", wantStatus: 200, wantRoute: "export", wantPath: "/api/export"},
 		{name: "trailing dot", method: "POST", target: "/api/export.", wantStatus: 400},
+		{name: "trailing space", method: "POST", target: "/api/export%20", wantStatus: 400},
 		{name: "nul", method: "GET", target: "/api/search%00/q", wantStatus: 400},
 		{name: "overlong slash", method: "GET", target: "/api/search/%c0%af..%c0%afhealthz", wantStatus: 400},
 		{name: "backslash", method: "GET", target: `/api/search\..\..\healthz`, wantStatus: 400},
@@ -289,6 +295,39 @@ func TestOnePath(t *testing.T) {
 				t.Errorf("%s %s: no rate-limit headers", tt.method, tt.target)
 			}
 		})
+	}
+}
+
+// TestRequestTargetForms: an absolute-form target with an empty path is
+// "/", decided and forwarded as such; a target with no path at all is a
+// 400 that says so, not echo's bare 404.
+func TestRequestTargetForms(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := startGateway(t, testConfig(up.URL), Options{})
+	tests := []struct {
+		give       string
+		wantStatus int
+		wantPath   string // what the upstream received; "": nothing
+	}{
+		{"http://gw", 200, "/"},
+		{"http://gw?q=1", 200, "/?q=1"},
+		{"a:admin/x", 400, ""},
+		{"mailto:admin", 400, ""},
+		{"*", 400, ""},
+	}
+	for _, tt := range tests {
+		res := rawDo(t, gw.URL, "GET "+tt.give+" HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+		var p problem
+		if res.status != 200 {
+			res.json(t, &p)
+		}
+		if res.status != tt.wantStatus || res.status == 400 && (p.Type != probBadPath || p.Detail == "") {
+			t.Errorf("GET %s = %d %s, want %d (an ambiguous-path problem when refused)", tt.give, res.status, res.body, tt.wantStatus)
+		}
+		seen := up.take()
+		if tt.wantPath == "" && len(seen) != 0 || tt.wantPath != "" && (len(seen) != 1 || seen[0] != tt.wantPath) {
+			t.Errorf("GET %s: upstream received %q, want %q", tt.give, seen, tt.wantPath)
+		}
 	}
 }
 

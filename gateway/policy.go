@@ -233,11 +233,24 @@ func (st *state) match(method, p string) *route {
 		if !rt.matchPath(clean) {
 			continue
 		}
-		if len(rt.methods) == 0 || slices.Contains(rt.methods, method) {
+		if len(rt.methods) == 0 || rt.allowsMethod(method) {
 			return rt
 		}
 	}
 	return nil
+}
+
+// allowsMethod matches methods regardless of case. RFC 9110 makes them
+// case-sensitive, but Django and Werkzeug upper-case the method before
+// dispatching: "post" run as a POST must be charged as one, not fall to a
+// cheaper any-method route.
+func (rt *route) allowsMethod(method string) bool {
+	for _, m := range rt.methods {
+		if strings.EqualFold(m, method) {
+			return true
+		}
+	}
+	return false
 }
 
 func (rt *route) matchPath(p string) bool {

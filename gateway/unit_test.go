@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -424,5 +425,84 @@ func TestKeyID(t *testing.T) {
 		if got := k.id(key); got != want {
 			t.Errorf("id(%.20q) = %s, want %s", key, got, want)
 		}
+	}
+}
+
+// encodedPublisher encodes each event as the Kafka publisher does and
+// keeps the decoded result, or the encoding error.
+type encodedPublisher struct {
+	mu     sync.Mutex
+	events []event.Decision
+	errs   []error
+}
+
+func (p *encodedPublisher) Publish(d event.Decision) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := event.Encode(d)
+	if err == nil {
+		d, err = event.Decode(b)
+	}
+	if err != nil {
+		p.errs = append(p.errs, err)
+		return
+	}
+	p.events = append(p.events, d)
+}
+
+// field is f of every event published, after failing t for any that
+// could not be encoded.
+func (p *encodedPublisher) field(t *testing.T, f func(event.Decision) string) []string {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.errs) > 0 {
+		t.Errorf("events not encodable: %v", p.errs)
+	}
+	var out []string
+	for _, e := range p.events {
+		out = append(out, f(e))
+	}
+	return out
+}
+
+// TestEventMethodBounded: whatever method a client sends, its decision's
+// event can be encoded (a method over the field limit dropped the event,
+// hiding the caller from analytics) and names one of a few methods (each
+// new spelling was a row of its own in the per-key rollups).
+func TestEventMethodBounded(t *testing.T) {
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}}}}
+	pub := &encodedPublisher{}
+	gw := startGateway(t, cfg, Options{Publisher: pub})
+	long := strings.Repeat("X", 2*event.MaxFieldLen)
+	for _, m := range []string{"get", long, "PROPFIND"} {
+		rawDo(t, gw.URL, m+" /a HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+	}
+	do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"path":"/a","method":"`+long+`"}`))
+
+	got := pub.field(t, func(e event.Decision) string { return e.Method })
+	if want := []string{"GET", "OTHER", "OTHER", "OTHER"}; !slices.Equal(got, want) {
+		t.Errorf("event methods %q, want %q", got, want)
+	}
+}
+
+// TestCheckClientIPCanonical: an address the check API is given names the
+// client in its event as proxied traffic names it, and a zone of any
+// length leaves the event encodable.
+func TestCheckClientIPCanonical(t *testing.T) {
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.TrustedProxies = []string{"127.0.0.1"}
+	pub := &encodedPublisher{}
+	gw := startGateway(t, cfg, Options{Publisher: pub})
+	get(t, gw.URL+"/a", "X-Forwarded-For", "192.0.2.7")
+	for _, ip := range []string{"::ffff:192.0.2.7", "2001:DB8:0::1", "fe80::1%" + strings.Repeat("x", 2*event.MaxFieldLen)} {
+		if r := do(t, http.MethodPost, gw.URL+"/v1/check", strings.NewReader(`{"ip":"`+ip+`"}`)); r.status != http.StatusOK {
+			t.Fatalf("check for ip %.40q = %d %s", ip, r.status, r.body)
+		}
+	}
+	got := pub.field(t, func(e event.Decision) string { return e.ClientIP })
+	if want := []string{"192.0.2.7", "192.0.2.7", "2001:db8::1", "fe80::1"}; !slices.Equal(got, want) {
+		t.Errorf("event client ips %q, want %q", got, want)
 	}
 }
