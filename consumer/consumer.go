@@ -453,16 +453,29 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				p.dead = append(p.dead, c.deadLetter(r, err))
 				continue
 			}
-			if skew := d.Time.Sub(r.Timestamp); d.Time.Unix() < 0 || d.Time.Unix() >= 1<<32 ||
-				skew > c.cfg.MaxClockSkew || -skew > c.cfg.MaxClockSkew {
+			// Kafka's timestamp is the producer's too, and Kafka takes any
+			// past one (before 1970 included, or -1 for none): one that
+			// cannot be stored leaves the consumer's clock to judge by.
+			ref := r.Timestamp
+			if !storable(ref) {
+				ref = c.now().UTC()
+			}
+			if skew := d.Time.Sub(ref); !storable(d.Time) || skew > c.cfg.MaxClockSkew || -skew > c.cfg.MaxClockSkew {
 				// No usable event time: Kafka's will do. Counted, since a
 				// gateway whose clock is this wrong needs looking at.
-				d.Time = r.Timestamp
+				d.Time = ref
 				c.m.timeClamped.Inc()
 			}
 			p.rows = append(p.rows, row{d: d, topic: r.Topic, partition: r.Partition, offset: r.Offset})
 		}
 	})
+}
+
+// storable reports whether t fits the decisions table's DateTime (unsigned
+// 32-bit Unix seconds); the driver wraps a time outside it around instead
+// of refusing it, so 1960 would be stored as 2096.
+func storable(t time.Time) bool {
+	return t.Unix() >= 0 && t.Unix() < 1<<32
 }
 
 // errNoID marks a record that decodes but carries no event id, such as an

@@ -391,3 +391,41 @@ func TestFaultDedupeBusyDay(t *testing.T) {
 		t.Errorf("the old dedupe read only %d rows: the seeded day is not busy enough to tell a bounded read from a scan", scanned)
 	}
 }
+
+// TestFaultKafkaTimeUnstorable: records whose Kafka timestamp, set by their
+// producer, is before 1970 (Kafka accepts any past one), with event times
+// that agree with it or are missing. The driver wraps such a time around
+// (1960 became 2096): the rows are stored at the consumer's clock instead,
+// counted, and a good event time on a record without a usable Kafka
+// timestamp is kept.
+func TestFaultKafkaTimeUnstorable(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	before := time.Now().Add(-time.Minute)
+	ds := decisions(4)
+	kafkaTimes := []time.Time{time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), time.UnixMilli(-2), time.UnixMilli(-2), time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)}
+	ds[0].Time, ds[1].Time, ds[2].Time = kafkaTimes[0], time.Time{}, kafkaTimes[2]
+	ds[3].Time = before // good, on a record whose Kafka time is not
+	var recs []*kgo.Record
+	for i, d := range ds {
+		r := record(t, d)
+		r.Timestamp = kafkaTimes[i]
+		recs = append(recs, r)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs)
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 4, 30*time.Second)
+	r.stop()
+	after := time.Now().Add(time.Minute)
+	wantExact(t, ch, 4)
+	if got := count(t, ch, "SELECT count() FROM decisions WHERE time >= toDateTime(?) AND time <= toDateTime(?)",
+		before.Unix(), after.Unix()); got != 4 {
+		t.Errorf("%d of 4 rows stored between %v and %v, want all (the consumer's clock, or the good event time)", got, before, after)
+	}
+	if got := count(t, ch, "SELECT count() FROM decisions WHERE time = toDateTime(?)", before.Unix()); got != 1 {
+		t.Errorf("%d rows at the good event time %v, want 1", got, before)
+	}
+	if got := metric(t, r.reg, "edgelimit_consumer_event_time_clamped_total"); got != 3 {
+		t.Errorf("event_time_clamped_total = %v, want 3", got)
+	}
+}

@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		offsetsDistrusted:  newCounterVec("offsets_distrusted_total", "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark.", "reason"),
 		deadLetterFailures: newCounter("dead_letter_failures_total", "Failed attempts to produce a partition's dead letters (the partition waits; others go on)."),
 		blockedPartitions:  newGauge("blocked_partitions", "Partitions waiting for their dead letters to be produced."),
-		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp and was replaced by it."),
+		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."),
 		partitionsDropped:  newCounter("partitions_dropped_total", "Day partitions dropped by retention (servers without TTL)."),
 	}
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
