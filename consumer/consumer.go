@@ -42,7 +42,19 @@ var (
 	ErrRetryRange     = errors.New("consumer: retry min must not exceed retry max")
 	ErrInsertTimeout  = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
 	ErrNegativeRetain = errors.New("consumer: negative retention")
+	ErrAddress        = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
 )
+
+// CheckAddress returns ErrAddress, naming what but not repeating addr,
+// unless addr is a plain host[:port]: a URL or user:password@host would
+// carry a password into the printed configuration and every log line that
+// names the server, and no client here reads credentials from an address.
+func CheckAddress(what, addr string) error {
+	if addr == "" || strings.ContainsAny(addr, "@/?# ") {
+		return fmt.Errorf("%w: %s", ErrAddress, what)
+	}
+	return nil
+}
 
 // Config configures a Consumer. The zero value of each field means its
 // default; Brokers is required.
@@ -152,6 +164,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %v > %v", ErrRetryRange, c.RetryMin, c.RetryMax)
 	case c.InsertTimeout >= rebalanceTimeout:
 		return fmt.Errorf("%w: %v", ErrInsertTimeout, c.InsertTimeout)
+	}
+	for i, b := range c.Brokers {
+		if err := CheckAddress(fmt.Sprintf("broker %d of %d", i+1, len(c.Brokers)), b); err != nil {
+			return err
+		}
 	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
 		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval} {

@@ -30,6 +30,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrRetryRange},
 		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInsertTimeout},
 		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
+		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress},
+		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

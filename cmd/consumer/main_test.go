@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -100,6 +101,40 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"-config", empty, "-check"}, env(ok), io.Discard); err != nil {
 		t.Errorf("run with an empty config file = %v, want nil", err)
+	}
+}
+
+// TestCredentialsInAddressesRefused: a password inside a broker or
+// ClickHouse address (user:password@host, a URL) is refused at start with a
+// message naming the setting, and is neither repeated nor printed by
+// -check, which would otherwise show it and every log line naming the
+// server would carry it.
+func TestCredentialsInAddressesRefused(t *testing.T) {
+	base := map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k:9092"}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{name: "broker user info", env: map[string]string{"EDGELIMIT_KAFKA_BROKERS": "k:9092,user:hunter2@k2:9092"}, want: "broker 2 of 2"},
+		{name: "broker url", env: map[string]string{"EDGELIMIT_KAFKA_BROKERS": "kafka://user:hunter2@k:9092"}, want: "broker 1 of 1"},
+		{name: "clickhouse url", env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "clickhouse://default:hunter2@ch:9000"}, want: "clickhouse.addr"},
+		{name: "shard user info", env: map[string]string{"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000,default:hunter2@ch-2:9000",
+			"EDGELIMIT_CLICKHOUSE_CLUSTER": "c", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "l"}, want: "cluster.shards[1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := maps.Clone(base)
+			maps.Copy(e, tt.env)
+			var out strings.Builder
+			err := run(context.Background(), []string{"-check"}, env(e), &out)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(-check) = %v, want an error naming %q", err, tt.want)
+			}
+			if strings.Contains(fmt.Sprint(err)+out.String(), "hunter2") {
+				t.Errorf("the password is repeated: error %v, output %q", err, out.String())
+			}
+		})
 	}
 }
 
