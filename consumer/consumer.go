@@ -99,9 +99,11 @@ type Config struct {
 	// (and counted), so one wild clock cannot spread a batch over hundreds
 	// of day partitions, which current ClickHouse refuses. Default 24h.
 	MaxClockSkew time.Duration
-	// DeadLetterMaxBytes bounds the value of a dead letter: a longer one is
-	// truncated (the headers point at the original). Default 64 KiB, well
-	// under Kafka's default 1 MB message limit.
+	// DeadLetterMaxBytes bounds the value, the key and the original headers
+	// of a dead letter, each: a longer value or key is truncated, headers
+	// past the bound are left out (the added headers point at the
+	// original). Default 64 KiB, so a dead letter stays well under Kafka's
+	// default 1 MB message limit.
 	DeadLetterMaxBytes int
 	// Shards, on a cluster, are connections to every shard's local tables
 	// (the database the Distributed tables read), for what a Distributed
@@ -197,6 +199,10 @@ const (
 	// HeaderOriginalSize is set, to the original value's length, when the
 	// dead letter's value was truncated to DeadLetterMaxBytes.
 	HeaderOriginalSize = "dead_letter_original_size"
+	// HeaderHeadersDropped is set, to how many were left out, when the
+	// original's headers did not fit in DeadLetterMaxBytes: the first that
+	// fit are kept, in order.
+	HeaderHeadersDropped = "dead_letter_headers_dropped"
 )
 
 // Consumer moves decision events from Kafka to ClickHouse.
@@ -534,7 +540,10 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 	// still passed on (a dead letter that cannot be produced blocks its
 	// partition).
 	value, key := r.Value, r.Key
-	headers := append([]kgo.RecordHeader(nil), r.Headers...)
+	headers, kept := boundHeaders(r.Headers, c.cfg.DeadLetterMaxBytes)
+	if kept < len(r.Headers) {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderHeadersDropped, Value: []byte(strconv.Itoa(len(r.Headers) - kept))})
+	}
 	if limit := c.cfg.DeadLetterMaxBytes; len(value) > limit || len(key) > limit {
 		headers = append(headers, kgo.RecordHeader{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(len(value)))})
 		value = value[:min(len(value), limit)]
@@ -557,6 +566,24 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 			kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 		),
 	}}
+}
+
+// headerFraming is what a record header costs beyond its key and value
+// (their lengths, as varints), so that many empty headers are bounded too.
+const headerFraming = 8
+
+// boundHeaders returns a copy of the first of hs whose keys, values and
+// framing fit in limit bytes, and how many that is: a record can carry most
+// of its size in headers, and a dead letter as big as its original may not
+// fit the dead-letter topic.
+func boundHeaders(hs []kgo.RecordHeader, limit int) ([]kgo.RecordHeader, int) {
+	size := 0
+	for i, h := range hs {
+		if size += len(h.Key) + len(h.Value) + headerFraming; size > limit {
+			return append([]kgo.RecordHeader(nil), hs[:i]...), i
+		}
+	}
+	return append([]kgo.RecordHeader(nil), hs...), len(hs)
 }
 
 // flush stores everything buffered, retrying with backoff until it

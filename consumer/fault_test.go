@@ -214,9 +214,9 @@ func TestFaultTopicRecreated(t *testing.T) {
 }
 
 // TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
-// dead-letter topic as it is) and a dead-letter topic that refuses
-// everything. The first is truncated and passed on; the second blocks only
-// the poisoned partition.
+// dead-letter topic as it is), one whose 1.5 MB are headers, and a
+// dead-letter topic that refuses everything. The first two are cut and
+// passed on; the third blocks only the poisoned partition.
 func TestFaultDeadLetterFails(t *testing.T) {
 	t.Run("too_large", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
@@ -237,6 +237,37 @@ func TestFaultDeadLetterFails(t *testing.T) {
 		wantExact(t, ch, n)
 		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
 			t.Errorf("dead_letters_total = %v, want 1", got)
+		}
+	})
+	t.Run("large_headers", func(t *testing.T) {
+		// 1.5 MB of headers, first a big one, then many small ones: the
+		// dead letter would be as big as the original without a bound.
+		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+		kb := realBackend(t, 2)
+		alterMaxMessage(t, kb.brokers, kb.topic)
+		const n = 2000
+		poison := &kgo.Record{Partition: 0, Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("abc")},
+			{Key: "big", Value: make([]byte, 1000<<10)}}}
+		for range 50_000 {
+			poison.Headers = append(poison.Headers, kgo.RecordHeader{Key: "h", Value: make([]byte, 8)})
+		}
+		recs := []*kgo.Record{poison}
+		for i, d := range decisions(n) {
+			rec := record(t, d)
+			rec.Partition = int32(i % 2)
+			recs = append(recs, rec)
+		}
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
+		r := start(t, kb.config(), ch, nil)
+		waitRaw(t, ch, n, 30*time.Second)
+		r.stop()
+		wantExact(t, ch, n)
+		if got := metric(t, r.reg, "edgelimit_consumer_blocked_partitions"); got != 0 {
+			t.Errorf("blocked_partitions = %v, want 0", got)
+		}
+		dead := testenv.Consume(t, kb.brokers, kb.dlq, 1)
+		if h := headers(dead[0]); h["trace"] != "abc" || h[HeaderHeadersDropped] != "50001" || h[HeaderReason] != ReasonUnknownVersion {
+			t.Errorf("dead letter headers %v, want trace kept, %s = 50001 and reason %s", h, HeaderHeadersDropped, ReasonUnknownVersion)
 		}
 	})
 	t.Run("refused", func(t *testing.T) {
