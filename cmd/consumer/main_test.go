@@ -226,6 +226,59 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 }
 
+// TestRunWaitsForMissingTopics: with create_topics off, a decisions or
+// dead-letter topic that does not exist (a typo, or not yet created) is
+// named in the log, repeatedly, and the consumer waits for it; once both
+// exist it consumes. It used to start, report ready and sit idle, saying
+// nothing.
+func TestRunWaitsForMissingTopics(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	conn, db := testenv.NewDatabase(t, addr, "edgelimit_cmd_test")
+	brokers := testenv.KafkaBrokers(t)
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	topic, dead := "typo-"+suffix, "typo-dead-"+suffix
+	var out testenv.LogBuffer
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return run(ctx, nil, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR":         addr,
+			"EDGELIMIT_CLICKHOUSE_DATABASE":     db,
+			"EDGELIMIT_KAFKA_BROKERS":           strings.Join(brokers, ","),
+			"EDGELIMIT_KAFKA_TOPIC":             topic,
+			"EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC": dead,
+			"EDGELIMIT_CONSUMER_ADMIN_LISTEN":   "off",
+			"EDGELIMIT_CONSUMER_GROUP":          "cmd-missing-" + suffix,
+		}), &out)
+	})
+	for _, name := range []string{topic, dead} {
+		testenv.WaitFor(t, 30*time.Second, "a log line naming the missing topic "+name, func() bool {
+			return strings.Contains(out.String(), `kafka topic \"`+name+`\" does not exist`)
+		})
+		testenv.CreateTopics(t, brokers, 1, name)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const n = 50
+	var recs []*kgo.Record
+	now := time.Now()
+	for range n {
+		b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: "gw", Allowed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	waitRows(t, conn, "decisions", n, &out)
+	if err := stop(); err != nil {
+		t.Errorf("run after cancel = %v, want nil", err)
+	}
+}
+
 // produceEvents waits for the decisions topic to have its partitions, then
 // produces n decision events to it.
 func produceEvents(t *testing.T, brokers []string, partitions, n int) {
