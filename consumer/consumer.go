@@ -12,6 +12,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -231,6 +232,10 @@ type Consumer struct {
 	pending int
 	// firstAt is when the oldest buffered record was polled.
 	firstAt time.Time
+	// deadBudget is how many bytes of dead letters, in partitions that are
+	// not blocked, start a flush at once: BatchSize counts records, and
+	// poison records can be as big as Kafka lets them.
+	deadBudget int
 	// batch is the id of the batch being written; failed, when set, says an
 	// attempt of it may have written something, so it is aborted before
 	// the next attempt, which takes a new id.
@@ -253,6 +258,8 @@ type partition struct {
 	next int64 // offsets below next were already taken; repeats are skipped
 	rows []row
 	dead []deadLetter
+	// deadBytes is the size of dead's records.
+	deadBytes int
 	// first is the offset of the first record buffered since the last
 	// flush (valid while hasEnd).
 	first int64
@@ -305,8 +312,9 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		parts:   map[int32]*partition{},
 		clReady: make(chan struct{}),
 		// Only digits are joined into the SQL.
-		stage: fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
-		batch: newBatchID(),
+		stage:      fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
+		batch:      newBatchID(),
+		deadBudget: 16 << 20,
 	}, nil
 }
 
@@ -401,6 +409,9 @@ func (c *Consumer) poll(ctx context.Context) error {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
+		if c.flushableDeadBytes() >= c.deadBudget {
+			room = 0 // flush first
+		}
 		deadline := c.now().Add(c.cfg.BatchWait)
 		if c.flushable() > 0 {
 			deadline = c.firstAt.Add(c.cfg.BatchWait)
@@ -427,7 +438,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 
 		c.mu.Lock()
 		n := c.flushable()
-		full := n >= c.cfg.BatchSize
+		full := n >= c.cfg.BatchSize || c.flushableDeadBytes() >= c.deadBudget
 		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait)) || c.deadLetterRetryDue()
 		c.mu.Unlock()
 		if full || due {
@@ -473,7 +484,9 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				p.newest = r.Timestamp
 			}
 			if err := decode(&d, r); err != nil {
-				p.dead = append(p.dead, c.deadLetter(r, err))
+				dl := c.deadLetter(r, err)
+				p.dead = append(p.dead, dl)
+				p.deadBytes += dl.size()
 				continue
 			}
 			// Kafka's timestamp is the producer's too, and Kafka takes any
@@ -539,6 +552,8 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 	// retention; the value is cut so that a record too big to pass on is
 	// still passed on (a dead letter that cannot be produced blocks its
 	// partition).
+	// Copies, cut to size: a slice of the fetched record would keep its
+	// whole fetch buffer alive while the dead letter waits.
 	value, key := r.Value, r.Key
 	headers, kept := boundHeaders(r.Headers, c.cfg.DeadLetterMaxBytes)
 	if kept < len(r.Headers) {
@@ -549,6 +564,7 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 		value = value[:min(len(value), limit)]
 		key = key[:min(len(key), limit)]
 	}
+	value, key = bytes.Clone(value), bytes.Clone(key)
 	msg := err.Error()
 	if len(msg) > 1024 {
 		msg = msg[:1024]
@@ -577,13 +593,24 @@ const headerFraming = 8
 // of its size in headers, and a dead letter as big as its original may not
 // fit the dead-letter topic.
 func boundHeaders(hs []kgo.RecordHeader, limit int) ([]kgo.RecordHeader, int) {
+	var kept []kgo.RecordHeader
 	size := 0
-	for i, h := range hs {
+	for _, h := range hs {
 		if size += len(h.Key) + len(h.Value) + headerFraming; size > limit {
-			return append([]kgo.RecordHeader(nil), hs[:i]...), i
+			break
 		}
+		kept = append(kept, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
 	}
-	return append([]kgo.RecordHeader(nil), hs...), len(hs)
+	return kept, len(kept)
+}
+
+// size is roughly what d holds in memory and on the wire.
+func (d deadLetter) size() int {
+	n := len(d.rec.Key) + len(d.rec.Value)
+	for _, h := range d.rec.Headers {
+		n += len(h.Key) + len(h.Value) + headerFraming
+	}
+	return n
 }
 
 // flush stores everything buffered, retrying with backoff until it
@@ -637,6 +664,19 @@ func (c *Consumer) flushable() int {
 	for _, p := range c.parts {
 		if p.blocked {
 			n -= len(p.rows) + len(p.dead)
+		}
+	}
+	return n
+}
+
+// flushableDeadBytes sums the dead letters of partitions that are not
+// blocked: a blocked partition's are paused, not growing, and must not hold
+// the others back. Callers hold mu.
+func (c *Consumer) flushableDeadBytes() int {
+	n := 0
+	for _, p := range c.parts {
+		if !p.blocked {
+			n += p.deadBytes
 		}
 	}
 	return n
@@ -785,7 +825,7 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) {
 			c.m.deadLetters.WithLabelValues(d.reason).Inc()
 		}
 		c.pending -= len(p.dead)
-		p.dead = nil
+		p.dead, p.deadBytes = nil, 0
 		p.failures = 0
 		if p.blocked {
 			p.blocked = false

@@ -460,3 +460,36 @@ func TestFaultKafkaTimeUnstorable(t *testing.T) {
 		t.Errorf("event_time_clamped_total = %v, want 3", got)
 	}
 }
+
+// TestFaultDeadLetterFlood: poison records arrive faster than a batch fills
+// by count. Buffered dead letters are bounded by bytes too: once they reach
+// the budget they are passed on at once, not after BatchWait (an hour
+// here) nor after BatchSize records, which big poison records could make
+// gigabytes.
+func TestFaultDeadLetterFlood(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	const poison, size, budget = 400, 1 << 10, 64 << 10
+	var recs []*kgo.Record
+	for range poison {
+		v := make([]byte, size)
+		v[0] = 0xff // a truncated varint: malformed
+		recs = append(recs, &kgo.Record{Value: v})
+	}
+	good := decisions(10)
+	for _, d := range good {
+		recs = append(recs, record(t, d))
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs)
+	cfg := kb.config()
+	cfg.BatchSize, cfg.BatchWait = 1_000_000, time.Hour
+	r := start(t, cfg, ch, func(c *Consumer) { c.deadBudget = budget })
+	// All but the last budget's worth are passed on while the batch is
+	// nowhere near full nor due.
+	testenv.Consume(t, kb.brokers, kb.dlq, poison-budget/size)
+	r.stop() // the shutdown flush stores the rest
+	if got := len(testenv.Consume(t, kb.brokers, kb.dlq, poison)); got != poison {
+		t.Errorf("dead-letter topic holds %d records, want %d", got, poison)
+	}
+	wantExact(t, ch, uint64(len(good)))
+}
