@@ -805,7 +805,12 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) {
 		}
 		recs := make([]*kgo.Record, len(p.dead))
 		for i, d := range p.dead {
-			recs[i] = d.rec
+			// A fresh record each attempt: franz-go keeps the context of
+			// the first in Record.Context, canceled once that attempt
+			// returned, and would fail every retry with it, leaving the
+			// partition blocked after the topic came back.
+			r := d.rec
+			recs[i] = &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp, Headers: r.Headers}
 		}
 		if err := c.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			c.m.deadLetterFailures.Inc()

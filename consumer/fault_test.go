@@ -214,9 +214,11 @@ func TestFaultTopicRecreated(t *testing.T) {
 }
 
 // TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
-// dead-letter topic as it is), one whose 1.5 MB are headers, and a
-// dead-letter topic that refuses everything. The first two are cut and
-// passed on; the third blocks only the poisoned partition.
+// dead-letter topic as it is), one whose 1.5 MB are headers, a dead-letter
+// topic created only after the consumer met a poison record, and one that
+// refuses everything. The first two are cut and passed on; the third
+// blocks the poisoned partition until the topic exists, the fourth for
+// good, and neither blocks another partition.
 func TestFaultDeadLetterFails(t *testing.T) {
 	t.Run("too_large", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
@@ -269,6 +271,31 @@ func TestFaultDeadLetterFails(t *testing.T) {
 		if h := headers(dead[0]); h["trace"] != "abc" || h[HeaderHeadersDropped] != "50001" || h[HeaderReason] != ReasonUnknownVersion {
 			t.Errorf("dead letter headers %v, want trace kept, %s = 50001 and reason %s", h, HeaderHeadersDropped, ReasonUnknownVersion)
 		}
+	})
+	t.Run("missing_then_created", func(t *testing.T) {
+		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+		kb := realBackend(t, 2)
+		cfg := kb.config()
+		cfg.DeadLetterTopic += "-later" // not created yet
+		const n = 200
+		recs := []*kgo.Record{{Partition: 0, Value: []byte("poison")}}
+		for i, d := range decisions(n) {
+			rec := record(t, d)
+			rec.Partition = int32(i % 2)
+			recs = append(recs, rec)
+		}
+		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		r := start(t, cfg, ch, nil)
+		testenv.WaitFor(t, 30*time.Second, "the poisoned partition blocked, the other stored", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_blocked_partitions") == 1 && count(t, ch, "SELECT count() FROM decisions") == n/2
+		})
+		testenv.CreateTopics(t, kb.brokers, 1, cfg.DeadLetterTopic)
+		testenv.WaitFor(t, 60*time.Second, "the partition unblocked once the topic exists", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_blocked_partitions") == 0 && count(t, ch, "SELECT count() FROM decisions") == n
+		})
+		r.stop()
+		wantExact(t, ch, n)
+		testenv.Consume(t, kb.brokers, cfg.DeadLetterTopic, 1)
 	})
 	t.Run("refused", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
