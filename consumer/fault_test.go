@@ -220,71 +220,52 @@ func TestFaultTopicRecreated(t *testing.T) {
 // blocks the poisoned partition until the topic exists, the fourth for
 // good, and neither blocks another partition.
 func TestFaultDeadLetterFails(t *testing.T) {
-	t.Run("too_large", func(t *testing.T) {
-		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
-		kb := realBackend(t, 2)
-		alterMaxMessage(t, kb.brokers, kb.topic)
-		const n = 2000
-		ds := decisions(n)
-		recs := []*kgo.Record{{Partition: 0, Value: make([]byte, 1500<<10)}}
-		for i, d := range ds {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
-		r := start(t, kb.config(), ch, nil)
-		waitRaw(t, ch, n, 30*time.Second)
-		r.stop()
-		wantExact(t, ch, n)
-		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
-			t.Errorf("dead_letters_total = %v, want 1", got)
-		}
-	})
-	t.Run("large_headers", func(t *testing.T) {
-		// 1.5 MB of headers, first a big one, then many small ones: the
-		// dead letter would be as big as the original without a bound.
-		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
-		kb := realBackend(t, 2)
-		alterMaxMessage(t, kb.brokers, kb.topic)
-		const n = 2000
-		poison := &kgo.Record{Partition: 0, Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("abc")},
-			{Key: "big", Value: make([]byte, 1000<<10)}}}
-		for range 50_000 {
-			poison.Headers = append(poison.Headers, kgo.RecordHeader{Key: "h", Value: make([]byte, 8)})
-		}
-		recs := []*kgo.Record{poison}
-		for i, d := range decisions(n) {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
-		r := start(t, kb.config(), ch, nil)
-		waitRaw(t, ch, n, 30*time.Second)
-		r.stop()
-		wantExact(t, ch, n)
-		if got := metric(t, r.reg, "edgelimit_consumer_blocked_partitions"); got != 0 {
-			t.Errorf("blocked_partitions = %v, want 0", got)
-		}
-		dead := testenv.Consume(t, kb.brokers, kb.dlq, 1)
-		if h := headers(dead[0]); h["trace"] != "abc" || h[HeaderHeadersDropped] != "50001" || h[HeaderReason] != ReasonUnknownVersion {
-			t.Errorf("dead letter headers %v, want trace kept, %s = 50001 and reason %s", h, HeaderHeadersDropped, ReasonUnknownVersion)
-		}
-	})
+	// 1.5 MB of headers, first a big one, then many small ones: the dead
+	// letter would be as big as the original without a bound.
+	heavy := &kgo.Record{Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("abc")},
+		{Key: "big", Value: make([]byte, 1000<<10)}}}
+	for range 50_000 {
+		heavy.Headers = append(heavy.Headers, kgo.RecordHeader{Key: "h", Value: make([]byte, 8)})
+	}
+	for _, tt := range []struct {
+		name   string
+		poison *kgo.Record
+		want   map[string]string // headers of the dead letter
+	}{
+		{name: "too_large", poison: &kgo.Record{Value: make([]byte, 1500<<10)}, want: map[string]string{HeaderOriginalSize: "1536000"}},
+		{name: "large_headers", poison: heavy, want: map[string]string{"trace": "abc", HeaderHeadersDropped: "50001"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+			kb := realBackend(t, 2)
+			alterMaxMessage(t, kb.brokers, kb.topic)
+			const n = 2000
+			producePoisoned(t, kb, tt.poison, n)
+			r := start(t, kb.config(), ch, nil)
+			waitRaw(t, ch, n, 30*time.Second)
+			r.stop()
+			wantExact(t, ch, n)
+			if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
+				t.Errorf("dead_letters_total = %v, want 1", got)
+			}
+			if got := metric(t, r.reg, "edgelimit_consumer_blocked_partitions"); got != 0 {
+				t.Errorf("blocked_partitions = %v, want 0", got)
+			}
+			h := headers(testenv.Consume(t, kb.brokers, kb.dlq, 1)[0])
+			for k, v := range tt.want {
+				if h[k] != v {
+					t.Errorf("dead letter header %s = %q, want %q (all: %v)", k, h[k], v, h)
+				}
+			}
+		})
+	}
 	t.Run("missing_then_created", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 		kb := realBackend(t, 2)
 		cfg := kb.config()
 		cfg.DeadLetterTopic += "-later" // not created yet
 		const n = 200
-		recs := []*kgo.Record{{Partition: 0, Value: []byte("poison")}}
-		for i, d := range decisions(n) {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		producePoisoned(t, kb, &kgo.Record{Value: []byte("poison")}, n)
 		r := start(t, cfg, ch, nil)
 		testenv.WaitFor(t, 30*time.Second, "the poisoned partition blocked, the other stored", func() bool {
 			return metric(t, r.reg, "edgelimit_consumer_blocked_partitions") == 1 && count(t, ch, "SELECT count() FROM decisions") == n/2
@@ -301,13 +282,7 @@ func TestFaultDeadLetterFails(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 		kb := realBackend(t, 2)
 		const n = 2000
-		recs := []*kgo.Record{{Partition: 0, Value: []byte("poison")}}
-		for i, d := range decisions(n) {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
+		producePoisoned(t, kb, &kgo.Record{Value: []byte("poison")}, n)
 		cfg := kb.config()
 		cfg.DeadLetterTopic = "no such topic!" // every produce fails
 		r := start(t, cfg, ch, nil)
@@ -325,6 +300,20 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			t.Errorf("dead_letter_failures_total = %v, want at least 1", got)
 		}
 	})
+}
+
+// producePoisoned writes poison to partition 0 of kb's topic, then n
+// decisions spread over partitions 0 and 1, in records of up to 2 MB.
+func producePoisoned(t *testing.T, kb kafkaBackend, poison *kgo.Record, n int) {
+	t.Helper()
+	poison.Partition = 0
+	recs := []*kgo.Record{poison}
+	for i, d := range decisions(n) {
+		rec := record(t, d)
+		rec.Partition = int32(i % 2)
+		recs = append(recs, rec)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 }
 
 // alterMaxMessage lets topic take records of up to 2 MB, as a producer with
