@@ -655,6 +655,7 @@ const (
 	stageCommit     = "commit"
 	stageResume     = "resume"
 	stageSchema     = "schema"
+	stageLag        = "lag"
 )
 
 // flushable counts the buffered records of partitions that are not blocked.
@@ -1007,11 +1008,21 @@ func (c *Consumer) measureLag(ctx context.Context, adm *kadm.Client) {
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.LagInterval)
 		lags, err := adm.Lag(lctx, c.cfg.Group)
 		cancel()
-		if err != nil {
-			continue
-		}
 		lag, ok := lags[c.cfg.Group]
-		if !ok || lag.Error() != nil {
+		if err == nil && !ok {
+			err = errors.New("group not described")
+		} else if err == nil {
+			err = lag.Error()
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Counted, since the gauges now keep their last value: with
+			// nothing fetched, committed or inserted while Kafka is out
+			// of reach, this is the one failure that shows.
+			c.m.retries.WithLabelValues(stageLag).Inc()
+			c.log.Warn("measure lag", "group", c.cfg.Group, "err", err)
 			continue
 		}
 		behind := lag.Lag.TotalByTopic()[c.cfg.Topic].Lag

@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 to 262144
 		}),
 		deadLetters:        newCounterVec("dead_letters_total", "Records sent to the dead-letter topic, by reason: unknown_version, malformed.", "reason"),
-		retries:            newCounterVec("retries_total", "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version).", "stage"),
+		retries:            newCounterVec("retries_total", "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured).", "stage"),
 		batchesAborted:     newCounter("batches_aborted_total", "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."),
 		fenced:             newCounter("partitions_fenced_total", "Partitions this consumer stopped writing because a newer owner claimed them."),
 		offsetsDistrusted:  newCounterVec("offsets_distrusted_total", "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark.", "reason"),
@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
 		m.deadLetters.WithLabelValues(r)
 	}
-	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume} {
+	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageLag} {
 		m.retries.WithLabelValues(s)
 	}
 	for _, r := range []string{distrustTopicID, distrustHighWatermark} {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +82,44 @@ func TestClickHouseOutage(t *testing.T) {
 	if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != 7000 {
 		t.Errorf("rollup requests = %d, want 7000", got)
 	}
+}
+
+// TestKafkaOutageCounted halts a private Kafka broker under a consumer that
+// has stored and committed everything: nothing is fetched, committed or
+// inserted, so only the lag measurement meets the outage. Its failures are
+// counted as retries (the EdgelimitConsumerRetrying alert), not left as a
+// frozen lag gauge that reads 0 throughout. Once the broker is back the
+// consumer stores the rest, once.
+func TestKafkaOutageCounted(t *testing.T) {
+	srv := testenv.Private(t, "kafka")
+	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	topic, dlq := realKafka(t, brokers, 2)
+	b := kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq}
+	cfg := b.config()
+	ds := decisions(400)
+	produce(t, brokers, topic, ds[:200])
+	r := start(t, cfg, ch, nil)
+	testenv.WaitFor(t, 60*time.Second, "the first 200 rows", func() bool {
+		return count(t, ch, "SELECT count() FROM decisions") == 200
+	})
+	// The group's coordinator answers once the consumer has joined.
+	testenv.WaitFor(t, 30*time.Second, "the first 200 committed", func() bool {
+		var sum int64
+		for _, o := range committed(t, brokers, cfg.Group, topic) {
+			sum += o
+		}
+		return sum == 200
+	})
+	before := metric(t, r.reg, "edgelimit_consumer_retries_total")
+
+	srv.Halt(t)
+	testenv.WaitFor(t, 60*time.Second, "retries counted while Kafka is down", func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= before+3
+	})
+	srv.Resume(t)
+	produce(t, brokers, topic, ds[200:])
+	waitRaw(t, ch, 400, 60*time.Second)
+	r.stop()
+	wantExact(t, ch, 400)
 }
