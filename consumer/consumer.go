@@ -36,14 +36,15 @@ import (
 
 // Configuration errors returned by Validate.
 var (
-	ErrNoBrokers      = errors.New("consumer: no brokers")
-	ErrSameTopic      = errors.New("consumer: dead-letter topic must differ from the topic")
-	ErrBatchSize      = errors.New("consumer: batch size must be positive")
-	ErrNegativeTime   = errors.New("consumer: negative duration")
-	ErrRetryRange     = errors.New("consumer: retry min must not exceed retry max")
-	ErrInsertTimeout  = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
-	ErrNegativeRetain = errors.New("consumer: negative retention")
-	ErrAddress        = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
+	ErrNoBrokers          = errors.New("consumer: no brokers")
+	ErrSameTopic          = errors.New("consumer: dead-letter topic must differ from the topic")
+	ErrBatchSize          = errors.New("consumer: batch size must be positive")
+	ErrNegativeTime       = errors.New("consumer: negative duration")
+	ErrRetryRange         = errors.New("consumer: retry min must not exceed retry max")
+	ErrInsertTimeout      = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
+	ErrNegativeRetain     = errors.New("consumer: negative retention")
+	ErrDeadLetterMaxBytes = errors.New("consumer: dead-letter max bytes must be positive")
+	ErrAddress            = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
 )
 
 // CheckAddress returns ErrAddress, naming what but not repeating addr,
@@ -174,10 +175,15 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
-		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval} {
+		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
 			return fmt.Errorf("%w: %v", ErrNegativeTime, d)
 		}
+	}
+	if c.DeadLetterMaxBytes < 0 {
+		// It cuts every dead letter: a negative one would panic on the
+		// first poison record, and again after every restart.
+		return fmt.Errorf("%w: %d", ErrDeadLetterMaxBytes, c.DeadLetterMaxBytes)
 	}
 	return nil
 }

@@ -32,6 +32,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
 		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress},
 		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress},
+		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: ErrDeadLetterMaxBytes},
+		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: ErrNegativeTime},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
