@@ -262,8 +262,13 @@ type Consumer struct {
 type partition struct {
 	id   int32
 	next int64 // offsets below next were already taken; repeats are skipped
-	rows []row
-	dead []deadLetter
+	// expect says next is an offset that must come next: the partition's
+	// stored progress, or a record read. A record past it means Kafka no
+	// longer held the ones between when they were fetched (retention, an
+	// unclean leader election): counted as lost.
+	expect bool
+	rows   []row
+	dead   []deadLetter
 	// deadBytes is the size of dead's records.
 	deadBytes int
 	// first is the offset of the first record buffered since the last
@@ -476,7 +481,15 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 			if r.Offset < p.next {
 				continue
 			}
-			p.next = r.Offset + 1
+			if p.expect && r.Offset > p.next {
+				// The producers are idempotent, not transactional, and
+				// the topic is not compacted: offsets have no gaps of
+				// their own.
+				c.m.recordsLost.Add(float64(r.Offset - p.next))
+				c.log.Error("records gone from Kafka before they were stored; their decisions are missing",
+					"partition", p.id, "first_offset", p.next, "last_offset", r.Offset-1, "records", r.Offset-p.next)
+			}
+			p.next, p.expect = r.Offset+1, true
 			if empty {
 				c.firstAt = c.now()
 				empty = false

@@ -23,6 +23,7 @@ type metrics struct {
 	deadLetterFailures prometheus.Counter
 	blockedPartitions  prometheus.Gauge
 	timeClamped        prometheus.Counter
+	recordsLost        prometheus.Counter
 }
 
 const ns = "edgelimit_consumer"
@@ -50,6 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		deadLetterFailures: newCounter("dead_letter_failures_total", "Failed attempts to produce a partition's dead letters (the partition waits; others go on)."),
 		blockedPartitions:  newGauge("blocked_partitions", "Partitions waiting for their dead letters to be produced."),
 		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."),
+		recordsLost:        newCounter("records_lost_total", "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."),
 		partitionsDropped:  newCounter("partitions_dropped_total", "Day partitions dropped by retention (servers without TTL)."),
 	}
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
@@ -66,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
-		m.deadLetterFailures, m.blockedPartitions, m.timeClamped} {
+		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register consumer metrics: %w", err)
 		}
