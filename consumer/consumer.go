@@ -12,6 +12,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,14 +36,27 @@ import (
 
 // Configuration errors returned by Validate.
 var (
-	ErrNoBrokers      = errors.New("consumer: no brokers")
-	ErrSameTopic      = errors.New("consumer: dead-letter topic must differ from the topic")
-	ErrBatchSize      = errors.New("consumer: batch size must be positive")
-	ErrNegativeTime   = errors.New("consumer: negative duration")
-	ErrRetryRange     = errors.New("consumer: retry min must not exceed retry max")
-	ErrInsertTimeout  = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
-	ErrNegativeRetain = errors.New("consumer: negative retention")
+	ErrNoBrokers          = errors.New("consumer: no brokers")
+	ErrSameTopic          = errors.New("consumer: dead-letter topic must differ from the topic")
+	ErrBatchSize          = errors.New("consumer: batch size must be positive")
+	ErrNegativeTime       = errors.New("consumer: negative duration")
+	ErrRetryRange         = errors.New("consumer: retry min must not exceed retry max")
+	ErrInsertTimeout      = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
+	ErrNegativeRetain     = errors.New("consumer: negative retention")
+	ErrDeadLetterMaxBytes = errors.New("consumer: dead-letter max bytes must be positive")
+	ErrAddress            = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
 )
+
+// CheckAddress returns ErrAddress, naming what but not repeating addr,
+// unless addr is a plain host[:port]: a URL or user:password@host would
+// carry a password into the printed configuration and every log line that
+// names the server, and no client here reads credentials from an address.
+func CheckAddress(what, addr string) error {
+	if addr == "" || strings.ContainsAny(addr, "@/?# ") {
+		return fmt.Errorf("%w: %s", ErrAddress, what)
+	}
+	return nil
+}
 
 // Config configures a Consumer. The zero value of each field means its
 // default; Brokers is required.
@@ -87,9 +101,11 @@ type Config struct {
 	// (and counted), so one wild clock cannot spread a batch over hundreds
 	// of day partitions, which current ClickHouse refuses. Default 24h.
 	MaxClockSkew time.Duration
-	// DeadLetterMaxBytes bounds the value of a dead letter: a longer one is
-	// truncated (the headers point at the original). Default 64 KiB, well
-	// under Kafka's default 1 MB message limit.
+	// DeadLetterMaxBytes bounds the value, the key and the original headers
+	// of a dead letter, each: a longer value or key is truncated, headers
+	// past the bound are left out (the added headers point at the
+	// original). Default 64 KiB, so a dead letter stays well under Kafka's
+	// default 1 MB message limit.
 	DeadLetterMaxBytes int
 	// Shards, on a cluster, are connections to every shard's local tables
 	// (the database the Distributed tables read), for what a Distributed
@@ -153,11 +169,21 @@ func (c Config) Validate() error {
 	case c.InsertTimeout >= rebalanceTimeout:
 		return fmt.Errorf("%w: %v", ErrInsertTimeout, c.InsertTimeout)
 	}
+	for i, b := range c.Brokers {
+		if err := CheckAddress(fmt.Sprintf("broker %d of %d", i+1, len(c.Brokers)), b); err != nil {
+			return err
+		}
+	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
-		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval} {
+		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
 			return fmt.Errorf("%w: %v", ErrNegativeTime, d)
 		}
+	}
+	if c.DeadLetterMaxBytes < 0 {
+		// It cuts every dead letter: a negative one would panic on the
+		// first poison record, and again after every restart.
+		return fmt.Errorf("%w: %d", ErrDeadLetterMaxBytes, c.DeadLetterMaxBytes)
 	}
 	return nil
 }
@@ -180,6 +206,10 @@ const (
 	// HeaderOriginalSize is set, to the original value's length, when the
 	// dead letter's value was truncated to DeadLetterMaxBytes.
 	HeaderOriginalSize = "dead_letter_original_size"
+	// HeaderHeadersDropped is set, to how many were left out, when the
+	// original's headers did not fit in DeadLetterMaxBytes: the first that
+	// fit are kept, in order.
+	HeaderHeadersDropped = "dead_letter_headers_dropped"
 )
 
 // Consumer moves decision events from Kafka to ClickHouse.
@@ -208,6 +238,10 @@ type Consumer struct {
 	pending int
 	// firstAt is when the oldest buffered record was polled.
 	firstAt time.Time
+	// deadBudget is how many bytes of dead letters, in partitions that are
+	// not blocked, start a flush at once: BatchSize counts records, and
+	// poison records can be as big as Kafka lets them.
+	deadBudget int
 	// batch is the id of the batch being written; failed, when set, says an
 	// attempt of it may have written something, so it is aborted before
 	// the next attempt, which takes a new id.
@@ -228,8 +262,15 @@ type Consumer struct {
 type partition struct {
 	id   int32
 	next int64 // offsets below next were already taken; repeats are skipped
-	rows []row
-	dead []deadLetter
+	// expect says next is an offset that must come next: the partition's
+	// stored progress, or a record read. A record past it means Kafka no
+	// longer held the ones between when they were fetched (retention, an
+	// unclean leader election): counted as lost.
+	expect bool
+	rows   []row
+	dead   []deadLetter
+	// deadBytes is the size of dead's records.
+	deadBytes int
 	// first is the offset of the first record buffered since the last
 	// flush (valid while hasEnd).
 	first int64
@@ -282,8 +323,9 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		parts:   map[int32]*partition{},
 		clReady: make(chan struct{}),
 		// Only digits are joined into the SQL.
-		stage: fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
-		batch: newBatchID(),
+		stage:      fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
+		batch:      newBatchID(),
+		deadBudget: 16 << 20,
 	}, nil
 }
 
@@ -378,6 +420,9 @@ func (c *Consumer) poll(ctx context.Context) error {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
+		if c.flushableDeadBytes() >= c.deadBudget {
+			room = 0 // flush first
+		}
 		deadline := c.now().Add(c.cfg.BatchWait)
 		if c.flushable() > 0 {
 			deadline = c.firstAt.Add(c.cfg.BatchWait)
@@ -404,7 +449,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 
 		c.mu.Lock()
 		n := c.flushable()
-		full := n >= c.cfg.BatchSize
+		full := n >= c.cfg.BatchSize || c.flushableDeadBytes() >= c.deadBudget
 		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait)) || c.deadLetterRetryDue()
 		c.mu.Unlock()
 		if full || due {
@@ -436,7 +481,15 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 			if r.Offset < p.next {
 				continue
 			}
-			p.next = r.Offset + 1
+			if p.expect && r.Offset > p.next {
+				// The producers are idempotent, not transactional, and
+				// the topic is not compacted: offsets have no gaps of
+				// their own.
+				c.m.recordsLost.Add(float64(r.Offset - p.next))
+				c.log.Error("records gone from Kafka before they were stored; their decisions are missing",
+					"partition", p.id, "first_offset", p.next, "last_offset", r.Offset-1, "records", r.Offset-p.next)
+			}
+			p.next, p.expect = r.Offset+1, true
 			if empty {
 				c.firstAt = c.now()
 				empty = false
@@ -450,19 +503,34 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				p.newest = r.Timestamp
 			}
 			if err := decode(&d, r); err != nil {
-				p.dead = append(p.dead, c.deadLetter(r, err))
+				dl := c.deadLetter(r, err)
+				p.dead = append(p.dead, dl)
+				p.deadBytes += dl.size()
 				continue
 			}
-			if skew := d.Time.Sub(r.Timestamp); d.Time.Unix() < 0 || d.Time.Unix() >= 1<<32 ||
-				skew > c.cfg.MaxClockSkew || -skew > c.cfg.MaxClockSkew {
+			// Kafka's timestamp is the producer's too, and Kafka takes any
+			// past one (before 1970 included, or -1 for none): one that
+			// cannot be stored leaves the consumer's clock to judge by.
+			ref := r.Timestamp
+			if !storable(ref) {
+				ref = c.now().UTC()
+			}
+			if skew := d.Time.Sub(ref); !storable(d.Time) || skew > c.cfg.MaxClockSkew || -skew > c.cfg.MaxClockSkew {
 				// No usable event time: Kafka's will do. Counted, since a
 				// gateway whose clock is this wrong needs looking at.
-				d.Time = r.Timestamp
+				d.Time = ref
 				c.m.timeClamped.Inc()
 			}
 			p.rows = append(p.rows, row{d: d, topic: r.Topic, partition: r.Partition, offset: r.Offset})
 		}
 	})
+}
+
+// storable reports whether t fits the decisions table's DateTime (unsigned
+// 32-bit Unix seconds); the driver wraps a time outside it around instead
+// of refusing it, so 1960 would be stored as 2096.
+func storable(t time.Time) bool {
+	return t.Unix() >= 0 && t.Unix() < 1<<32
 }
 
 // errNoID marks a record that decodes but carries no event id, such as an
@@ -503,13 +571,19 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 	// retention; the value is cut so that a record too big to pass on is
 	// still passed on (a dead letter that cannot be produced blocks its
 	// partition).
+	// Copies, cut to size: a slice of the fetched record would keep its
+	// whole fetch buffer alive while the dead letter waits.
 	value, key := r.Value, r.Key
-	headers := append([]kgo.RecordHeader(nil), r.Headers...)
+	headers, kept := boundHeaders(r.Headers, c.cfg.DeadLetterMaxBytes)
+	if kept < len(r.Headers) {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderHeadersDropped, Value: []byte(strconv.Itoa(len(r.Headers) - kept))})
+	}
 	if limit := c.cfg.DeadLetterMaxBytes; len(value) > limit || len(key) > limit {
 		headers = append(headers, kgo.RecordHeader{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(len(value)))})
 		value = value[:min(len(value), limit)]
 		key = key[:min(len(key), limit)]
 	}
+	value, key = bytes.Clone(value), bytes.Clone(key)
 	msg := err.Error()
 	if len(msg) > 1024 {
 		msg = msg[:1024]
@@ -527,6 +601,35 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 			kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 		),
 	}}
+}
+
+// headerFraming is what a record header costs beyond its key and value
+// (their lengths, as varints), so that many empty headers are bounded too.
+const headerFraming = 8
+
+// boundHeaders returns a copy of the first of hs whose keys, values and
+// framing fit in limit bytes, and how many that is: a record can carry most
+// of its size in headers, and a dead letter as big as its original may not
+// fit the dead-letter topic.
+func boundHeaders(hs []kgo.RecordHeader, limit int) ([]kgo.RecordHeader, int) {
+	var kept []kgo.RecordHeader
+	size := 0
+	for _, h := range hs {
+		if size += len(h.Key) + len(h.Value) + headerFraming; size > limit {
+			break
+		}
+		kept = append(kept, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
+	}
+	return kept, len(kept)
+}
+
+// size is roughly what d holds in memory and on the wire.
+func (d deadLetter) size() int {
+	n := len(d.rec.Key) + len(d.rec.Value)
+	for _, h := range d.rec.Headers {
+		n += len(h.Key) + len(h.Value) + headerFraming
+	}
+	return n
 }
 
 // flush stores everything buffered, retrying with backoff until it
@@ -571,6 +674,7 @@ const (
 	stageCommit     = "commit"
 	stageResume     = "resume"
 	stageSchema     = "schema"
+	stageLag        = "lag"
 )
 
 // flushable counts the buffered records of partitions that are not blocked.
@@ -580,6 +684,19 @@ func (c *Consumer) flushable() int {
 	for _, p := range c.parts {
 		if p.blocked {
 			n -= len(p.rows) + len(p.dead)
+		}
+	}
+	return n
+}
+
+// flushableDeadBytes sums the dead letters of partitions that are not
+// blocked: a blocked partition's are paused, not growing, and must not hold
+// the others back. Callers hold mu.
+func (c *Consumer) flushableDeadBytes() int {
+	n := 0
+	for _, p := range c.parts {
+		if !p.blocked {
+			n += p.deadBytes
 		}
 	}
 	return n
@@ -708,7 +825,12 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) {
 		}
 		recs := make([]*kgo.Record, len(p.dead))
 		for i, d := range p.dead {
-			recs[i] = d.rec
+			// A fresh record each attempt: franz-go keeps the context of
+			// the first in Record.Context, canceled once that attempt
+			// returned, and would fail every retry with it, leaving the
+			// partition blocked after the topic came back.
+			r := d.rec
+			recs[i] = &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp, Headers: r.Headers}
 		}
 		if err := c.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			c.m.deadLetterFailures.Inc()
@@ -728,7 +850,7 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) {
 			c.m.deadLetters.WithLabelValues(d.reason).Inc()
 		}
 		c.pending -= len(p.dead)
-		p.dead = nil
+		p.dead, p.deadBytes = nil, 0
 		p.failures = 0
 		if p.blocked {
 			p.blocked = false
@@ -905,11 +1027,21 @@ func (c *Consumer) measureLag(ctx context.Context, adm *kadm.Client) {
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.LagInterval)
 		lags, err := adm.Lag(lctx, c.cfg.Group)
 		cancel()
-		if err != nil {
-			continue
-		}
 		lag, ok := lags[c.cfg.Group]
-		if !ok || lag.Error() != nil {
+		if err == nil && !ok {
+			err = errors.New("group not described")
+		} else if err == nil {
+			err = lag.Error()
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Counted, since the gauges now keep their last value: with
+			// nothing fetched, committed or inserted while Kafka is out
+			// of reach, this is the one failure that shows.
+			c.m.retries.WithLabelValues(stageLag).Inc()
+			c.log.Warn("measure lag", "group", c.cfg.Group, "err", err)
 			continue
 		}
 		behind := lag.Lag.TotalByTopic()[c.cfg.Topic].Lag

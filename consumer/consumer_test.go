@@ -30,6 +30,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrRetryRange},
 		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInsertTimeout},
 		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
+		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress},
+		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress},
+		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: ErrDeadLetterMaxBytes},
+		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: ErrNegativeTime},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -207,16 +211,18 @@ func TestDeadLetter(t *testing.T) {
 		v1.Headers, v1.Value = nil, append([]byte{1}, v1.Value...) // version 1: a version byte, no header
 		empty := record(t, good[0])
 		empty.Value = nil // decodes, but is no decision: no event id
-		produceRaw(t, kb.brokers, kb.topic, []*kgo.Record{bad, future, v1, empty})
+		notUTF8 := record(t, good[0])
+		notUTF8.Value = append(notUTF8.Value, 0x42, 2, 0xff, 'a') // a route that is not UTF-8, as proto3 strings must be
+		produceRaw(t, kb.brokers, kb.topic, []*kgo.Record{bad, future, v1, empty, notUTF8})
 		produce(t, kb.brokers, kb.topic, good[100:])
 
 		r := start(t, kb.config(), ch, nil)
 		testenv.WaitFor(t, 60*time.Second, "good rows in ClickHouse", func() bool {
 			return count(t, ch, "SELECT count() FROM decisions") >= 300
 		})
-		dead := testenv.Consume(t, kb.brokers, kb.dlq, 4)
+		dead := testenv.Consume(t, kb.brokers, kb.dlq, 5)
 		want := []struct{ reason, offset string }{
-			{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"},
+			{ReasonMalformed, "100"}, {ReasonUnknownVersion, "101"}, {ReasonUnknownVersion, "102"}, {ReasonMalformed, "103"}, {ReasonMalformed, "104"},
 		}
 		for i, w := range want {
 			h := headers(dead[i])
@@ -231,7 +237,7 @@ func TestDeadLetter(t *testing.T) {
 			t.Errorf("dead letter 1 headers = %v, want the original %s: 3 kept", h, event.Header)
 		}
 		testenv.WaitFor(t, 5*time.Second, "dead-letter metric", func() bool {
-			return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 2 &&
+			return metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonMalformed) == 3 &&
 				metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonUnknownVersion) == 2
 		})
 		r.stop()
@@ -239,8 +245,8 @@ func TestDeadLetter(t *testing.T) {
 			t.Errorf("count() = %d, want 300", got)
 		}
 		// The group's committed offset is past the poison records.
-		if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 304 {
-			t.Errorf("committed offset = %d, want 304", got)
+		if got := committed(t, kb.brokers, kb.config().Group, kb.topic)[0]; got != 305 {
+			t.Errorf("committed offset = %d, want 305", got)
 		}
 	})
 }

@@ -214,42 +214,75 @@ func TestFaultTopicRecreated(t *testing.T) {
 }
 
 // TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
-// dead-letter topic as it is) and a dead-letter topic that refuses
-// everything. The first is truncated and passed on; the second blocks only
-// the poisoned partition.
+// dead-letter topic as it is), one whose 1.5 MB are headers, a dead-letter
+// topic created only after the consumer met a poison record, and one that
+// refuses everything. The first two are cut and passed on; the third
+// blocks the poisoned partition until the topic exists, the fourth for
+// good, and neither blocks another partition.
 func TestFaultDeadLetterFails(t *testing.T) {
-	t.Run("too_large", func(t *testing.T) {
+	// 1.5 MB of headers, first a big one, then many small ones: the dead
+	// letter would be as big as the original without a bound.
+	heavy := &kgo.Record{Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("abc")},
+		{Key: "big", Value: make([]byte, 1000<<10)}}}
+	for range 50_000 {
+		heavy.Headers = append(heavy.Headers, kgo.RecordHeader{Key: "h", Value: make([]byte, 8)})
+	}
+	for _, tt := range []struct {
+		name   string
+		poison *kgo.Record
+		want   map[string]string // headers of the dead letter
+	}{
+		{name: "too_large", poison: &kgo.Record{Value: make([]byte, 1500<<10)}, want: map[string]string{HeaderOriginalSize: "1536000"}},
+		{name: "large_headers", poison: heavy, want: map[string]string{"trace": "abc", HeaderHeadersDropped: "50001"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+			kb := realBackend(t, 2)
+			alterMaxMessage(t, kb.brokers, kb.topic)
+			const n = 2000
+			producePoisoned(t, kb, tt.poison, n)
+			r := start(t, kb.config(), ch, nil)
+			waitRaw(t, ch, n, 30*time.Second)
+			r.stop()
+			wantExact(t, ch, n)
+			if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
+				t.Errorf("dead_letters_total = %v, want 1", got)
+			}
+			if got := metric(t, r.reg, "edgelimit_consumer_blocked_partitions"); got != 0 {
+				t.Errorf("blocked_partitions = %v, want 0", got)
+			}
+			h := headers(testenv.Consume(t, kb.brokers, kb.dlq, 1)[0])
+			for k, v := range tt.want {
+				if h[k] != v {
+					t.Errorf("dead letter header %s = %q, want %q (all: %v)", k, h[k], v, h)
+				}
+			}
+		})
+	}
+	t.Run("missing_then_created", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 		kb := realBackend(t, 2)
-		alterMaxMessage(t, kb.brokers, kb.topic)
-		const n = 2000
-		ds := decisions(n)
-		recs := []*kgo.Record{{Partition: 0, Value: make([]byte, 1500<<10)}}
-		for i, d := range ds {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
-		r := start(t, kb.config(), ch, nil)
-		waitRaw(t, ch, n, 30*time.Second)
+		cfg := kb.config()
+		cfg.DeadLetterTopic += "-later" // not created yet
+		const n = 200
+		producePoisoned(t, kb, &kgo.Record{Value: []byte("poison")}, n)
+		r := start(t, cfg, ch, nil)
+		testenv.WaitFor(t, 30*time.Second, "the poisoned partition blocked, the other stored", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_blocked_partitions") == 1 && count(t, ch, "SELECT count() FROM decisions") == n/2
+		})
+		testenv.CreateTopics(t, kb.brokers, 1, cfg.DeadLetterTopic)
+		testenv.WaitFor(t, 60*time.Second, "the partition unblocked once the topic exists", func() bool {
+			return metric(t, r.reg, "edgelimit_consumer_blocked_partitions") == 0 && count(t, ch, "SELECT count() FROM decisions") == n
+		})
 		r.stop()
 		wantExact(t, ch, n)
-		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 1 {
-			t.Errorf("dead_letters_total = %v, want 1", got)
-		}
+		testenv.Consume(t, kb.brokers, cfg.DeadLetterTopic, 1)
 	})
 	t.Run("refused", func(t *testing.T) {
 		ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 		kb := realBackend(t, 2)
 		const n = 2000
-		recs := []*kgo.Record{{Partition: 0, Value: []byte("poison")}}
-		for i, d := range decisions(n) {
-			rec := record(t, d)
-			rec.Partition = int32(i % 2)
-			recs = append(recs, rec)
-		}
-		produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
+		producePoisoned(t, kb, &kgo.Record{Value: []byte("poison")}, n)
 		cfg := kb.config()
 		cfg.DeadLetterTopic = "no such topic!" // every produce fails
 		r := start(t, cfg, ch, nil)
@@ -267,6 +300,20 @@ func TestFaultDeadLetterFails(t *testing.T) {
 			t.Errorf("dead_letter_failures_total = %v, want at least 1", got)
 		}
 	})
+}
+
+// producePoisoned writes poison to partition 0 of kb's topic, then n
+// decisions spread over partitions 0 and 1, in records of up to 2 MB.
+func producePoisoned(t *testing.T, kb kafkaBackend, poison *kgo.Record, n int) {
+	t.Helper()
+	poison.Partition = 0
+	recs := []*kgo.Record{poison}
+	for i, d := range decisions(n) {
+		rec := record(t, d)
+		rec.Partition = int32(i % 2)
+		recs = append(recs, rec)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
 }
 
 // alterMaxMessage lets topic take records of up to 2 MB, as a producer with
@@ -390,4 +437,75 @@ func TestFaultDedupeBusyDay(t *testing.T) {
 	if scanned <= 10*bound {
 		t.Errorf("the old dedupe read only %d rows: the seeded day is not busy enough to tell a bounded read from a scan", scanned)
 	}
+}
+
+// TestFaultKafkaTimeUnstorable: records whose Kafka timestamp, set by their
+// producer, is before 1970 (Kafka accepts any past one), with event times
+// that agree with it or are missing. The driver wraps such a time around
+// (1960 became 2096): the rows are stored at the consumer's clock instead,
+// counted, and a good event time on a record without a usable Kafka
+// timestamp is kept.
+func TestFaultKafkaTimeUnstorable(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	before := time.Now().Add(-time.Minute)
+	ds := decisions(4)
+	kafkaTimes := []time.Time{time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), time.UnixMilli(-2), time.UnixMilli(-2), time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)}
+	ds[0].Time, ds[1].Time, ds[2].Time = kafkaTimes[0], time.Time{}, kafkaTimes[2]
+	ds[3].Time = before // good, on a record whose Kafka time is not
+	var recs []*kgo.Record
+	for i, d := range ds {
+		r := record(t, d)
+		r.Timestamp = kafkaTimes[i]
+		recs = append(recs, r)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs)
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 4, 30*time.Second)
+	r.stop()
+	after := time.Now().Add(time.Minute)
+	wantExact(t, ch, 4)
+	if got := count(t, ch, "SELECT count() FROM decisions WHERE time >= toDateTime(?) AND time <= toDateTime(?)",
+		before.Unix(), after.Unix()); got != 4 {
+		t.Errorf("%d of 4 rows stored between %v and %v, want all (the consumer's clock, or the good event time)", got, before, after)
+	}
+	if got := count(t, ch, "SELECT count() FROM decisions WHERE time = toDateTime(?)", before.Unix()); got != 1 {
+		t.Errorf("%d rows at the good event time %v, want 1", got, before)
+	}
+	if got := metric(t, r.reg, "edgelimit_consumer_event_time_clamped_total"); got != 3 {
+		t.Errorf("event_time_clamped_total = %v, want 3", got)
+	}
+}
+
+// TestFaultDeadLetterFlood: poison records arrive faster than a batch fills
+// by count. Buffered dead letters are bounded by bytes too: once they reach
+// the budget they are passed on at once, not after BatchWait (an hour
+// here) nor after BatchSize records, which big poison records could make
+// gigabytes.
+func TestFaultDeadLetterFlood(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	const poison, size, budget = 400, 1 << 10, 64 << 10
+	var recs []*kgo.Record
+	for range poison {
+		v := make([]byte, size)
+		v[0] = 0xff // a truncated varint: malformed
+		recs = append(recs, &kgo.Record{Value: v})
+	}
+	good := decisions(10)
+	for _, d := range good {
+		recs = append(recs, record(t, d))
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs)
+	cfg := kb.config()
+	cfg.BatchSize, cfg.BatchWait = 1_000_000, time.Hour
+	r := start(t, cfg, ch, func(c *Consumer) { c.deadBudget = budget })
+	// All but the last budget's worth are passed on while the batch is
+	// nowhere near full nor due.
+	testenv.Consume(t, kb.brokers, kb.dlq, poison-budget/size)
+	r.stop() // the shutdown flush stores the rest
+	if got := len(testenv.Consume(t, kb.brokers, kb.dlq, poison)); got != poison {
+		t.Errorf("dead-letter topic holds %d records, want %d", got, poison)
+	}
+	wantExact(t, ch, uint64(len(good)))
 }

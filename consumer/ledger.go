@@ -335,6 +335,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next
 			start = 0
 		}
 		next[id].next = start
+		next[id].expect = committed >= 0 || tail >= 0
 	}
 	return next, topicID, nil
 }

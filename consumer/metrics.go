@@ -23,6 +23,7 @@ type metrics struct {
 	deadLetterFailures prometheus.Counter
 	blockedPartitions  prometheus.Gauge
 	timeClamped        prometheus.Counter
+	recordsLost        prometheus.Counter
 }
 
 const ns = "edgelimit_consumer"
@@ -43,19 +44,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 to 262144
 		}),
 		deadLetters:        newCounterVec("dead_letters_total", "Records sent to the dead-letter topic, by reason: unknown_version, malformed.", "reason"),
-		retries:            newCounterVec("retries_total", "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version).", "stage"),
+		retries:            newCounterVec("retries_total", "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured).", "stage"),
 		batchesAborted:     newCounter("batches_aborted_total", "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."),
 		fenced:             newCounter("partitions_fenced_total", "Partitions this consumer stopped writing because a newer owner claimed them."),
 		offsetsDistrusted:  newCounterVec("offsets_distrusted_total", "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark.", "reason"),
 		deadLetterFailures: newCounter("dead_letter_failures_total", "Failed attempts to produce a partition's dead letters (the partition waits; others go on)."),
 		blockedPartitions:  newGauge("blocked_partitions", "Partitions waiting for their dead letters to be produced."),
-		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp and was replaced by it."),
+		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."),
+		recordsLost:        newCounter("records_lost_total", "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."),
 		partitionsDropped:  newCounter("partitions_dropped_total", "Day partitions dropped by retention (servers without TTL)."),
 	}
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
 		m.deadLetters.WithLabelValues(r)
 	}
-	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume} {
+	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageLag} {
 		m.retries.WithLabelValues(s)
 	}
 	for _, r := range []string{distrustTopicID, distrustHighWatermark} {
@@ -66,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
-		m.deadLetterFailures, m.blockedPartitions, m.timeClamped} {
+		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register consumer metrics: %w", err)
 		}

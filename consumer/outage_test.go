@@ -1,10 +1,12 @@
 package consumer
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 // TestClickHouseOutage stops a private ClickHouse under a running consumer:
@@ -81,4 +83,80 @@ func TestClickHouseOutage(t *testing.T) {
 	if got := count(t, ch, "SELECT toUInt64(sum(requests)) FROM decisions_by_key_1m"); got != 7000 {
 		t.Errorf("rollup requests = %d, want 7000", got)
 	}
+}
+
+// TestKafkaOutageCounted halts a private Kafka broker under a consumer that
+// has stored and committed everything: nothing is fetched, committed or
+// inserted, so only the lag measurement meets the outage. Its failures are
+// counted as retries (the EdgelimitConsumerRetrying alert), not left as a
+// frozen lag gauge that reads 0 throughout. Once the broker is back the
+// consumer stores the rest, once.
+func TestKafkaOutageCounted(t *testing.T) {
+	srv := testenv.Private(t, "kafka")
+	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	topic, dlq := realKafka(t, brokers, 2)
+	b := kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq}
+	cfg := b.config()
+	ds := decisions(400)
+	produce(t, brokers, topic, ds[:200])
+	r := start(t, cfg, ch, nil)
+	testenv.WaitFor(t, 60*time.Second, "the first 200 rows", func() bool {
+		return count(t, ch, "SELECT count() FROM decisions") == 200
+	})
+	// The group's coordinator answers once the consumer has joined.
+	testenv.WaitFor(t, 30*time.Second, "the first 200 committed", func() bool {
+		var sum int64
+		for _, o := range committed(t, brokers, cfg.Group, topic) {
+			sum += o
+		}
+		return sum == 200
+	})
+	before := metric(t, r.reg, "edgelimit_consumer_retries_total")
+
+	srv.Halt(t)
+	testenv.WaitFor(t, 60*time.Second, "retries counted while Kafka is down", func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_retries_total") >= before+3
+	})
+	srv.Resume(t)
+	produce(t, brokers, topic, ds[200:])
+	waitRaw(t, ch, 400, 60*time.Second)
+	r.stop()
+	wantExact(t, ch, 400)
+}
+
+// TestRecordsLostCounted: while the consumer is down, Kafka deletes records
+// it had not read yet (retention, here DeleteRecords). On restart the
+// committed offset is below the log's start and Kafka resumes it there: the
+// records between are gone, and they are counted and logged instead of
+// vanishing without a trace.
+func TestRecordsLostCounted(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	cfg := kb.config()
+	ds := decisions(300)
+	produce(t, kb.brokers, kb.topic, ds[:100])
+	r := start(t, cfg, ch, nil)
+	testenv.WaitFor(t, 60*time.Second, "the first 100 rows", func() bool {
+		return count(t, ch, "SELECT count() FROM decisions") == 100
+	})
+	r.stop()
+	produce(t, kb.brokers, kb.topic, ds[100:])
+	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
+	resp, err := adm.DeleteRecords(ctx, kadm.Offsets{kb.topic: {0: {Topic: kb.topic, Partition: 0, At: 150}}})
+	done()
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r = start(t, cfg, ch, nil)
+	waitRaw(t, ch, 250, 60*time.Second)
+	if got := metric(t, r.reg, "edgelimit_consumer_records_lost_total"); got != 50 {
+		t.Errorf("records_lost_total = %v, want the 50 deleted unread", got)
+	}
+	r.stop()
+	wantExact(t, ch, 250)
 }

@@ -113,6 +113,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}); err != nil {
 			return fmt.Errorf("create topics: %w", err)
 		}
+	} else if err := retry(ctx, log, "check topics", func() error {
+		// A misspelt topic would leave the consumer ready, idle and silent;
+		// a missing dead-letter topic would block the first partition that
+		// meets a poison record. Until both exist, say so and wait.
+		return checkTopics(ctx, fc.Kafka, log)
+	}); err != nil {
+		return fmt.Errorf("check topics: %w", err)
 	}
 
 	opts, err := fc.Kafka.Opts(log)
@@ -194,6 +201,43 @@ func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) 
 
 // createTopics creates the decisions and dead-letter topics if missing.
 func createTopics(ctx context.Context, kc kafkaConfig, log *slog.Logger) error {
+	return withAdmin(ctx, kc, log, func(ctx context.Context, adm *kadm.Client, topics []string) error {
+		resp, err := adm.CreateTopics(ctx, kc.Partitions, -1, nil, topics...)
+		if err != nil {
+			return err
+		}
+		for _, r := range resp {
+			if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+				return fmt.Errorf("topic %s: %w", r.Topic, r.Err)
+			}
+		}
+		return nil
+	})
+}
+
+// checkTopics returns an error naming the first of the decisions and
+// dead-letter topics that does not exist or cannot be described.
+func checkTopics(ctx context.Context, kc kafkaConfig, log *slog.Logger) error {
+	return withAdmin(ctx, kc, log, func(ctx context.Context, adm *kadm.Client, topics []string) error {
+		details, err := adm.ListTopics(ctx, topics...)
+		if err != nil {
+			return err
+		}
+		for _, name := range topics {
+			switch d, ok := details[name]; {
+			case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+				return fmt.Errorf("kafka topic %q does not exist: create it, fix the name, or set kafka.create_topics", name)
+			case d.Err != nil:
+				return fmt.Errorf("kafka topic %q: %w", name, d.Err)
+			}
+		}
+		return nil
+	})
+}
+
+// withAdmin runs fn, within 30s, with an admin client on kc's link and the
+// decisions and dead-letter topics' names.
+func withAdmin(ctx context.Context, kc kafkaConfig, log *slog.Logger, fn func(context.Context, *kadm.Client, []string) error) error {
 	opts, err := kc.Opts(log)
 	if err != nil {
 		return err
@@ -213,14 +257,5 @@ func createTopics(ctx context.Context, kc kafkaConfig, log *slog.Logger) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopics(cctx, kc.Partitions, -1, nil, topic, dead)
-	if err != nil {
-		return err
-	}
-	for _, r := range resp {
-		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("topic %s: %w", r.Topic, r.Err)
-		}
-	}
-	return nil
+	return fn(cctx, kadm.NewClient(cl), []string{topic, dead})
 }

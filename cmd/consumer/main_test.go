@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -103,6 +104,40 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestCredentialsInAddressesRefused: a password inside a broker or
+// ClickHouse address (user:password@host, a URL) is refused at start with a
+// message naming the setting, and is neither repeated nor printed by
+// -check, which would otherwise show it and every log line naming the
+// server would carry it.
+func TestCredentialsInAddressesRefused(t *testing.T) {
+	base := map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k:9092"}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{name: "broker user info", env: map[string]string{"EDGELIMIT_KAFKA_BROKERS": "k:9092,user:hunter2@k2:9092"}, want: "broker 2 of 2"},
+		{name: "broker url", env: map[string]string{"EDGELIMIT_KAFKA_BROKERS": "kafka://user:hunter2@k:9092"}, want: "broker 1 of 1"},
+		{name: "clickhouse url", env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "clickhouse://default:hunter2@ch:9000"}, want: "clickhouse.addr"},
+		{name: "shard user info", env: map[string]string{"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000,default:hunter2@ch-2:9000",
+			"EDGELIMIT_CLICKHOUSE_CLUSTER": "c", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "l"}, want: "cluster.shards[1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := maps.Clone(base)
+			maps.Copy(e, tt.env)
+			var out strings.Builder
+			err := run(context.Background(), []string{"-check"}, env(e), &out)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(-check) = %v, want an error naming %q", err, tt.want)
+			}
+			if strings.Contains(fmt.Sprint(err)+out.String(), "hunter2") {
+				t.Errorf("the password is repeated: error %v, output %q", err, out.String())
+			}
+		})
+	}
+}
+
 // TestRunConsumesAndStops runs the command against the real ClickHouse and
 // an embedded Kafka: it migrates, consumes every event, serves metrics,
 // and stops cleanly when its context ends, logging JSON.
@@ -188,6 +223,59 @@ func TestRunConsumesAndStops(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", admin); err == nil {
 		t.Errorf("admin listener %s still accepts after run returned", admin)
+	}
+}
+
+// TestRunWaitsForMissingTopics: with create_topics off, a decisions or
+// dead-letter topic that does not exist (a typo, or not yet created) is
+// named in the log, repeatedly, and the consumer waits for it; once both
+// exist it consumes. It used to start, report ready and sit idle, saying
+// nothing.
+func TestRunWaitsForMissingTopics(t *testing.T) {
+	addr := testenv.ClickHouseAddr(t)
+	conn, db := testenv.NewDatabase(t, addr, "edgelimit_cmd_test")
+	brokers := testenv.KafkaBrokers(t)
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	topic, dead := "typo-"+suffix, "typo-dead-"+suffix
+	var out testenv.LogBuffer
+	stop := testenv.Run(t, func(ctx context.Context) error {
+		return run(ctx, nil, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR":         addr,
+			"EDGELIMIT_CLICKHOUSE_DATABASE":     db,
+			"EDGELIMIT_KAFKA_BROKERS":           strings.Join(brokers, ","),
+			"EDGELIMIT_KAFKA_TOPIC":             topic,
+			"EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC": dead,
+			"EDGELIMIT_CONSUMER_ADMIN_LISTEN":   "off",
+			"EDGELIMIT_CONSUMER_GROUP":          "cmd-missing-" + suffix,
+		}), &out)
+	})
+	for _, name := range []string{topic, dead} {
+		testenv.WaitFor(t, 30*time.Second, "a log line naming the missing topic "+name, func() bool {
+			return strings.Contains(out.String(), `kafka topic \"`+name+`\" does not exist`)
+		})
+		testenv.CreateTopics(t, brokers, 1, name)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const n = 50
+	var recs []*kgo.Record
+	now := time.Now()
+	for range n {
+		b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: "gw", Allowed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	waitRows(t, conn, "decisions", n, &out)
+	if err := stop(); err != nil {
+		t.Errorf("run after cancel = %v, want nil", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -71,6 +72,10 @@ var (
 	ErrMalformed = errors.New("event: malformed record")
 	// ErrFieldTooLong means a string field exceeds MaxFieldLen.
 	ErrFieldTooLong = errors.New("event: field too long")
+	// ErrNotUTF8 means a string field is not valid UTF-8, which proto3
+	// requires of a string: a standard decoder of decision.proto refuses
+	// the record.
+	ErrNotUTF8 = errors.New("event: string not valid UTF-8")
 	// ErrTimeRange means Time cannot be written as int64 Unix nanoseconds
 	// (years 1678 to 2262).
 	ErrTimeRange = errors.New("event: time out of range")
@@ -116,16 +121,16 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 		{"key_name", d.KeyName},
 		{"domain", d.Domain}, {"admin.action", d.Admin.Action}, {"admin.actor", d.Admin.Actor},
 	} {
-		if len(f.v) > MaxFieldLen {
-			return dst, fmt.Errorf("encode %s (%d bytes): %w", f.name, len(f.v), ErrFieldTooLong)
+		if len(f.v) > MaxFieldLen || !utf8.ValidString(f.v) {
+			return dst, fmt.Errorf("encode %s: %w", f.name, checkString(f.v))
 		}
 	}
 	if len(d.Descriptor) > MaxDescriptorEntries {
 		return dst, fmt.Errorf("encode descriptor: %d entries, at most %d: %w", len(d.Descriptor), MaxDescriptorEntries, ErrFieldTooLong)
 	}
-	for _, e := range d.Descriptor {
-		if len(e.Key) > MaxFieldLen || len(e.Value) > MaxFieldLen {
-			return dst, fmt.Errorf("encode descriptor entry (%d, %d bytes): %w", len(e.Key), len(e.Value), ErrFieldTooLong)
+	for i, e := range d.Descriptor {
+		if err := errors.Join(checkString(e.Key), checkString(e.Value)); err != nil {
+			return dst, fmt.Errorf("encode descriptor entry %d: %w", i, err)
 		}
 	}
 	if !d.Time.IsZero() && (d.Time.Before(minTime) || d.Time.After(maxTime)) {
@@ -405,10 +410,27 @@ func (r *reader) string(dst *string) error {
 	if err != nil {
 		return err
 	}
+	// checkString's rules, checked before the string is allocated.
 	if len(v) > MaxFieldLen {
-		return fmt.Errorf("%d bytes, over %d", len(v), MaxFieldLen)
+		return fmt.Errorf("%d bytes, over %d: %w", len(v), MaxFieldLen, ErrFieldTooLong)
+	}
+	if !utf8.Valid(v) {
+		return ErrNotUTF8
 	}
 	*dst = string(v)
+	return nil
+}
+
+// checkString is what Encode and Decode require of every string field: at
+// most MaxFieldLen bytes, and valid UTF-8 as proto3 has it, so that what one
+// writes the other (and any decoder of decision.proto) reads.
+func checkString(s string) error {
+	if len(s) > MaxFieldLen {
+		return fmt.Errorf("%d bytes, over %d: %w", len(s), MaxFieldLen, ErrFieldTooLong)
+	}
+	if !utf8.ValidString(s) {
+		return ErrNotUTF8
+	}
 	return nil
 }
 

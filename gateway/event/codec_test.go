@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
@@ -131,6 +133,7 @@ func TestGoldenFirstBytes(t *testing.T) {
 }
 
 func TestDecodeErrors(t *testing.T) {
+	md := mustDecisionDescriptor(t)
 	valid, err := Encode(golden())
 	if err != nil {
 		t.Fatal(err)
@@ -152,12 +155,20 @@ func TestDecodeErrors(t *testing.T) {
 		{name: "mode 300", give: []byte{0x88, 0x01, 0xac, 0x02}, want: ErrMalformed},
 		{name: "negative enum", give: []byte{0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, want: ErrMalformed},
 		{name: "long string", give: append([]byte{0x1a, 0x81, 0x08}, bytes.Repeat([]byte("a"), 1025)...), want: ErrMalformed},
+		// proto3 strings are UTF-8: a standard decoder refuses these too.
+		{name: "invalid utf-8", give: []byte{0x42, 3, '/', 0xff, 'a'}, want: ErrNotUTF8},
+		{name: "lone surrogate", give: []byte{0x4a, 3, 0xed, 0xa0, 0x80}, want: ErrNotUTF8},
+		{name: "invalid utf-8 in a descriptor", give: []byte{0xaa, 0x01, 4, 0x12, 2, 0xc3, 0x28}, want: ErrNotUTF8},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Decode(tt.give)
-			if !errors.Is(err, tt.want) {
-				t.Errorf("Decode(%x) error = %v, want %v", tt.give, err, tt.want)
+			if !errors.Is(err, tt.want) || !errors.Is(err, ErrMalformed) {
+				t.Errorf("Decode(%x) error = %v, want %v and %v", tt.give, err, tt.want, ErrMalformed)
+			}
+			// A standard decoder of decision.proto refuses it too.
+			if err := proto.Unmarshal(tt.give, dynamicpb.NewMessage(md)); err == nil && tt.want == ErrNotUTF8 {
+				t.Errorf("decision.proto reads %x, which Decode refuses", tt.give)
 			}
 		})
 	}
@@ -249,6 +260,8 @@ func TestEncodeErrors(t *testing.T) {
 		{name: "long descriptor value", give: Decision{Descriptor: []DescriptorEntry{{Key: "k", Value: strings.Repeat("v", MaxFieldLen+1)}}}, want: ErrFieldTooLong},
 		{name: "too many descriptor entries", give: Decision{Descriptor: make([]DescriptorEntry, MaxDescriptorEntries+1)}, want: ErrFieldTooLong},
 		{name: "long admin actor", give: Decision{Admin: AdminAction{Action: "reset", Actor: strings.Repeat("a", MaxFieldLen+1)}}, want: ErrFieldTooLong},
+		{name: "invalid utf-8 route", give: Decision{Route: "/a\xff"}, want: ErrNotUTF8},
+		{name: "invalid utf-8 descriptor key", give: Decision{Descriptor: []DescriptorEntry{{Key: "k\xc3", Value: "v"}}}, want: ErrNotUTF8},
 		{name: "year 3000", give: Decision{Time: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 		{name: "year 1000", give: Decision{Time: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)}, want: ErrTimeRange},
 	}

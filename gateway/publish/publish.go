@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ var (
 	ErrMaxBuffered    = errors.New("publish: max buffered must be positive")
 	ErrNegativeTime   = errors.New("publish: negative duration")
 	ErrBadCompression = errors.New("publish: unknown compression")
+	ErrBadBroker      = errors.New("publish: broker is not a host:port (credentials belong in kafka.sasl, never in an address)")
 )
 
 // schemaHeaders name the schema version of every record (see
@@ -101,6 +103,14 @@ func (c Config) Validate() error {
 	var errs []error
 	if len(c.Brokers) == 0 {
 		errs = append(errs, ErrNoBrokers)
+	}
+	for i, b := range c.Brokers {
+		// Not repeated in the error: a URL or user:password@host would
+		// carry a password into logs, and franz-go would log it on every
+		// failed dial.
+		if b == "" || strings.ContainsAny(b, "@/?# ") {
+			errs = append(errs, fmt.Errorf("%w: broker %d of %d", ErrBadBroker, i+1, len(c.Brokers)))
+		}
 	}
 	if c.MaxBuffered < 0 {
 		errs = append(errs, fmt.Errorf("%w: %d", ErrMaxBuffered, c.MaxBuffered))

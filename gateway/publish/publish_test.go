@@ -32,11 +32,19 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative timeout", give: Config{Brokers: []string{"b"}, DeliveryTimeout: -1}, want: ErrNegativeTime},
 		{name: "bad compression", give: Config{Brokers: []string{"b"}, Compression: "brotli"}, want: ErrBadCompression},
 		{name: "zstd", give: Config{Brokers: []string{"b"}, Compression: "zstd"}},
+		{name: "ipv6", give: Config{Brokers: []string{"[::1]:9092", "b"}}},
+		{name: "password in a broker", give: Config{Brokers: []string{"b:9092", "user:hunter2@b:9092"}}, want: ErrBadBroker},
+		{name: "broker url", give: Config{Brokers: []string{"kafka://b:9092"}}, want: ErrBadBroker},
+		{name: "empty broker", give: Config{Brokers: []string{""}}, want: ErrBadBroker},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.give.Validate(); !errors.Is(err, tt.want) {
+			err := tt.give.Validate()
+			if !errors.Is(err, tt.want) {
 				t.Errorf("Validate(%+v) = %v, want %v", tt.give, err, tt.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Validate(%+v) = %v, which repeats the password", tt.give, err)
 			}
 		})
 	}
