@@ -611,3 +611,16 @@ func TestKeyCommand(t *testing.T) {
 		t.Errorf("key without Redis:\n%s", out)
 	}
 }
+
+// TestCredentialsInAddressRefused: a ClickHouse address holding a password
+// is refused by name, and the password is not repeated (-check would print
+// it, every failed dial log it).
+func TestCredentialsInAddressRefused(t *testing.T) {
+	p := writeFile(t, "")
+	for _, addr := range []string{"default:hunter2@ch:9000", "clickhouse://default:hunter2@ch:9000"} {
+		_, err := loadConfig(p, env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr}))
+		if err == nil || !strings.Contains(err.Error(), "clickhouse.addr") || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("clickhouse.addr %q: loadConfig = %v, want an error naming clickhouse.addr without the password", addr, err)
+		}
+	}
+}

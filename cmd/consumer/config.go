@@ -150,13 +150,10 @@ func (fc fileConfig) Validate() error {
 	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
-	// The consumer package checks the brokers; the ClickHouse addresses are
-	// printed by -check and logged at start just the same.
-	if fc.ClickHouse.Addr != "" {
-		errs = append(errs, consumer.CheckAddress("clickhouse.addr", fc.ClickHouse.Addr))
-	}
+	// boot checks clickhouse.addr and the brokers; the shards are printed
+	// by -check and logged at start just the same.
 	for i, addr := range fc.Cluster.Shards {
-		errs = append(errs, consumer.CheckAddress(fmt.Sprintf("cluster.shards[%d]", i), addr))
+		errs = append(errs, boot.CheckAddress(fmt.Sprintf("cluster.shards[%d]", i), addr))
 	}
 	if fc.Kafka.Partitions < 0 {
 		errs = append(errs, fmt.Errorf("kafka.partitions %d: must be positive", fc.Kafka.Partitions))

@@ -220,6 +220,20 @@ func TestInvalidConfig(t *testing.T) {
 	}
 }
 
+// TestCheckRefusesCredentialsInBrokers: a broker address holding a
+// password is refused by -check by name, and the password is not printed.
+func TestCheckRefusesCredentialsInBrokers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", true)
+	for _, b := range []string{"user:hunter2@k:9092", "kafka://user:hunter2@k:9092"} {
+		var out strings.Builder
+		err := run(context.Background(), []string{"-config", path, "-check"}, env(map[string]string{"EDGELIMIT_KAFKA_BROKERS": "k1:9092," + b}), &out)
+		if err == nil || !strings.Contains(err.Error(), "kafka.brokers[1]") || strings.Contains(fmt.Sprint(err)+out.String(), "hunter2") {
+			t.Errorf("broker %q: run -check = %v (output %q), want an error naming kafka.brokers[1] without the password", b, err, out.String())
+		}
+	}
+}
+
 func TestCheckPrintsRedacted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 3, "http://127.0.0.1:1", true)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -48,11 +49,27 @@ func (c ClickHouse) WithDefaults() ClickHouse {
 }
 
 // Validate joins every problem with c after defaults.
+// ErrAddress is an address that is not a plain host:port: a URL, a path,
+// or credentials (user:password@host) that belong in their own settings.
+var ErrAddress = errors.New("not a host:port (credentials belong in their own settings, never in an address)")
+
+// CheckAddress returns ErrAddress naming what, without repeating addr: an
+// address may hold a password, which -check would print and every failed
+// dial would log.
+func CheckAddress(what, addr string) error {
+	if strings.ContainsAny(addr, "@/?# ") {
+		return fmt.Errorf("%s: %w", what, ErrAddress)
+	}
+	return nil
+}
+
 func (c ClickHouse) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
 	if c.Addr == "" {
 		errs = append(errs, errors.New("clickhouse.addr (or EDGELIMIT_CLICKHOUSE_ADDR) is required"))
+	} else {
+		errs = append(errs, CheckAddress("clickhouse.addr", c.Addr))
 	}
 	if c.Compression != "lz4" && c.Compression != "none" {
 		errs = append(errs, fmt.Errorf("clickhouse.compression %q: want lz4 or none", c.Compression))

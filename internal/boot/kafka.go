@@ -58,6 +58,9 @@ func (k *Kafka) ApplyEnv(e *Env) {
 // are required is the process's business).
 func (k Kafka) Validate() error {
 	var errs []error
+	for i, b := range k.Brokers {
+		errs = append(errs, CheckAddress(fmt.Sprintf("kafka.brokers[%d]", i), b))
+	}
 	if _, err := k.SASL.mechanism(); err != nil {
 		errs = append(errs, err)
 	}
