@@ -330,16 +330,20 @@ func TestLimitOverrides(t *testing.T) {
 	}
 }
 
+// failurePolicies are what each failure policy answers, and the mode its
+// decisions carry, while Redis cannot decide.
+var failurePolicies = []struct {
+	policy gateway.FailurePolicy
+	want   rlsv3.RateLimitResponse_Code
+	mode   event.Mode
+}{
+	{gateway.FailOpen, ok, event.ModeFailOpen},
+	{gateway.FailClosed, over, event.ModeFailClosed},
+	{gateway.FailLocal, ok, event.ModeLocalFallback},
+}
+
 func TestFailurePoliciesWithRedisStopped(t *testing.T) {
-	for _, tc := range []struct {
-		policy gateway.FailurePolicy
-		want   rlsv3.RateLimitResponse_Code
-		mode   event.Mode
-	}{
-		{gateway.FailOpen, ok, event.ModeFailOpen},
-		{gateway.FailClosed, over, event.ModeFailClosed},
-		{gateway.FailLocal, ok, event.ModeLocalFallback},
-	} {
+	for _, tc := range failurePolicies {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			srv := testenv.Private(t, "redis")
 			// The default 1s deadline: a loaded machine must not fail the
@@ -370,14 +374,7 @@ func TestFailurePoliciesWithRedisStopped(t *testing.T) {
 // comes too late is a DeadlineExceeded, which Envoy's default
 // failure_mode_deny: false lets through whatever the policy.
 func TestFailurePolicyBeforeCallerDeadline(t *testing.T) {
-	for _, tc := range []struct {
-		policy gateway.FailurePolicy
-		want   rlsv3.RateLimitResponse_Code
-		mode   event.Mode
-	}{
-		{gateway.FailClosed, over, event.ModeFailClosed},
-		{gateway.FailOpen, ok, event.ModeFailOpen},
-	} {
+	for _, tc := range failurePolicies {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			srv := testenv.Private(t, "redis")
 			addr := srv.Get(t, "EDGELIMIT_REDIS_ADDR")
