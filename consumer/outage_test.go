@@ -137,9 +137,7 @@ func TestRecordsLostCounted(t *testing.T) {
 	ds := decisions(300)
 	produce(t, kb.brokers, kb.topic, ds[:100])
 	r := start(t, cfg, ch, nil)
-	testenv.WaitFor(t, 60*time.Second, "the first 100 rows", func() bool {
-		return count(t, ch, "SELECT count() FROM decisions") == 100
-	})
+	waitRaw(t, ch, 100, 60*time.Second)
 	r.stop()
 	produce(t, kb.brokers, kb.topic, ds[100:])
 	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
