@@ -126,7 +126,7 @@ func storeBudget(ctx context.Context, deadline time.Duration) (budget time.Durat
 		return deadline, false
 	}
 	left := time.Until(dl)
-	left -= min(left/5, 5*time.Millisecond) // to answer in
+	left -= left / 5 // to answer in
 	if left >= deadline {
 		return deadline, false
 	}
