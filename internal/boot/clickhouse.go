@@ -48,7 +48,6 @@ func (c ClickHouse) WithDefaults() ClickHouse {
 	return c
 }
 
-// Validate joins every problem with c after defaults.
 // ErrAddress is an address that is not a plain host:port: a URL, a path,
 // or credentials (user:password@host) that belong in their own settings.
 var ErrAddress = errors.New("not a host:port (credentials belong in their own settings, never in an address)")
@@ -63,6 +62,7 @@ func CheckAddress(what, addr string) error {
 	return nil
 }
 
+// Validate joins every problem with c after defaults.
 func (c ClickHouse) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
