@@ -117,29 +117,31 @@ func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e id
 	return g.refusal(e)
 }
 
-// refusal is the answer to a caller that could not be identified, counted.
+// refusal is the answer to a caller that could not be identified, counted
+// by its reason.
 func (g *Gateway) refusal(e identifyError) problem {
-	if e == errBadForwardedFor {
-		g.m.rejected.WithLabelValues("bad_forwarded_for").Inc()
-		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
-			Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}
+	r, ok := refusals[e]
+	if !ok {
+		r = refusals[errKeyRequired]
 	}
-	if e == errAmbiguousKey {
-		g.m.rejected.WithLabelValues("ambiguous_key").Inc()
-		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
-			Detail: "The request carries more than one API key (X-API-Key fields, or X-API-Key and Authorization: Bearer, that differ); send one."}
-	}
-	if e == errAmbiguousUser {
-		g.m.rejected.WithLabelValues("ambiguous_user").Inc()
-		return problem{Type: probBadRequest, Status: http.StatusBadRequest,
-			Detail: "The user header holds two different users; the trusted proxy must replace the client's, not add its own."}
-	}
-	if e == errUnknownKey {
-		g.m.rejected.WithLabelValues("unknown_key").Inc()
-		return problem{Type: probUnknownKey, Status: http.StatusUnauthorized,
-			Detail: "The API key is not known to this gateway."}
-	}
-	g.m.rejected.WithLabelValues("key_required").Inc()
-	return problem{Type: probKeyRequired, Status: http.StatusUnauthorized,
-		Detail: "This gateway needs an API key (X-API-Key or Authorization: Bearer)."}
+	g.m.rejected.WithLabelValues(r.reason).Inc()
+	return r.problem
+}
+
+// refusals are the answers to callers that could not be identified, with
+// the rejected_total reason of each.
+var refusals = map[identifyError]struct {
+	reason string
+	problem
+}{
+	errBadForwardedFor: {"bad_forwarded_for", problem{Type: probBadRequest, Status: http.StatusBadRequest,
+		Detail: "X-Forwarded-For holds an entry that is not an IP address where a trusted proxy names the client."}},
+	errAmbiguousKey: {"ambiguous_key", problem{Type: probBadRequest, Status: http.StatusBadRequest,
+		Detail: "The request carries more than one API key (X-API-Key fields, or X-API-Key and Authorization: Bearer, that differ); send one."}},
+	errAmbiguousUser: {"ambiguous_user", problem{Type: probBadRequest, Status: http.StatusBadRequest,
+		Detail: "The user header holds two different users; the trusted proxy must replace the client's, not add its own."}},
+	errUnknownKey: {"unknown_key", problem{Type: probUnknownKey, Status: http.StatusUnauthorized,
+		Detail: "The API key is not known to this gateway."}},
+	errKeyRequired: {"key_required", problem{Type: probKeyRequired, Status: http.StatusUnauthorized,
+		Detail: "This gateway needs an API key (X-API-Key or Authorization: Bearer)."}},
 }
