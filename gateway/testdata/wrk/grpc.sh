@@ -2,7 +2,9 @@
 # grpc.sh: Envoy's rate limit API side by side (issue 12): edgelimit's door
 # (gateway/envoyrls, BenchmarkShouldRateLimit: 3 descriptors over 100k keys,
 # 64 callers, one and four HTTP/2 connections) and envoyproxy/ratelimit under
-# the same load on the same Redis, alternating, ROUNDS times. Run inside
+# the same load on the same Redis, alternating, ROUNDS times, then both as
+# processes under one external client, with each server's and Redis's CPU
+# per request. Run inside
 # deploy/local/testenv.sh (make bench CASES=grpc does). The edgelimit door
 # runs in the benchmark's process, beside the load; the peer in its own.
 set -euo pipefail
@@ -18,9 +20,9 @@ if [ ! -x "$peer" ]; then
 	GOBIN=$cache/bin go install github.com/envoyproxy/ratelimit/src/service_cmd@latest
 fi
 tmp=$(mktemp -d)
-pid=
+pid= door=
 cleanup() {
-	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+	for p in $pid $door; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$tmp"
 }
@@ -39,11 +41,45 @@ for _ in $(seq 100); do
 	sleep 0.1
 done
 curl -fsS -o /dev/null "http://127.0.0.1:$hport/healthcheck" || { cat "$tmp/peer.log" >&2; exit 1; }
-(cd "$root" && go test -c -o "$tmp/rls.test" ./gateway/envoyrls/)
+(cd "$root" && go test -c -o "$tmp/rls.test" ./gateway/envoyrls/ && go build -o "$tmp/" ./cmd/gateway)
 bench() { "$tmp/rls.test" -test.run '^$' -test.bench 'BenchmarkShouldRateLimit$' -test.benchtime "$BENCHTIME" | grep '^Benchmark'; }
+
+# The door as a process of its own too (the gateway binary with a gRPC
+# listener on the same rules), so that each side's server and Redis CPU per
+# request can be read from /proc, under the same external load client.
+mkdir -p "$tmp/rules"
+cp "$root/gateway/envoyrls/testdata/bench.yaml" "$tmp/rules/"
+eport=$(free_port)
+env -i PATH="$PATH" HOME="$HOME" EDGELIMIT_LISTEN="127.0.0.1:$(free_port)" EDGELIMIT_ADMIN_LISTEN="127.0.0.1:$(free_port)" \
+	EDGELIMIT_UPSTREAM_APP=http://127.0.0.1:1 EDGELIMIT_REDIS_ADDR="$EDGELIMIT_REDIS_ADDR" \
+	EDGELIMIT_GRPC_LISTEN="127.0.0.1:$eport" EDGELIMIT_GRPC_CONFIG_DIR="$tmp/rules" \
+	"$tmp/gateway" -config "$here/gateway.yaml" >"$tmp/door.log" 2>&1 &
+door=$!
+for _ in $(seq 100); do
+	(exec 3<>"/dev/tcp/127.0.0.1/$eport") 2>/dev/null && break
+	sleep 0.1
+done
+rcli() { redis-cli -h "${EDGELIMIT_REDIS_ADDR%:*}" -p "${EDGELIMIT_REDIS_ADDR##*:}" "$@"; }
+rpid=$(rcli INFO server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+# per_process NAME PID ADDR: the 4-connection load against ADDR, then the
+# server's and Redis's CPU per request.
+per_process() {
+	local s0 r0 out n
+	s0=$(ticks "$2") r0=$(ticks "$rpid")
+	out=$(EDGELIMIT_RLS_BENCH_ADDR=$3 "$tmp/rls.test" -test.run '^$' -test.bench '^BenchmarkShouldRateLimit$/^conns=4$' -test.benchtime "$BENCHTIME" | grep '^Benchmark')
+	n=$(awk '{ print $2 }' <<<"$out")
+	awk -v name="$1" -v s="$(($(ticks "$2") - s0))" -v r="$(($(ticks "$rpid") - r0))" -v n="$n" -v hz="$hz" -v line="$out" 'BEGIN {
+		for (i = 1; i <= split(line, f, /[ \t]+/); i++) if (f[i] == "req/s") rps = f[i - 1]
+		printf "   %-22s %8s req/s  server %6.1f us/request  redis %5.1f us/request\n", name, rps, s * 1e6 / hz / n, r * 1e6 / hz / n }'
+}
 for r in $(seq "$ROUNDS"); do
 	echo "== grpc round $r of $ROUNDS: edgelimit"
 	bench
 	echo "== grpc round $r of $ROUNDS: envoyproxy/ratelimit"
 	EDGELIMIT_RLS_BENCH_ADDR=127.0.0.1:$gport bench
+	echo "== grpc round $r of $ROUNDS: CPU per request, each server a process, one external client (4 connections)"
+	per_process "edgelimit (door)" "$door" "127.0.0.1:$eport"
+	per_process "envoyproxy/ratelimit" "$pid" "127.0.0.1:$gport"
 done
