@@ -2,11 +2,11 @@
 # grpc.sh: Envoy's rate limit API side by side (issue 12): edgelimit's door
 # (gateway/envoyrls, BenchmarkShouldRateLimit: 3 descriptors over 100k keys,
 # 64 callers, one and four HTTP/2 connections) and envoyproxy/ratelimit under
-# the same load on the same Redis, alternating, ROUNDS times, then both as
-# processes under one external client, with each server's and Redis's CPU
-# per request. Run inside
-# deploy/local/testenv.sh (make bench CASES=grpc does). The edgelimit door
-# runs in the benchmark's process, beside the load; the peer in its own.
+# the same load on the same Redis, alternating, ROUNDS times: first the door
+# in the benchmark's process, beside the load, and the peer in its own; then
+# both as processes under one external client, with each server's and
+# Redis's CPU per request. Run inside deploy/local/testenv.sh (make bench
+# CASES=grpc does).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
