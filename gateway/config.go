@@ -101,6 +101,15 @@ type Config struct {
 	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
 	// upstreams that use bearer tokens of their own; default false.
 	IgnoreBearer bool `yaml:"ignore_bearer"`
+	// APIKeyParams are the query parameters that carry an API key, for
+	// upstreams that read one there as well as in X-API-Key (Kong's
+	// key-auth does by default): a key the gateway did not read would be
+	// charged to the client's address while the upstream served the key.
+	// With bearer tokens read, RFC 6750's access_token parameter is read
+	// too. Names match as PHP, Rack and ASP.NET read them: percent-decoded,
+	// in any case, with '.', ' ' and '[' as '_'. Default
+	// DefaultAPIKeyParams; ["-"] reads none.
+	APIKeyParams []string `yaml:"api_key_params"`
 	// TrustedProxies are CIDRs (or single IPs) of proxies whose
 	// X-Forwarded-For and UserHeader are believed. Default none: the peer's
 	// address is the client's.
@@ -342,6 +351,9 @@ func (c Config) WithDefaults() Config {
 	if c.UnknownKey == "" {
 		c.UnknownKey = UnknownKeyReject
 	}
+	if c.APIKeyParams == nil {
+		c.APIKeyParams = slices.Clone(DefaultAPIKeyParams)
+	}
 	if c.StripHeaders == nil {
 		c.StripHeaders = slices.Clone(DefaultStripHeaders)
 	}
@@ -501,6 +513,11 @@ func (c Config) Validate() error {
 	}
 
 	notNegative(bad, "trusted_hops", c.TrustedHops)
+	for i, p := range c.APIKeyParams {
+		if p == "" || strings.ContainsAny(p, "&;=#% +") || (p == "-" && len(c.APIKeyParams) > 1) {
+			bad(fmt.Sprintf("api_key_params[%d]", i), "%q is not a query parameter name (or - alone, for none)", p)
+		}
+	}
 	for i, h := range c.StripHeaders {
 		if !validHeaderName(h) {
 			bad(fmt.Sprintf("strip_headers[%d]", i), "%q is not a header name", h)

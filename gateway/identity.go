@@ -4,7 +4,10 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -50,7 +53,7 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	if id.clientIP, ok = st.clientIP(r); !ok {
 		return id, errBadForwardedFor
 	}
-	raw, ok := apiKeyOf(r.Header, st.cfg.IgnoreBearer)
+	raw, ok := apiKeyOf(r.Header, r.URL.RawQuery, st.keyParams, st.cfg.IgnoreBearer)
 	if !ok {
 		return id, errAmbiguousKey
 	}
@@ -96,15 +99,38 @@ func ipKey(ip string) string {
 	return "ip:unknown"
 }
 
-// apiKeyOf reads the API key from X-API-Key or Authorization: Bearer,
-// and false when the request carries two different keys. An upstream may
-// read another of them than the gateway would pick: the first of repeated
-// fields (Go), the last, or all joined (Node); and a CGI or WSGI stack
-// reads "X_API_KEY" as X-API-Key. Charged to one key (or to the address,
-// when the first field is empty) and served as another, a caller would
-// never meet its key's limits, so such a request is refused. Empty values
-// name no key.
-func apiKeyOf(h http.Header, ignoreBearer bool) (string, bool) {
+// DefaultAPIKeyParams are the query parameters read for an API key when
+// api_key_params is not set: the spellings public APIs and gateways use.
+var DefaultAPIKeyParams = []string{"api_key", "apikey"}
+
+// bearerParam is RFC 6750's query form of a bearer token (§2.3), read
+// whenever Authorization: Bearer is.
+const bearerParam = "access_token"
+
+// keyParams are the normalised names of the query parameters to read an
+// API key from: cfg's, and bearerParam unless bearers are ignored.
+func keyParams(cfg Config) []string {
+	var out []string
+	for _, p := range cfg.APIKeyParams {
+		if p != "-" {
+			out = append(out, paramName(p))
+		}
+	}
+	if !cfg.IgnoreBearer {
+		out = append(out, bearerParam)
+	}
+	return out
+}
+
+// apiKeyOf reads the API key from X-API-Key, Authorization: Bearer and
+// the query parameters params, and false when the request carries two
+// different keys. An upstream may read another of them than the gateway
+// would pick: the first of repeated fields (Go), the last, or all joined
+// (Node); and a CGI or WSGI stack reads "X_API_KEY" as X-API-Key. Charged
+// to one key (or to the address, when the first field is empty) and
+// served as another, a caller would never meet its key's limits, so such
+// a request is refused. Empty values name no key.
+func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool) (string, bool) {
 	var key oneValue
 	for name, vs := range h {
 		switch {
@@ -120,7 +146,52 @@ func apiKeyOf(h http.Header, ignoreBearer bool) (string, bool) {
 			}
 		}
 	}
+	if rawQuery != "" && len(params) > 0 {
+		queryKeys(&key, rawQuery, params)
+	}
 	return key.v, !key.two
+}
+
+// queryKeys adds to key the values of the query parameters named params.
+// It splits on ';' as well as '&' (Python before 3.9.2 and some Java
+// stacks do) and reads an undecodable escape as it stands: no spelling
+// the gateway passes over may name a key to the upstream.
+func queryKeys(key *oneValue, rawQuery string, params []string) {
+	for rawQuery != "" {
+		var pair string
+		if i := strings.IndexAny(rawQuery, "&;"); i >= 0 {
+			pair, rawQuery = rawQuery[:i], rawQuery[i+1:]
+		} else {
+			pair, rawQuery = rawQuery, ""
+		}
+		name, value, _ := strings.Cut(pair, "=")
+		if !slices.Contains(params, paramName(name)) {
+			continue
+		}
+		if v, err := url.QueryUnescape(value); err == nil {
+			value = v
+		}
+		key.add(value)
+	}
+}
+
+// paramName is a query parameter's name as frameworks look it up:
+// percent-decoded, lower-cased (ASP.NET ignores case), with PHP's '.', ' '
+// and '[' made '_', and a PHP array's "name[…]" as name.
+func paramName(raw string) string {
+	if n, err := url.QueryUnescape(raw); err == nil {
+		raw = n
+	}
+	if i := strings.IndexByte(raw, '['); i > 0 && strings.HasSuffix(raw, "]") {
+		raw = raw[:i]
+	}
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', ' ', '[':
+			return '_'
+		}
+		return unicode.ToLower(r)
+	}, raw)
 }
 
 // oneValue gathers the values of what should be one header: the one

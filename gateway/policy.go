@@ -25,6 +25,7 @@ type state struct {
 	routes    []*route             // longest prefix first
 	trusted   []*net.IPNet
 	strip     headerSet     // removed from untrusted peers' requests
+	keyParams []string      // query parameters that carry an API key
 	jitter    time.Duration // the most jitter added to Retry-After
 
 	// authFailure limits failed authentication by address; nil: off.
@@ -127,6 +128,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		n, _ := parseCIDR(p)
 		st.trusted = append(st.trusted, n)
 	}
+	st.keyParams = keyParams(cfg)
 	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader, ProxySecretHeader)...)
 	st.jitter = cfg.RetryJitter
 	return st, nil
