@@ -313,6 +313,12 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	defer func() { g.m.countResponse(rt.Name, w.Status) }()
+	if st.overridden(r, p, rt) {
+		g.m.rejected.WithLabelValues("method_override").Inc()
+		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
+			Detail: "The query's _method names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
+		return nil
+	}
 	if r.ContentLength > st.cfg.MaxBodyBytes {
 		g.m.rejected.WithLabelValues("body_too_large").Inc()
 		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: rt.Name,
@@ -375,7 +381,9 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
-		info.body = &bodyReader{rc: http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), dl: dl}
+		body := st.scanOverride(r, http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), p, rt)
+		defer body.Close() // the transport closes it too; this ends a scanner's parser in any case
+		info.body = &bodyReader{rc: body, dl: dl}
 		r.Body = info.body
 	} else {
 		dl.noRead()

@@ -147,16 +147,17 @@ func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool
 		}
 	}
 	if rawQuery != "" && len(params) > 0 {
-		queryKeys(&key, rawQuery, params)
+		eachParam(rawQuery, params, key.add)
 	}
 	return key.v, !key.two
 }
 
-// queryKeys adds to key the values of the query parameters named params.
-// It splits on ';' as well as '&' (Python before 3.9.2 and some Java
-// stacks do) and reads an undecodable escape as it stands: no spelling
-// the gateway passes over may name a key to the upstream.
-func queryKeys(key *oneValue, rawQuery string, params []string) {
+// eachParam calls fn with the decoded value of every query parameter
+// named one of names (normalised by paramName). It splits on ';' as well
+// as '&' (Python before 3.9.2 and some Java stacks do) and reads an
+// undecodable escape as it stands: no spelling the gateway passes over
+// may reach the upstream as one of these parameters.
+func eachParam(rawQuery string, names []string, fn func(value string)) {
 	for rawQuery != "" {
 		var pair string
 		if i := strings.IndexAny(rawQuery, "&;"); i >= 0 {
@@ -165,13 +166,13 @@ func queryKeys(key *oneValue, rawQuery string, params []string) {
 			pair, rawQuery = rawQuery, ""
 		}
 		name, value, _ := strings.Cut(pair, "=")
-		if !slices.Contains(params, paramName(name)) {
+		if !slices.Contains(names, paramName(name)) {
 			continue
 		}
 		if v, err := url.QueryUnescape(value); err == nil {
 			value = v
 		}
-		key.add(value)
+		fn(value)
 	}
 }
 

@@ -87,3 +87,50 @@ func TestAPIKeyParamsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestMethodOverrideInQuery: a POST whose query names, as _method, a
+// method limited on another route is refused: Laravel, Express and Spring
+// would run it as that method, on a route the gateway did not charge.
+// Where the named method falls to the same route, nothing changes.
+// Before, such a POST was charged as a POST and run as the other method.
+func TestMethodOverrideInQuery(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}}}}
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Routes = []Route{
+			{Name: "all", PathPrefix: "/", Upstream: "app"},
+			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE"}, Upstream: "app", Cost: 10},
+		}
+	})
+	tests := []struct {
+		name       string
+		method     string
+		target     string
+		wantStatus int
+	}{
+		{"delete named", "POST", "/v1/items/7?_method=DELETE", 400},
+		{"lower case value", "POST", "/v1/items/7?_method=delete", 400},
+		{"escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", 400},
+		{"after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", 400},
+		{"upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", 400},
+		{"one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", 400},
+		{"lower-case post", "post", "/v1/items/7?_method=DELETE", 400},
+		{"same route", "POST", "/v1/items/7?_method=PUT", 200},
+		{"elsewhere", "POST", "/v1/other?_method=DELETE", 200},
+		{"not a POST", "GET", "/v1/items/7?_method=DELETE", 200},
+		{"empty", "POST", "/v1/items/7?_method=", 200},
+		{"another parameter", "POST", "/v1/items/7?method=DELETE", 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := rawDo(t, gw.URL, tt.method+" "+tt.target+" HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+			if r.status != tt.wantStatus {
+				t.Errorf("%s %s = %d, want %d (%s)", tt.method, tt.target, r.status, tt.wantStatus, r.body)
+			}
+			if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
+				t.Errorf("%s %s: upstream received %q, want nothing", tt.method, tt.target, seen)
+			}
+		})
+	}
+}

@@ -1,0 +1,265 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// A POST can name the method it is run as: Laravel and Spring read
+// _method from the query, a form or (Laravel) a JSON body; Rails and
+// ASP.NET from a form; Express's method-override from the query. Whether
+// the upstream honours it is not known here, so a POST that names a
+// method the gateway limits on another route is refused, rather than
+// charged as a POST and run as, say, a DELETE. The override headers
+// (X-HTTP-Method-Override, …) are stripped instead: see
+// DefaultStripHeaders.
+
+// overrideParams name the override parameter, normalised by paramName.
+var overrideParams = []string{"_method"}
+
+// errMethodOverride ends the body of a POST whose form or JSON names
+// another route's method: the upstream never gets the body's last byte,
+// and the client gets 400.
+var errMethodOverride = errors.New("the body names, as _method, a method limited on another route")
+
+// maxOverride bounds an override parameter's name and value as read from a
+// body: no method is longer, and a longer one matches no route's methods.
+const maxOverride = 64
+
+// overridden reports whether a POST's query names, as _method, a method
+// whose route at p is not rt.
+func (st *state) overridden(r *http.Request, p string, rt *route) bool {
+	if r.URL.RawQuery == "" || !isPost(r.Method) {
+		return false
+	}
+	other := false
+	eachParam(r.URL.RawQuery, overrideParams, func(m string) {
+		other = other || st.elsewhere(m, p, rt)
+	})
+	return other
+}
+
+// elsewhere says method m is limited at p on a route other than rt.
+func (st *state) elsewhere(m, p string, rt *route) bool {
+	m = strings.TrimSpace(m)
+	return m != "" && st.match(m, p) != rt
+}
+
+func isPost(method string) bool { return strings.EqualFold(method, http.MethodPost) }
+
+// scanOverride wraps the body of a POST to p when its form or JSON could
+// name a method routed elsewhere; otherwise it returns body as it is. Only
+// where another route covers p can an override matter.
+func (st *state) scanOverride(r *http.Request, body io.ReadCloser, p string, rt *route) io.ReadCloser {
+	if !isPost(r.Method) || !st.sharesPath(p, rt) {
+		return body
+	}
+	parse := bodyParser(r.Header.Get("Content-Type"))
+	if parse == nil {
+		return body
+	}
+	return newOverrideScanner(body, parse, func(m string) bool { return st.elsewhere(m, p, rt) })
+}
+
+// sharesPath says a route other than rt matches p for some method.
+func (st *state) sharesPath(p string, rt *route) bool {
+	clean := routePath(p, st.cfg.Paths)
+	for _, o := range st.routes {
+		if o != rt && o.matchPath(clean) {
+			return true
+		}
+	}
+	return false
+}
+
+// bodyParser returns what reads override values from a body of this
+// content type, nil for types no framework reads _method from. Rack
+// parses a POST without a Content-Type as a form, and so does this.
+func bodyParser(contentType string) func(io.Reader, func(string)) {
+	if strings.TrimSpace(contentType) == "" {
+		return formOverrides
+	}
+	mt, params, err := mime.ParseMediaType(contentType)
+	switch {
+	case err != nil:
+		// Unreadable here, perhaps not to the upstream: read it as a form,
+		// the most lenient reading.
+		return formOverrides
+	case mt == "application/x-www-form-urlencoded":
+		return formOverrides
+	case mt == "multipart/form-data" && params["boundary"] != "":
+		b := params["boundary"]
+		return func(r io.Reader, found func(string)) { multipartOverrides(r, b, found) }
+	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+		return jsonOverrides
+	}
+	return nil
+}
+
+// formOverrides calls found with every _method value of a urlencoded body,
+// read as eachParam reads a query, in bounded memory.
+func formOverrides(r io.Reader, found func(string)) {
+	br := bufio.NewReader(r)
+	var name, value []byte
+	inValue := false
+	flush := func() {
+		if len(name) <= maxOverride && paramName(string(name)) == overrideParams[0] {
+			v := string(value)
+			if u, err := url.QueryUnescape(v); err == nil {
+				v = u
+			}
+			found(v)
+		}
+		name, value, inValue = name[:0], value[:0], false
+	}
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			flush()
+			return
+		}
+		switch {
+		case c == '&' || c == ';':
+			flush()
+		case c == '=' && !inValue:
+			inValue = true
+		case inValue:
+			if len(value) <= maxOverride {
+				value = append(value, c)
+			}
+		case len(name) <= maxOverride:
+			name = append(name, c)
+		}
+	}
+}
+
+// multipartOverrides calls found with the value of every _method part.
+// It stops at the first malformed part; the rest is left to the upstream.
+func multipartOverrides(r io.Reader, boundary string, found func(string)) {
+	mr := multipart.NewReader(r, boundary)
+	for {
+		part, err := mr.NextRawPart()
+		if err != nil {
+			return
+		}
+		// By the name parameter whatever the disposition type: Go's
+		// FormName wants "form-data", other parsers do not.
+		_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+		if paramName(params["name"]) == overrideParams[0] {
+			v, _ := io.ReadAll(io.LimitReader(part, maxOverride+1))
+			found(string(v))
+		}
+	}
+}
+
+// jsonOverrides calls found with a JSON object's top-level _method
+// string, as Laravel reads its JSON input.
+func jsonOverrides(r io.Reader, found func(string)) {
+	dec := json.NewDecoder(r)
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return
+		}
+		if k == overrideParams[0] {
+			var v any
+			if dec.Decode(&v) != nil {
+				return
+			}
+			if s, ok := v.(string); ok {
+				found(s)
+			}
+			continue
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return
+		}
+	}
+}
+
+// overrideScanner passes a body through while a parser reads override
+// values from it, and holds its last byte back until the parser is done:
+// frameworks read a form's _method only once the whole body is in, so an
+// upstream that never gets the last byte never runs the request. The
+// parser runs in a goroutine reading a pipe the scanner writes each chunk
+// to, so memory stays bounded whatever the body's size; it ends when the
+// body ends or is closed.
+type overrideScanner struct {
+	body    io.ReadCloser
+	pw      *io.PipeWriter
+	done    chan bool // the parser's verdict: an override routed elsewhere
+	pending []byte    // the held-back byte, when there is one
+	eof     bool      // the body ended and the parser found nothing
+	err     error
+}
+
+func newOverrideScanner(body io.ReadCloser, parse func(io.Reader, func(string)), elsewhere func(string) bool) *overrideScanner {
+	pr, pw := io.Pipe()
+	s := &overrideScanner{body: body, pw: pw, done: make(chan bool, 1), pending: make([]byte, 0, 1)}
+	go func() {
+		other := false
+		parse(pr, func(m string) { other = other || elsewhere(m) })
+		// Drain what the parser left, so that writes never block.
+		_, _ = io.Copy(io.Discard, pr)
+		s.done <- other
+	}()
+	return s
+}
+
+func (s *overrideScanner) Read(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if s.eof {
+		// The verdict is in and clean: the held-back byte goes out.
+		n := copy(p, s.pending)
+		s.pending, s.err = s.pending[:0], io.EOF
+		return n, io.EOF
+	}
+	held := copy(p, s.pending)
+	m, err := s.body.Read(p[held:])
+	n := 0
+	if m > 0 {
+		_, _ = s.pw.Write(p[held : held+m])
+		// Out go the byte held before and all new ones but the last.
+		n = held + m - 1
+		s.pending = append(s.pending[:0], p[n])
+	}
+	switch {
+	case err == io.EOF:
+		_ = s.pw.Close()
+		if <-s.done {
+			s.err = errMethodOverride
+			return n, s.err
+		}
+		s.eof = true
+		if n < len(p) {
+			n += copy(p[n:], s.pending)
+			s.pending, s.err = s.pending[:0], io.EOF
+			return n, io.EOF
+		}
+	case err != nil:
+		s.err = err
+		_ = s.pw.CloseWithError(err)
+	}
+	return n, err
+}
+
+func (s *overrideScanner) Close() error {
+	_ = s.pw.CloseWithError(io.ErrClosedPipe)
+	return s.body.Close()
+}
