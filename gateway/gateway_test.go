@@ -14,10 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/edgelimit/edgelimit/internal/boot"
-	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -605,12 +603,7 @@ func TestNoRoute(t *testing.T) {
 // TestRedisCluster runs the gateway on the Redis Cluster: all rules of a key
 // share one slot, so one script call checks them.
 func TestRedisCluster(t *testing.T) {
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwcluster" + randHex(4)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := clusterStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.TrustedProxies = []string{"127.0.0.1"}

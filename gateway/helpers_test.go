@@ -120,13 +120,35 @@ func redisGateway(t testing.TB, edit func(*Config)) *testGateway {
 // prefix of its own so concurrent tests never share buckets.
 func redisStore(t testing.TB) (*limiter.Redis, *redis.Client) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), ContextTimeoutEnabled: true})
+	rdb := newRedisClient(testenv.RedisAddr(t))
+	return storeOn(t, rdb, "gwtest"+randHex(6)), rdb
+}
+
+// storeOn is a limiter on rdb with its keys under prefix; rdb is closed
+// when the test ends.
+func storeOn(t testing.TB, rdb redis.UniversalClient, prefix string) *limiter.Redis {
+	t.Helper()
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwtest" + randHex(6)})
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lim, rdb
+	return lim
+}
+
+// clusterStore returns a limiter on the shared test Redis Cluster, its
+// keys under a prefix of its own.
+func clusterStore(t testing.TB) *limiter.Redis {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
+	return storeOn(t, rdb, "gwcluster"+randHex(6))
+}
+
+// newRedisClient is a client of the Redis at addr with go-redis's default
+// timeouts: ContextTimeoutEnabled makes the gateway's store deadline bound
+// the wait, not the client's.
+func newRedisClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 }
 
 func randHex(n int) string {
@@ -254,9 +276,15 @@ func newDirectiveRig(t testing.TB) directiveRig {
 // start runs a gateway with cfg whose store and directives are the rig's.
 func (d directiveRig) start(t testing.TB, cfg Config) *testGateway {
 	t.Helper()
+	return startGateway(t, cfg, Options{Store: d.newStore(t), Directives: d.watcher})
+}
+
+// newStore is a limiter on the rig's Redis under the rig's prefix.
+func (d directiveRig) newStore(t testing.TB) *limiter.Redis {
+	t.Helper()
 	lim, err := limiter.New(d.rdb, limiter.Config{Prefix: d.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startGateway(t, cfg, Options{Store: lim, Directives: d.watcher})
+	return lim
 }
