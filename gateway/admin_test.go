@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -97,7 +98,7 @@ func (s *countingStore) Clear(_ context.Context, key string) error {
 type adminRig struct {
 	gw    *testGateway
 	admin *httptest.Server
-	log   *syncBuffer
+	log   *testenv.LogBuffer
 	pub   *fakePublisher
 }
 
@@ -129,7 +130,7 @@ func startAdmin(t *testing.T, store adminStore, tokens map[string]Secret) *admin
 // and the publisher.
 func startAdminOn(t *testing.T, cfg Config, opts Options, tokens map[string]Secret) *adminRig {
 	t.Helper()
-	rig := &adminRig{log: &syncBuffer{}, pub: &fakePublisher{}}
+	rig := &adminRig{log: &testenv.LogBuffer{}, pub: &fakePublisher{}}
 	opts.Publisher, opts.Logger = rig.pub, slog.New(slog.NewJSONHandler(rig.log, nil))
 	rig.gw = startGateway(t, cfg, opts)
 	a, err := NewAdmin(rig.gw.Gateway, AdminConfig{Tokens: tokens})
