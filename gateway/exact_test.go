@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -55,7 +54,7 @@ func enforceN(t *testing.T, g *Gateway, n int) int {
 	}
 	ok := 0
 	for range n {
-		id := identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan}
+		id := k.identity()
 		q := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "test", method: http.MethodGet}
 		v := g.enforce(t.Context(), st, &q)
 		if v.err != nil {
