@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -211,6 +212,38 @@ func do(t testing.TB, method, url string, body io.Reader, hdr ...string) reply {
 func get(t testing.TB, url string, hdr ...string) reply {
 	t.Helper()
 	return do(t, http.MethodGet, url, nil, hdr...)
+}
+
+// rawConn opens a connection to the gateway at gwURL, closed when the
+// test ends, and writes req on it as it stands: the bytes no client
+// library would send. Reads from the returned reader fail after 10s.
+func rawConn(t testing.TB, gwURL, req string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	return conn, bufio.NewReader(conn)
+}
+
+// rawDo writes req (a request line and headers, "\r\n" separated) on a
+// new connection and reads the response: nothing on the way rewrites
+// the path.
+func rawDo(t testing.TB, gwURL, req string) reply {
+	t.Helper()
+	_, br := rawConn(t, gwURL, req)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read response to %q: %v", req, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
 // admitted sends n GETs to url and counts those admitted; any answer but
