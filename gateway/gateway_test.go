@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -100,16 +98,6 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 	if strings.Contains(metrics, "127.0.0.1") {
 		t.Errorf("metrics hold a client IP")
 	}
-}
-
-func scrape(t testing.TB, gw *testGateway) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d", rec.Code)
-	}
-	return rec.Body.String()
 }
 
 // TestRetryAfterNeverEarly waits out a denial: the request must be allowed

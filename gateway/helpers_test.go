@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -260,6 +261,17 @@ func admitted(t testing.TB, url string, n int, hdr ...string) int {
 		}
 	}
 	return ok
+}
+
+// scrape reads gw's metrics as a scraper does: GET /metrics on boot.Admin.
+func scrape(t testing.TB, gw *testGateway) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", rec.Code)
+	}
+	return rec.Body.String()
 }
 
 // counter reads one counter series from g's registry.
