@@ -212,7 +212,7 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 			// Not echoed: an operator may have pasted the key itself.
 			return bad(http.StatusNotFound, probAdminNotFound, "No API key has this id in this gateway's configuration: give its api_keys[].id (default the first 16 hex digits of its sha256), never the key itself.")
 		}
-		t.id, t.apiKeyID = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, name: k.name}, k.id
+		t.id, t.apiKeyID = k.identity(), k.id
 	case q.Get("user") != "":
 		if st.user == nil {
 			return bad(http.StatusNotFound, probAdminNotFound, "No user plan is configured, so no user is limited.")

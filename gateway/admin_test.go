@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -100,7 +98,7 @@ func (s *countingStore) Clear(_ context.Context, key string) error {
 type adminRig struct {
 	gw    *testGateway
 	admin *httptest.Server
-	log   *syncBuffer
+	log   *testenv.LogBuffer
 	pub   *fakePublisher
 }
 
@@ -132,7 +130,7 @@ func startAdmin(t *testing.T, store adminStore, tokens map[string]Secret) *admin
 // and the publisher.
 func startAdminOn(t *testing.T, cfg Config, opts Options, tokens map[string]Secret) *adminRig {
 	t.Helper()
-	rig := &adminRig{log: &syncBuffer{}, pub: &fakePublisher{}}
+	rig := &adminRig{log: &testenv.LogBuffer{}, pub: &fakePublisher{}}
 	opts.Publisher, opts.Logger = rig.pub, slog.New(slog.NewJSONHandler(rig.log, nil))
 	rig.gw = startGateway(t, cfg, opts)
 	a, err := NewAdmin(rig.gw.Gateway, AdminConfig{Tokens: tokens})
@@ -291,13 +289,7 @@ func TestAdminEndToEnd(t *testing.T) {
 		testAdminEndToEnd(t, lim)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = rdb.Close() })
-		lim, err := limiter.New(rdb, limiter.Config{Prefix: "admintest" + randHex(6)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		testAdminEndToEnd(t, lim)
+		testAdminEndToEnd(t, clusterStore(t))
 	})
 	t.Run("memory", func(t *testing.T) { testAdminEndToEnd(t, nil) })
 	t.Run("fake", func(t *testing.T) { testAdminEndToEnd(t, newCountingStore()) })
@@ -409,11 +401,7 @@ func TestAdminDirectives(t *testing.T) {
 	rig := newDirectiveRig(t)
 	cfg := adminConfig(newTestUpstream(t).URL)
 	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 4, Period: time.Minute}}}}
-	lim, err := limiter.New(rig.rdb, limiter.Config{Prefix: rig.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := startAdminOn(t, cfg, Options{Store: lim, Directives: rig.watcher}, map[string]Secret{"oncall": testAdminToken})
+	a := startAdminOn(t, cfg, Options{Store: rig.newStore(t), Directives: rig.watcher}, map[string]Secret{"oncall": testAdminToken})
 	keyID := a.show(t, "api_key=alice").KeyID
 	exp := time.Now().Add(time.Minute)
 	if err := rig.store.WriteSplits(ctx, []limiter.SplitDirective{{Key: limiter.DirectiveKey("api_key", keyID),

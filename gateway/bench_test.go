@@ -66,11 +66,7 @@ func benchIPs() []string {
 
 func benchRedis(b *testing.B) checker {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(b), ContextTimeoutEnabled: true, PoolSize: 64})
-	b.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwbench" + randHex(4)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	lim := storeOn(b, rdb, "gwbench"+randHex(4))
 	if err := lim.Load(context.Background()); err != nil {
 		b.Fatal(err)
 	}

@@ -145,7 +145,8 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 		k := st.lookupKey(req.Key)
 		switch {
 		case k != nil:
-			id = identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, clientIP: ip, name: k.name}
+			id = k.identity()
+			id.clientIP = ip
 		case st.cfg.UnknownKey == UnknownKeyAnonymous && st.anonymous != nil:
 			id = identity{kind: event.KindIP, key: ipKey(ip), plan: st.anonymous, clientIP: ip}
 		default:

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -57,7 +54,7 @@ func enforceN(t *testing.T, g *Gateway, n int) int {
 	}
 	ok := 0
 	for range n {
-		id := identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan}
+		id := k.identity()
 		q := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "test", method: http.MethodGet}
 		v := g.enforce(t.Context(), st, &q)
 		if v.err != nil {
@@ -133,12 +130,7 @@ func TestLocalShareRate(t *testing.T) {
 // fail-open admitted 20 of 20 while the denial was cached).
 func TestOpenCircuitKeepsCachedDenials(t *testing.T) {
 	srv := testenv.Private(t, "redis")
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Get(t, "EDGELIMIT_REDIS_ADDR"), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "opencircuit"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := storeOn(t, newRedisClient(srv.Get(t, "EDGELIMIT_REDIS_ADDR")), "opencircuit")
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 2, Period: time.Minute}}}}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -52,12 +50,8 @@ func TestRedisStoppedMidRun(t *testing.T) {
 		cfg.TrustedProxies = []string{"127.0.0.1"}
 		// Default go-redis timeouts: the gateway's deadline must bound the
 		// wait, not the client's.
-		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = rdb.Close() })
-		lim, err := limiter.New(rdb, limiter.Config{Prefix: "fail-" + string(pol)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		rdb := newRedisClient(addr)
+		lim := storeOn(t, rdb, "fail-"+string(pol))
 		ping := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
 		gws[pol] = startGateway(t, cfg, Options{Store: lim, Ping: ping})
 	}
@@ -202,12 +196,7 @@ func TestStoreHangs(t *testing.T) {
 			c.Close()
 		}
 	})
-	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := storeOn(t, newRedisClient(ln.Addr().String()), "")
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.StoreDeadline = testDeadline

@@ -7,17 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/edgelimit/edgelimit/internal/boot"
-	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -102,16 +98,6 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 	if strings.Contains(metrics, "127.0.0.1") {
 		t.Errorf("metrics hold a client IP")
 	}
-}
-
-func scrape(t testing.TB, gw *testGateway) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d", rec.Code)
-	}
-	return rec.Body.String()
 }
 
 // TestRetryAfterNeverEarly waits out a denial: the request must be allowed
@@ -605,12 +591,7 @@ func TestNoRoute(t *testing.T) {
 // TestRedisCluster runs the gateway on the Redis Cluster: all rules of a key
 // share one slot, so one script call checks them.
 func TestRedisCluster(t *testing.T) {
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwcluster" + randHex(4)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := clusterStore(t)
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.TrustedProxies = []string{"127.0.0.1"}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,7 +14,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -120,13 +121,35 @@ func redisGateway(t testing.TB, edit func(*Config)) *testGateway {
 // prefix of its own so concurrent tests never share buckets.
 func redisStore(t testing.TB) (*limiter.Redis, *redis.Client) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), ContextTimeoutEnabled: true})
+	rdb := newRedisClient(testenv.RedisAddr(t))
+	return storeOn(t, rdb, "gwtest"+randHex(6)), rdb
+}
+
+// storeOn is a limiter on rdb with its keys under prefix; rdb is closed
+// when the test ends.
+func storeOn(t testing.TB, rdb redis.UniversalClient, prefix string) *limiter.Redis {
+	t.Helper()
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "gwtest" + randHex(6)})
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lim, rdb
+	return lim
+}
+
+// clusterStore returns a limiter on the shared test Redis Cluster, its
+// keys under a prefix of its own.
+func clusterStore(t testing.TB) *limiter.Redis {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t), ContextTimeoutEnabled: true})
+	return storeOn(t, rdb, "gwcluster"+randHex(6))
+}
+
+// newRedisClient is a client of the Redis at addr with go-redis's default
+// timeouts: ContextTimeoutEnabled makes the gateway's store deadline bound
+// the wait, not the client's.
+func newRedisClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 }
 
 func randHex(n int) string {
@@ -192,6 +215,38 @@ func get(t testing.TB, url string, hdr ...string) reply {
 	return do(t, http.MethodGet, url, nil, hdr...)
 }
 
+// rawConn opens a connection to the gateway at gwURL, closed when the
+// test ends, and writes req on it as it stands: the bytes no client
+// library would send. Reads from the returned reader fail after 10s.
+func rawConn(t testing.TB, gwURL, req string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	return conn, bufio.NewReader(conn)
+}
+
+// rawDo writes req (a request line and headers, "\r\n" separated) on a
+// new connection and reads the response: nothing on the way rewrites
+// the path.
+func rawDo(t testing.TB, gwURL, req string) reply {
+	t.Helper()
+	_, br := rawConn(t, gwURL, req)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read response to %q: %v", req, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
 // admitted sends n GETs to url and counts those admitted; any answer but
 // 200 or 429 fails the test.
 func admitted(t testing.TB, url string, n int, hdr ...string) int {
@@ -208,28 +263,21 @@ func admitted(t testing.TB, url string, n int, hdr ...string) int {
 	return ok
 }
 
+// scrape reads gw's metrics as a scraper does: GET /metrics on boot.Admin.
+func scrape(t testing.TB, gw *testGateway) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	boot.Admin{Registry: gw.reg}.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", rec.Code)
+	}
+	return rec.Body.String()
+}
+
 // counter reads one counter series from g's registry.
 func counter(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c)
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // directiveRig is a directive store and its watcher on the shared test
@@ -254,9 +302,15 @@ func newDirectiveRig(t testing.TB) directiveRig {
 // start runs a gateway with cfg whose store and directives are the rig's.
 func (d directiveRig) start(t testing.TB, cfg Config) *testGateway {
 	t.Helper()
+	return startGateway(t, cfg, Options{Store: d.newStore(t), Directives: d.watcher})
+}
+
+// newStore is a limiter on the rig's Redis under the rig's prefix.
+func (d directiveRig) newStore(t testing.TB) *limiter.Redis {
+	t.Helper()
 	lim, err := limiter.New(d.rdb, limiter.Config{Prefix: d.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startGateway(t, cfg, Options{Store: lim, Directives: d.watcher})
+	return lim
 }

@@ -45,6 +45,12 @@ const (
 	errAmbiguousUser
 )
 
+// identity is the caller holding API key k; the request's fields
+// (clientIP, peerTrusted) are the caller's to set.
+func (k *apiKey) identity() identity {
+	return identity{kind: event.KindAPIKey, key: limiter.APIKeyKey(k.id), plan: k.plan, name: k.name}
+}
+
 // identify finds the caller: API key, then user header from a trusted
 // proxy, then client IP.
 func (st *state) identify(r *http.Request) (identity, identifyError) {
@@ -59,8 +65,9 @@ func (st *state) identify(r *http.Request) (identity, identifyError) {
 	}
 	if raw != "" {
 		if k := st.lookupKey(raw); k != nil {
-			id.kind, id.key, id.plan, id.name = event.KindAPIKey, limiter.APIKeyKey(k.id), k.plan, k.name
-			return id, identified
+			kid := k.identity()
+			kid.clientIP, kid.peerTrusted = id.clientIP, id.peerTrusted
+			return kid, identified
 		}
 		if st.cfg.UnknownKey != UnknownKeyAnonymous {
 			return id, errUnknownKey

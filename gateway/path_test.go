@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -170,38 +168,6 @@ func (u *pathUpstream) take() []string {
 		uris = append(uris, r.uri)
 	}
 	return uris
-}
-
-// rawConn opens a connection to the gateway at gwURL, closed when the
-// test ends, and writes req on it as it stands: the bytes no client
-// library would send. Reads from the returned reader fail after 10s.
-func rawConn(t testing.TB, gwURL, req string) (net.Conn, *bufio.Reader) {
-	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatal(err)
-	}
-	return conn, bufio.NewReader(conn)
-}
-
-// rawDo writes req (a request line and headers, "\r\n" separated) on a
-// new connection and reads the response: nothing on the way rewrites
-// the path.
-func rawDo(t testing.TB, gwURL, req string) reply {
-	t.Helper()
-	_, br := rawConn(t, gwURL, req)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("read response to %q: %v", req, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
 }
 
 // pathConfig has the routes of issue 9: an exempt health check, a cheap

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -36,14 +34,8 @@ func TestTenGatewaysShareOneLimit(t *testing.T) {
 	prefix := "gwshared" + randHex(6)
 	var gws []*testGateway
 	for i := range 10 {
-		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = rdb.Close() })
-		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
 		cfg.GatewayID = fmt.Sprintf("gw%d", i)
-		gws = append(gws, startGateway(t, cfg, Options{Store: lim}))
+		gws = append(gws, startGateway(t, cfg, Options{Store: storeOn(t, newRedisClient(addr), prefix)}))
 	}
 
 	var allowed, denied atomic.Int64

@@ -296,25 +296,3 @@ func TestIdentityKeyMemory(t *testing.T) {
 		t.Errorf("MEMORY USAGE of the identity's key = %d, want at most 176 and under half of the previous %d", one, old)
 	}
 }
-
-func TestParseInspect(t *testing.T) {
-	rules := []Rule{{Name: "a", Limit: 1, Period: time.Second}}
-	tests := []struct {
-		name    string
-		give    []any
-		wantErr bool
-	}{
-		{"good", []any{int64(1), int64(0), int64(0), int64(0), int64(1000), int64(2000), int64(1_800_000_000_000_000)}, false},
-		{"short", []any{int64(1), int64(0)}, true},
-		{"string", []any{int64(1), "0", int64(0), int64(0), int64(1000), int64(2000), int64(0)}, true},
-	}
-	for _, tt := range tests {
-		ks, err := parseInspect("k", tt.give, rules)
-		if (err != nil) != tt.wantErr {
-			t.Errorf("%s: parseInspect(%v) error = %v, want error %v", tt.name, tt.give, err, tt.wantErr)
-		}
-		if err == nil && (ks.TTL != 2*time.Second || !ks.Rules[0].Found || ks.Rules[0].ResetAfter != time.Millisecond) {
-			t.Errorf("%s: parseInspect(%v) = %+v, want found, TTL 2s, ResetAfter 1ms", tt.name, tt.give, ks)
-		}
-	}
-}

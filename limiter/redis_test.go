@@ -329,24 +329,37 @@ func TestStoreErrors(t *testing.T) {
 	}
 }
 
-func TestParseReply(t *testing.T) {
+// TestParseReplies: the Go side checks a script's reply's shape before
+// using it, for the token bucket's reply and for INSPECT's.
+func TestParseReplies(t *testing.T) {
 	rules := []Rule{{Name: "a", Limit: 1, Period: time.Second}}
+	goodInspect := []any{int64(1), int64(0), int64(0), int64(0), int64(1000), int64(2000), int64(1_800_000_000_000_000)}
+	parsers := map[string]func(res []any) error{
+		"parseReply":   func(res []any) error { _, err := parseReply(res, rules); return err },
+		"parseInspect": func(res []any) error { _, err := parseInspect("k", res, rules); return err },
+	}
 	tests := []struct {
 		name    string
+		parse   string
 		give    []any
 		wantErr bool
 	}{
-		{"good", []any{int64(1), int64(1), int64(0), int64(0), int64(1000), int64(1_800_000_000_000_000)}, false},
-		{"short", []any{int64(1), int64(1)}, true},
-		{"no time", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, true},
-		{"string", []any{int64(1), "1", int64(0), int64(0), int64(1000), int64(0)}, true},
-		{"overall disagrees", []any{int64(0), int64(1), int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"good", "parseReply", []any{int64(1), int64(1), int64(0), int64(0), int64(1000), int64(1_800_000_000_000_000)}, false},
+		{"short", "parseReply", []any{int64(1), int64(1)}, true},
+		{"no time", "parseReply", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, true},
+		{"string", "parseReply", []any{int64(1), "1", int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"overall disagrees", "parseReply", []any{int64(0), int64(1), int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"good", "parseInspect", goodInspect, false},
+		{"short", "parseInspect", []any{int64(1), int64(0)}, true},
+		{"string", "parseInspect", []any{int64(1), "0", int64(0), int64(0), int64(1000), int64(2000), int64(0)}, true},
 	}
 	for _, tt := range tests {
-		_, err := parseReply(tt.give, rules)
-		if (err != nil) != tt.wantErr {
-			t.Errorf("%s: parseReply(%v) error = %v, want error %v", tt.name, tt.give, err, tt.wantErr)
+		if err := parsers[tt.parse](tt.give); (err != nil) != tt.wantErr {
+			t.Errorf("%s: %s(%v) error = %v, want error %v", tt.name, tt.parse, tt.give, err, tt.wantErr)
 		}
+	}
+	if ks, err := parseInspect("k", goodInspect, rules); err != nil || ks.TTL != 2*time.Second || !ks.Rules[0].Found || ks.Rules[0].ResetAfter != time.Millisecond {
+		t.Errorf("parseInspect(%v) = %+v, %v, want found, TTL 2s, ResetAfter 1ms", goodInspect, ks, err)
 	}
 }
 

@@ -81,10 +81,6 @@ func TestComposeFile(t *testing.T) {
 // services that exist in it, so the alerts have data.
 func checkScrapeTargets(t *testing.T, services []string) {
 	t.Helper()
-	b, err := os.ReadFile("deploy/prometheus/prometheus.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cfg struct {
 		ScrapeConfigs []struct {
 			StaticConfigs []struct {
@@ -92,9 +88,7 @@ func checkScrapeTargets(t *testing.T, services []string) {
 			} `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
-	if err := yaml.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
+	readYAML(t, "deploy/prometheus/prometheus.yml", &cfg)
 	n := 0
 	for _, sc := range cfg.ScrapeConfigs {
 		for _, st := range sc.StaticConfigs {

@@ -5,8 +5,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -19,9 +17,7 @@ import (
 	"testing"
 	"time"
 
-	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -121,11 +117,11 @@ func benchRLS(b *testing.B, addr string) {
 			b.ReportAllocs()
 			parallel(b, func(w, k int) error {
 				s := strconv.Itoa(k)
-				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*commonv3.RateLimitDescriptor{
-					{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10." + s}}},
-					{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u" + s}}},
-					{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "path", Value: "/p/" + strconv.Itoa(k%1000)}}},
-				}}
+				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: descs(
+					desc("remote_address", "10."+s),
+					desc("user", "u"+s),
+					desc("path", "/p/"+strconv.Itoa(k%1000)),
+				)}
 				resp, err := clients[w%conns].ShouldRateLimit(context.Background(), req)
 				if err != nil {
 					return err
@@ -150,8 +146,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 	}}}
 	cfg.AnonymousPlan = "bench"
 	cfg.TrustedProxies = []string{"127.0.0.1"}
-	gw, err := gateway.New(cfg, gateway.Options{Store: redisStore(b, testenv.RedisAddr(b)), Registry: prometheus.NewRegistry(),
-		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	gw, err := gateway.New(cfg, gatewayOptions(redisStore(b, testenv.RedisAddr(b))))
 	if err != nil {
 		b.Fatal(err)
 	}

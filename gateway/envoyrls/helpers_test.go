@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,14 +42,13 @@ type rls struct {
 type events struct {
 	mu  sync.Mutex
 	all []event.Decision
-	// countOnly keeps no events, for benchmarks.
-	countOnly bool
-	n         atomic.Int64
+	// discard keeps no events, for benchmarks: they would grow without
+	// bound over b.N calls.
+	discard bool
 }
 
 func (e *events) Publish(d event.Decision) {
-	if e.countOnly {
-		e.n.Add(1)
+	if e.discard {
 		return
 	}
 	e.mu.Lock()
@@ -120,19 +118,15 @@ func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.
 			t.Fatal(err)
 		}
 	}
-	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	ev := &events{countOnly: bench}
-	opts := gateway.Options{Registry: reg, Logger: log, Publisher: ev}
-	if store != nil {
-		opts.Store = store
-	}
+	ev := &events{discard: bench}
+	opts := gatewayOptions(store)
+	opts.Publisher = ev
 	gw, err := gateway.New(gcfg, opts)
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
 	}
 	cfg.Listen, cfg.ConfigDir = "127.0.0.1:0", dir
-	svc, err := New(cfg, gw, Options{Registry: reg, Logger: log})
+	svc, err := New(cfg, gw, Options{Registry: opts.Registry, Logger: opts.Logger})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -142,7 +136,18 @@ func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &rls{client: rlsv3.NewRateLimitServiceClient(conn), conn: conn, svc: svc, gw: gw, reg: reg, events: ev, dir: dir}
+	return &rls{client: rlsv3.NewRateLimitServiceClient(conn), conn: conn, svc: svc, gw: gw, reg: opts.Registry, events: ev, dir: dir}
+}
+
+// gatewayOptions are a test gateway's options on store (nil: the
+// gateway's in-memory store): a registry of its own, so that tests do
+// not share counters, and a logger that writes nowhere.
+func gatewayOptions(store *limiter.Redis) gateway.Options {
+	opts := gateway.Options{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
+	if store != nil { // a nil *limiter.Redis in the interface is not "no store"
+		opts.Store = store
+	}
+	return opts
 }
 
 // desc builds a descriptor from key, value pairs.
