@@ -52,6 +52,11 @@ func TestConfigValidate(t *testing.T) {
 		{"user header without plan", func(c *Config) { c.AnonymousPlan = ""; c.UserHeader = "X-User-ID" }, "user_plan: a plan is needed"},
 		{"unknown key anonymous without plan", func(c *Config) { c.AnonymousPlan = ""; c.UnknownKey = UnknownKeyAnonymous }, "unknown_key"},
 		{"bad unknown key", func(c *Config) { c.UnknownKey = "ignore" }, "unknown_key: \"ignore\""},
+		{"empty key param", func(c *Config) { c.APIKeyParams = []string{""} }, "api_key_params[0]"},
+		{"key param with separator", func(c *Config) { c.APIKeyParams = []string{"key", "a&b"} }, "api_key_params[1]"},
+		{"key param with escape", func(c *Config) { c.APIKeyParams = []string{"a%5F"} }, "api_key_params[0]"},
+		{"no key params beside others", func(c *Config) { c.APIKeyParams = []string{"-", "api_key"} }, "api_key_params[0]"},
+		{"no key params", func(c *Config) { c.APIKeyParams = []string{"-"} }, ""},
 		{"short sha", func(c *Config) { c.APIKeys[0].SHA256 = "abc" }, "api_keys[0].sha256: want 64 hex digits"},
 		{"raw key instead of hash", func(c *Config) { c.APIKeys[0].SHA256 = strings.Repeat("z", 64) }, "api_keys[0].sha256"},
 		{"duplicate key", func(c *Config) {

@@ -3,56 +3,22 @@ package gateway
 import (
 	"bytes"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-// bodyUpstream reads every body in full, as a framework does before it
-// looks for _method, and keeps the bodies it received whole.
-type bodyUpstream struct {
-	*httptest.Server
-	mu     sync.Mutex
-	bodies [][]byte
-}
-
-func newBodyUpstream(t *testing.T) *bodyUpstream {
-	u := &bodyUpstream{}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			return // cut short: no framework runs it
-		}
-		u.mu.Lock()
-		u.bodies = append(u.bodies, b)
-		u.mu.Unlock()
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-func (u *bodyUpstream) take() [][]byte {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	b := u.bodies
-	u.bodies = nil
-	return b
-}
-
-// TestMethodOverrideInBody: a POST whose form, multipart form or JSON
-// body names, as _method, a method limited on another route never reaches
-// the upstream whole (Rails, Laravel, Spring and ASP.NET read the override
-// from the body once it is all in) and gets 400; every other body goes
-// upstream byte for byte, however large, in bounded memory. Before, such a
+// TestMethodOverride: a POST whose query, form, multipart form or JSON
+// body names, as _method, a method limited on another route is refused
+// with 400, and never reaches the upstream whole: Laravel, Express and
+// Spring read the override from the query, Rails, Laravel, Spring and
+// ASP.NET from the body once it is all in. Every other request goes
+// upstream as sent, its body byte for byte however large. Before, such a
 // POST was charged as a POST and run as the other method.
-func TestMethodOverrideInBody(t *testing.T) {
-	up := newBodyUpstream(t)
+func TestMethodOverride(t *testing.T) {
+	up := newPathUpstream(t)
 	gw := redisGateway(t, func(cfg *Config) {
 		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1000, Period: time.Minute}}}}
 		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
@@ -61,6 +27,7 @@ func TestMethodOverrideInBody(t *testing.T) {
 			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE"}, Upstream: "app", Cost: 10},
 		}
 	})
+	const form = "application/x-www-form-urlencoded"
 	big := strings.Repeat("x", 3<<20)
 	multipartBody := func(dispType, name, value string) string {
 		return "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.bin\"\r\n\r\n" + big + "\r\n" +
@@ -68,30 +35,43 @@ func TestMethodOverrideInBody(t *testing.T) {
 	}
 	tests := []struct {
 		name        string
-		path        string
+		method      string
+		target      string
 		contentType string
 		body        string
 		chunked     bool
 		wantStatus  int
 	}{
-		{"form", "/v1/items/7", "application/x-www-form-urlencoded", "a=1&_method=DELETE", false, 400},
-		{"form after a large field", "/v1/items/7", "application/x-www-form-urlencoded", "a=" + big + "&_method=delete", false, 400},
-		{"form chunked", "/v1/items/7", "application/x-www-form-urlencoded; charset=utf-8", "_method=DELETE&a=1", true, 400},
-		{"form escaped name", "/v1/items/7", "application/x-www-form-urlencoded", "%5Fmethod=DELETE", false, 400},
-		{"no content type", "/v1/items/7", "", "_method=DELETE", false, 400},
-		{"multipart after a file", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart other disposition", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400},
-		{"json", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
-		{"form same route", "/v1/items/7", "application/x-www-form-urlencoded", "_method=PUT&a=" + big, false, 200},
-		{"form without override", "/v1/items/7", "application/x-www-form-urlencoded", "a=1&b=_method", false, 200},
-		{"multipart without override", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
-		{"json nested only", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
-		{"text", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
-		{"no other route here", "/v1/other", "application/x-www-form-urlencoded", "_method=DELETE", false, 200},
+		{"query", "POST", "/v1/items/7?_method=DELETE", "", "", false, 400},
+		{"query lower-case value", "POST", "/v1/items/7?_method=delete", "", "", false, 400},
+		{"query escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", "", "", false, 400},
+		{"query after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", "", "", false, 400},
+		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400},
+		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400},
+		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400},
+		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200},
+		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200},
+		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200},
+		{"query empty", "POST", "/v1/items/7?_method=", "", "", false, 200},
+		{"query another parameter", "POST", "/v1/items/7?method=DELETE", "", "", false, 200},
+		{"form", "POST", "/v1/items/7", form, "a=1&_method=DELETE", false, 400},
+		{"form after a large field", "POST", "/v1/items/7", form, "a=" + big + "&_method=delete", false, 400},
+		{"form chunked", "POST", "/v1/items/7", form + "; charset=utf-8", "_method=DELETE&a=1", true, 400},
+		{"form escaped name", "POST", "/v1/items/7", form, "%5Fmethod=DELETE", false, 400},
+		{"no content type", "POST", "/v1/items/7", "", "_method=DELETE", false, 400},
+		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
+		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400},
+		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
+		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200},
+		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200},
+		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
+		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
+		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
+		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := "POST " + tt.path + " HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+			req := tt.method + " " + tt.target + " HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
 			if tt.contentType != "" {
 				req += "Content-Type: " + tt.contentType + "\r\n"
 			}
@@ -108,14 +88,14 @@ func TestMethodOverrideInBody(t *testing.T) {
 			}
 			r := rawDo(t, gw.URL, req)
 			if r.status != tt.wantStatus {
-				t.Errorf("POST %s (%s, %d bytes) = %d, want %d (%s)", tt.path, tt.contentType, len(tt.body), r.status, tt.wantStatus, r.body)
+				t.Errorf("%s %s (%q, %d bytes) = %d, want %d (%s)", tt.method, tt.target, tt.contentType, len(tt.body), r.status, tt.wantStatus, r.body)
 			}
-			got := up.take()
+			got := up.takeRequests()
 			switch {
 			case tt.wantStatus != 200 && len(got) != 0:
-				t.Errorf("POST %s (%s): the upstream received the whole body, want it cut short", tt.path, tt.contentType)
-			case tt.wantStatus == 200 && (len(got) != 1 || !bytes.Equal(got[0], []byte(tt.body))):
-				t.Errorf("POST %s (%s): the upstream received %d whole bodies, want the one sent byte for byte", tt.path, tt.contentType, len(got))
+				t.Errorf("%s %s (%q): the upstream received the request whole, want it cut short or not sent", tt.method, tt.target, tt.contentType)
+			case tt.wantStatus == 200 && (len(got) != 1 || !bytes.Equal(got[0].body, []byte(tt.body))):
+				t.Errorf("%s %s (%q): the upstream received %d whole requests, want the one sent, byte for byte", tt.method, tt.target, tt.contentType, len(got))
 			}
 		})
 	}
