@@ -133,6 +133,14 @@ type Range struct {
 	Method string
 }
 
+// Span is the time range [From, To) an answer covers, embedded by every
+// answer over a range so each says it the same way (the dashboard reads
+// from and to).
+type Span struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+}
+
 // keyKinds are the kinds a KeyKind filter takes, as the consumer stores
 // them.
 var keyKinds = []string{"", "api_key", "user", "ip"}
