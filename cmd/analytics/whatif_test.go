@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +40,7 @@ func TestParseProposal(t *testing.T) {
 		t.Errorf("plan free (-want +got):\n%s", diff)
 	}
 	if len(p.Plans) != 4 {
-		t.Errorf("plans %v, want the example's 4", sortedPlanNames(p))
+		t.Errorf("plans %v, want the example's 4", slices.Sorted(maps.Keys(p.Plans)))
 	}
 	for name, want := range map[string]analytics.ProposedRoute{"search": {Plan: "search", Cost: 1}, "export": {Cost: 10}, "api": {Cost: 1}} {
 		if got := p.Routes[name]; got != want {
@@ -72,14 +74,6 @@ func TestParseProposal(t *testing.T) {
 			}
 		})
 	}
-}
-
-func sortedPlanNames(p analytics.Proposal) []string {
-	var out []string
-	for n := range p.Plans {
-		out = append(out, n)
-	}
-	return out
 }
 
 // TestWhatIfCommand runs "analytics whatif" against a real ClickHouse:
