@@ -52,10 +52,12 @@ type KeyReport struct {
 	History []TrendPoint `json:"history"`
 }
 
-// KeyIdentity is one key a report matched.
+// KeyIdentity is one key: the one a report matched, the one an answer's
+// row is about.
 type KeyIdentity struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
+	// KeyName is the key's name (an API key's configured id), or "".
 	KeyName string `json:"key_name"`
 }
 

@@ -574,10 +574,7 @@ func ratio(part, whole int64) float64 {
 
 // KeyRejections is one key's rejections in a range.
 type KeyRejections struct {
-	KeyID   string `json:"key_id"`
-	KeyKind string `json:"key_kind"`
-	// KeyName is the key's name (an API key's configured id), or "".
-	KeyName  string  `json:"key_name"`
+	KeyIdentity
 	Requests int64   `json:"requests"`
 	Denied   int64   `json:"denied"`
 	Ratio    float64 `json:"ratio"`
