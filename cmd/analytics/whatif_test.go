@@ -15,7 +15,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
-	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -87,9 +86,7 @@ func TestWhatIfCommand(t *testing.T) {
 		rows = append(rows, analyticstest.Decision{Time: start.Add(time.Duration(i) * 100 * time.Millisecond), Gateway: "gw-a", KeyID: "k1",
 			KeyKind: "api_key", Route: "api", Method: "GET", Plan: "free", Allowed: true, Cost: 1})
 	}
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, rows)
 	rules := writeFile(t, "plans:\n  free:\n    rules:\n      - {name: second, limit: 1, period: 1s, burst: 4}\n")
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
 	args := []string{"whatif", "-rules", rules, "-from", start.Add(-time.Minute).Format(time.RFC3339), "-to", start.Add(time.Minute).Format(time.RFC3339)}
