@@ -402,8 +402,7 @@ func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
 
 // TrendsResponse is GET /api/trends' body.
 type TrendsResponse struct {
-	From   time.Time    `json:"from"`
-	To     time.Time    `json:"to"`
+	Span
 	Bucket string       `json:"bucket"`
 	TZ     string       `json:"tz"`
 	By     string       `json:"by"`
@@ -440,7 +439,7 @@ func (a *API) trends(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeCSV(w, "trends.csv", TrendHeader(q.By), rows)
 	}
-	writeJSON(w, http.StatusOK, TrendsResponse{From: rg.From, To: rg.To, Bucket: q.Bucket, TZ: q.TZ, By: q.By, Points: nonNil(pts)})
+	writeJSON(w, http.StatusOK, TrendsResponse{Span: Span{From: rg.From, To: rg.To}, Bucket: q.Bucket, TZ: q.TZ, By: q.By, Points: nonNil(pts)})
 	return nil
 }
 

@@ -20,9 +20,8 @@ import (
 // report adds up and lists.
 type KeyReport struct {
 	// Key is what was asked for.
-	Key  string    `json:"key"`
-	From time.Time `json:"from"`
-	To   time.Time `json:"to"`
+	Key string `json:"key"`
+	Span
 	// Keys are the keys that matched, by id and kind.
 	Keys []KeyIdentity `json:"keys"`
 	// Total sums every decision of the matched keys.
@@ -53,10 +52,12 @@ type KeyReport struct {
 	History []TrendPoint `json:"history"`
 }
 
-// KeyIdentity is one key a report matched.
+// KeyIdentity is one key: the one a report matched, the one an answer's
+// row is about.
 type KeyIdentity struct {
 	KeyID   string `json:"key_id"`
 	KeyKind string `json:"key_kind"`
+	// KeyName is the key's name (an API key's configured id), or "".
 	KeyName string `json:"key_name"`
 }
 
@@ -120,7 +121,7 @@ func (r *Reader) KeyReport(ctx context.Context, rg Range, key, bucket, tz string
 	if err != nil {
 		return KeyReport{}, err
 	}
-	rep := KeyReport{Key: key, From: rg.From, To: rg.To, Bucket: q.Bucket, TZ: q.TZ, Truncated: len(rows) == maxKeyRows,
+	rep := KeyReport{Key: key, Span: Span{From: rg.From, To: rg.To}, Bucket: q.Bucket, TZ: q.TZ, Truncated: len(rows) == maxKeyRows,
 		Directives: "not read"}
 	keys := map[KeyIdentity]bool{}
 	by := make([]map[string]*KeyCount, 5)

@@ -133,6 +133,14 @@ type Range struct {
 	Method string
 }
 
+// Span is the time range [From, To) an answer covers, embedded by every
+// answer over a range so each says it the same way (the dashboard reads
+// from and to).
+type Span struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+}
+
 // keyKinds are the kinds a KeyKind filter takes, as the consumer stores
 // them.
 var keyKinds = []string{"", "api_key", "user", "ip"}
@@ -566,10 +574,7 @@ func ratio(part, whole int64) float64 {
 
 // KeyRejections is one key's rejections in a range.
 type KeyRejections struct {
-	KeyID   string `json:"key_id"`
-	KeyKind string `json:"key_kind"`
-	// KeyName is the key's name (an API key's configured id), or "".
-	KeyName  string  `json:"key_name"`
+	KeyIdentity
 	Requests int64   `json:"requests"`
 	Denied   int64   `json:"denied"`
 	Ratio    float64 `json:"ratio"`

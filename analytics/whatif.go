@@ -218,11 +218,10 @@ type WhatIfKey struct {
 
 // WhatIfReport is the answer to a WhatIfQuery.
 type WhatIfReport struct {
-	From  time.Time `json:"from"`
-	To    time.Time `json:"to"`
-	Plan  string    `json:"plan,omitempty"`
-	Route string    `json:"route,omitempty"`
-	Key   string    `json:"key,omitempty"`
+	Span
+	Plan  string `json:"plan,omitempty"`
+	Route string `json:"route,omitempty"`
+	Key   string `json:"key,omitempty"`
 	// Read is how many stored decisions were read; Counted how many of
 	// them the route filter kept, all in Totals.
 	Read    int64 `json:"read"`
@@ -521,7 +520,7 @@ func newReplayRun(q WhatIfQuery) *replayRun {
 		rp:    limiter.NewReplay(0),
 		rules: map[string]*WhatIfRule{},
 		hours: map[int64]*WhatIfCounts{},
-		rep:   WhatIfReport{From: q.From.UTC(), To: q.To.UTC(), Plan: q.Plan, Route: q.Route, Key: q.KeyID},
+		rep:   WhatIfReport{Span: Span{From: q.From.UTC(), To: q.To.UTC()}, Plan: q.Plan, Route: q.Route, Key: q.KeyID},
 	}
 	run.top.less = func(a, b *WhatIfKey) bool {
 		return a.WouldDeny < b.WouldDeny || a.WouldDeny == b.WouldDeny && a.KeyID > b.KeyID

@@ -95,7 +95,7 @@ func TestWhatIfReplay(t *testing.T) {
 	// empties second at once, 100ms refill 0.3: the second denied; audit's
 	// capacity 1 is below the cost: both.
 	want := analytics.WhatIfReport{
-		From: q.From, To: q.To, Read: 18, Counted: 18, Kept: 3, NotByStore: 1,
+		Span: analytics.Span{From: q.From, To: q.To}, Read: 18, Counted: 18, Kept: 3, NotByStore: 1,
 		Totals: analytics.WhatIfCounts{Requests: 18, WasDenied: 3, WouldDeny: 5, NewlyDenied: 4, NewlyAllowed: 2},
 		Rules: []analytics.WhatIfRule{
 			{Rule: "audit", ShadowWouldDeny: 9},

@@ -152,6 +152,15 @@ func database(t *testing.T) (driver.Conn, string, string) {
 	return conn, addr, db
 }
 
+// mustInsert writes rows to conn's decisions table, rolled up batch by
+// batch as the consumer does.
+func mustInsert(t *testing.T, conn driver.Conn, rows []analyticstest.Decision) {
+	t.Helper()
+	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func fleet(now time.Time) analyticstest.Fleet {
 	return analyticstest.Fleet{
 		Now: now, Window: 10 * time.Minute, Gateways: []string{"gw-a", "gw-b", "gw-c"},
@@ -169,9 +178,7 @@ func seededFleet(t *testing.T) (addr, db string, now time.Time, rows []analytics
 	conn, addr, db := database(t)
 	now = time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
 	rows = fleet(now).Rows()
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, rows)
 	return addr, db, now, rows
 }
 
@@ -301,9 +308,7 @@ func TestServe(t *testing.T) {
 	base.Hot = nil
 	base.Outages = nil
 	ctx := context.Background()
-	if err := analyticstest.Insert(ctx, conn, base.Rows(), consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, base.Rows())
 
 	listen, adminListen := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -396,9 +401,7 @@ alerts:
 	hotAt := time.Now()
 	hot := analyticstest.Fleet{Now: hotAt, Window: time.Minute, Gateways: base.Gateways, Seed: 9,
 		Hot: []analyticstest.HotKey{{KeyID: "hot-1", Rate: 100, For: 30 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}}}
-	if err := analyticstest.Insert(ctx, conn, hot.Rows(), consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, hot.Rows())
 	key := limiter.DirectiveKey("api_key", "hot-1")
 	deadline = time.Now().Add(20 * time.Second)
 	for {
@@ -427,9 +430,7 @@ alerts:
 			StoreStatus: "unavailable", Mode: "fail_open",
 		})
 	}
-	if err := analyticstest.Insert(ctx, conn, spike, consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, spike)
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		names, err := testenv.ActiveAlerts(t, fmt.Sprintf("run=%q", run))
@@ -449,9 +450,7 @@ alerts:
 	// The store comes back: healthy decisions bring the ratio under the
 	// threshold, and the alert resolves in Alertmanager.
 	healthy := analyticstest.Fleet{Now: time.Now(), Window: 5 * time.Second, Gateways: base.Gateways, Keys: 2000, PerKeyRate: 3, Seed: 11}
-	if err := analyticstest.Insert(ctx, conn, healthy.Rows(), consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, healthy.Rows())
 	resolveAt := time.Now()
 	deadline = time.Now().Add(30 * time.Second)
 	for {

@@ -30,25 +30,29 @@ type table struct {
 // and prints the result.
 func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, getenv func(string) string, stdout io.Writer) error {
 	var (
-		from    = fs.String("from", "", "start of the range: now, -1h, -7d, RFC 3339, 2006-01-02[ 15:04] (UTC) or Unix seconds")
-		to      = fs.String("to", "now", "end of the range (exclusive), same forms as -from")
-		format  = fs.String("format", "table", "output: table, csv or json")
-		by      = fs.String("by", "rule", "trends: split by rule, route, plan, gateway, key, kind, method, or none")
-		bucket  = fs.String("bucket", "auto", "trends, key, store-health, histories: minute, hour, day or auto; trends and key also 5m, 15m (and 1m, 1h, 1d)")
-		tz      = fs.String("tz", "UTC", "trends, key: the IANA time zone buckets are aligned in, e.g. Europe/Berlin")
-		top     = fs.Int("top", 10, "trends: keep the top N series by rejections, sum the rest as (other); 0 keeps all; whatif: keys per list")
-		limit   = fs.Int("limit", 20, "top-keys: how many keys")
-		rule    = fs.String("rule", "", "only decisions whose binding rule is this")
-		route   = fs.String("route", "", "only this route")
-		plan    = fs.String("plan", "", "only this plan")
-		gateway = fs.String("gateway", "", "only this gateway")
-		key     = fs.String("key", "", "only this key id, or (trends, top-keys) key name (hot-keys: that key's history)")
-		kind    = fs.String("kind", "", "trends, top-keys: only this key kind: api_key, user or ip")
-		method  = fs.String("method", "", "trends, top-keys: only this HTTP method")
-		ip      = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
-		rules   = fs.String("rules", "", "whatif: the proposal, a YAML file with plans: (and routes:) in the gateway's syntax; a gateway config file does")
-		change  = fs.String("change", "", "whatif: one changed rule of a plan in -rules, as YAML: '{plan: pro, name: per_minute, limit: 50, period: 1m}'")
+		from   = fs.String("from", "", "start of the range: now, -1h, -7d, RFC 3339, 2006-01-02[ 15:04] (UTC) or Unix seconds")
+		to     = fs.String("to", "now", "end of the range (exclusive), same forms as -from")
+		format = fs.String("format", "table", "output: table, csv or json")
+		by     = fs.String("by", "rule", "trends: split by rule, route, plan, gateway, key, kind, method, or none")
+		bucket = fs.String("bucket", "auto", "trends, key, store-health, histories: minute, hour, day or auto; trends and key also 5m, 15m (and 1m, 1h, 1d)")
+		tz     = fs.String("tz", "UTC", "trends, key: the IANA time zone buckets are aligned in, e.g. Europe/Berlin")
+		top    = fs.Int("top", 10, "trends: keep the top N series by rejections, sum the rest as (other); 0 keeps all; whatif: keys per list")
+		limit  = fs.Int("limit", 20, "top-keys: how many keys")
+		ip     = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
+		rules  = fs.String("rules", "", "whatif: the proposal, a YAML file with plans: (and routes:) in the gateway's syntax; a gateway config file does")
+		change = fs.String("change", "", "whatif: one changed rule of a plan in -rules, as YAML: '{plan: pro, name: per_minute, limit: 50, period: 1m}'")
 	)
+	// The filter flags are the Range's filters: they fill it directly, and
+	// -from and -to its bounds below.
+	var rg analytics.Range
+	fs.StringVar(&rg.Rule, "rule", "", "only decisions whose binding rule is this")
+	fs.StringVar(&rg.Route, "route", "", "only this route")
+	fs.StringVar(&rg.Plan, "plan", "", "only this plan")
+	fs.StringVar(&rg.Gateway, "gateway", "", "only this gateway")
+	fs.StringVar(&rg.KeyID, "key", "", "only this key id, or (trends, top-keys) key name (hot-keys: that key's history)")
+	fs.StringVar(&rg.KeyKind, "kind", "", "trends, top-keys: only this key kind: api_key, user or ip")
+	fs.StringVar(&rg.Method, "method", "", "trends, top-keys: only this HTTP method")
+
 	// analytics key ID [flags] or analytics key [flags] ID.
 	var keyArg string
 	if cmd == "key" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -79,10 +83,9 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	defFrom := map[string]time.Duration{
 		"hot-keys": cfg.Hot.Window, "nat-ips": cfg.NAT.Window, "fail-minutes": 24 * time.Hour, "whatif": 24 * time.Hour,
 	}[cmd]
-	if defFrom == 0 || (*key != "" || *ip != "") && cmd != "whatif" {
+	if defFrom == 0 || (rg.KeyID != "" || *ip != "") && cmd != "whatif" {
 		defFrom = time.Hour
 	}
-	rg := analytics.Range{Rule: *rule, Route: *route, Plan: *plan, Gateway: *gateway, KeyID: *key, KeyKind: *kind, Method: *method}
 	if rg.From, err = analytics.ParseTime(*from, now, now.Add(-defFrom)); err != nil {
 		return err
 	}
@@ -130,7 +133,7 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	case "top-keys":
 		v, err = r.TopKeys(ctx, rg, *limit)
 	case "hot-keys":
-		if *key != "" {
+		if rg.KeyID != "" {
 			v, err = r.KeyHistory(ctx, rg, b)
 		} else {
 			v, err = r.HotKeys(ctx, cfg.Hot, rg.From, rg.To, 0, nil)

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
-	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -38,7 +39,7 @@ func TestParseProposal(t *testing.T) {
 		t.Errorf("plan free (-want +got):\n%s", diff)
 	}
 	if len(p.Plans) != 4 {
-		t.Errorf("plans %v, want the example's 4", sortedPlanNames(p))
+		t.Errorf("plans %v, want the example's 4", slices.Sorted(maps.Keys(p.Plans)))
 	}
 	for name, want := range map[string]analytics.ProposedRoute{"search": {Plan: "search", Cost: 1}, "export": {Cost: 10}, "api": {Cost: 1}} {
 		if got := p.Routes[name]; got != want {
@@ -74,14 +75,6 @@ func TestParseProposal(t *testing.T) {
 	}
 }
 
-func sortedPlanNames(p analytics.Proposal) []string {
-	var out []string
-	for n := range p.Plans {
-		out = append(out, n)
-	}
-	return out
-}
-
 // TestWhatIfCommand runs "analytics whatif" against a real ClickHouse:
 // one key's 10 requests in a second, all allowed as decided, replayed
 // under 4 a second.
@@ -93,9 +86,7 @@ func TestWhatIfCommand(t *testing.T) {
 		rows = append(rows, analyticstest.Decision{Time: start.Add(time.Duration(i) * 100 * time.Millisecond), Gateway: "gw-a", KeyID: "k1",
 			KeyKind: "api_key", Route: "api", Method: "GET", Plan: "free", Allowed: true, Cost: 1})
 	}
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
-		t.Fatal(err)
-	}
+	mustInsert(t, conn, rows)
 	rules := writeFile(t, "plans:\n  free:\n    rules:\n      - {name: second, limit: 1, period: 1s, burst: 4}\n")
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})
 	args := []string{"whatif", "-rules", rules, "-from", start.Add(-time.Minute).Format(time.RFC3339), "-to", start.Add(time.Minute).Format(time.RFC3339)}
