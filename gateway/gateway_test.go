@@ -297,49 +297,12 @@ func TestAPIKeys(t *testing.T) {
 }
 
 // TestOneAPIKey: a request is charged to the key its upstream will read,
-// however it spells or repeats the header; two different keys are refused
-// rather than charged to one and served as the other.
+// however it spells or repeats the header or the query parameter that
+// carries it; two different keys anywhere in the request are refused
+// rather than charged to one and served as the other. Before the query
+// was read, a key there was charged to the client's address (or, beside
+// a header key, to the header's) while the upstream served it.
 func TestOneAPIKey(t *testing.T) {
-	lim, _ := redisStore(t)
-	up := newPathUpstream(t)
-	cfg := testConfig(up.URL)
-	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 50, Period: time.Minute}}}}
-	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("secret-acme"), Plan: "pro"}, {ID: "other", SHA256: sha("secret-other"), Plan: "pro"}}
-	gw := startGateway(t, cfg, Options{Store: lim})
-	tests := []struct {
-		name       string
-		give       string // header lines
-		wantStatus int
-		wantLimit  string
-	}{
-		{"empty first field", "X-API-Key:\r\nX-API-Key: secret-acme\r\n", 200, "50"},
-		{"underscore spelling", "X_API_KEY: secret-acme\r\n", 200, "50"},
-		{"same key twice", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-acme\r\n", 200, "50"},
-		{"two fields", "X-API-Key: secret-acme\r\nX-API-Key: secret-other\r\n", 400, ""},
-		{"header and underscore twin", "X-API-Key: secret-acme\r\nX_Api_Key: secret-other\r\n", 400, ""},
-		{"header and bearer", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-other\r\n", 400, ""},
-		{"unknown second key", "X-API-Key: secret-acme\r\nX-API-Key: nope\r\n", 400, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := rawDo(t, gw.URL, "GET /x HTTP/1.1\r\nHost: gw\r\n"+tt.give+"Connection: close\r\n\r\n")
-			if r.status != tt.wantStatus || r.header.Get("X-RateLimit-Limit") != tt.wantLimit {
-				t.Errorf("GET with %q = %d limit %q, want %d limit %q (%s)", tt.give, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
-			}
-			if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
-				t.Errorf("GET with %q: upstream received %q, want nothing", tt.give, seen)
-			}
-		})
-	}
-}
-
-// TestAPIKeyInQuery: a key in a query parameter the upstream reads is
-// charged to that key, in every spelling a framework reads as the same
-// parameter; a second, different key anywhere in the request is refused.
-// Before, the query was not read: the request was charged to the client's
-// address (or, with a header key too, to the header's key) while the
-// upstream served the query's key.
-func TestAPIKeyInQuery(t *testing.T) {
 	lim, _ := redisStore(t)
 	up := newPathUpstream(t)
 	cfg := testConfig(up.URL)
@@ -348,33 +311,39 @@ func TestAPIKeyInQuery(t *testing.T) {
 	cfg.Plans["gold"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 70, Period: time.Minute}}}}
 	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("secret-acme"), Plan: "pro"}, {ID: "other", SHA256: sha("secret-other"), Plan: "gold"}}
 	gw := startGateway(t, cfg, Options{Store: lim})
-	bearerOff := cfg
-	bearerOff.IgnoreBearer = true
-	gwNoBearer := startGateway(t, bearerOff, Options{Store: lim})
-	none := cfg
-	none.APIKeyParams = []string{"-"}
-	gwNone := startGateway(t, none, Options{Store: lim})
-	custom := cfg
-	custom.APIKeyParams = []string{"token"}
-	gwCustom := startGateway(t, custom, Options{Store: lim})
+	with := func(edit func(*Config)) string {
+		c := cfg
+		edit(&c)
+		return startGateway(t, c, Options{Store: lim}).URL
+	}
+	noBearer := with(func(c *Config) { c.IgnoreBearer = true })
+	noParams := with(func(c *Config) { c.APIKeyParams = []string{"-"} })
+	custom := with(func(c *Config) { c.APIKeyParams = []string{"token"} })
 
 	tests := []struct {
 		name       string
 		url        string
 		query      string
-		header     string
+		give       string // header lines
 		wantStatus int
 		wantLimit  string
 	}{
-		{"api_key", gw.URL, "api_key=secret-acme", "", 200, "50"},
-		{"apikey among others", gw.URL, "q=1&apikey=secret-acme&x=y", "", 200, "50"},
-		{"upper case", gw.URL, "API_KEY=secret-acme", "", 200, "50"},
-		{"escaped name", gw.URL, "api%5Fkey=secret-acme", "", 200, "50"},
-		{"php dot", gw.URL, "api.key=secret-acme", "", 200, "50"},
-		{"php array", gw.URL, "api_key[]=secret-acme", "", 200, "50"},
-		{"semicolon separator", gw.URL, "q=1;api_key=secret-acme", "", 200, "50"},
-		{"escaped value", gw.URL, "api_key=secret%2Dacme", "", 200, "50"},
-		{"access_token", gw.URL, "access_token=secret-other", "", 200, "70"},
+		{"empty first field", gw.URL, "", "X-API-Key:\r\nX-API-Key: secret-acme\r\n", 200, "50"},
+		{"underscore spelling", gw.URL, "", "X_API_KEY: secret-acme\r\n", 200, "50"},
+		{"same key twice", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-acme\r\n", 200, "50"},
+		{"two fields", gw.URL, "", "X-API-Key: secret-acme\r\nX-API-Key: secret-other\r\n", 400, ""},
+		{"header and underscore twin", gw.URL, "", "X-API-Key: secret-acme\r\nX_Api_Key: secret-other\r\n", 400, ""},
+		{"header and bearer", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-other\r\n", 400, ""},
+		{"unknown second key", gw.URL, "", "X-API-Key: secret-acme\r\nX-API-Key: nope\r\n", 400, ""},
+		{"query api_key", gw.URL, "api_key=secret-acme", "", 200, "50"},
+		{"query apikey among others", gw.URL, "q=1&apikey=secret-acme&x=y", "", 200, "50"},
+		{"query upper case", gw.URL, "API_KEY=secret-acme", "", 200, "50"},
+		{"query escaped name", gw.URL, "api%5Fkey=secret-acme", "", 200, "50"},
+		{"query php dot", gw.URL, "api.key=secret-acme", "", 200, "50"},
+		{"query php array", gw.URL, "api_key[]=secret-acme", "", 200, "50"},
+		{"query semicolon separator", gw.URL, "q=1;api_key=secret-acme", "", 200, "50"},
+		{"query escaped value", gw.URL, "api_key=secret%2Dacme", "", 200, "50"},
+		{"query access_token", gw.URL, "access_token=secret-other", "", 200, "70"},
 		{"same key in header and query", gw.URL, "api_key=secret-acme", "X-API-Key: secret-acme\r\n", 200, "50"},
 		{"header and another query key", gw.URL, "api_key=secret-other", "X-API-Key: secret-acme\r\n", 400, ""},
 		{"two query keys", gw.URL, "api_key=secret-acme&apikey=secret-other", "", 400, ""},
@@ -382,22 +351,22 @@ func TestAPIKeyInQuery(t *testing.T) {
 		{"unknown query key", gw.URL, "api_key=nope", "", 401, ""},
 		{"empty parameter", gw.URL, "api_key=", "", 200, "30"},
 		{"other parameter", gw.URL, "key_api=secret-acme", "", 200, "30"},
-		{"access_token with bearers ignored", gwNoBearer.URL, "access_token=secret-other", "", 200, "30"},
-		{"api_key with bearers ignored", gwNoBearer.URL, "api_key=secret-other", "", 200, "70"},
-		{"none configured", gwNone.URL, "api_key=secret-acme", "", 200, "30"},
-		{"access_token with none configured", gwNone.URL, "access_token=secret-acme", "", 200, "50"},
-		{"custom name", gwCustom.URL, "Token=secret-acme", "", 200, "50"},
-		{"default name not configured", gwCustom.URL, "api_key=secret-acme", "", 200, "30"},
+		{"access_token with bearers ignored", noBearer, "access_token=secret-other", "", 200, "30"},
+		{"api_key with bearers ignored", noBearer, "api_key=secret-other", "", 200, "70"},
+		{"no parameters configured", noParams, "api_key=secret-acme", "", 200, "30"},
+		{"access_token without parameters", noParams, "access_token=secret-acme", "", 200, "50"},
+		{"custom parameter", custom, "Token=secret-acme", "", 200, "50"},
+		{"default parameter not configured", custom, "api_key=secret-acme", "", 200, "30"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := rawDo(t, tt.url, "GET /x?"+tt.query+" HTTP/1.1\r\nHost: gw\r\n"+tt.header+"Connection: close\r\n\r\n")
+			r := rawDo(t, tt.url, "GET /x?"+tt.query+" HTTP/1.1\r\nHost: gw\r\n"+tt.give+"Connection: close\r\n\r\n")
 			// Only an allowed request's limit names whom it was charged to.
 			if r.status != tt.wantStatus || (tt.wantStatus == 200 && r.header.Get("X-RateLimit-Limit") != tt.wantLimit) {
-				t.Errorf("GET /x?%s with %q = %d limit %q, want %d limit %q (%s)", tt.query, tt.header, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
+				t.Errorf("GET /x?%s with %q = %d limit %q, want %d limit %q (%s)", tt.query, tt.give, r.status, r.header.Get("X-RateLimit-Limit"), tt.wantStatus, tt.wantLimit, r.body)
 			}
 			if seen := up.take(); tt.wantStatus != 200 && len(seen) != 0 {
-				t.Errorf("GET /x?%s: upstream received %q, want nothing", tt.query, seen)
+				t.Errorf("GET /x?%s with %q: upstream received %q, want nothing", tt.query, tt.give, seen)
 			}
 		})
 	}
