@@ -34,17 +34,13 @@ import (
 	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
-// Configuration errors returned by Validate.
+// Errors returned by Validate. Every problem wraps ErrInvalidConfig, named
+// in the message: no caller acts on one problem rather than another, an
+// operator reads the message. ErrAddress stands alone because CheckAddress
+// serves other addresses than this Config's too.
 var (
-	ErrNoBrokers          = errors.New("consumer: no brokers")
-	ErrSameTopic          = errors.New("consumer: dead-letter topic must differ from the topic")
-	ErrBatchSize          = errors.New("consumer: batch size must be positive")
-	ErrNegativeTime       = errors.New("consumer: negative duration")
-	ErrRetryRange         = errors.New("consumer: retry min must not exceed retry max")
-	ErrInsertTimeout      = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
-	ErrNegativeRetain     = errors.New("consumer: negative retention")
-	ErrDeadLetterMaxBytes = errors.New("consumer: dead-letter max bytes must be positive")
-	ErrAddress            = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
+	ErrInvalidConfig = errors.New("consumer: invalid config")
+	ErrAddress       = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
 )
 
 // CheckAddress returns ErrAddress, naming what but not repeating addr,
@@ -157,17 +153,17 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case len(c.Brokers) == 0:
-		return ErrNoBrokers
+		return fmt.Errorf("%w: no brokers", ErrInvalidConfig)
 	case c.DeadLetterTopic == c.Topic:
-		return fmt.Errorf("%w: %q", ErrSameTopic, c.Topic)
+		return fmt.Errorf("%w: dead-letter topic must differ from the topic: %q", ErrInvalidConfig, c.Topic)
 	case c.BatchSize < 0:
-		return fmt.Errorf("%w: %d", ErrBatchSize, c.BatchSize)
+		return fmt.Errorf("%w: batch size must be positive: %d", ErrInvalidConfig, c.BatchSize)
 	case c.Retention.RawDays < 0 || c.Retention.RollupDays < 0:
-		return fmt.Errorf("%w: %+v", ErrNegativeRetain, c.Retention)
+		return fmt.Errorf("%w: negative retention: %+v", ErrInvalidConfig, c.Retention)
 	case c.RetryMin > c.RetryMax:
-		return fmt.Errorf("%w: %v > %v", ErrRetryRange, c.RetryMin, c.RetryMax)
+		return fmt.Errorf("%w: retry min must not exceed retry max: %v > %v", ErrInvalidConfig, c.RetryMin, c.RetryMax)
 	case c.InsertTimeout >= rebalanceTimeout:
-		return fmt.Errorf("%w: %v", ErrInsertTimeout, c.InsertTimeout)
+		return fmt.Errorf("%w: insert timeout must be shorter than the rebalance timeout: %v", ErrInvalidConfig, c.InsertTimeout)
 	}
 	for i, b := range c.Brokers {
 		if err := CheckAddress(fmt.Sprintf("broker %d of %d", i+1, len(c.Brokers)), b); err != nil {
@@ -177,13 +173,13 @@ func (c Config) Validate() error {
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
 		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
-			return fmt.Errorf("%w: %v", ErrNegativeTime, d)
+			return fmt.Errorf("%w: negative duration: %v", ErrInvalidConfig, d)
 		}
 	}
 	if c.DeadLetterMaxBytes < 0 {
 		// It cuts every dead letter: a negative one would panic on the
 		// first poison record, and again after every restart.
-		return fmt.Errorf("%w: %d", ErrDeadLetterMaxBytes, c.DeadLetterMaxBytes)
+		return fmt.Errorf("%w: dead-letter max bytes must be positive: %d", ErrInvalidConfig, c.DeadLetterMaxBytes)
 	}
 	return nil
 }

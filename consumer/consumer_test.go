@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,27 +19,32 @@ import (
 func TestConfigValidate(t *testing.T) {
 	b := []string{"k:9092"}
 	tests := []struct {
-		name string
-		give Config
-		want error
+		name     string
+		give     Config
+		want     error
+		wantText string // which problem: every one wraps ErrInvalidConfig
 	}{
 		{name: "defaults", give: Config{Brokers: b}},
-		{name: "no brokers", give: Config{}, want: ErrNoBrokers},
-		{name: "same topic", give: Config{Brokers: b, Topic: "x", DeadLetterTopic: "x"}, want: ErrSameTopic},
-		{name: "negative batch", give: Config{Brokers: b, BatchSize: -1}, want: ErrBatchSize},
-		{name: "negative wait", give: Config{Brokers: b, BatchWait: -time.Second}, want: ErrNegativeTime},
-		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrRetryRange},
-		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInsertTimeout},
-		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
-		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress},
-		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress},
-		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: ErrDeadLetterMaxBytes},
-		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: ErrNegativeTime},
+		{name: "no brokers", give: Config{}, want: ErrInvalidConfig, wantText: "no brokers"},
+		{name: "same topic", give: Config{Brokers: b, Topic: "x", DeadLetterTopic: "x"}, want: ErrInvalidConfig, wantText: "dead-letter topic must differ"},
+		{name: "negative batch", give: Config{Brokers: b, BatchSize: -1}, want: ErrInvalidConfig, wantText: "batch size"},
+		{name: "negative wait", give: Config{Brokers: b, BatchWait: -time.Second}, want: ErrInvalidConfig, wantText: "negative duration: -1s"},
+		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrInvalidConfig, wantText: "retry min"},
+		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInvalidConfig, wantText: "insert timeout"},
+		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrInvalidConfig, wantText: "negative retention"},
+		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress, wantText: "broker 2 of 2"},
+		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress, wantText: "broker 1 of 1"},
+		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: ErrInvalidConfig, wantText: "dead-letter max bytes"},
+		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: ErrInvalidConfig, wantText: "negative duration: -1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.give.Validate(); !errors.Is(err, tt.want) {
-				t.Errorf("Validate(%+v) = %v, want %v", tt.give, err, tt.want)
+			err := tt.give.Validate()
+			if !errors.Is(err, tt.want) || err != nil && !strings.Contains(err.Error(), tt.wantText) {
+				t.Errorf("Validate(%+v) = %v, want %v naming %q", tt.give, err, tt.want, tt.wantText)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Validate(%+v) = %v, which repeats the password", tt.give, err)
 			}
 		})
 	}
