@@ -34,25 +34,10 @@ import (
 	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
-// Errors returned by Validate. Every problem wraps ErrInvalidConfig, named
-// in the message: no caller acts on one problem rather than another, an
-// operator reads the message. ErrAddress stands alone because CheckAddress
-// serves other addresses than this Config's too.
-var (
-	ErrInvalidConfig = errors.New("consumer: invalid config")
-	ErrAddress       = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
-)
-
-// CheckAddress returns ErrAddress, naming what but not repeating addr,
-// unless addr is a plain host[:port]: a URL or user:password@host would
-// carry a password into the printed configuration and every log line that
-// names the server, and no client here reads credentials from an address.
-func CheckAddress(what, addr string) error {
-	if addr == "" || strings.ContainsAny(addr, "@/?# ") {
-		return fmt.Errorf("%w: %s", ErrAddress, what)
-	}
-	return nil
-}
+// ErrInvalidConfig wraps every problem Validate reports, named in the
+// message: no caller acts on one problem rather than another, an operator
+// reads the message.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
 
 // Config configures a Consumer. The zero value of each field means its
 // default; Brokers is required.
@@ -166,8 +151,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: insert timeout must be shorter than the rebalance timeout: %v", ErrInvalidConfig, c.InsertTimeout)
 	}
 	for i, b := range c.Brokers {
-		if err := CheckAddress(fmt.Sprintf("broker %d of %d", i+1, len(c.Brokers)), b); err != nil {
-			return err
+		// Not repeated in the error: a URL or user:password@host would
+		// carry a password into the printed configuration and every log
+		// line that names the server, and franz-go reads no credentials
+		// from an address.
+		if b == "" || strings.ContainsAny(b, "@/?# ") {
+			return fmt.Errorf("%w: broker %d of %d is not a host:port (credentials belong in their own settings, never in an address)",
+				ErrInvalidConfig, i+1, len(c.Brokers))
 		}
 	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
