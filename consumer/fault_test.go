@@ -217,6 +217,34 @@ func TestFaultTopicRecreated(t *testing.T) {
 	}
 }
 
+// TestRecordsLostCounted: while the consumer is down, Kafka deletes records
+// it had not read yet (retention, here DeleteRecords). On restart the
+// committed offset is below the log's start and Kafka resumes it there: the
+// records between are gone, and they are counted and logged instead of
+// vanishing without a trace.
+func TestRecordsLostCounted(t *testing.T) {
+	ds := decisions(300)
+	ch, kb := storedThenStopped(t, ds[:100])
+	produce(t, kb.brokers, kb.topic, ds[100:])
+	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
+	resp, err := adm.DeleteRecords(ctx, kadm.Offsets{kb.topic: {0: {Topic: kb.topic, Partition: 0, At: 150}}})
+	done()
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 250, 60*time.Second)
+	if got := metric(t, r.reg, "edgelimit_consumer_records_lost_total"); got != 50 {
+		t.Errorf("records_lost_total = %v, want the 50 deleted unread", got)
+	}
+	r.stop()
+	wantExact(t, ch, 250)
+}
+
 // TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
 // dead-letter topic as it is), one whose 1.5 MB are headers, a dead-letter
 // topic created only after the consumer met a poison record, and one that
