@@ -420,20 +420,22 @@ type detectorMetrics struct {
 
 const ns = "edgelimit_analytics"
 
+// newDetectorMetrics makes the detector's series and registers them with
+// reg, each named under ns. A nil reg registers nothing.
 func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 	m := &detectorMetrics{
-		runs: newCounterVec("runs_total", "Detector runs by result (ok, error).", "result"),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runs_total", Help: "Detector runs by result (ok, error)."}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "run_duration_seconds",
+			Name:    "run_duration_seconds",
 			Help:    "Time of one detector run: queries, directive writes, alert posts.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
-		writes:  newCounterVec("directive_writes_total", "Directive sets written to Redis, by kind (split, nat).", "kind"),
-		hot:     newGauge("hot_keys", "Keys found hot by the last run."),
-		nat:     newGauge("nat_ips", "Addresses flagged as NAT-shared by the last run."),
-		firing:  newGauge("alerts_firing", "Fleet alerts firing after the last run."),
-		dataAge: newGauge("data_age_seconds", "How far the newest data in ClickHouse was behind the last run's time."),
-		stale:   newCounter("stale_runs_total", "Runs that found the data stale and kept directives and alerts as they were."),
+		writes:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "directive_writes_total", Help: "Directive sets written to Redis, by kind (split, nat)."}, []string{"kind"}),
+		hot:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "hot_keys", Help: "Keys found hot by the last run."}),
+		nat:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "nat_ips", Help: "Addresses flagged as NAT-shared by the last run."}),
+		firing:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "alerts_firing", Help: "Fleet alerts firing after the last run."}),
+		dataAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "data_age_seconds", Help: "How far the newest data in ClickHouse was behind the last run's time."}),
+		stale:   prometheus.NewCounter(prometheus.CounterOpts{Name: "stale_runs_total", Help: "Runs that found the data stale and kept directives and alerts as they were."}),
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.runs.WithLabelValues(r)
@@ -441,27 +443,11 @@ func newDetectorMetrics(reg prometheus.Registerer) (*detectorMetrics, error) {
 	for _, k := range []string{"split", "nat"} {
 		m.writes.WithLabelValues(k)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.runs, m.duration, m.writes, m.hot, m.nat, m.firing, m.dataAge, m.stale} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register analytics metrics: %w", err)
-			}
+	reg = prometheus.WrapRegistererWithPrefix(ns+"_", reg) // no-op when nil
+	for _, c := range []prometheus.Collector{m.runs, m.duration, m.writes, m.hot, m.nat, m.firing, m.dataAge, m.stale} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register analytics metrics: %w", err)
 		}
 	}
 	return m, nil
-}
-
-// newCounter is an analytics counter (named under ns) without labels.
-func newCounter(name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
-}
-
-// newCounterVec is an analytics counter (named under ns) with labels.
-func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
-}
-
-// newGauge is an analytics gauge (named under ns).
-func newGauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help})
 }

@@ -34,29 +34,10 @@ import (
 	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
-// Configuration errors returned by Validate.
-var (
-	ErrNoBrokers          = errors.New("consumer: no brokers")
-	ErrSameTopic          = errors.New("consumer: dead-letter topic must differ from the topic")
-	ErrBatchSize          = errors.New("consumer: batch size must be positive")
-	ErrNegativeTime       = errors.New("consumer: negative duration")
-	ErrRetryRange         = errors.New("consumer: retry min must not exceed retry max")
-	ErrInsertTimeout      = errors.New("consumer: insert timeout must be shorter than the rebalance timeout")
-	ErrNegativeRetain     = errors.New("consumer: negative retention")
-	ErrDeadLetterMaxBytes = errors.New("consumer: dead-letter max bytes must be positive")
-	ErrAddress            = errors.New("consumer: not a host:port (credentials belong in their own settings, never in an address)")
-)
-
-// CheckAddress returns ErrAddress, naming what but not repeating addr,
-// unless addr is a plain host[:port]: a URL or user:password@host would
-// carry a password into the printed configuration and every log line that
-// names the server, and no client here reads credentials from an address.
-func CheckAddress(what, addr string) error {
-	if addr == "" || strings.ContainsAny(addr, "@/?# ") {
-		return fmt.Errorf("%w: %s", ErrAddress, what)
-	}
-	return nil
-}
+// ErrInvalidConfig wraps every problem Validate reports, named in the
+// message: no caller acts on one problem rather than another, an operator
+// reads the message.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
 
 // Config configures a Consumer. The zero value of each field means its
 // default; Brokers is required.
@@ -157,33 +138,38 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case len(c.Brokers) == 0:
-		return ErrNoBrokers
+		return fmt.Errorf("%w: no brokers", ErrInvalidConfig)
 	case c.DeadLetterTopic == c.Topic:
-		return fmt.Errorf("%w: %q", ErrSameTopic, c.Topic)
+		return fmt.Errorf("%w: dead-letter topic must differ from the topic: %q", ErrInvalidConfig, c.Topic)
 	case c.BatchSize < 0:
-		return fmt.Errorf("%w: %d", ErrBatchSize, c.BatchSize)
+		return fmt.Errorf("%w: batch size must be positive: %d", ErrInvalidConfig, c.BatchSize)
 	case c.Retention.RawDays < 0 || c.Retention.RollupDays < 0:
-		return fmt.Errorf("%w: %+v", ErrNegativeRetain, c.Retention)
+		return fmt.Errorf("%w: negative retention: %+v", ErrInvalidConfig, c.Retention)
 	case c.RetryMin > c.RetryMax:
-		return fmt.Errorf("%w: %v > %v", ErrRetryRange, c.RetryMin, c.RetryMax)
+		return fmt.Errorf("%w: retry min must not exceed retry max: %v > %v", ErrInvalidConfig, c.RetryMin, c.RetryMax)
 	case c.InsertTimeout >= rebalanceTimeout:
-		return fmt.Errorf("%w: %v", ErrInsertTimeout, c.InsertTimeout)
+		return fmt.Errorf("%w: insert timeout must be shorter than the rebalance timeout: %v", ErrInvalidConfig, c.InsertTimeout)
 	}
 	for i, b := range c.Brokers {
-		if err := CheckAddress(fmt.Sprintf("broker %d of %d", i+1, len(c.Brokers)), b); err != nil {
-			return err
+		// Not repeated in the error: a URL or user:password@host would
+		// carry a password into the printed configuration and every log
+		// line that names the server, and franz-go reads no credentials
+		// from an address.
+		if b == "" || strings.ContainsAny(b, "@/?# ") {
+			return fmt.Errorf("%w: broker %d of %d is not a host:port (credentials belong in their own settings, never in an address)",
+				ErrInvalidConfig, i+1, len(c.Brokers))
 		}
 	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
 		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
-			return fmt.Errorf("%w: %v", ErrNegativeTime, d)
+			return fmt.Errorf("%w: negative duration: %v", ErrInvalidConfig, d)
 		}
 	}
 	if c.DeadLetterMaxBytes < 0 {
 		// It cuts every dead letter: a negative one would panic on the
 		// first poison record, and again after every restart.
-		return fmt.Errorf("%w: %d", ErrDeadLetterMaxBytes, c.DeadLetterMaxBytes)
+		return fmt.Errorf("%w: dead-letter max bytes must be positive: %d", ErrInvalidConfig, c.DeadLetterMaxBytes)
 	}
 	return nil
 }

@@ -4,41 +4,47 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 func TestConfigValidate(t *testing.T) {
 	b := []string{"k:9092"}
+	const bad = "consumer: invalid config: "
 	tests := []struct {
 		name string
 		give Config
-		want error
+		want string // the whole message, wrapping ErrInvalidConfig; "" for none
 	}{
 		{name: "defaults", give: Config{Brokers: b}},
-		{name: "no brokers", give: Config{}, want: ErrNoBrokers},
-		{name: "same topic", give: Config{Brokers: b, Topic: "x", DeadLetterTopic: "x"}, want: ErrSameTopic},
-		{name: "negative batch", give: Config{Brokers: b, BatchSize: -1}, want: ErrBatchSize},
-		{name: "negative wait", give: Config{Brokers: b, BatchWait: -time.Second}, want: ErrNegativeTime},
-		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: ErrRetryRange},
-		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: ErrInsertTimeout},
-		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: ErrNegativeRetain},
-		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: ErrAddress},
-		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: ErrAddress},
-		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: ErrDeadLetterMaxBytes},
-		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: ErrNegativeTime},
+		{name: "no brokers", give: Config{}, want: bad + "no brokers"},
+		{name: "same topic", give: Config{Brokers: b, Topic: "x", DeadLetterTopic: "x"}, want: bad + `dead-letter topic must differ from the topic: "x"`},
+		{name: "negative batch", give: Config{Brokers: b, BatchSize: -1}, want: bad + "batch size must be positive: -1"},
+		{name: "negative wait", give: Config{Brokers: b, BatchWait: -time.Second}, want: bad + "negative duration: -1s"},
+		{name: "retry range", give: Config{Brokers: b, RetryMin: time.Minute, RetryMax: time.Second}, want: bad + "retry min must not exceed retry max: 1m0s > 1s"},
+		{name: "insert timeout", give: Config{Brokers: b, InsertTimeout: 2 * time.Minute}, want: bad + "insert timeout must be shorter than the rebalance timeout: 2m0s"},
+		{name: "negative retention", give: Config{Brokers: b, Retention: Retention{RawDays: -1}}, want: bad + "negative retention: {RawDays:-1 RollupDays:0}"},
+		// The message names the broker but never repeats it: it may carry a password.
+		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: bad + "broker 2 of 2 is not a host:port (credentials belong in their own settings, never in an address)"},
+		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: bad + "broker 1 of 1 is not a host:port (credentials belong in their own settings, never in an address)"},
+		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: bad + "dead-letter max bytes must be positive: -1"},
+		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: bad + "negative duration: -1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.give.Validate(); !errors.Is(err, tt.want) {
-				t.Errorf("Validate(%+v) = %v, want %v", tt.give, err, tt.want)
+			err := tt.give.Validate()
+			if got := fmt.Sprint(err); tt.want == "" && err != nil || tt.want != "" && (got != tt.want || !errors.Is(err, ErrInvalidConfig)) {
+				t.Errorf("Validate(%+v) = %v, want %q", tt.give, err, tt.want)
 			}
 		})
 	}
@@ -95,6 +101,143 @@ func TestExactlyOnceIntoClickHouse(t *testing.T) {
 		checkRollups(t, ch)
 		if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total"); got != 0 {
 			t.Errorf("dead letters = %v, want 0", got)
+		}
+	})
+}
+
+// TestRebalance moves partitions between two consumers while events keep
+// coming: a second consumer joins, then the first leaves. Nothing is lost
+// and nothing is stored twice.
+func TestRebalance(t *testing.T) {
+	eachBackend(t, 4, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		cfg := kb.config()
+		cfg.BatchSize = 300
+		ds := decisions(8000)
+		chunk := func(i int) { produce(t, kb.brokers, kb.topic, ds[i*1000:(i+1)*1000]) }
+		rows := func() uint64 { return count(t, ch, "SELECT count() FROM decisions") }
+
+		r1 := start(t, cfg, ch, nil)
+		chunk(0)
+		chunk(1)
+		testenv.WaitFor(t, 60*time.Second, "the first consumer to store rows", func() bool { return rows() >= 1000 })
+		r2 := start(t, cfg, ch, nil)
+		for i := 2; i < 5; i++ {
+			chunk(i)
+			time.Sleep(200 * time.Millisecond) // spread the load over the rebalance
+		}
+		testenv.WaitFor(t, 60*time.Second, "the second consumer to store rows", func() bool {
+			return metric(t, r2.reg, "edgelimit_consumer_rows_inserted_total") > 0
+		})
+		r1.stop()
+		for i := 5; i < 8; i++ {
+			chunk(i)
+		}
+		testenv.WaitFor(t, 90*time.Second, "all 8000 rows", func() bool { return rows() >= 8000 })
+		r2.stop()
+
+		total := count(t, ch, "SELECT count() FROM decisions")
+		uniq := count(t, ch, "SELECT uniqExact(event_id) FROM decisions")
+		if total != 8000 || uniq != 8000 {
+			t.Errorf("count() = %d, uniqExact(event_id) = %d, want both 8000", total, uniq)
+		}
+		in1 := metric(t, r1.reg, "edgelimit_consumer_rows_inserted_total")
+		in2 := metric(t, r2.reg, "edgelimit_consumer_rows_inserted_total")
+		if in1+in2 != 8000 {
+			t.Errorf("consumers inserted %v + %v rows, want 8000 in all", in1, in2)
+		}
+	})
+}
+
+// TestPublishToClickHouse runs the whole path: the gateway's Publisher,
+// Kafka, this consumer, ClickHouse. Every published event is one row.
+func TestPublishToClickHouse(t *testing.T) {
+	eachBackend(t, 3, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		reg := prometheus.NewRegistry()
+		p, err := publish.New(publish.Config{Brokers: kb.brokers, Topic: kb.topic}, reg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := start(t, kb.config(), ch, nil)
+		const n = 5000
+		for _, d := range decisions(n) {
+			p.Publish(d)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.Close(ctx); err != nil {
+			t.Fatalf("publisher Close: %v", err)
+		}
+		testenv.WaitFor(t, 60*time.Second, "every published event in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= n
+		})
+		r.stop()
+		if got := count(t, ch, "SELECT uniqExact(event_id) FROM decisions"); got != n {
+			t.Errorf("uniqExact(event_id) = %d, want %d", got, n)
+		}
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != n {
+			t.Errorf("count() = %d, want %d", got, n)
+		}
+		checkRollups(t, ch)
+	})
+}
+
+// TestUpgradeOlderConsumerStops is a rolling upgrade seen from a consumer
+// that was not upgraded yet: it runs and stores events; a newer consumer
+// migrates the schema past it (here: its migration recorded, as Migrate
+// records it); at its next batch the older one stops with ErrSchemaNewer
+// and writes nothing more, rather than write a schema it does not know.
+// Started again it refuses at once, and its Migrate refuses too.
+func TestUpgradeOlderConsumerStops(t *testing.T) {
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		ctx := context.Background()
+		ds := decisions(400)
+		produce(t, kb.brokers, kb.topic, ds[:200])
+		run := func() <-chan error {
+			c, err := New(kb.config(), ch, prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(testWriter{t}, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The test waits for Run to end on its own (ErrSchemaNewer);
+			// testenv.Run stops and awaits it should it not.
+			done := make(chan error, 1)
+			testenv.Run(t, func(ctx context.Context) error {
+				err := c.Run(ctx)
+				done <- err
+				return err
+			})
+			return done
+		}
+		done := run()
+		waitRaw(t, ch, 200, 30*time.Second)
+
+		insert(t, ch, qInsertMigration, SchemaVersion()+1, "999_from_a_newer_consumer.sql", time.Now())
+		produce(t, kb.brokers, kb.topic, ds[200:])
+		var runErr error
+		testenv.WaitFor(t, 30*time.Second, "the older consumer to stop", func() bool {
+			select {
+			case runErr = <-done:
+				return true
+			default:
+				return false
+			}
+		})
+		if !errors.Is(runErr, ErrSchemaNewer) {
+			t.Errorf("Run = %v, want ErrSchemaNewer", runErr)
+		}
+		t.Logf("older consumer stopped: %v", runErr)
+		if got := count(t, ch, "SELECT count() FROM decisions"); got != 200 {
+			t.Errorf("raw rows = %d after the migration, want the 200 stored before it (nothing written by the older consumer)", got)
+		}
+		if err := Migrate(ctx, ch, Retention{}); !errors.Is(err, ErrSchemaNewer) {
+			t.Errorf("Migrate by the older consumer = %v, want ErrSchemaNewer", err)
+		}
+		select {
+		case err := <-run():
+			if !errors.Is(err, ErrSchemaNewer) {
+				t.Errorf("older consumer restarted: Run = %v, want ErrSchemaNewer", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("older consumer restarted: Run did not refuse within 30s")
 		}
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -27,6 +28,21 @@ func realBackend(t *testing.T, partitions int32) kafkaBackend {
 	brokers := testenv.KafkaBrokers(t)
 	topic, dlq := realKafka(t, brokers, partitions)
 	return kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq}
+}
+
+// storedThenStopped stores first on a fresh one-partition topic of the real
+// broker with a consumer that then stops: the committed state a test
+// changes under the consumer (the topic, the log) before starting it again
+// with kb.config().
+func storedThenStopped(t *testing.T, first []event.Decision) (driver.Conn, kafkaBackend) {
+	t.Helper()
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	produce(t, kb.brokers, kb.topic, first)
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, uint64(len(first)), 60*time.Second)
+	r.stop()
+	return ch, kb
 }
 
 // tallies are the events the raw table and each rollup hold.
@@ -178,23 +194,11 @@ func TestFaultSlowFlushRebalance(t *testing.T) {
 // tail belongs to the old topic id, so it is distrusted, loudly, and every
 // new event is stored.
 func TestFaultTopicRecreated(t *testing.T) {
-	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
-	kb := realBackend(t, 1)
-	cfg := kb.config()
 	ds := decisions(4500)
-	produce(t, kb.brokers, kb.topic, ds[:2000])
-	r := start(t, cfg, ch, nil)
-	waitRaw(t, ch, 2000, 30*time.Second)
-	r.stop()
+	ch, kb := storedThenStopped(t, ds[:2000])
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kb.brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 60*time.Second)
+	defer done()
 	if _, err := adm.DeleteTopics(ctx, kb.topic); err != nil {
 		t.Fatal(err)
 	}
@@ -204,13 +208,41 @@ func TestFaultTopicRecreated(t *testing.T) {
 	})
 	produce(t, kb.brokers, kb.topic, ds[2000:])
 
-	r = start(t, cfg, ch, nil)
+	r := start(t, kb.config(), ch, nil)
 	waitRaw(t, ch, 4500, 30*time.Second)
 	r.stop()
 	wantExact(t, ch, 4500)
 	if got := metric(t, r.reg, "edgelimit_consumer_offsets_distrusted_total"); got < 1 {
 		t.Errorf("offsets_distrusted_total = %v, want at least 1", got)
 	}
+}
+
+// TestRecordsLostCounted: while the consumer is down, Kafka deletes records
+// it had not read yet (retention, here DeleteRecords). On restart the
+// committed offset is below the log's start and Kafka resumes it there: the
+// records between are gone, and they are counted and logged instead of
+// vanishing without a trace.
+func TestRecordsLostCounted(t *testing.T) {
+	ds := decisions(300)
+	ch, kb := storedThenStopped(t, ds[:100])
+	produce(t, kb.brokers, kb.topic, ds[100:])
+	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
+	resp, err := adm.DeleteRecords(ctx, kadm.Offsets{kb.topic: {0: {Topic: kb.topic, Partition: 0, At: 150}}})
+	done()
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 250, 60*time.Second)
+	if got := metric(t, r.reg, "edgelimit_consumer_records_lost_total"); got != 50 {
+		t.Errorf("records_lost_total = %v, want the 50 deleted unread", got)
+	}
+	r.stop()
+	wantExact(t, ch, 250)
 }
 
 // TestFaultDeadLetterFails (row 5): a 1.5 MB poison record (too big for the
@@ -320,13 +352,10 @@ func producePoisoned(t *testing.T, kb kafkaBackend, poison *kgo.Record, n int) {
 // a raised limit could write.
 func alterMaxMessage(t *testing.T, brokers []string, topic string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	ctx, adm, done := testenv.KafkaAdmin(t, brokers, 30*time.Second)
+	defer done()
 	v := "2097152"
-	resp, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(),
+	resp, err := adm.AlterTopicConfigs(ctx,
 		[]kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
 	if err == nil {
 		_, err = resp.On(topic, nil)

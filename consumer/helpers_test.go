@@ -201,6 +201,22 @@ func count(tb testing.TB, ch driver.Conn, query string, args ...any) uint64 {
 	return n
 }
 
+// insert writes one row of values with the native protocol's batch (an
+// INSERT with VALUES in its text waits for a data block that never comes).
+func insert(tb testing.TB, conn driver.Conn, query string, values ...any) {
+	tb.Helper()
+	b, err := conn.PrepareBatch(context.Background(), query)
+	if err != nil {
+		tb.Fatalf("prepare %s: %v", query, err)
+	}
+	if err := b.Append(values...); err != nil {
+		tb.Fatalf("append to %s: %v", query, err)
+	}
+	if err := b.Send(); err != nil {
+		tb.Fatalf("send %s: %v", query, err)
+	}
+}
+
 func tryCount(ch driver.Conn, query string, args ...any) (uint64, error) {
 	var n uint64
 	err := ch.QueryRow(context.Background(), query, args...).Scan(&n)

@@ -28,31 +28,33 @@ type metrics struct {
 
 const ns = "edgelimit_consumer"
 
+// newMetrics makes the consumer's series and registers them with reg, each
+// named under ns. A nil reg registers nothing.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		lag:          newGauge("lag", "Decision events in Kafka past the group's committed offsets."),
-		lagSeconds:   newGauge("lag_seconds", "While records wait past the committed offsets: how old the newest stored record's Kafka timestamp is (0 when caught up)."),
-		rowsInserted: newCounter("rows_inserted_total", "Rows ClickHouse accepted into the decisions table."),
+		lag:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "lag", Help: "Decision events in Kafka past the group's committed offsets."}),
+		lagSeconds:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "lag_seconds", Help: "While records wait past the committed offsets: how old the newest stored record's Kafka timestamp is (0 when caught up)."}),
+		rowsInserted: prometheus.NewCounter(prometheus.CounterOpts{Name: "rows_inserted_total", Help: "Rows ClickHouse accepted into the decisions table."}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "batch_duration_seconds",
+			Name:    "batch_duration_seconds",
 			Help:    "Time to insert one batch into ClickHouse, successful attempts.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14), // 5ms to 40s
 		}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Name: "batch_rows",
+			Name:    "batch_rows",
 			Help:    "Rows per inserted batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 to 262144
 		}),
-		deadLetters:        newCounterVec("dead_letters_total", "Records sent to the dead-letter topic, by reason: unknown_version, malformed.", "reason"),
-		retries:            newCounterVec("retries_total", "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured).", "stage"),
-		batchesAborted:     newCounter("batches_aborted_total", "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."),
-		fenced:             newCounter("partitions_fenced_total", "Partitions this consumer stopped writing because a newer owner claimed them."),
-		offsetsDistrusted:  newCounterVec("offsets_distrusted_total", "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark.", "reason"),
-		deadLetterFailures: newCounter("dead_letter_failures_total", "Failed attempts to produce a partition's dead letters (the partition waits; others go on)."),
-		blockedPartitions:  newGauge("blocked_partitions", "Partitions waiting for their dead letters to be produced."),
-		timeClamped:        newCounter("event_time_clamped_total", "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."),
-		recordsLost:        newCounter("records_lost_total", "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."),
-		partitionsDropped:  newCounter("partitions_dropped_total", "Day partitions dropped by retention (servers without TTL)."),
+		deadLetters:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dead_letters_total", Help: "Records sent to the dead-letter topic, by reason: unknown_version, malformed."}, []string{"reason"}),
+		retries:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "retries_total", Help: "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured)."}, []string{"stage"}),
+		batchesAborted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "batches_aborted_total", Help: "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."}),
+		fenced:             prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_fenced_total", Help: "Partitions this consumer stopped writing because a newer owner claimed them."}),
+		offsetsDistrusted:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "offsets_distrusted_total", Help: "Stored offsets not resumed from, by reason: topic_id (the topic was recreated), above_high_watermark."}, []string{"reason"}),
+		deadLetterFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "dead_letter_failures_total", Help: "Failed attempts to produce a partition's dead letters (the partition waits; others go on)."}),
+		blockedPartitions:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked_partitions", Help: "Partitions waiting for their dead letters to be produced."}),
+		timeClamped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "event_time_clamped_total", Help: "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."}),
+		recordsLost:        prometheus.NewCounter(prometheus.CounterOpts{Name: "records_lost_total", Help: "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."}),
+		partitionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_dropped_total", Help: "Day partitions dropped by retention (servers without TTL)."}),
 	}
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
 		m.deadLetters.WithLabelValues(r)
@@ -63,9 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{distrustTopicID, distrustHighWatermark} {
 		m.offsetsDistrusted.WithLabelValues(r)
 	}
-	if reg == nil {
-		return m, nil
-	}
+	reg = prometheus.WrapRegistererWithPrefix(ns+"_", reg) // no-op when nil
 	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
 		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost} {
@@ -74,19 +74,4 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// newCounter is a consumer counter (named under ns) without labels.
-func newCounter(name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
-}
-
-// newCounterVec is a consumer counter (named under ns) with labels.
-func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
-}
-
-// newGauge is a consumer gauge (named under ns).
-func newGauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help})
 }

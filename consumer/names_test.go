@@ -69,24 +69,7 @@ func TestKeyNamesStored(t *testing.T) {
 func TestKeyNamesMigration(t *testing.T) {
 	conn, _ := testenv.NewDatabase(t, testenv.ClickHouseAddr(t), "edgelimit_test")
 	ctx := context.Background()
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Exec(ctx, qCreateSchemaMigrations); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		if m.version >= 5 {
-			break
-		}
-		for _, s := range m.stmts {
-			if err := conn.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v", m.name, err)
-			}
-		}
-		insert(t, conn, qInsertMigration, m.version, m.name, time.Now())
-	}
+	migrateTo(t, conn, 4)
 	// A row as the consumer of migration 004 wrote it, and its rollup.
 	minute := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	insert(t, conn, "INSERT INTO decisions (event_id, time, gateway_id, key_id, key_kind, method, allowed, cost, batch_id)",
@@ -115,22 +98,6 @@ func TestKeyNamesMigration(t *testing.T) {
 	}
 	if n := count(t, conn, "SELECT sum(requests) FROM decisions_by_key_1m WHERE key_id = 'old-key' AND method = 'GET'"); n != 1 {
 		t.Errorf("rolled-up old row by method GET = %d, want 1", n)
-	}
-}
-
-// insert writes one row of values with the native protocol's batch (an
-// INSERT with VALUES in its text waits for a data block that never comes).
-func insert(tb testing.TB, conn driver.Conn, query string, values ...any) {
-	tb.Helper()
-	b, err := conn.PrepareBatch(context.Background(), query)
-	if err != nil {
-		tb.Fatalf("prepare %s: %v", query, err)
-	}
-	if err := b.Append(values...); err != nil {
-		tb.Fatalf("append to %s: %v", query, err)
-	}
-	if err := b.Send(); err != nil {
-		tb.Fatalf("send %s: %v", query, err)
 	}
 }
 

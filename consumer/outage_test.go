@@ -1,12 +1,10 @@
 package consumer
 
 import (
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
-	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 // TestClickHouseOutage stops a private ClickHouse under a running consumer:
@@ -93,7 +91,7 @@ func TestClickHouseOutage(t *testing.T) {
 // consumer stores the rest, once.
 func TestKafkaOutageCounted(t *testing.T) {
 	srv := testenv.Private(t, "kafka")
-	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	brokers := srv.Brokers(t)
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	topic, dlq := realKafka(t, brokers, 2)
 	b := kafkaBackend{name: "kafka", brokers: brokers, topic: topic, dlq: dlq}
@@ -123,38 +121,4 @@ func TestKafkaOutageCounted(t *testing.T) {
 	waitRaw(t, ch, 400, 60*time.Second)
 	r.stop()
 	wantExact(t, ch, 400)
-}
-
-// TestRecordsLostCounted: while the consumer is down, Kafka deletes records
-// it had not read yet (retention, here DeleteRecords). On restart the
-// committed offset is below the log's start and Kafka resumes it there: the
-// records between are gone, and they are counted and logged instead of
-// vanishing without a trace.
-func TestRecordsLostCounted(t *testing.T) {
-	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
-	kb := realBackend(t, 1)
-	cfg := kb.config()
-	ds := decisions(300)
-	produce(t, kb.brokers, kb.topic, ds[:100])
-	r := start(t, cfg, ch, nil)
-	waitRaw(t, ch, 100, 60*time.Second)
-	r.stop()
-	produce(t, kb.brokers, kb.topic, ds[100:])
-	ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
-	resp, err := adm.DeleteRecords(ctx, kadm.Offsets{kb.topic: {0: {Topic: kb.topic, Partition: 0, At: 150}}})
-	done()
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	r = start(t, cfg, ch, nil)
-	waitRaw(t, ch, 250, 60*time.Second)
-	if got := metric(t, r.reg, "edgelimit_consumer_records_lost_total"); got != 50 {
-		t.Errorf("records_lost_total = %v, want the 50 deleted unread", got)
-	}
-	r.stop()
-	wantExact(t, ch, 250)
 }

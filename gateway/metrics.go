@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // metrics are the gateway's Prometheus series. Labels are bounded: rule,
@@ -26,29 +27,31 @@ type metrics struct {
 
 const ns = "edgelimit_gateway"
 
+// newMetrics makes the gateway's series, each named under ns, and
+// registers each with reg as it is made. A clash panics: it is a wiring
+// mistake (two gateways on one registry), not something to run with.
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(prometheus.WrapRegistererWithPrefix(ns+"_", reg))
 	m := &metrics{
-		decisions:        newCounterVec("decisions_total", "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback).", "result", "rule", "mode"),
-		storeUnavailable: newCounterVec("store_unavailable_total", "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, circuit_open).", "reason"),
-		failOpen:         newCounter("fail_open_total", "Requests allowed unchecked because the store was unavailable."),
-		failClosed:       newCounter("fail_closed_total", "Requests refused with 503 because the store was unavailable."),
-		checkLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "check_duration_seconds",
+		decisions:        f.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total", Help: "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback)."}, []string{"result", "rule", "mode"}),
+		storeUnavailable: f.NewCounterVec(prometheus.CounterOpts{Name: "store_unavailable_total", Help: "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, circuit_open)."}, []string{"reason"}),
+		failOpen:         f.NewCounter(prometheus.CounterOpts{Name: "fail_open_total", Help: "Requests allowed unchecked because the store was unavailable."}),
+		failClosed:       f.NewCounter(prometheus.CounterOpts{Name: "fail_closed_total", Help: "Requests refused with 503 because the store was unavailable."}),
+		checkLatency: f.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "check_duration_seconds",
 			Help:    "Latency of one limiter call, by store (shared, local) and status (ok, error, timeout).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}, []string{"store", "status"}),
-		circuitState: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "circuit_state",
+		circuitState: f.NewGauge(prometheus.GaugeOpts{
+			Name: "circuit_state",
 			Help: "Store circuit breaker: 0 closed, 1 half-open, 2 open.",
 		}),
-		circuitOpens:   newCounter("circuit_opens_total", "Times the store circuit breaker opened."),
-		requests:       newCounterVec("requests_total", "Responses by route and status code.", "route", "code"),
-		upstreamErrors: newCounterVec("upstream_errors_total", "Proxied requests that failed, by route and kind (timeout, unreachable, client_body).", "route", "kind"),
-		rejected:       newCounterVec("rejected_total", "Requests refused before any limit was checked, by reason.", "reason"),
-		reloads:        newCounterVec("config_reloads_total", "Configuration reloads by result (ok, failed).", "result"),
+		circuitOpens:   f.NewCounter(prometheus.CounterOpts{Name: "circuit_opens_total", Help: "Times the store circuit breaker opened."}),
+		requests:       f.NewCounterVec(prometheus.CounterOpts{Name: "requests_total", Help: "Responses by route and status code."}, []string{"route", "code"}),
+		upstreamErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "upstream_errors_total", Help: "Proxied requests that failed, by route and kind (timeout, unreachable, client_body)."}, []string{"route", "kind"}),
+		rejected:       f.NewCounterVec(prometheus.CounterOpts{Name: "rejected_total", Help: "Requests refused before any limit was checked, by reason."}, []string{"reason"}),
+		reloads:        f.NewCounterVec(prometheus.CounterOpts{Name: "config_reloads_total", Help: "Configuration reloads by result (ok, failed)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.decisions, m.storeUnavailable, m.failOpen, m.failClosed, m.checkLatency,
-		m.circuitState, m.circuitOpens, m.requests, m.upstreamErrors, m.rejected, m.reloads)
 	m.sharedOK = m.checkLatency.WithLabelValues("shared", "ok")
 	m.localOK = m.checkLatency.WithLabelValues("local", "ok")
 	for _, r := range []string{"error", "timeout", "caller_deadline", "circuit_open"} {
@@ -79,14 +82,4 @@ func codeLabel(code int) string {
 		return codeLabels[code]
 	}
 	return strconv.Itoa(code)
-}
-
-// newCounterVec is the gateway's counter name (under ns) with labels.
-func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
-}
-
-// newCounter is the gateway's counter name (under ns), without labels.
-func newCounter(name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help})
 }

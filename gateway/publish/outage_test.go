@@ -2,7 +2,6 @@ package publish
 
 import (
 	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,7 +17,7 @@ import (
 // either in the topic or counted as dropped.
 func TestRealKafkaOutage(t *testing.T) {
 	srv := testenv.Private(t, "kafka")
-	brokers := strings.Split(srv.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	brokers := srv.Brokers(t)
 	testenv.CreateTopics(t, brokers, 3, "decisions")
 
 	const bound = 2000

@@ -39,14 +39,10 @@ const (
 
 var reasons = []string{ReasonBufferFull, ReasonBrokerError, ReasonEncodeError, ReasonClosed}
 
-// Configuration errors returned by Validate.
-var (
-	ErrNoBrokers      = errors.New("publish: no brokers")
-	ErrMaxBuffered    = errors.New("publish: max buffered must be positive")
-	ErrNegativeTime   = errors.New("publish: negative duration")
-	ErrBadCompression = errors.New("publish: unknown compression")
-	ErrBadBroker      = errors.New("publish: broker is not a host:port (credentials belong in kafka.sasl, never in an address)")
-)
+// ErrInvalidConfig wraps every problem Validate reports, named in the
+// message: no caller acts on one problem rather than another, an operator
+// reads the message.
+var ErrInvalidConfig = errors.New("publish: invalid config")
 
 // schemaHeaders name the schema version of every record (see
 // event.Header). One slice is shared by all records: franz-go only reads
@@ -102,24 +98,24 @@ func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
 	if len(c.Brokers) == 0 {
-		errs = append(errs, ErrNoBrokers)
+		errs = append(errs, fmt.Errorf("%w: no brokers", ErrInvalidConfig))
 	}
 	for i, b := range c.Brokers {
 		// Not repeated in the error: a URL or user:password@host would
 		// carry a password into logs, and franz-go would log it on every
 		// failed dial.
 		if b == "" || strings.ContainsAny(b, "@/?# ") {
-			errs = append(errs, fmt.Errorf("%w: broker %d of %d", ErrBadBroker, i+1, len(c.Brokers)))
+			errs = append(errs, fmt.Errorf("%w: broker %d of %d is not a host:port (credentials belong in kafka.sasl, never in an address)", ErrInvalidConfig, i+1, len(c.Brokers)))
 		}
 	}
 	if c.MaxBuffered < 0 {
-		errs = append(errs, fmt.Errorf("%w: %d", ErrMaxBuffered, c.MaxBuffered))
+		errs = append(errs, fmt.Errorf("%w: max buffered must be positive: %d", ErrInvalidConfig, c.MaxBuffered))
 	}
 	if c.Linger < 0 {
-		errs = append(errs, fmt.Errorf("%w: linger %v", ErrNegativeTime, c.Linger))
+		errs = append(errs, fmt.Errorf("%w: negative duration: linger %v", ErrInvalidConfig, c.Linger))
 	}
 	if c.DeliveryTimeout < 0 {
-		errs = append(errs, fmt.Errorf("%w: delivery timeout %v", ErrNegativeTime, c.DeliveryTimeout))
+		errs = append(errs, fmt.Errorf("%w: negative duration: delivery timeout %v", ErrInvalidConfig, c.DeliveryTimeout))
 	}
 	if _, err := codec(c.Compression); err != nil {
 		errs = append(errs, err)
@@ -140,7 +136,7 @@ func codec(name string) (kgo.CompressionCodec, error) {
 	case "none":
 		return kgo.NoCompression(), nil
 	}
-	return kgo.NoCompression(), fmt.Errorf("%w: %q", ErrBadCompression, name)
+	return kgo.NoCompression(), fmt.Errorf("%w: unknown compression %q", ErrInvalidConfig, name)
 }
 
 // Publisher publishes decision events. Its methods are safe for concurrent

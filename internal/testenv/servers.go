@@ -77,6 +77,13 @@ func (s *Server) Get(tb testing.TB, name string) string {
 	return v
 }
 
+// Brokers returns a private Kafka's broker addresses, the list its script
+// wrote as EDGELIMIT_KAFKA_BROKERS (KafkaBrokers reads the shared one).
+func (s *Server) Brokers(tb testing.TB) []string {
+	tb.Helper()
+	return strings.Split(s.Get(tb, "EDGELIMIT_KAFKA_BROKERS"), ",")
+}
+
 // Halt stops the server's process but keeps its port and data, as a crash
 // or a restart would leave them. A private Redis halts its standalone server
 // and comes back empty.

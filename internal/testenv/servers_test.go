@@ -194,7 +194,7 @@ func TestKafka(t *testing.T) {
 func TestPrivateKafkaHaltResume(t *testing.T) {
 	t.Parallel()
 	s := testenv.Private(t, "kafka")
-	brokers := strings.Split(s.Get(t, "EDGELIMIT_KAFKA_BROKERS"), ",")
+	brokers := s.Brokers(t)
 	ctx := testContext(t, 2*time.Minute)
 	topic := uniqueName("testenv")
 	produceAndConsume(t, ctx, brokers, topic, "before")
