@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"html"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -449,12 +450,41 @@ func writeCSV(w http.ResponseWriter, name string, header []string, rows [][]stri
 	h.Set("Content-Type", "text/csv; charset=utf-8")
 	h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
 	h.Set("Cache-Control", "no-store")
-	cw := csv.NewWriter(w)
-	cw.Write(header)
-	cw.WriteAll(rows)
 	// The status is sent: a write error is the client gone, nothing to
 	// answer.
+	WriteCSV(w, header, rows)
 	return nil
+}
+
+// WriteCSV writes header and rows as CSV, every cell a spreadsheet would
+// run as a formula made plain text (see csvCell): key names, routes,
+// plans, methods and gateway ids come from configurations and clients,
+// and an export is opened in a spreadsheet.
+func WriteCSV(w io.Writer, header []string, rows [][]string) error {
+	cw := csv.NewWriter(w)
+	for _, rec := range append([][]string{header}, rows...) {
+		safe := make([]string, len(rec))
+		for i, c := range rec {
+			safe[i] = csvCell(c)
+		}
+		cw.Write(safe)
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// csvCell is c with a leading apostrophe when a spreadsheet would read it
+// as a formula (OWASP's list: it starts with =, +, -, @, a tab or a
+// carriage return; "=cmd|' /C calc'!A0", "-2+3", "@SUM(A1)"). A number,
+// negative ones included, stays a number.
+func csvCell(c string) string {
+	if c == "" || !strings.ContainsRune("=+-@\t\r", rune(c[0])) {
+		return c
+	}
+	if _, err := strconv.ParseFloat(c, 64); err == nil {
+		return c
+	}
+	return "'" + c
 }
 
 // ranged is a GET route over a range (see rangeOf): body reads the

@@ -529,16 +529,11 @@ func TrendHeader(by string) []string {
 	return []string{"bucket", by, "requests", "denied", "ratio", "rate_limited", "fail_closed", "shadow", "fail_open", "cost", "cost_allowed"}
 }
 
-// Record is p as a row under TrendHeader. A series that a spreadsheet
-// would run as a formula (a route or method starting with =, +, - or @)
-// gets a leading apostrophe.
+// Record is p as a row under TrendHeader (WriteCSV makes it safe for a
+// spreadsheet).
 func (p TrendPoint) Record() []string {
 	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	series := p.Series
-	if series != "" && strings.ContainsRune("=+-@\t\r", rune(series[0])) {
-		series = "'" + series
-	}
-	return []string{p.Bucket.Format(time.RFC3339), series, i(p.Requests), i(p.Denied), strconv.FormatFloat(p.Ratio, 'f', 4, 64),
+	return []string{p.Bucket.Format(time.RFC3339), p.Series, i(p.Requests), i(p.Denied), strconv.FormatFloat(p.Ratio, 'f', 4, 64),
 		i(p.RateLimited), i(p.FailClosed), i(p.Shadow), i(p.FailOpen), i(p.Cost), i(p.CostAllowed)}
 }
 
