@@ -259,7 +259,19 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeProblem(w, problem{Type: probNotFound, Status: http.StatusNotFound, Detail: "No such path."})
 	})
-	return mux
+	// SameSite=Lax keeps the cookie off cross-site POSTs, not off those of
+	// another origin of the same site (another port of this host, a sibling
+	// subdomain): a page there could sign the analyst out, sign them in
+	// (login CSRF) or start replays with their session, by a text/plain
+	// form a browser sends without asking. So every POST a browser marks
+	// cross-origin (Sec-Fetch-Site, or an Origin that is not this host) is
+	// refused; the CLI and scripts send neither header and pass.
+	xo := http.NewCrossOriginProtection()
+	xo.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, problem{Type: probCrossOrigin, Status: http.StatusForbidden,
+			Detail: "A cross-origin request may not change anything here; use the dashboard's own page."})
+	}))
+	return xo.Handler(mux)
 }
 
 // Problem types of the API's error answers: stable URIs in the gateway's
@@ -270,6 +282,7 @@ const (
 	probQueryFailed      = "urn:edgelimit:problem:query-failed"
 	probNotFound         = "urn:edgelimit:problem:no-route"
 	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
+	probCrossOrigin      = "urn:edgelimit:problem:cross-origin"
 )
 
 // problem is an RFC 9457 problem detail, the shape of the gateway's.
