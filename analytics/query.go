@@ -67,6 +67,10 @@ func queryRows[T any](ctx context.Context, ch querier, what, query string, args 
 	defer rows.Close()
 	var out []T
 	for rows.Next() {
+		if len(out) == maxRows {
+			return nil, fmt.Errorf("%w: %s: more than %d rows; narrow the range or the filters, or use a coarser bucket or a smaller top",
+				ErrBadQuery, what, maxRows)
+		}
 		var v T
 		if err := scan(rows, &v); err != nil {
 			return nil, fmt.Errorf("scan %s: %w", what, err)
@@ -78,6 +82,12 @@ func queryRows[T any](ctx context.Context, ch querier, what, query string, args 
 	}
 	return out, nil
 }
+
+// maxRows bounds every answer a query may hold in memory (and the API
+// encode): past it the query fails as a bad one, rather than a range of
+// minutes × gateways or × series filling the process. The detector's
+// queries stay far under it (4 × max_keys keys × gateways).
+const maxRows = 200000
 
 // Reader runs analytics' queries against the consumer's rollups in
 // ClickHouse. Every query reads a per-minute rollup, never the raw table.
@@ -204,7 +214,7 @@ func BucketSize(b string) time.Duration {
 	return time.Minute
 }
 
-// maxPoints bounds the buckets one trend query may ask for.
+// maxPoints bounds the buckets one query may ask for.
 const maxPoints = 50000
 
 // TotalRequests counts all decisions in [from, to).
@@ -483,6 +493,14 @@ func (q TrendQuery) normalize() (TrendQuery, error) {
 	}
 	if q.By == DimKey && q.Top == 0 {
 		return q, fmt.Errorf("%w: a split by key needs top (at most 1000 series)", ErrBadQuery)
+	}
+	// Each bucket holds up to top series and (other): refused before
+	// ClickHouse works on it when that is more than an answer may hold
+	// (a split without top has as many series as the configuration has
+	// values, which queryRows bounds).
+	if n := int64(q.To.Sub(q.From)/BucketSize(q.Bucket)) * int64(q.Top+1); q.By != DimNone && q.Top > 0 && n > maxRows {
+		return q, fmt.Errorf("%w: up to %d points (%s buckets × %d series); use a coarser bucket, a shorter range or a smaller top",
+			ErrBadQuery, n, q.Bucket, q.Top+1)
 	}
 	return q, nil
 }
