@@ -108,6 +108,7 @@ type API struct {
 
 	mu       sync.Mutex
 	sessions map[string]time.Time // session id → expiry
+	guesses  guesses              // wrong tokens per client (guess.go)
 }
 
 // CookieName is the dashboard's session cookie.
@@ -187,7 +188,13 @@ func (a *API) sessionCookie(r *http.Request, id string, maxAge int) *http.Cookie
 func (a *API) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
 	tok := r.PostFormValue("token")
+	client, now := clientOf(r), a.now()
+	if until, ok := a.guesses.blocked(client, now); ok {
+		tooManyGuesses(w, until, now)
+		return
+	}
 	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
+		a.guesses.wrong(client, now)
 		unauthorized(w, "Wrong token.")
 		return
 	}
@@ -305,22 +312,35 @@ func unauthorized(w http.ResponseWriter, detail string) {
 	writeProblem(w, problem{Type: probUnauthorized, Status: http.StatusUnauthorized, Detail: detail})
 }
 
-// authorized checks the bearer token or the session cookie, in constant
-// time.
-func (a *API) authorized(r *http.Request) bool {
+// authorized checks the bearer token, in constant time, or the session
+// cookie. A bearer token from a client out of wrong tokens (guess.go) is
+// not compared: authorized answers 429 itself and returns false with
+// answered set.
+func (a *API) authorized(w http.ResponseWriter, r *http.Request) (ok, answered bool) {
 	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1
+		client, now := clientOf(r), a.now()
+		if until, blocked := a.guesses.blocked(client, now); blocked {
+			tooManyGuesses(w, until, now)
+			return false, true
+		}
+		if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1 {
+			return true, false
+		}
+		a.guesses.wrong(client, now)
+		return false, false
 	}
 	if c, err := r.Cookie(CookieName); err == nil {
-		return a.session(c.Value)
+		return a.session(c.Value), false
 	}
-	return false
+	return false, false
 }
 
 func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.authorized(r) {
-			unauthorized(w, "Missing or wrong token: send Authorization: Bearer <token>.")
+		if ok, answered := a.authorized(w, r); !ok {
+			if !answered {
+				unauthorized(w, "Missing or wrong token: send Authorization: Bearer <token>.")
+			}
 			return
 		}
 		start := a.now()
@@ -353,7 +373,11 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	if !a.authorized(r) {
+	ok, answered := a.authorized(w, r)
+	if answered {
+		return
+	}
+	if !ok {
 		h.Set("Content-Security-Policy", loginCSP)
 		h.Set("Content-Type", "text/html; charset=utf-8")
 		h.Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
