@@ -268,12 +268,15 @@ func (a *API) Handler() http.Handler {
 	})
 	// SameSite=Lax keeps the cookie off cross-site POSTs, not off those of
 	// another origin of the same site (another port of this host, a sibling
-	// subdomain): a page there could sign the analyst out, sign them in
-	// (login CSRF) or start replays with their session, by a text/plain
-	// form a browser sends without asking. So every POST a browser marks
-	// cross-origin (Sec-Fetch-Site, or an Origin that is not this host) is
-	// refused; the CLI and scripts send neither header and pass.
+	// subdomain): a page there could sign the analyst out or start replays
+	// with their session, by a text/plain form a browser sends without
+	// asking. So every POST a browser marks cross-origin (Sec-Fetch-Site,
+	// or an Origin that is not this host) is refused; the CLI and scripts
+	// send neither header and pass. Signing in is the exception: it takes
+	// the one token, so a forged sign-in needs it and gains nothing, and a
+	// sign-in form elsewhere (a portal, a saved page) keeps working.
 	xo := http.NewCrossOriginProtection()
+	xo.AddInsecureBypassPattern("POST /login")
 	xo.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeProblem(w, problem{Type: probCrossOrigin, Status: http.StatusForbidden,
 			Detail: "A cross-origin request may not change anything here; use the dashboard's own page."})
