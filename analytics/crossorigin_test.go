@@ -1,9 +1,7 @@
 package analytics_test
 
 import (
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -19,15 +17,8 @@ import (
 // header (the CLI, curl) and signing in (it takes the one token: a forged
 // sign-in needs it) still work.
 func TestAPICrossOrigin(t *testing.T) {
-	api, err := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	api, srv, c := serveAPI(t, analytics.NewReader(nil), nil)
 	api.ParseProposal = func(string, string) (analytics.Proposal, error) { return analytics.Proposal{}, nil }
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
-	c := srv.Client()
-	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	post := func(path, contentType, body string, hdr map[string]string, cookie *http.Cookie) (*http.Response, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
@@ -41,13 +32,7 @@ func TestAPICrossOrigin(t *testing.T) {
 		if cookie != nil {
 			req.AddCookie(cookie)
 		}
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
+		return send(t, c, req)
 	}
 	form := "application/x-www-form-urlencoded"
 	signIn := func(hdr map[string]string) *http.Response {
@@ -69,11 +54,7 @@ func TestAPICrossOrigin(t *testing.T) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/alerts", nil)
 		req.AddCookie(session)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp, _ := send(t, c, req)
 		return resp.StatusCode == http.StatusOK
 	}
 

@@ -20,14 +20,7 @@ func TestAPIGuessThrottle(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	api, err := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, clock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
-	c := srv.Client()
-	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	api, srv, c := serveAPI(t, analytics.NewReader(nil), clock)
 	signIn := func(tok string) int {
 		t.Helper()
 		resp, err := c.PostForm(srv.URL+"/login", url.Values{"token": {tok}})
