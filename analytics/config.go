@@ -95,7 +95,7 @@ type NATConfig struct {
 	MaxFactor float64 `yaml:"max_factor"`
 	// UserAgentMaxFactor bounds the raise of an IP flagged on user agents
 	// alone (fewer than MinDistinctKeys authenticated keys): one client can
-	// rotate its User-Agent at will. Default 2.
+	// rotate its User-Agent at will. Default 2; at least 1, at most 1000.
 	UserAgentMaxFactor float64 `yaml:"user_agent_max_factor"`
 	// CoolRatio keeps a flagged IP flagged until its evidence falls below
 	// CoolRatio × the thresholds. Default 0.5.
@@ -229,6 +229,10 @@ func (n NATConfig) validate() error {
 		bad(n.MinRequests < 0, ErrBadThreshold, "nat min requests %d negative", n.MinRequests),
 		bad(!(n.PerClient > 0), ErrBadThreshold, "nat per-client factor %v must be positive", n.PerClient),
 		bad(!(n.MaxFactor >= 1 && n.MaxFactor <= 1000), ErrBadThreshold, "nat max factor %v outside [1, 1000]", n.MaxFactor),
+		// A raise under 1 is no directive the gateways take: one such IP
+		// would fail the write of every NAT directive, run after run.
+		bad(!(n.UserAgentMaxFactor >= 1 && n.UserAgentMaxFactor <= 1000), ErrBadThreshold,
+			"nat user agent max factor %v outside [1, 1000]", n.UserAgentMaxFactor),
 		bad(n.CoolRatio <= 0 || n.CoolRatio > 1, ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
 		bad(n.MaxIPs < 1, ErrBadThreshold, "nat max ips %d under 1", n.MaxIPs),
 	)
