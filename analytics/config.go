@@ -206,17 +206,19 @@ func (c Config) Validate() error {
 	)
 }
 
+// The bounds are written as !(in range), so that a NaN (YAML's .nan) is
+// out of every range rather than in all of them.
 func (h HotConfig) validate() error {
 	return errors.Join(
 		bad(h.Window < time.Second || h.Window > 24*time.Hour, ErrBadWindow, "hot window %v outside [1s, 24h]", h.Window),
 		bad(h.MinSpan < time.Second || h.MinSpan > h.Window, ErrBadWindow, "hot min span %v outside [1s, window %v]", h.MinSpan, h.Window),
 		bad(h.TTL < time.Second, ErrBadWindow, "hot ttl %v under 1s", h.TTL),
 		bad(!(h.MinRate > 0), ErrBadThreshold, "hot min rate %v must be positive", h.MinRate),
-		bad(h.MinShare > 1, ErrBadThreshold, "hot min share %v outside [0, 1]", h.MinShare),
-		bad(h.ShareMinRate < 0, ErrBadThreshold, "hot share min rate %v negative", h.ShareMinRate),
-		bad(h.CoolRatio <= 0 || h.CoolRatio > 1, ErrBadThreshold, "hot cool ratio %v outside (0, 1]", h.CoolRatio),
+		bad(!(h.MinShare <= 1), ErrBadThreshold, "hot min share %v outside [0, 1]", h.MinShare),
+		bad(!(h.ShareMinRate >= 0), ErrBadThreshold, "hot share min rate %v negative", h.ShareMinRate),
+		bad(!(h.CoolRatio > 0 && h.CoolRatio <= 1), ErrBadThreshold, "hot cool ratio %v outside (0, 1]", h.CoolRatio),
 		bad(h.MinGateways < 1, ErrBadThreshold, "hot min gateways %d under 1", h.MinGateways),
-		bad(h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5, ErrBadThreshold, "min gateway share %v outside (0, 0.5]", h.MinGatewayShare),
+		bad(!(h.MinGatewayShare > 0 && h.MinGatewayShare <= 0.5), ErrBadThreshold, "min gateway share %v outside (0, 0.5]", h.MinGatewayShare),
 		bad(h.MaxKeys < 1, ErrBadThreshold, "hot max keys %d under 1", h.MaxKeys),
 	)
 }
@@ -233,7 +235,7 @@ func (n NATConfig) validate() error {
 		// would fail the write of every NAT directive, run after run.
 		bad(!(n.UserAgentMaxFactor >= 1 && n.UserAgentMaxFactor <= 1000), ErrBadThreshold,
 			"nat user agent max factor %v outside [1, 1000]", n.UserAgentMaxFactor),
-		bad(n.CoolRatio <= 0 || n.CoolRatio > 1, ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
+		bad(!(n.CoolRatio > 0 && n.CoolRatio <= 1), ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
 		bad(n.MaxIPs < 1, ErrBadThreshold, "nat max ips %d under 1", n.MaxIPs),
 	)
 }

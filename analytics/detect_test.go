@@ -350,6 +350,11 @@ func TestConfigValidate(t *testing.T) {
 		{"nat user-agent raise under 1", func(c *Config) { c.NAT.UserAgentMaxFactor = 0.5 }, ErrBadThreshold},
 		{"nat user-agent raise negative", func(c *Config) { c.NAT.UserAgentMaxFactor = -2 }, ErrBadThreshold},
 		{"nat user-agent raise NaN", func(c *Config) { c.NAT.UserAgentMaxFactor = math.NaN() }, ErrBadThreshold},
+		// A NaN floor made every share NaN, which failed every split's write.
+		{"gateway share floor NaN", func(c *Config) { c.Hot.MinGatewayShare = math.NaN() }, ErrBadThreshold},
+		{"hot share NaN", func(c *Config) { c.Hot.MinShare = math.NaN() }, ErrBadThreshold},
+		{"hot cool ratio NaN", func(c *Config) { c.Hot.CoolRatio = math.NaN() }, ErrBadThreshold},
+		{"nat cool ratio NaN", func(c *Config) { c.NAT.CoolRatio = math.NaN() }, ErrBadThreshold},
 		{"nat keys test only", func(c *Config) { c.NAT.MinDistinctUserAgents = -1 }, nil},
 		{"hot share test off", func(c *Config) { c.Hot.MinShare = -1 }, nil},
 		{"ratio over 1", func(c *Config) { c.Alerts.FailOpenRatio = 2 }, ErrBadThreshold},
