@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"html"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -107,6 +108,7 @@ type API struct {
 
 	mu       sync.Mutex
 	sessions map[string]time.Time // session id → expiry
+	guesses  guesses              // wrong tokens per client (guess.go)
 }
 
 // CookieName is the dashboard's session cookie.
@@ -186,7 +188,13 @@ func (a *API) sessionCookie(r *http.Request, id string, maxAge int) *http.Cookie
 func (a *API) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
 	tok := r.PostFormValue("token")
+	client, now := clientOf(r), a.now()
+	if until, ok := a.guesses.blocked(client, now); ok {
+		tooManyGuesses(w, until, now)
+		return
+	}
 	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.token)) != 1 {
+		a.guesses.wrong(client, now)
 		unauthorized(w, "Wrong token.")
 		return
 	}
@@ -258,7 +266,22 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeProblem(w, problem{Type: probNotFound, Status: http.StatusNotFound, Detail: "No such path."})
 	})
-	return mux
+	// SameSite=Lax keeps the cookie off cross-site POSTs, not off those of
+	// another origin of the same site (another port of this host, a sibling
+	// subdomain): a page there could sign the analyst out or start replays
+	// with their session, by a text/plain form a browser sends without
+	// asking. So every POST a browser marks cross-origin (Sec-Fetch-Site,
+	// or an Origin that is not this host) is refused; the CLI and scripts
+	// send neither header and pass. Signing in is the exception: it takes
+	// the one token, so a forged sign-in needs it and gains nothing, and a
+	// sign-in form elsewhere (a portal, a saved page) keeps working.
+	xo := http.NewCrossOriginProtection()
+	xo.AddInsecureBypassPattern("POST /login")
+	xo.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, problem{Type: probCrossOrigin, Status: http.StatusForbidden,
+			Detail: "A cross-origin request may not change anything here; use the dashboard's own page."})
+	}))
+	return xo.Handler(mux)
 }
 
 // Problem types of the API's error answers: stable URIs in the gateway's
@@ -269,6 +292,7 @@ const (
 	probQueryFailed      = "urn:edgelimit:problem:query-failed"
 	probNotFound         = "urn:edgelimit:problem:no-route"
 	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
+	probCrossOrigin      = "urn:edgelimit:problem:cross-origin"
 )
 
 // problem is an RFC 9457 problem detail, the shape of the gateway's.
@@ -291,22 +315,35 @@ func unauthorized(w http.ResponseWriter, detail string) {
 	writeProblem(w, problem{Type: probUnauthorized, Status: http.StatusUnauthorized, Detail: detail})
 }
 
-// authorized checks the bearer token or the session cookie, in constant
-// time.
-func (a *API) authorized(r *http.Request) bool {
+// authorized checks the bearer token, in constant time, or the session
+// cookie. A bearer token from a client out of wrong tokens (guess.go) is
+// not compared: authorized answers 429 itself and returns false with
+// answered set.
+func (a *API) authorized(w http.ResponseWriter, r *http.Request) (ok, answered bool) {
 	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1
+		client, now := clientOf(r), a.now()
+		if until, blocked := a.guesses.blocked(client, now); blocked {
+			tooManyGuesses(w, until, now)
+			return false, true
+		}
+		if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[7:])), []byte(a.token)) == 1 {
+			return true, false
+		}
+		a.guesses.wrong(client, now)
+		return false, false
 	}
 	if c, err := r.Cookie(CookieName); err == nil {
-		return a.session(c.Value)
+		return a.session(c.Value), false
 	}
-	return false
+	return false, false
 }
 
 func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.authorized(r) {
-			unauthorized(w, "Missing or wrong token: send Authorization: Bearer <token>.")
+		if ok, answered := a.authorized(w, r); !ok {
+			if !answered {
+				unauthorized(w, "Missing or wrong token: send Authorization: Bearer <token>.")
+			}
 			return
 		}
 		start := a.now()
@@ -339,7 +376,11 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	if !a.authorized(r) {
+	ok, answered := a.authorized(w, r)
+	if answered {
+		return
+	}
+	if !ok {
 		h.Set("Content-Security-Policy", loginCSP)
 		h.Set("Content-Type", "text/html; charset=utf-8")
 		h.Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
@@ -449,12 +490,41 @@ func writeCSV(w http.ResponseWriter, name string, header []string, rows [][]stri
 	h.Set("Content-Type", "text/csv; charset=utf-8")
 	h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
 	h.Set("Cache-Control", "no-store")
-	cw := csv.NewWriter(w)
-	cw.Write(header)
-	cw.WriteAll(rows)
 	// The status is sent: a write error is the client gone, nothing to
 	// answer.
+	WriteCSV(w, header, rows)
 	return nil
+}
+
+// WriteCSV writes header and rows as CSV, every cell a spreadsheet would
+// run as a formula made plain text (see csvCell): key names, routes,
+// plans, methods and gateway ids come from configurations and clients,
+// and an export is opened in a spreadsheet.
+func WriteCSV(w io.Writer, header []string, rows [][]string) error {
+	cw := csv.NewWriter(w)
+	for _, rec := range append([][]string{header}, rows...) {
+		safe := make([]string, len(rec))
+		for i, c := range rec {
+			safe[i] = csvCell(c)
+		}
+		cw.Write(safe)
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// csvCell is c with a leading apostrophe when a spreadsheet would read it
+// as a formula (OWASP's list: it starts with =, +, -, @, a tab or a
+// carriage return; "=cmd|' /C calc'!A0", "-2+3", "@SUM(A1)"). A number,
+// negative ones included, stays a number.
+func csvCell(c string) string {
+	if c == "" || !strings.ContainsRune("=+-@\t\r", rune(c[0])) {
+		return c
+	}
+	if _, err := strconv.ParseFloat(c, 64); err == nil {
+		return c
+	}
+	return "'" + c
 }
 
 // ranged is a GET route over a range (see rangeOf): body reads the

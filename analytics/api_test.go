@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,12 @@ func get(t *testing.T, c *http.Client, u, token string) (*http.Response, []byte)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	return send(t, c, req)
+}
+
+// send sends req with c and returns the response and its body.
+func send(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +77,22 @@ func get(t *testing.T, c *http.Client, u, token string) (*http.Response, []byte)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp, b
+}
+
+// serveAPI serves a tokened API over reader on a loopback listener (its
+// clock now; nil: the real one), with a client that does not follow
+// redirects, as a browser's sign-in is checked.
+func serveAPI(t *testing.T, reader *analytics.Reader, now func() time.Time) (*analytics.API, *httptest.Server, *http.Client) {
+	t.Helper()
+	api, err := analytics.NewAPI(reader, nil, testToken, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	c := srv.Client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return api, srv, c
 }
 
 // problemBody is an RFC 9457 problem as analytics answers it.
@@ -102,14 +125,14 @@ func TestAPIToken(t *testing.T) {
 	if _, err := analytics.NewAPI(nil, nil, "short", nil, nil); !errors.Is(err, analytics.ErrBadToken) {
 		t.Errorf("NewAPI with a short token = %v, want ErrBadToken", err)
 	}
-	api, err := analytics.NewAPI(analytics.NewReader(nil), nil, testToken, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
-	c := srv.Client()
-	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	// Every reading of the clock a guess window later: this test sends
+	// more wrong tokens from one address than a window allows (the budget
+	// is TestAPIGuessThrottle's), and far fewer readings than a session
+	// lasts.
+	var ticks atomic.Int64
+	start := time.Now()
+	clock := func() time.Time { return start.Add(time.Duration(ticks.Add(1)) * analytics.GuessWindow) }
+	_, srv, c := serveAPI(t, analytics.NewReader(nil), clock)
 
 	for _, path := range []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys", "/api/nat-ips", "/api/alerts", "/api/status"} {
 		for name, tok := range map[string]string{"missing": "", "wrong": testToken + "x", "prefix": testToken[:16]} {
@@ -187,7 +210,7 @@ func TestAPIToken(t *testing.T) {
 		t.Errorf("GET /api/alerts with the cookie = %d, want 200", resp.StatusCode)
 	}
 	// Signing out ends the session on the server, whatever the browser keeps.
-	resp, err = c.Post(srv.URL+"/logout", "", nil)
+	resp, err := c.Post(srv.URL+"/logout", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ type NATConfig struct {
 	MaxFactor float64 `yaml:"max_factor"`
 	// UserAgentMaxFactor bounds the raise of an IP flagged on user agents
 	// alone (fewer than MinDistinctKeys authenticated keys): one client can
-	// rotate its User-Agent at will. Default 2.
+	// rotate its User-Agent at will. Default 2; at least 1, at most 1000.
 	UserAgentMaxFactor float64 `yaml:"user_agent_max_factor"`
 	// CoolRatio keeps a flagged IP flagged until its evidence falls below
 	// CoolRatio × the thresholds. Default 0.5.
@@ -206,17 +206,19 @@ func (c Config) Validate() error {
 	)
 }
 
+// The bounds are written as !(in range), so that a NaN (YAML's .nan) is
+// out of every range rather than in all of them.
 func (h HotConfig) validate() error {
 	return errors.Join(
 		bad(h.Window < time.Second || h.Window > 24*time.Hour, ErrBadWindow, "hot window %v outside [1s, 24h]", h.Window),
 		bad(h.MinSpan < time.Second || h.MinSpan > h.Window, ErrBadWindow, "hot min span %v outside [1s, window %v]", h.MinSpan, h.Window),
 		bad(h.TTL < time.Second, ErrBadWindow, "hot ttl %v under 1s", h.TTL),
 		bad(!(h.MinRate > 0), ErrBadThreshold, "hot min rate %v must be positive", h.MinRate),
-		bad(h.MinShare > 1, ErrBadThreshold, "hot min share %v outside [0, 1]", h.MinShare),
-		bad(h.ShareMinRate < 0, ErrBadThreshold, "hot share min rate %v negative", h.ShareMinRate),
-		bad(h.CoolRatio <= 0 || h.CoolRatio > 1, ErrBadThreshold, "hot cool ratio %v outside (0, 1]", h.CoolRatio),
+		bad(!(h.MinShare <= 1), ErrBadThreshold, "hot min share %v outside [0, 1]", h.MinShare),
+		bad(!(h.ShareMinRate >= 0), ErrBadThreshold, "hot share min rate %v negative", h.ShareMinRate),
+		bad(!(h.CoolRatio > 0 && h.CoolRatio <= 1), ErrBadThreshold, "hot cool ratio %v outside (0, 1]", h.CoolRatio),
 		bad(h.MinGateways < 1, ErrBadThreshold, "hot min gateways %d under 1", h.MinGateways),
-		bad(h.MinGatewayShare <= 0 || h.MinGatewayShare > 0.5, ErrBadThreshold, "min gateway share %v outside (0, 0.5]", h.MinGatewayShare),
+		bad(!(h.MinGatewayShare > 0 && h.MinGatewayShare <= 0.5), ErrBadThreshold, "min gateway share %v outside (0, 0.5]", h.MinGatewayShare),
 		bad(h.MaxKeys < 1, ErrBadThreshold, "hot max keys %d under 1", h.MaxKeys),
 	)
 }
@@ -229,7 +231,11 @@ func (n NATConfig) validate() error {
 		bad(n.MinRequests < 0, ErrBadThreshold, "nat min requests %d negative", n.MinRequests),
 		bad(!(n.PerClient > 0), ErrBadThreshold, "nat per-client factor %v must be positive", n.PerClient),
 		bad(!(n.MaxFactor >= 1 && n.MaxFactor <= 1000), ErrBadThreshold, "nat max factor %v outside [1, 1000]", n.MaxFactor),
-		bad(n.CoolRatio <= 0 || n.CoolRatio > 1, ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
+		// A raise under 1 is no directive the gateways take: one such IP
+		// would fail the write of every NAT directive, run after run.
+		bad(!(n.UserAgentMaxFactor >= 1 && n.UserAgentMaxFactor <= 1000), ErrBadThreshold,
+			"nat user agent max factor %v outside [1, 1000]", n.UserAgentMaxFactor),
+		bad(!(n.CoolRatio > 0 && n.CoolRatio <= 1), ErrBadThreshold, "nat cool ratio %v outside (0, 1]", n.CoolRatio),
 		bad(n.MaxIPs < 1, ErrBadThreshold, "nat max ips %d under 1", n.MaxIPs),
 	)
 }

@@ -280,11 +280,18 @@ func SplitDirectives(hot []HotKey, now time.Time, ttl time.Duration) []limiter.S
 		if len(h.Shares) == 0 {
 			continue
 		}
-		shares := make(map[string]float64, len(h.Shares)+1)
+		shares := map[string]float64{limiter.OtherGateways: othersShare}
 		for gw, s := range h.Shares {
-			shares[gw] = s * (1 - othersShare)
+			// A gateway that cannot be named (an empty id: its host name
+			// unknown) or is named like the others' share checks the
+			// others' bucket: its share goes there, added, so the shares
+			// still sum to 1 and the directive stays valid (one invalid
+			// directive fails the whole set's write).
+			if gw == "" {
+				gw = limiter.OtherGateways
+			}
+			shares[gw] += s * (1 - othersShare)
 		}
-		shares[limiter.OtherGateways] = othersShare
 		ds = append(ds, limiter.SplitDirective{
 			Key:     limiter.DirectiveKey(h.KeyKind, h.KeyID),
 			Shares:  shares,

@@ -67,6 +67,10 @@ func queryRows[T any](ctx context.Context, ch querier, what, query string, args 
 	defer rows.Close()
 	var out []T
 	for rows.Next() {
+		if len(out) == maxRows {
+			return nil, fmt.Errorf("%w: %s: more than %d rows; narrow the range or the filters, or use a coarser bucket or a smaller top",
+				ErrBadQuery, what, maxRows)
+		}
 		var v T
 		if err := scan(rows, &v); err != nil {
 			return nil, fmt.Errorf("scan %s: %w", what, err)
@@ -78,6 +82,12 @@ func queryRows[T any](ctx context.Context, ch querier, what, query string, args 
 	}
 	return out, nil
 }
+
+// maxRows bounds every answer a query may hold in memory (and the API
+// encode): past it the query fails as a bad one, rather than a range of
+// minutes × gateways or × series filling the process. The detector's
+// queries stay far under it (4 × max_keys keys × gateways).
+const maxRows = 200000
 
 // Reader runs analytics' queries against the consumer's rollups in
 // ClickHouse. Every query reads a per-minute rollup, never the raw table.
@@ -204,7 +214,7 @@ func BucketSize(b string) time.Duration {
 	return time.Minute
 }
 
-// maxPoints bounds the buckets one trend query may ask for.
+// maxPoints bounds the buckets one query may ask for.
 const maxPoints = 50000
 
 // TotalRequests counts all decisions in [from, to).
@@ -484,6 +494,14 @@ func (q TrendQuery) normalize() (TrendQuery, error) {
 	if q.By == DimKey && q.Top == 0 {
 		return q, fmt.Errorf("%w: a split by key needs top (at most 1000 series)", ErrBadQuery)
 	}
+	// Each bucket holds up to top series and (other): refused before
+	// ClickHouse works on it when that is more than an answer may hold
+	// (a split without top has as many series as the configuration has
+	// values, which queryRows bounds).
+	if n := int64(q.To.Sub(q.From)/BucketSize(q.Bucket)) * int64(q.Top+1); q.By != DimNone && q.Top > 0 && n > maxRows {
+		return q, fmt.Errorf("%w: up to %d points (%s buckets × %d series); use a coarser bucket, a shorter range or a smaller top",
+			ErrBadQuery, n, q.Bucket, q.Top+1)
+	}
 	return q, nil
 }
 
@@ -529,16 +547,11 @@ func TrendHeader(by string) []string {
 	return []string{"bucket", by, "requests", "denied", "ratio", "rate_limited", "fail_closed", "shadow", "fail_open", "cost", "cost_allowed"}
 }
 
-// Record is p as a row under TrendHeader. A series that a spreadsheet
-// would run as a formula (a route or method starting with =, +, - or @)
-// gets a leading apostrophe.
+// Record is p as a row under TrendHeader (WriteCSV makes it safe for a
+// spreadsheet).
 func (p TrendPoint) Record() []string {
 	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	series := p.Series
-	if series != "" && strings.ContainsRune("=+-@\t\r", rune(series[0])) {
-		series = "'" + series
-	}
-	return []string{p.Bucket.Format(time.RFC3339), series, i(p.Requests), i(p.Denied), strconv.FormatFloat(p.Ratio, 'f', 4, 64),
+	return []string{p.Bucket.Format(time.RFC3339), p.Series, i(p.Requests), i(p.Denied), strconv.FormatFloat(p.Ratio, 'f', 4, 64),
 		i(p.RateLimited), i(p.FailClosed), i(p.Shadow), i(p.FailOpen), i(p.Cost), i(p.CostAllowed)}
 }
 

@@ -20,3 +20,6 @@ func Queries() map[string]string {
 	}
 	return qs
 }
+
+// MaxRows is the most rows any answer holds.
+const MaxRows = maxRows

@@ -62,6 +62,13 @@ func (a *API) whatIf(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	defer a.whatIfs.Add(-1)
+	// A replay may take WhatIfTimeout, longer than the server lets any
+	// answer take to write (cmd's 60s): without this its answer, the
+	// report or the timeout's 503, would be cut off and the client see a
+	// dropped connection. The ten seconds are for encoding and sending.
+	if err := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(WhatIfTimeout + 10*time.Second)); err != nil {
+		a.log.Warn("what-if: extend the write deadline", "error", err.Error())
+	}
 	var req WhatIfRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxWhatIfBody))
 	dec.DisallowUnknownFields()

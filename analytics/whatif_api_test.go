@@ -173,3 +173,29 @@ func TestWhatIfDashboard(t *testing.T) {
 		}
 	}
 }
+
+// TestWhatIfOutlastsWriteTimeout: a replay may take WhatIfTimeout, longer
+// than the server's write timeout (cmd's is 60s); its answer still arrives,
+// rather than a dropped connection. The proposal's parsing stands in for a
+// long replay: it holds the request past a short write timeout.
+func TestWhatIfOutlastsWriteTimeout(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	api, err := analytics.NewAPI(seedWhatIf(t), nil, testToken, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.ParseProposal = func(rules, change string) (analytics.Proposal, error) {
+		time.Sleep(3 * writeTimeout) // longer than the write timeout, whatever the load
+		return fakeProposals(rules, change)
+	}
+	srv := httptest.NewUnstartedServer(api.Handler())
+	srv.Config.WriteTimeout = writeTimeout
+	srv.Start()
+	defer srv.Close()
+	rng := `"from": "` + whatIfStart.Add(-time.Minute).Format(time.RFC3339) + `", "to": "` + whatIfStart.Add(time.Minute).Format(time.RFC3339) + `"`
+	resp, body := post(t, srv.URL+"/api/whatif", testToken, `{"rules": "plans: {}", `+rng+`}`)
+	var rep analytics.WhatIfReport
+	if err := json.Unmarshal(body, &rep); resp.StatusCode != http.StatusOK || err != nil || rep.Totals.Requests == 0 {
+		t.Errorf("POST /api/whatif past the write timeout = %d %.300s, want 200 and the report", resp.StatusCode, body)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -52,6 +53,22 @@ type alertsConfig struct {
 	// destination sees its own credentials only.
 	AlertmanagerClient boot.HTTP `yaml:"alertmanager_client"`
 	WebhookClient      boot.HTTP `yaml:"webhook_client"`
+}
+
+// MarshalYAML prints c (analytics check) with the password of the
+// Alertmanager URL's user info (http://user:pass@am:9093, which the HTTP
+// client sends as basic auth) redacted, as a Secret is; a URL too
+// malformed to parse is not printed at all.
+func (c alertsConfig) MarshalYAML() (any, error) {
+	type plain alertsConfig // without this method
+	if c.AlertmanagerURL != "" {
+		if u, err := url.Parse(c.AlertmanagerURL); err == nil {
+			c.AlertmanagerURL = u.Redacted()
+		} else {
+			c.AlertmanagerURL = "[unparsable, not shown: it may hold a password]"
+		}
+	}
+	return plain(c), nil
 }
 
 // redisConfig is where directives go: the gateways' Redis, with their

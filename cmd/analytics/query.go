@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -223,10 +222,7 @@ func render(w io.Writer, format string, t table, v any) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(nonNilJSON(v))
 	case "csv":
-		cw := csv.NewWriter(w)
-		cw.Write(t.header)
-		cw.WriteAll(t.rows)
-		return cw.Error()
+		return analytics.WriteCSV(w, t.header, t.rows)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
