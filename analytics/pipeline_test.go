@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
-	"math"
 	"net/http"
 	"slices"
 	"sort"
