@@ -184,11 +184,16 @@ func eachParam(rawQuery string, names []string, fn func(value string)) {
 }
 
 // paramName is a query parameter's name as frameworks look it up:
-// percent-decoded, lower-cased (ASP.NET ignores case), with PHP's '.', ' '
-// and '[' made '_', and a PHP array's "name[…]" as name.
+// percent-decoded, lower-cased (ASP.NET ignores case), and as PHP names
+// it: leading spaces dropped, cut at a NUL (PHP passes names on as C
+// strings), '.', ' ' and '[' made '_', and an array's "name[…]" as name.
 func paramName(raw string) string {
 	if n, err := url.QueryUnescape(raw); err == nil {
 		raw = n
+	}
+	raw = strings.TrimLeft(raw, " ")
+	if i := strings.IndexByte(raw, 0); i >= 0 {
+		raw = raw[:i]
 	}
 	if i := strings.IndexByte(raw, '['); i > 0 && strings.HasSuffix(raw, "]") {
 		raw = raw[:i]
