@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,20 +10,30 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 )
 
 // A POST can name the method it is run as: Laravel and Spring read
 // _method from the query, a form or (Laravel) a JSON body; Rails and
-// ASP.NET from a form; Express's method-override from the query. Whether
+// ASP.NET from a form (ASP.NET MVC's field, as its query parameter, is
+// X-HTTP-Method-Override); Express's method-override from the query. Whether
 // the upstream honours it is not known here, so a POST that names a
 // method the gateway limits on another route is refused, rather than
 // charged as a POST and run as, say, a DELETE. The override headers
 // (X-HTTP-Method-Override, …) are stripped instead: see
 // DefaultStripHeaders.
 
-// overrideParams name the override parameter, normalised by paramName.
-var overrideParams = []string{"_method"}
+// overrideParams name the override parameters, normalised by paramName.
+var overrideParams = []string{methodParam, "x-http-method-override"}
+
+// methodParam is the override parameter read from JSON bodies, by Laravel
+// as spelled here.
+const methodParam = "_method"
+
+// isOverride says a query or form parameter named raw is an override.
+func isOverride(raw string) bool { return slices.Contains(overrideParams, paramName(raw)) }
 
 // errMethodOverride ends the body of a POST whose form or JSON names
 // another route's method: the upstream never gets the body's last byte,
@@ -32,6 +43,10 @@ var errMethodOverride = errors.New("the body names, as _method, a method limited
 // maxOverride bounds an override parameter's name and value as read from a
 // body: no method is longer, and a longer one matches no route's methods.
 const maxOverride = 64
+
+// maxName bounds an override parameter's raw name as read from a form:
+// every byte of the longest may come percent-escaped.
+const maxName = 3 * maxOverride
 
 // overridden reports whether a POST's query names, as _method, a method
 // whose route at p is not rt.
@@ -48,7 +63,9 @@ func (st *state) overridden(r *http.Request, p string, rt *route) bool {
 
 // elsewhere says method m is limited at p on a route other than rt.
 func (st *state) elsewhere(m, p string, rt *route) bool {
-	m = strings.TrimSpace(m)
+	// Rails, Express and Spring upper-case the value with Unicode's
+	// mapping, which makes "optıons" (dotless i) OPTIONS.
+	m = strings.ToUpper(strings.TrimSpace(m))
 	return m != "" && st.match(m, p) != rt
 }
 
@@ -86,7 +103,10 @@ func bodyParser(contentType string) func(io.Reader, func(string)) {
 	if strings.TrimSpace(contentType) == "" {
 		return formOverrides
 	}
-	mt, params, err := mime.ParseMediaType(contentType)
+	if bs := boundaries(contentType); len(bs) > 0 {
+		return func(r io.Reader, found func(string)) { multipartsOverrides(r, bs, found) }
+	}
+	mt, _, err := mime.ParseMediaType(contentType)
 	switch {
 	case err != nil:
 		// Unreadable here, perhaps not to the upstream: read it as a form,
@@ -94,23 +114,94 @@ func bodyParser(contentType string) func(io.Reader, func(string)) {
 		return formOverrides
 	case mt == "application/x-www-form-urlencoded":
 		return formOverrides
-	case mt == "multipart/form-data" && params["boundary"] != "":
-		b := params["boundary"]
-		return func(r io.Reader, found func(string)) { multipartOverrides(r, b, found) }
 	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
 		return jsonOverrides
 	}
 	return nil
 }
 
-// formOverrides calls found with every _method value of a urlencoded body,
-// read as eachParam reads a query, in bounded memory.
+// boundaries returns the boundaries a multipart Content-Type names, as Go
+// reads it and as PHP and Rack do, nil when it is not multipart. Both take
+// any type cut at ';' or ',' (Rack's multipart/mixed and /related too) and
+// find the boundary by name anywhere: PHP the first "boundary" (case
+// first), Rack the last "boundary=". A body scanned with Go's reading only
+// could name its parts with a boundary only the upstream reads.
+func boundaries(contentType string) []string {
+	base, _, _ := strings.Cut(contentType, ";")
+	base, _, _ = strings.Cut(base, ",")
+	if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(base)), "multipart/") {
+		return nil
+	}
+	var out []string
+	add := func(b string) {
+		if b != "" && len(out) < 4 && !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	if _, params, err := mime.ParseMediaType(contentType); err == nil {
+		add(params["boundary"])
+	}
+	lower := strings.ToLower(contentType)
+	i := strings.Index(contentType, "boundary")
+	if i < 0 {
+		i = strings.Index(lower, "boundary")
+	}
+	if i >= 0 {
+		if j := strings.IndexByte(contentType[i:], '='); j >= 0 {
+			v := contentType[i+j+1:]
+			if rest, ok := strings.CutPrefix(v, `"`); ok {
+				v, _, _ = strings.Cut(rest, `"`)
+			} else if k := strings.IndexAny(v, ",;"); k >= 0 {
+				v = v[:k]
+			}
+			add(v)
+		}
+	}
+	for i := len(lower); i > 0; {
+		if i = strings.LastIndex(lower[:i], "boundary="); i < 0 {
+			break
+		}
+		v := strings.TrimPrefix(contentType[i+len("boundary="):], `"`)
+		if k := strings.IndexAny(v, `";,`); k >= 0 {
+			v = v[:k]
+		}
+		if v != "" {
+			add(v)
+			break
+		}
+	}
+	return out
+}
+
+// trimSpaces drops the leading spaces ('+', "%20") of a form field's raw
+// name, which PHP drops: a run of them must not outgrow maxName.
+func trimSpaces(name []byte) []byte {
+	for {
+		switch {
+		case len(name) > 0 && name[0] == '+':
+			name = name[1:]
+		case len(name) >= 3 && string(name[:3]) == "%20":
+			name = name[3:]
+		default:
+			return name
+		}
+	}
+}
+
+// cutAtNUL says a raw field name holds a NUL, where PHP ends the name: the
+// rest does not matter, however long.
+func cutAtNUL(name []byte) bool {
+	return bytes.IndexByte(name, 0) >= 0 || bytes.Contains(name, []byte("%00"))
+}
+
+// formOverrides calls found with every override value of a urlencoded
+// body, read as eachParam reads a query, in bounded memory.
 func formOverrides(r io.Reader, found func(string)) {
 	br := bufio.NewReader(r)
 	var name, value []byte
 	inValue := false
 	flush := func() {
-		if len(name) <= maxOverride && paramName(string(name)) == overrideParams[0] {
+		if len(name) <= maxName && isOverride(string(name)) {
 			v := string(value)
 			if u, err := url.QueryUnescape(v); err == nil {
 				v = u
@@ -134,13 +225,50 @@ func formOverrides(r io.Reader, found func(string)) {
 			if len(value) <= maxOverride {
 				value = append(value, c)
 			}
-		case len(name) <= maxOverride:
-			name = append(name, c)
+		case cutAtNUL(name):
+		default:
+			if name = trimSpaces(name); len(name) <= maxName {
+				name = append(name, c)
+			}
 		}
 	}
 }
 
-// multipartOverrides calls found with the value of every _method part.
+// multipartsOverrides reads a multipart body once with each boundary
+// (boundaries returns at most four), each reading in its own goroutine
+// from its own pipe, all fed the body's bytes as they come.
+func multipartsOverrides(r io.Reader, bs []string, found func(string)) {
+	if len(bs) == 1 {
+		multipartOverrides(r, bs[0], found)
+		return
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	pws := make([]*io.PipeWriter, len(bs))
+	ws := make([]io.Writer, len(bs))
+	for i, b := range bs {
+		pr, pw := io.Pipe()
+		pws[i], ws[i] = pw, pw
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			multipartOverrides(pr, b, func(v string) {
+				mu.Lock()
+				defer mu.Unlock()
+				found(v)
+			})
+			// Drain what the parser left, so that the copy never blocks.
+			_, _ = io.Copy(io.Discard, pr)
+		}()
+	}
+	_, err := io.Copy(io.MultiWriter(ws...), r)
+	for _, pw := range pws {
+		_ = pw.CloseWithError(err)
+	}
+	wg.Wait()
+}
+
+// multipartOverrides calls found with the value of every override part.
 // It stops at the first malformed part; the rest is left to the upstream.
 func multipartOverrides(r io.Reader, boundary string, found func(string)) {
 	mr := multipart.NewReader(r, boundary)
@@ -149,14 +277,29 @@ func multipartOverrides(r io.Reader, boundary string, found func(string)) {
 		if err != nil {
 			return
 		}
-		// By the name parameter whatever the disposition type: Go's
-		// FormName wants "form-data", other parsers do not.
-		_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
-		if paramName(params["name"]) == overrideParams[0] {
+		if slices.ContainsFunc(partNames(part.Header.Get("Content-Disposition")), isOverride) {
 			v, _ := io.ReadAll(io.LimitReader(part, maxOverride+1))
 			found(string(v))
 		}
 	}
+}
+
+// partNames are the names a part's Content-Disposition gives it, by the
+// name parameter whatever the disposition type (Go's FormName wants
+// "form-data", other parsers do not): Go's reading, and every name
+// parameter as split at ';', since PHP and Rack read the last of several,
+// which Go refuses as a duplicate.
+func partNames(disposition string) []string {
+	var names []string
+	if _, params, err := mime.ParseMediaType(disposition); err == nil {
+		names = append(names, params["name"])
+	}
+	for _, f := range strings.Split(disposition, ";") {
+		if k, v, ok := strings.Cut(f, "="); ok && strings.EqualFold(strings.TrimSpace(k), "name") {
+			names = append(names, strings.Trim(strings.TrimSpace(v), `"`))
+		}
+	}
+	return names
 }
 
 // jsonOverrides calls found with a JSON object's top-level _method
@@ -171,7 +314,7 @@ func jsonOverrides(r io.Reader, found func(string)) {
 		if err != nil {
 			return
 		}
-		if k == overrideParams[0] {
+		if k == methodParam {
 			var v any
 			if dec.Decode(&v) != nil {
 				return

@@ -24,7 +24,7 @@ func TestMethodOverride(t *testing.T) {
 		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
 		cfg.Routes = []Route{
 			{Name: "all", PathPrefix: "/", Upstream: "app"},
-			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE"}, Upstream: "app", Cost: 10},
+			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE", "OPTIONS"}, Upstream: "app", Cost: 10},
 		}
 	})
 	const form = "application/x-www-form-urlencoded"
@@ -49,6 +49,10 @@ func TestMethodOverride(t *testing.T) {
 		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400},
 		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400},
 		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400},
+		{"query php leading spaces", "POST", "/v1/items/7?+%20_method=DELETE", "", "", false, 400},
+		{"query php nul", "POST", "/v1/items/7?_method%00x=DELETE", "", "", false, 400},
+		{"query asp.net field", "POST", "/v1/items/7?X-HTTP-Method-Override=DELETE", "", "", false, 400},
+		{"query value upper-cased as ruby and js do", "POST", "/v1/items/7?_method=opt%C4%B1ons", "", "", false, 400},
 		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200},
 		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200},
 		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200},
@@ -62,9 +66,18 @@ func TestMethodOverride(t *testing.T) {
 		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
 		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400},
 		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
+		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400},
+		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400},
+		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400},
+		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400},
+		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
+		{"multipart comma before the boundary (php, rack)", "POST", "/v1/items/7", "multipart/form-data, boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
+		{"multipart second boundary (rack reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=A; x-boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
+		{"multipart part named twice (php reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody(`form-data; name="note"`, "_method", "DELETE"), false, 400},
 		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200},
 		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200},
 		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
+		{"multipart two boundaries without override", "POST", "/v1/items/7", "multipart/related; boundary=A; x-boundary=B", multipartBody("form-data", "note", "DELETE"), true, 200},
 		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
 		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
 		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200},
@@ -99,4 +112,14 @@ func TestMethodOverride(t *testing.T) {
 			}
 		})
 	}
+}
+
+// escapeAll percent-escapes every byte of s, the longest spelling of a
+// form field's name.
+func escapeAll(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		fmt.Fprintf(&b, "%%%02X", s[i])
+	}
+	return b.String()
 }
