@@ -78,11 +78,12 @@ func (st *state) scanOverride(r *http.Request, body io.ReadCloser, p string, rt 
 	if !isPost(r.Method) || !st.sharesPath(p, rt) {
 		return body
 	}
-	parse := bodyParser(r.Header.Get("Content-Type"))
-	if parse == nil {
+	parsers := bodyParsers(r.Header.Get("Content-Type"))
+	if len(parsers) == 0 {
 		return body
 	}
-	return newOverrideScanner(body, parse, func(m string) bool { return st.elsewhere(m, p, rt) })
+	return newOverrideScanner(body, func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
+		func(m string) bool { return st.elsewhere(m, p, rt) })
 }
 
 // sharesPath says a route other than rt matches p for some method.
@@ -96,28 +97,31 @@ func (st *state) sharesPath(p string, rt *route) bool {
 	return false
 }
 
-// bodyParser returns what reads override values from a body of this
-// content type, nil for types no framework reads _method from. Rack
-// parses a POST without a Content-Type as a form, and so does this.
-func bodyParser(contentType string) func(io.Reader, func(string)) {
+// A parser reads a body and calls found with each override value in it.
+type parser func(r io.Reader, found func(string))
+
+// bodyParsers returns what reads override values from a body of this
+// content type, as each framework would read it, none for types no
+// framework reads _method from. Rack parses a POST without a Content-Type
+// as a form, and so does this; Laravel reads JSON from any type holding
+// "/json" or "+json", PHP the form of the same request.
+func bodyParsers(contentType string) []parser {
 	if strings.TrimSpace(contentType) == "" {
-		return formOverrides
+		return []parser{formOverrides}
 	}
-	if bs := boundaries(contentType); len(bs) > 0 {
-		return func(r io.Reader, found func(string)) { multipartsOverrides(r, bs, found) }
+	var out []parser
+	for _, b := range boundaries(contentType) {
+		out = append(out, func(r io.Reader, found func(string)) { multipartOverrides(r, b, found) })
 	}
-	mt, _, err := mime.ParseMediaType(contentType)
-	switch {
-	case err != nil:
-		// Unreadable here, perhaps not to the upstream: read it as a form,
-		// the most lenient reading.
-		return formOverrides
-	case mt == "application/x-www-form-urlencoded":
-		return formOverrides
-	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
-		return jsonOverrides
+	if lower := strings.ToLower(contentType); strings.Contains(lower, "/json") || strings.Contains(lower, "+json") {
+		out = append(out, jsonOverrides)
 	}
-	return nil
+	// Unreadable here, perhaps not to the upstream: read it as a form,
+	// the most lenient reading.
+	if mt, _, err := mime.ParseMediaType(contentType); err != nil || mt == "application/x-www-form-urlencoded" {
+		out = append(out, formOverrides)
+	}
+	return out
 }
 
 // boundaries returns the boundaries a multipart Content-Type names, as Go
@@ -234,25 +238,25 @@ func formOverrides(r io.Reader, found func(string)) {
 	}
 }
 
-// multipartsOverrides reads a multipart body once with each boundary
-// (boundaries returns at most four), each reading in its own goroutine
-// from its own pipe, all fed the body's bytes as they come.
-func multipartsOverrides(r io.Reader, bs []string, found func(string)) {
-	if len(bs) == 1 {
-		multipartOverrides(r, bs[0], found)
+// parseEach reads a body with each of parsers (bodyParsers returns at
+// most six), each in its own goroutine reading its own pipe, all fed the
+// body's bytes as they come, so memory stays bounded.
+func parseEach(r io.Reader, parsers []parser, found func(string)) {
+	if len(parsers) == 1 {
+		parsers[0](r, found)
 		return
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	pws := make([]*io.PipeWriter, len(bs))
-	ws := make([]io.Writer, len(bs))
-	for i, b := range bs {
+	pws := make([]*io.PipeWriter, len(parsers))
+	ws := make([]io.Writer, len(parsers))
+	for i, parse := range parsers {
 		pr, pw := io.Pipe()
 		pws[i], ws[i] = pw, pw
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			multipartOverrides(pr, b, func(v string) {
+			parse(pr, func(v string) {
 				mu.Lock()
 				defer mu.Unlock()
 				found(v)
@@ -303,30 +307,116 @@ func partNames(disposition string) []string {
 }
 
 // jsonOverrides calls found with a JSON object's top-level _method
-// string, as Laravel reads its JSON input.
+// string, as Laravel reads its JSON input. It reads byte by byte and keeps
+// only strings short enough to be the name or a method: json.Decoder
+// holds a whole value, so one 10 MiB string held twice that per request.
 func jsonOverrides(r io.Reader, found func(string)) {
-	dec := json.NewDecoder(r)
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	br := bufio.NewReader(r)
+	if c, ok := jsonNext(br); !ok || c != '{' {
 		return
 	}
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
+	for {
+		c, ok := jsonNext(br)
+		if !ok || c != '"' {
+			return // '}' of an empty object, or not JSON
+		}
+		key, ok := jsonString(br)
+		if !ok {
 			return
 		}
-		if k == methodParam {
-			var v any
-			if dec.Decode(&v) != nil {
+		if c, ok = jsonNext(br); !ok || c != ':' {
+			return
+		}
+		if c, ok = jsonNext(br); !ok {
+			return
+		}
+		if c == '"' {
+			v, ok := jsonString(br)
+			if !ok {
 				return
 			}
-			if s, ok := v.(string); ok {
-				found(s)
+			if key == methodParam {
+				found(v)
 			}
+		} else if !jsonSkip(br, c) {
+			return
+		}
+		if c, ok = jsonNext(br); !ok || c != ',' {
+			return
+		}
+	}
+}
+
+// jsonNext reads the next byte that is not JSON white space.
+func jsonNext(br *bufio.Reader) (byte, bool) {
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return 0, false
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
 			continue
 		}
-		var skip json.RawMessage
-		if dec.Decode(&skip) != nil {
-			return
+		return c, true
+	}
+}
+
+// jsonString reads a JSON string after its opening quote: decoded when
+// it is at most maxName bytes as sent, "" when longer.
+func jsonString(br *bufio.Reader) (string, bool) {
+	raw := []byte{'"'}
+	escaped := false
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return "", false
+		}
+		if len(raw) <= maxName {
+			raw = append(raw, c)
+		}
+		switch {
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
+		case c == '"':
+			var s string
+			if len(raw) > maxName || json.Unmarshal(raw, &s) != nil {
+				return "", true
+			}
+			return s, true
+		}
+	}
+}
+
+// jsonSkip reads past the value (not a string) that begins with c,
+// leaving the byte that ends a scalar to be read.
+func jsonSkip(br *bufio.Reader, c byte) bool {
+	depth := 0
+	for {
+		switch c {
+		case '"':
+			if _, ok := jsonString(br); !ok {
+				return false
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return br.UnreadByte() == nil
+			}
+			if depth--; depth == 0 {
+				return true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return br.UnreadByte() == nil
+			}
+		}
+		var err error
+		if c, err = br.ReadByte(); err != nil {
+			return false
 		}
 	}
 }

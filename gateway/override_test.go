@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +81,9 @@ func TestMethodOverride(t *testing.T) {
 		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200},
 		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
 		{"multipart two boundaries without override", "POST", "/v1/items/7", "multipart/related; boundary=A; x-boundary=B", multipartBody("form-data", "note", "DELETE"), true, 200},
+		{"json by laravel's reading of the type", "POST", "/v1/items/7", "text/json", `{"_method":"DELETE"}`, false, 400},
+		{"json escaped key after a large value", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"c":"]\"}"}],"\u005fmethod":"DELETE"}`, true, 400},
+		{"json large without override", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"_method":"DELETE"}],"c":-1.5e3}`, true, 200},
 		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
 		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
 		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200},
@@ -122,4 +128,36 @@ func escapeAll(s string) string {
 		fmt.Fprintf(&b, "%%%02X", s[i])
 	}
 	return b.String()
+}
+
+// TestOverrideScanMemory: scanning a JSON body for _method holds no more
+// than a few buffers, whatever the size of its values. Before, the
+// decoder held each whole top-level value (a 32 MiB string: 32 MiB and a
+// copy) for every request in flight.
+func TestOverrideScanMemory(t *testing.T) {
+	const size = 32 << 20
+	body := io.MultiReader(strings.NewReader(`{"a":"`), io.LimitReader(repeatReader('x'), size), strings.NewReader(`","_method":"DELETE"}`))
+	parsers := bodyParsers("application/json")
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s := newOverrideScanner(io.NopCloser(body), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
+		func(m string) bool { return m == "DELETE" })
+	n, err := io.Copy(io.Discard, s)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, errMethodOverride) {
+		t.Fatalf("scanning %d bytes = %v, want errMethodOverride", n, err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
+		t.Errorf("scanning a %d MiB JSON value allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
+	}
+}
+
+// repeatReader reads as an endless run of one byte.
+type repeatReader byte
+
+func (c repeatReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(c)
+	}
+	return len(p), nil
 }
