@@ -184,9 +184,11 @@ func eachParam(rawQuery string, names []string, fn func(value string)) {
 }
 
 // paramName is a query parameter's name as frameworks look it up:
-// percent-decoded, lower-cased (ASP.NET ignores case), and as PHP names
-// it: leading spaces dropped, cut at a NUL (PHP passes names on as C
-// strings), '.', ' ' and '[' made '_', and an array's "name[…]" as name.
+// percent-decoded, lower-cased (ASP.NET ignores case); as PHP names it,
+// leading spaces dropped, cut at a NUL (PHP passes names on as C
+// strings), '.', ' ' and '[' made '_', and an array's "name[…]" as name;
+// and as Rack 2 (Rails 6 and 7.0) does, brackets around it dropped:
+// "[_method]" and "api_key]" are plain parameters there.
 func paramName(raw string) string {
 	if n, err := url.QueryUnescape(raw); err == nil {
 		raw = n
@@ -195,9 +197,11 @@ func paramName(raw string) string {
 	if i := strings.IndexByte(raw, 0); i >= 0 {
 		raw = raw[:i]
 	}
+	raw = strings.TrimLeft(raw, "[]")
 	if i := strings.IndexByte(raw, '['); i > 0 && strings.HasSuffix(raw, "]") {
 		raw = raw[:i]
 	}
+	raw = strings.TrimRight(raw, "]")
 	return strings.Map(func(r rune) rune {
 		switch r {
 		case '.', ' ', '[':

@@ -71,6 +71,7 @@ func TestMethodOverride(t *testing.T) {
 		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
 		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400},
 		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400},
+		{"form rack 2 brackets", "POST", "/v1/items/7", form, "a=1&[_method]=DELETE", false, 400},
 		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400},
 		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400},
 		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
