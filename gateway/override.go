@@ -3,6 +3,9 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"errors"
 	"io"
@@ -82,8 +85,8 @@ func (st *state) scanOverride(r *http.Request, body io.ReadCloser, p string, rt 
 	if len(parsers) == 0 {
 		return body
 	}
-	return newOverrideScanner(body, func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
-		func(m string) bool { return st.elsewhere(m, p, rt) })
+	parse := decoded(r.Header.Values("Content-Encoding"), st.cfg.MaxBodyBytes, func(r io.Reader, found func(string)) { parseEach(r, parsers, found) })
+	return newOverrideScanner(body, parse, func(m string) bool { return st.elsewhere(m, p, rt) })
 }
 
 // sharesPath says a route other than rt matches p for some method.
@@ -99,6 +102,43 @@ func (st *state) sharesPath(p string, rt *route) bool {
 
 // A parser reads a body and calls found with each override value in it.
 type parser func(r io.Reader, found func(string))
+
+// decoded returns parse reading the body decoded as its Content-Encoding
+// says, up to max decoded bytes: Express's body-parser inflates gzip and
+// deflate bodies (a zlib stream), ASP.NET Core's decompression middleware
+// too (deflate a raw one, so both are read). Other codings (br, zstd,
+// several) are read as they are, which finds nothing in them.
+func decoded(codings []string, max int64, parse parser) parser {
+	var cs []string
+	for _, v := range codings {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				cs = append(cs, c)
+			}
+		}
+	}
+	if len(cs) != 1 {
+		return parse
+	}
+	within := func(r io.Reader, found func(string)) { parse(io.LimitReader(r, max), found) }
+	switch cs[0] {
+	case "gzip", "x-gzip":
+		return func(r io.Reader, found func(string)) {
+			if zr, err := gzip.NewReader(r); err == nil {
+				within(zr, found)
+			}
+		}
+	case "deflate":
+		zlibbed := func(r io.Reader, found func(string)) {
+			if zr, err := zlib.NewReader(r); err == nil {
+				within(zr, found)
+			}
+		}
+		raw := func(r io.Reader, found func(string)) { within(flate.NewReader(r), found) }
+		return func(r io.Reader, found func(string)) { parseEach(r, []parser{zlibbed, raw}, found) }
+	}
+	return parse
+}
 
 // bodyParsers returns what reads override values from a body of this
 // content type, as each framework would read it, none for types no
@@ -239,7 +279,7 @@ func formOverrides(r io.Reader, found func(string)) {
 }
 
 // parseEach reads a body with each of parsers (bodyParsers returns at
-// most six), each in its own goroutine reading its own pipe, all fed the
+// most six, decoded two), each in its own goroutine reading its own pipe, all fed the
 // body's bytes as they come, so memory stays bounded.
 func parseEach(r io.Reader, parsers []parser, found func(string)) {
 	if len(parsers) == 1 {

@@ -2,6 +2,9 @@ package gateway
 
 import (
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"errors"
 	"fmt"
 	"io"
@@ -44,56 +47,65 @@ func TestMethodOverride(t *testing.T) {
 		body        string
 		chunked     bool
 		wantStatus  int
+		encoding    string // Content-Encoding
 	}{
-		{"query", "POST", "/v1/items/7?_method=DELETE", "", "", false, 400},
-		{"query lower-case value", "POST", "/v1/items/7?_method=delete", "", "", false, 400},
-		{"query escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", "", "", false, 400},
-		{"query after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", "", "", false, 400},
-		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400},
-		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400},
-		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400},
-		{"query php leading spaces", "POST", "/v1/items/7?+%20_method=DELETE", "", "", false, 400},
-		{"query php nul", "POST", "/v1/items/7?_method%00x=DELETE", "", "", false, 400},
-		{"query asp.net field", "POST", "/v1/items/7?X-HTTP-Method-Override=DELETE", "", "", false, 400},
-		{"query value upper-cased as ruby and js do", "POST", "/v1/items/7?_method=opt%C4%B1ons", "", "", false, 400},
-		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200},
-		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200},
-		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200},
-		{"query empty", "POST", "/v1/items/7?_method=", "", "", false, 200},
-		{"query another parameter", "POST", "/v1/items/7?method=DELETE", "", "", false, 200},
-		{"form", "POST", "/v1/items/7", form, "a=1&_method=DELETE", false, 400},
-		{"form after a large field", "POST", "/v1/items/7", form, "a=" + big + "&_method=delete", false, 400},
-		{"form chunked", "POST", "/v1/items/7", form + "; charset=utf-8", "_method=DELETE&a=1", true, 400},
-		{"form escaped name", "POST", "/v1/items/7", form, "%5Fmethod=DELETE", false, 400},
-		{"no content type", "POST", "/v1/items/7", "", "_method=DELETE", false, 400},
-		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400},
-		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
-		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400},
-		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400},
-		{"form rack 2 brackets", "POST", "/v1/items/7", form, "a=1&[_method]=DELETE", false, 400},
-		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400},
-		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400},
-		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart comma before the boundary (php, rack)", "POST", "/v1/items/7", "multipart/form-data, boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart second boundary (rack reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=A; x-boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart part named twice (php reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody(`form-data; name="note"`, "_method", "DELETE"), false, 400},
-		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200},
-		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200},
-		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
-		{"multipart two boundaries without override", "POST", "/v1/items/7", "multipart/related; boundary=A; x-boundary=B", multipartBody("form-data", "note", "DELETE"), true, 200},
-		{"json by laravel's reading of the type", "POST", "/v1/items/7", "text/json", `{"_method":"DELETE"}`, false, 400},
-		{"json escaped key after a large value", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"c":"]\"}"}],"\u005fmethod":"DELETE"}`, true, 400},
-		{"json large without override", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"_method":"DELETE"}],"c":-1.5e3}`, true, 200},
-		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
-		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
-		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200},
+		{"query", "POST", "/v1/items/7?_method=DELETE", "", "", false, 400, ""},
+		{"query lower-case value", "POST", "/v1/items/7?_method=delete", "", "", false, 400, ""},
+		{"query escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", "", "", false, 400, ""},
+		{"query after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", "", "", false, 400, ""},
+		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400, ""},
+		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400, ""},
+		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400, ""},
+		{"query php leading spaces", "POST", "/v1/items/7?+%20_method=DELETE", "", "", false, 400, ""},
+		{"query php nul", "POST", "/v1/items/7?_method%00x=DELETE", "", "", false, 400, ""},
+		{"query asp.net field", "POST", "/v1/items/7?X-HTTP-Method-Override=DELETE", "", "", false, 400, ""},
+		{"query value upper-cased as ruby and js do", "POST", "/v1/items/7?_method=opt%C4%B1ons", "", "", false, 400, ""},
+		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200, ""},
+		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200, ""},
+		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200, ""},
+		{"query empty", "POST", "/v1/items/7?_method=", "", "", false, 200, ""},
+		{"query another parameter", "POST", "/v1/items/7?method=DELETE", "", "", false, 200, ""},
+		{"form", "POST", "/v1/items/7", form, "a=1&_method=DELETE", false, 400, ""},
+		{"form after a large field", "POST", "/v1/items/7", form, "a=" + big + "&_method=delete", false, 400, ""},
+		{"form chunked", "POST", "/v1/items/7", form + "; charset=utf-8", "_method=DELETE&a=1", true, 400, ""},
+		{"form escaped name", "POST", "/v1/items/7", form, "%5Fmethod=DELETE", false, 400, ""},
+		{"no content type", "POST", "/v1/items/7", "", "_method=DELETE", false, 400, ""},
+		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400, ""},
+		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400, ""},
+		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400, ""},
+		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400, ""},
+		{"form rack 2 brackets", "POST", "/v1/items/7", form, "a=1&[_method]=DELETE", false, 400, ""},
+		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400, ""},
+		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400, ""},
+		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart comma before the boundary (php, rack)", "POST", "/v1/items/7", "multipart/form-data, boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart second boundary (rack reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=A; x-boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart part named twice (php reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody(`form-data; name="note"`, "_method", "DELETE"), false, 400, ""},
+		{"form gzip (express inflates)", "POST", "/v1/items/7", form, compress("gzip", "a=1&_method=DELETE"), false, 400, "gzip"},
+		{"form x-gzip", "POST", "/v1/items/7", form, compress("gzip", "_method=DELETE"), true, 400, "x-gzip"},
+		{"form deflate (express: zlib)", "POST", "/v1/items/7", form, compress("zlib", "_method=DELETE"), false, 400, "deflate"},
+		{"form raw deflate (asp.net core)", "POST", "/v1/items/7", form, compress("flate", "_method=DELETE"), false, 400, "Deflate"},
+		{"form gzip without override", "POST", "/v1/items/7", form, compress("gzip", "a=1&b="+big), false, 200, "gzip"},
+		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200, ""},
+		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200, ""},
+		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200, ""},
+		{"multipart two boundaries without override", "POST", "/v1/items/7", "multipart/related; boundary=A; x-boundary=B", multipartBody("form-data", "note", "DELETE"), true, 200, ""},
+		{"json by laravel's reading of the type", "POST", "/v1/items/7", "text/json", `{"_method":"DELETE"}`, false, 400, ""},
+		{"json escaped key after a large value", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"c":"]\"}"}],"\u005fmethod":"DELETE"}`, true, 400, ""},
+		{"json large without override", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"_method":"DELETE"}],"c":-1.5e3}`, true, 200, ""},
+		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200, ""},
+		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200, ""},
+		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := tt.method + " " + tt.target + " HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
 			if tt.contentType != "" {
 				req += "Content-Type: " + tt.contentType + "\r\n"
+			}
+			if tt.encoding != "" {
+				req += "Content-Encoding: " + tt.encoding + "\r\n"
 			}
 			if tt.chunked {
 				req += "Transfer-Encoding: chunked\r\n\r\n"
@@ -161,4 +173,21 @@ func (c repeatReader) Read(p []byte) (int, error) {
 		p[i] = byte(c)
 	}
 	return len(p), nil
+}
+
+// compress encodes s in format "gzip", "zlib" or "flate".
+func compress(format, s string) string {
+	var b bytes.Buffer
+	var w io.WriteCloser
+	switch format {
+	case "gzip":
+		w = gzip.NewWriter(&b)
+	case "zlib":
+		w = zlib.NewWriter(&b)
+	default:
+		w, _ = flate.NewWriter(&b, flate.DefaultCompression)
+	}
+	_, _ = io.WriteString(w, s)
+	_ = w.Close()
+	return b.String()
 }
