@@ -75,6 +75,9 @@ func (s headerSet) scrubUnderscored(h http.Header) {
 // passes on (those need trusted_proxies).
 func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	in, out := pr.In.Header, pr.Out.Header
+	if len(in["Connection"]) > 0 {
+		keepDecided(in, out)
+	}
 	delete(out, ProxySecretHeader) // a proxy's proof, never the upstream's business
 	switch {
 	case info.peerTrusted:
@@ -103,6 +106,26 @@ func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	}
 	if fwd := out["Forwarded"]; fwd != nil {
 		out["Forwarded"] = append(fwd, "for="+forwardedNode(pr.In.RemoteAddr))
+	}
+}
+
+// decidedHeaders are the end-to-end headers the gateway reads a request
+// by: its caller and what its body is (the _method scan).
+var decidedHeaders = []string{"content-type", "content-encoding", "x-api-key", "authorization"}
+
+// keepDecided puts back into out the decided headers of in, in any
+// spelling, that ReverseProxy removed because the client's Connection
+// named them: the upstream must read the request the gateway read. A
+// POST whose Content-Type went is a form to Rack, _method and all.
+func keepDecided(in, out http.Header) {
+	for k, v := range in {
+		for _, d := range decidedHeaders {
+			if sameHeader(k, d) {
+				if _, ok := out[k]; !ok {
+					out[k] = v
+				}
+			}
+		}
 	}
 }
 
