@@ -134,7 +134,8 @@ type Config struct {
 	// and WSGI stacks read "X_User_ID"), from the requests of untrusted
 	// peers before they are proxied; every X-Forwarded-* header and
 	// UserHeader always are. Default DefaultStripHeaders. From trusted
-	// proxies only the underscored spellings are removed.
+	// proxies only the underscored spellings are removed, and the path and
+	// method overriding headers (X-Original-URL, X-HTTP-Method-Override, …).
 	StripHeaders []string `yaml:"strip_headers"`
 	// Routes map path prefixes and methods to upstreams, plans and costs.
 	// The longest matching prefix wins; a route naming the method beats one

@@ -108,8 +108,15 @@ func TestTrustedForwarding(t *testing.T) {
 			name:    "trusted proxy",
 			trusted: []string{"127.0.0.1"},
 			give: "X-Forwarded-For: 192.0.2.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: api.example.com\r\n" +
-				"Forwarded: for=192.0.2.1;proto=https;host=api.example.com\r\nX-User-ID: carol\r\nX_User_ID: mallory\r\n",
+				"Forwarded: for=192.0.2.1;proto=https;host=api.example.com\r\nX-User-ID: carol\r\nX_User_ID: mallory\r\n" +
+				"X-HTTP-Method-Override: DELETE\r\nX-Original-URL: /admin\r\nX-Method-Override: PUT\r\n",
 			want: []header{
+				// The gateway decided on the method and path it read: a
+				// client's override passed on by a proxy is still the
+				// client's.
+				{"X-Http-Method-Override", ""},
+				{"X-Original-Url", ""},
+				{"X-Method-Override", ""},
 				{"X-Forwarded-For", "192.0.2.1, 127.0.0.1"},
 				{"X-Forwarded-Proto", "https"},
 				{"X-Forwarded-Host", "api.example.com"},
