@@ -473,6 +473,7 @@ type overrideScanner struct {
 	pw      *io.PipeWriter
 	done    chan bool // the parser's verdict: an override routed elsewhere
 	pending []byte    // the held-back byte, when there is one
+	one     [1]byte   // where the next byte goes when p holds only the held one
 	eof     bool      // the body ended and the parser found nothing
 	err     error
 }
@@ -504,13 +505,20 @@ func (s *overrideScanner) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	held := copy(p, s.pending)
-	m, err := s.body.Read(p[held:])
+	buf := p[held:]
+	if len(buf) == 0 {
+		// A one-byte p holds just the held byte: reading the body into
+		// p[1:] read nothing, and a reader of one byte at a time never
+		// got one (io.ReadAll looped for ever).
+		buf = s.one[:]
+	}
+	m, err := s.body.Read(buf)
 	n := 0
 	if m > 0 {
-		_, _ = s.pw.Write(p[held : held+m])
+		_, _ = s.pw.Write(buf[:m])
 		// Out go the byte held before and all new ones but the last.
 		n = held + m - 1
-		s.pending = append(s.pending[:0], p[n])
+		s.pending = append(s.pending[:0], buf[m-1])
 	}
 	switch {
 	case err == io.EOF:

@@ -191,3 +191,27 @@ func compress(format, s string) string {
 	_ = w.Close()
 	return b.String()
 }
+
+// TestOverrideScanOneByteReads: the scanner passes a body through to a
+// reader that asks for one byte at a time, as any io.Reader must. Before,
+// a one-byte read returned nothing once a byte was held back, for ever.
+func TestOverrideScanOneByteReads(t *testing.T) {
+	body := "a=1&b=" + strings.Repeat("x", 100)
+	parsers := bodyParsers("application/x-www-form-urlencoded")
+	s := newOverrideScanner(io.NopCloser(strings.NewReader(body)), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
+		func(string) bool { return true })
+	var got []byte
+	var err error
+	for range 2 * len(body) { // bounded: a reader that makes no progress fails
+		var one [1]byte
+		var n int
+		n, err = s.Read(one[:])
+		got = append(got, one[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if string(got) != body || err != io.EOF {
+		t.Errorf("one-byte reads got %d bytes, %v; want the %d-byte body and EOF", len(got), err, len(body))
+	}
+}
