@@ -76,9 +76,9 @@ func isPost(method string) bool { return strings.EqualFold(method, http.MethodPo
 
 // scanOverride wraps the body of a POST to p when its form or JSON could
 // name a method routed elsewhere; otherwise it returns body as it is. Only
-// where another route covers p can an override matter.
+// where some method is not rt's at p can an override matter.
 func (st *state) scanOverride(r *http.Request, body io.ReadCloser, p string, rt *route) io.ReadCloser {
-	if !isPost(r.Method) || !st.sharesPath(p, rt) {
+	if !isPost(r.Method) || !st.routedElsewhere(p, rt) {
 		return body
 	}
 	parsers := bodyParsers(r.Header.Get("Content-Type"))
@@ -89,8 +89,13 @@ func (st *state) scanOverride(r *http.Request, body io.ReadCloser, p string, rt 
 	return newOverrideScanner(body, parse, func(m string) bool { return st.elsewhere(m, p, rt) })
 }
 
-// sharesPath says a route other than rt matches p for some method.
-func (st *state) sharesPath(p string, rt *route) bool {
+// routedElsewhere says some method at p is not rt's: rt lists its
+// methods (others go to another route or to none, which the upstream
+// would run all the same), or another route matches p.
+func (st *state) routedElsewhere(p string, rt *route) bool {
+	if len(rt.methods) > 0 {
+		return true
+	}
 	clean := routePath(p, st.cfg.Paths)
 	for _, o := range st.routes {
 		if o != rt && o.matchPath(clean) {

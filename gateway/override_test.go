@@ -143,6 +143,31 @@ func escapeAll(s string) string {
 	return b.String()
 }
 
+// TestMethodOverrideUnrouted: where the only route at a path lists its
+// methods, a body naming another method is refused as the query is: the
+// upstream would run a method the gateway routes nowhere there. Before,
+// bodies were scanned only where a second route covered the path.
+func TestMethodOverrideUnrouted(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Routes = []Route{{Name: "orders", PathPrefix: "/v1/orders", Methods: []string{"POST"}, Upstream: "app"}}
+	})
+	for _, tt := range []struct {
+		body       string
+		wantStatus int
+	}{
+		{"_method=DELETE", 400},
+		{"_method=post&a=1", 200},
+	} {
+		r := rawDo(t, gw.URL, fmt.Sprintf("POST /v1/orders HTTP/1.1\r\nHost: gw\r\nContent-Type: application/x-www-form-urlencoded\r\n"+
+			"Content-Length: %d\r\nConnection: close\r\n\r\n%s", len(tt.body), tt.body))
+		if got := up.takeRequests(); r.status != tt.wantStatus || (tt.wantStatus == 400) != (len(got) == 0) {
+			t.Errorf("POST /v1/orders %q = %d, upstream got %d whole requests; want %d", tt.body, r.status, len(got), tt.wantStatus)
+		}
+	}
+}
+
 // TestOverrideScanMemory: scanning a JSON body for _method holds no more
 // than a few buffers, whatever the size of its values. Before, the
 // decoder held each whole top-level value (a 32 MiB string: 32 MiB and a
