@@ -222,19 +222,41 @@ func boundaries(contentType string) []string {
 	return out
 }
 
-// trimSpaces drops the leading spaces ('+', "%20") of a form field's raw
-// name, which PHP drops: a run of them must not outgrow maxName.
-func trimSpaces(name []byte) []byte {
+// trimName drops from a form field's raw name what paramName drops
+// however many there are: leading spaces ('+', "%20"; PHP) and brackets
+// (Rack 2), and all but one of its trailing brackets (Rack 2). A run of
+// them must not outgrow maxName.
+func trimName(name []byte) []byte {
 	for {
-		switch {
-		case len(name) > 0 && name[0] == '+':
+		if len(name) > 0 && (name[0] == '+' || name[0] == '[' || name[0] == ']') {
 			name = name[1:]
-		case len(name) >= 3 && string(name[:3]) == "%20":
+		} else if len(name) >= 3 && name[0] == '%' && slices.Contains(nameFill, strings.ToUpper(string(name[1:3]))) {
 			name = name[3:]
-		default:
-			return name
+		} else {
+			break
 		}
 	}
+	for {
+		end := closing(name)
+		if end == 0 || closing(name[:len(name)-end]) == 0 {
+			return name
+		}
+		name = name[:len(name)-end]
+	}
+}
+
+// nameFill are the escapes trimName drops at a name's start: ' ', '[', ']'.
+var nameFill = []string{"20", "5B", "5D"}
+
+// closing is the length of the ']' (raw or escaped) name ends with, or 0.
+func closing(name []byte) int {
+	switch {
+	case bytes.HasSuffix(name, []byte("]")):
+		return 1
+	case len(name) >= 3 && name[len(name)-3] == '%' && strings.EqualFold(string(name[len(name)-2:]), "5D"):
+		return 3
+	}
+	return 0
 }
 
 // cutAtNUL says a raw field name holds a NUL, where PHP ends the name: the
@@ -276,7 +298,7 @@ func formOverrides(r io.Reader, found func(string)) {
 			}
 		case cutAtNUL(name):
 		default:
-			if name = trimSpaces(name); len(name) <= maxName {
+			if name = trimName(name); len(name) <= maxName {
 				name = append(name, c)
 			}
 		}

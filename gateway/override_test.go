@@ -76,6 +76,8 @@ func TestMethodOverride(t *testing.T) {
 		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400, ""},
 		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400, ""},
 		{"form rack 2 brackets", "POST", "/v1/items/7", form, "a=1&[_method]=DELETE", false, 400, ""},
+		{"form rack 2 brackets however many", "POST", "/v1/items/7", form, strings.Repeat("[", 200) + "_method" + strings.Repeat("]", 200) + "=DELETE", false, 400, ""},
+		{"form rack 2 escaped brackets however many", "POST", "/v1/items/7", form, strings.Repeat("%5b", 100) + "_method" + strings.Repeat("%5D", 100) + "=DELETE", false, 400, ""},
 		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400, ""},
 		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400, ""},
 		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
