@@ -344,6 +344,8 @@ func TestOneAPIKey(t *testing.T) {
 		{"query php leading spaces", gw.URL, "+%20api_key=secret-acme", "", 200, "50"},
 		{"query php nul", gw.URL, "api_key%00x=secret-acme", "", 200, "50"},
 		{"query rack 2 brackets", gw.URL, "[api_key]=secret-acme", "", 200, "50"},
+		{"query asp.net %u escape", gw.URL, "%u0061pi_key=secret-acme", "", 200, "50"},
+		{"query php nul beside a bad escape", gw.URL, "api_key%00%zz=secret-acme", "", 200, "50"},
 		{"query semicolon separator", gw.URL, "q=1;api_key=secret-acme", "", 200, "50"},
 		{"query escaped value", gw.URL, "api_key=secret%2Dacme", "", 200, "50"},
 		{"query access_token", gw.URL, "access_token=secret-other", "", 200, "70"},

@@ -12,7 +12,6 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -273,11 +272,7 @@ func formOverrides(r io.Reader, found func(string)) {
 	inValue := false
 	flush := func() {
 		if len(name) <= maxName && isOverride(string(name)) {
-			v := string(value)
-			if u, err := url.QueryUnescape(v); err == nil {
-				v = u
-			}
-			found(v)
+			found(unescape(string(value)))
 		}
 		name, value, inValue = name[:0], value[:0], false
 	}

@@ -59,6 +59,7 @@ func TestMethodOverride(t *testing.T) {
 		{"query php leading spaces", "POST", "/v1/items/7?+%20_method=DELETE", "", "", false, 400, ""},
 		{"query php nul", "POST", "/v1/items/7?_method%00x=DELETE", "", "", false, 400, ""},
 		{"query asp.net field", "POST", "/v1/items/7?X-HTTP-Method-Override=DELETE", "", "", false, 400, ""},
+		{"query asp.net %u escapes", "POST", "/v1/items/7?X%u002DHTTP-Method-Override=%u0044ELETE", "", "", false, 400, ""},
 		{"query value upper-cased as ruby and js do", "POST", "/v1/items/7?_method=opt%C4%B1ons", "", "", false, 400, ""},
 		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200, ""},
 		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200, ""},
