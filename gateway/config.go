@@ -134,7 +134,8 @@ type Config struct {
 	// and WSGI stacks read "X_User_ID"), from the requests of untrusted
 	// peers before they are proxied; every X-Forwarded-* header and
 	// UserHeader always are. Default DefaultStripHeaders. From trusted
-	// proxies only the underscored spellings are removed.
+	// proxies only the underscored spellings are removed, and the path and
+	// method overriding headers (X-Original-URL, X-HTTP-Method-Override, …).
 	StripHeaders []string `yaml:"strip_headers"`
 	// Routes map path prefixes and methods to upstreams, plans and costs.
 	// The longest matching prefix wins; a route naming the method beats one
@@ -774,15 +775,40 @@ func (u Upstream) MarshalYAML() (any, error) {
 	return p, nil
 }
 
-// redactURL hides the password in a URL's user info (http://user:pass@h),
-// also in a URL too malformed to parse, wherever one is printed or logged.
+// redactURL hides the password in a URL's user info (http://user:pass@h)
+// and every query or fragment value (?access_token=…), also in a URL too
+// malformed to parse, wherever one is printed or logged.
 func redactURL(s string) string {
+	rest := ""
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		s, rest = s[:i], redactValues(s[i:])
+	}
 	if u, err := url.Parse(s); err == nil {
-		return u.Redacted()
+		return u.Redacted() + rest
 	}
-	scheme, rest, ok := strings.Cut(s, "//")
-	if at := strings.LastIndex(rest, "@"); ok && at >= 0 {
-		return scheme + "//xxxxx" + rest[at:]
+	scheme, auth, ok := strings.Cut(s, "//")
+	if at := strings.LastIndex(auth, "@"); ok && at >= 0 {
+		return scheme + "//xxxxx" + auth[at:] + rest
 	}
-	return s
+	return s + rest
+}
+
+// redactValues writes each value of a query (and fragment) as xxxxx: any
+// of them may be a credential, by whatever name.
+func redactValues(q string) string {
+	var b strings.Builder
+	inValue := false
+	for i := 0; i < len(q); i++ {
+		switch c := q[i]; {
+		case c == '?' || c == '&' || c == ';' || c == '#':
+			inValue = false
+			b.WriteByte(c)
+		case c == '=' && !inValue:
+			inValue = true
+			b.WriteString("=xxxxx")
+		case !inValue:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

@@ -152,9 +152,11 @@ func TestSecretRedacted(t *testing.T) {
 }
 
 // TestPasswordsInURLsRedacted: -check and validation errors never show a
-// password inside an upstream URL (issue 9).
+// password inside an upstream URL (issue 9), in its user info or its
+// query (a token the upstream wants there).
 func TestPasswordsInURLsRedacted(t *testing.T) {
-	for _, raw := range []string{"http://svc:s3cret-pw@upstream:8080/", "ftp://svc:s3cret-pw@upstream/", "http://svc:s3cret-pw@%zz/"} {
+	for _, raw := range []string{"http://svc:s3cret-pw@upstream:8080/", "ftp://svc:s3cret-pw@upstream/", "http://svc:s3cret-pw@%zz/",
+		"http://upstream:8080/?access_token=s3cret-pw", "ftp://upstream/?a=1;key=s3cret-pw", "http://svc:s3cret-pw@%zz/?t=s3cret-pw#x=s3cret-pw"} {
 		cfg := validConfig()
 		cfg.Upstreams = map[string]Upstream{"app": {URL: raw}}
 		out, err := yaml.Marshal(cfg)

@@ -11,15 +11,30 @@ import (
 // could set to pose as someone else, to the gateway's upstreams: removed
 // from requests of untrusted peers (see Config.StripHeaders). Every
 // X-Forwarded-* header and Config.UserHeader are removed as well.
-var DefaultStripHeaders = []string{
+var DefaultStripHeaders = append([]string{
 	"Forwarded", "X-Forwarded-For", "X-Real-IP", "True-Client-IP", "X-Client-IP",
 	"X-Original-Forwarded-For", "X-Cluster-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP",
-	// Headers with which frameworks let a proxy override the path or the
-	// method the upstream acts on: from a client they would reach what was
-	// not decided (a GET charged as cheap, run as a DELETE or elsewhere).
+}, overridingHeaders...)
+
+// overridingHeaders are the headers with which frameworks let a proxy
+// override the path or the method the upstream acts on: they would reach
+// what was not decided (a GET charged as cheap, run as a DELETE or
+// elsewhere). They are removed from a trusted proxy's requests too: the
+// gateway decided on the method and path it read, and a proxy passes a
+// client's override on as it came.
+var overridingHeaders = []string{
 	"X-Original-URL", "X-Rewrite-URL", "X-Override-URL",
 	"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
 }
+
+// overridingFolded are overridingHeaders as sameHeader compares them.
+var overridingFolded = func() []string {
+	var out []string
+	for _, h := range overridingHeaders {
+		out = append(out, foldHeader(h))
+	}
+	return out
+}()
 
 // headerSet matches header names the way CGI and WSGI stacks read them:
 // case-insensitively and with '_' the same as '-', so "X_User_ID" is
@@ -75,10 +90,14 @@ func (s headerSet) scrubUnderscored(h http.Header) {
 // passes on (those need trusted_proxies).
 func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	in, out := pr.In.Header, pr.Out.Header
+	if len(in["Connection"]) > 0 {
+		keepDecided(in, out)
+	}
 	delete(out, ProxySecretHeader) // a proxy's proof, never the upstream's business
 	switch {
 	case info.peerTrusted:
 		info.strip.scrubUnderscored(out)
+		removeOverriding(out)
 	case info.trustedHops:
 		info.strip.scrub(out)
 	default:
@@ -103,6 +122,37 @@ func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 	}
 	if fwd := out["Forwarded"]; fwd != nil {
 		out["Forwarded"] = append(fwd, "for="+forwardedNode(pr.In.RemoteAddr))
+	}
+}
+
+// removeOverriding removes the overridingHeaders from h, in any spelling.
+func removeOverriding(h http.Header) {
+	for k := range h {
+		for _, o := range overridingFolded {
+			if sameHeader(k, o) {
+				delete(h, k)
+			}
+		}
+	}
+}
+
+// decidedHeaders are the end-to-end headers the gateway reads a request
+// by: its caller and what its body is (the _method scan).
+var decidedHeaders = []string{"content-type", "content-encoding", "x-api-key", "authorization"}
+
+// keepDecided puts back into out the decided headers of in, in any
+// spelling, that ReverseProxy removed because the client's Connection
+// named them: the upstream must read the request the gateway read. A
+// POST whose Content-Type went is a form to Rack, _method and all.
+func keepDecided(in, out http.Header) {
+	for k, v := range in {
+		for _, d := range decidedHeaders {
+			if sameHeader(k, d) {
+				if _, ok := out[k]; !ok {
+					out[k] = v
+				}
+			}
+		}
 	}
 }
 

@@ -316,7 +316,7 @@ func (g *Gateway) handle(c echo.Context) error {
 	if st.overridden(r, p, rt) {
 		g.m.rejected.WithLabelValues("method_override").Inc()
 		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
-			Detail: "The query's _method names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
+			Detail: "The query's _method (or X-HTTP-Method-Override) names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
 		return nil
 	}
 	if r.ContentLength > st.cfg.MaxBodyBytes {

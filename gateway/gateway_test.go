@@ -341,6 +341,11 @@ func TestOneAPIKey(t *testing.T) {
 		{"query escaped name", gw.URL, "api%5Fkey=secret-acme", "", 200, "50"},
 		{"query php dot", gw.URL, "api.key=secret-acme", "", 200, "50"},
 		{"query php array", gw.URL, "api_key[]=secret-acme", "", 200, "50"},
+		{"query php leading spaces", gw.URL, "+%20api_key=secret-acme", "", 200, "50"},
+		{"query php nul", gw.URL, "api_key%00x=secret-acme", "", 200, "50"},
+		{"query rack 2 brackets", gw.URL, "[api_key]=secret-acme", "", 200, "50"},
+		{"query asp.net %u escape", gw.URL, "%u0061pi_key=secret-acme", "", 200, "50"},
+		{"query php nul beside a bad escape", gw.URL, "api_key%00%zz=secret-acme", "", 200, "50"},
 		{"query semicolon separator", gw.URL, "q=1;api_key=secret-acme", "", 200, "50"},
 		{"query escaped value", gw.URL, "api_key=secret%2Dacme", "", 200, "50"},
 		{"query access_token", gw.URL, "access_token=secret-other", "", 200, "70"},
@@ -380,6 +385,7 @@ func TestRoutesAndCost(t *testing.T) {
 			{Name: "all", PathPrefix: "/", Upstream: "app"},
 			{Name: "export", PathPrefix: "/v1/export", Methods: []string{"POST"}, Upstream: "app", Cost: 4},
 			{Name: "huge", PathPrefix: "/v1/huge", Upstream: "app", Cost: 11},
+			{Name: "report", PathPrefix: "/v1/report", Methods: []string{"GET"}, Upstream: "app", Cost: 2},
 			{Name: "search", PathPrefix: "/v1/search", Upstream: "app", Plan: "search"},
 			{Name: "health", PathPrefix: "/healthz", Upstream: "app", Exempt: true},
 		}
@@ -427,6 +433,11 @@ func TestRoutesAndCost(t *testing.T) {
 	// A method echo does not know is still proxied.
 	if r := do(t, "PURGE", gw.URL+"/cache", nil); r.status != 200 {
 		t.Errorf("PURGE: status %d, want 200", r.status)
+	}
+	// A HEAD is charged as the GET upstream routers run it as (2 of the
+	// 2 left), not as the catch-all's 1.
+	if r := do(t, http.MethodHead, gw.URL+"/v1/report/x", nil); r.status != 200 || r.header.Get("X-RateLimit-Remaining") != "0" {
+		t.Errorf("HEAD report: %d remaining %q, want 200 and 0", r.status, r.header.Get("X-RateLimit-Remaining"))
 	}
 }
 

@@ -4,10 +4,10 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -176,23 +176,27 @@ func eachParam(rawQuery string, names []string, fn func(value string)) {
 		if !slices.Contains(names, paramName(name)) {
 			continue
 		}
-		if v, err := url.QueryUnescape(value); err == nil {
-			value = v
-		}
-		fn(value)
+		fn(unescape(value))
 	}
 }
 
 // paramName is a query parameter's name as frameworks look it up:
-// percent-decoded, lower-cased (ASP.NET ignores case), with PHP's '.', ' '
-// and '[' made '_', and a PHP array's "name[…]" as name.
+// percent-decoded, lower-cased (ASP.NET ignores case); as PHP names it,
+// leading spaces dropped, cut at a NUL (PHP passes names on as C
+// strings), '.', ' ' and '[' made '_', and an array's "name[…]" as name;
+// and as Rack 2 (Rails 6 and 7.0) does, brackets around it dropped:
+// "[_method]" and "api_key]" are plain parameters there.
 func paramName(raw string) string {
-	if n, err := url.QueryUnescape(raw); err == nil {
-		raw = n
+	raw = unescape(raw)
+	raw = strings.TrimLeft(raw, " ")
+	if i := strings.IndexByte(raw, 0); i >= 0 {
+		raw = raw[:i]
 	}
+	raw = strings.TrimLeft(raw, "[]")
 	if i := strings.IndexByte(raw, '['); i > 0 && strings.HasSuffix(raw, "]") {
 		raw = raw[:i]
 	}
+	raw = strings.TrimRight(raw, "]")
 	return strings.Map(func(r rune) rune {
 		switch r {
 		case '.', ' ', '[':
@@ -200,6 +204,34 @@ func paramName(raw string) string {
 		}
 		return unicode.ToLower(r)
 	}, raw)
+}
+
+// unescape decodes a query or form component as frameworks do: '+' is a
+// space, each %XX its byte and (ASP.NET) each %uXXXX its character, and
+// an escape that is neither stands as sent. url.QueryUnescape gives up
+// on the whole string at one bad escape, where PHP and Python decode the
+// rest: "_method%00%zz" was no _method here, "_method" to PHP.
+func unescape(s string) string {
+	if !strings.ContainsAny(s, "%+") {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '+':
+			b = append(b, ' ')
+		case c == '%' && i+2 < len(s) && ishex(s[i+1]) && ishex(s[i+2]):
+			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+		case c == '%' && i+5 < len(s) && (s[i+1] == 'u' || s[i+1] == 'U') && ishex(s[i+2]) && ishex(s[i+3]) && ishex(s[i+4]) && ishex(s[i+5]):
+			r := rune(unhex(s[i+2]))<<12 | rune(unhex(s[i+3]))<<8 | rune(unhex(s[i+4]))<<4 | rune(unhex(s[i+5]))
+			b = utf8.AppendRune(b, r)
+			i += 5
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 // oneValue gathers the values of what should be one header: the one

@@ -2,7 +2,13 @@ package gateway
 
 import (
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
 	"fmt"
+	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +30,7 @@ func TestMethodOverride(t *testing.T) {
 		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
 		cfg.Routes = []Route{
 			{Name: "all", PathPrefix: "/", Upstream: "app"},
-			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE"}, Upstream: "app", Cost: 10},
+			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE", "OPTIONS"}, Upstream: "app", Cost: 10},
 		}
 	})
 	const form = "application/x-www-form-urlencoded"
@@ -41,39 +47,68 @@ func TestMethodOverride(t *testing.T) {
 		body        string
 		chunked     bool
 		wantStatus  int
+		encoding    string // Content-Encoding
 	}{
-		{"query", "POST", "/v1/items/7?_method=DELETE", "", "", false, 400},
-		{"query lower-case value", "POST", "/v1/items/7?_method=delete", "", "", false, 400},
-		{"query escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", "", "", false, 400},
-		{"query after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", "", "", false, 400},
-		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400},
-		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400},
-		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400},
-		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200},
-		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200},
-		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200},
-		{"query empty", "POST", "/v1/items/7?_method=", "", "", false, 200},
-		{"query another parameter", "POST", "/v1/items/7?method=DELETE", "", "", false, 200},
-		{"form", "POST", "/v1/items/7", form, "a=1&_method=DELETE", false, 400},
-		{"form after a large field", "POST", "/v1/items/7", form, "a=" + big + "&_method=delete", false, 400},
-		{"form chunked", "POST", "/v1/items/7", form + "; charset=utf-8", "_method=DELETE&a=1", true, 400},
-		{"form escaped name", "POST", "/v1/items/7", form, "%5Fmethod=DELETE", false, 400},
-		{"no content type", "POST", "/v1/items/7", "", "_method=DELETE", false, 400},
-		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400},
-		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400},
-		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400},
-		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200},
-		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200},
-		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200},
-		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200},
-		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200},
-		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200},
+		{"query", "POST", "/v1/items/7?_method=DELETE", "", "", false, 400, ""},
+		{"query lower-case value", "POST", "/v1/items/7?_method=delete", "", "", false, 400, ""},
+		{"query escaped name", "POST", "/v1/items/7?%5Fmethod=DELETE", "", "", false, 400, ""},
+		{"query after a semicolon", "POST", "/v1/items/7?a=1;_method=DELETE", "", "", false, 400, ""},
+		{"query upper-case name", "POST", "/v1/items/7?_METHOD=DELETE", "", "", false, 400, ""},
+		{"query one of two", "POST", "/v1/items/7?_method=PUT&_method=DELETE", "", "", false, 400, ""},
+		{"query lower-case post", "post", "/v1/items/7?_method=DELETE", "", "", false, 400, ""},
+		{"query php leading spaces", "POST", "/v1/items/7?+%20_method=DELETE", "", "", false, 400, ""},
+		{"query php nul", "POST", "/v1/items/7?_method%00x=DELETE", "", "", false, 400, ""},
+		{"query asp.net field", "POST", "/v1/items/7?X-HTTP-Method-Override=DELETE", "", "", false, 400, ""},
+		{"query asp.net %u escapes", "POST", "/v1/items/7?X%u002DHTTP-Method-Override=%u0044ELETE", "", "", false, 400, ""},
+		{"query value upper-cased as ruby and js do", "POST", "/v1/items/7?_method=opt%C4%B1ons", "", "", false, 400, ""},
+		{"query same route", "POST", "/v1/items/7?_method=PUT", "", "", false, 200, ""},
+		{"query elsewhere", "POST", "/v1/other?_method=DELETE", "", "", false, 200, ""},
+		{"query not a POST", "GET", "/v1/items/7?_method=DELETE", "", "", false, 200, ""},
+		{"query empty", "POST", "/v1/items/7?_method=", "", "", false, 200, ""},
+		{"query another parameter", "POST", "/v1/items/7?method=DELETE", "", "", false, 200, ""},
+		{"form", "POST", "/v1/items/7", form, "a=1&_method=DELETE", false, 400, ""},
+		{"form after a large field", "POST", "/v1/items/7", form, "a=" + big + "&_method=delete", false, 400, ""},
+		{"form chunked", "POST", "/v1/items/7", form + "; charset=utf-8", "_method=DELETE&a=1", true, 400, ""},
+		{"form escaped name", "POST", "/v1/items/7", form, "%5Fmethod=DELETE", false, 400, ""},
+		{"no content type", "POST", "/v1/items/7", "", "_method=DELETE", false, 400, ""},
+		{"multipart after a file", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart other disposition", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("attachment", "_method", "DELETE"), true, 400, ""},
+		{"json", "POST", "/v1/items/7", "application/json", `{"a":[1,{"_method":"PUT"}],"_method":"DELETE"}`, false, 400, ""},
+		{"form php leading spaces", "POST", "/v1/items/7", form, "a=1&" + strings.Repeat("+%20", 40) + "_method=DELETE", false, 400, ""},
+		{"form php nul before a long tail", "POST", "/v1/items/7", form, "_method%00" + strings.Repeat("x", 100) + "=DELETE", false, 400, ""},
+		{"form rack 2 brackets", "POST", "/v1/items/7", form, "a=1&[_method]=DELETE", false, 400, ""},
+		{"form rack 2 brackets however many", "POST", "/v1/items/7", form, strings.Repeat("[", 200) + "_method" + strings.Repeat("]", 200) + "=DELETE", false, 400, ""},
+		{"form rack 2 escaped brackets however many", "POST", "/v1/items/7", form, strings.Repeat("%5b", 100) + "_method" + strings.Repeat("%5D", 100) + "=DELETE", false, 400, ""},
+		{"form asp.net field", "POST", "/v1/items/7", form, "X-HTTP-Method-Override=DELETE", false, 400, ""},
+		{"form asp.net field escaped", "POST", "/v1/items/7", form, escapeAll("X-HTTP-Method-Override") + "=DELETE", false, 400, ""},
+		{"multipart mixed (rack)", "POST", "/v1/items/7", "multipart/mixed; boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart comma before the boundary (php, rack)", "POST", "/v1/items/7", "multipart/form-data, boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart second boundary (rack reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=A; x-boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
+		{"multipart part named twice (php reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody(`form-data; name="note"`, "_method", "DELETE"), false, 400, ""},
+		{"form gzip (express inflates)", "POST", "/v1/items/7", form, compress("gzip", "a=1&_method=DELETE"), false, 400, "gzip"},
+		{"form x-gzip", "POST", "/v1/items/7", form, compress("gzip", "_method=DELETE"), true, 400, "x-gzip"},
+		{"form deflate (express: zlib)", "POST", "/v1/items/7", form, compress("zlib", "_method=DELETE"), false, 400, "deflate"},
+		{"form raw deflate (asp.net core)", "POST", "/v1/items/7", form, compress("flate", "_method=DELETE"), false, 400, "Deflate"},
+		{"form gzip without override", "POST", "/v1/items/7", form, compress("gzip", "a=1&b="+big), false, 200, "gzip"},
+		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200, ""},
+		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200, ""},
+		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200, ""},
+		{"multipart two boundaries without override", "POST", "/v1/items/7", "multipart/related; boundary=A; x-boundary=B", multipartBody("form-data", "note", "DELETE"), true, 200, ""},
+		{"json by laravel's reading of the type", "POST", "/v1/items/7", "text/json", `{"_method":"DELETE"}`, false, 400, ""},
+		{"json escaped key after a large value", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"c":"]\"}"}],"\u005fmethod":"DELETE"}`, true, 400, ""},
+		{"json large without override", "POST", "/v1/items/7", "application/json", `{"a":"` + big + `","b":[1,{"_method":"DELETE"}],"c":-1.5e3}`, true, 200, ""},
+		{"json nested only", "POST", "/v1/items/7", "application/json", `{"a":{"_method":"DELETE"},"b":"_method"}`, false, 200, ""},
+		{"text", "POST", "/v1/items/7", "text/plain", "_method=DELETE", false, 200, ""},
+		{"body elsewhere", "POST", "/v1/other", form, "_method=DELETE", false, 200, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := tt.method + " " + tt.target + " HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
 			if tt.contentType != "" {
 				req += "Content-Type: " + tt.contentType + "\r\n"
+			}
+			if tt.encoding != "" {
+				req += "Content-Encoding: " + tt.encoding + "\r\n"
 			}
 			if tt.chunked {
 				req += "Transfer-Encoding: chunked\r\n\r\n"
@@ -98,5 +133,113 @@ func TestMethodOverride(t *testing.T) {
 				t.Errorf("%s %s (%q): the upstream received %d whole requests, want the one sent, byte for byte", tt.method, tt.target, tt.contentType, len(got))
 			}
 		})
+	}
+}
+
+// escapeAll percent-escapes every byte of s, the longest spelling of a
+// form field's name.
+func escapeAll(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		fmt.Fprintf(&b, "%%%02X", s[i])
+	}
+	return b.String()
+}
+
+// TestMethodOverrideUnrouted: where the only route at a path lists its
+// methods, a body naming another method is refused as the query is: the
+// upstream would run a method the gateway routes nowhere there. Before,
+// bodies were scanned only where a second route covered the path.
+func TestMethodOverrideUnrouted(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Routes = []Route{{Name: "orders", PathPrefix: "/v1/orders", Methods: []string{"POST"}, Upstream: "app"}}
+	})
+	for _, tt := range []struct {
+		body       string
+		wantStatus int
+	}{
+		{"_method=DELETE", 400},
+		{"_method=post&a=1", 200},
+	} {
+		r := rawDo(t, gw.URL, fmt.Sprintf("POST /v1/orders HTTP/1.1\r\nHost: gw\r\nContent-Type: application/x-www-form-urlencoded\r\n"+
+			"Content-Length: %d\r\nConnection: close\r\n\r\n%s", len(tt.body), tt.body))
+		if got := up.takeRequests(); r.status != tt.wantStatus || (tt.wantStatus == 400) != (len(got) == 0) {
+			t.Errorf("POST /v1/orders %q = %d, upstream got %d whole requests; want %d", tt.body, r.status, len(got), tt.wantStatus)
+		}
+	}
+}
+
+// TestOverrideScanMemory: scanning a JSON body for _method holds no more
+// than a few buffers, whatever the size of its values. Before, the
+// decoder held each whole top-level value (a 32 MiB string: 32 MiB and a
+// copy) for every request in flight.
+func TestOverrideScanMemory(t *testing.T) {
+	const size = 32 << 20
+	body := io.MultiReader(strings.NewReader(`{"a":"`), io.LimitReader(repeatReader('x'), size), strings.NewReader(`","_method":"DELETE"}`))
+	parsers := bodyParsers("application/json")
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s := newOverrideScanner(io.NopCloser(body), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
+		func(m string) bool { return m == "DELETE" })
+	n, err := io.Copy(io.Discard, s)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, errMethodOverride) {
+		t.Fatalf("scanning %d bytes = %v, want errMethodOverride", n, err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
+		t.Errorf("scanning a %d MiB JSON value allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
+	}
+}
+
+// repeatReader reads as an endless run of one byte.
+type repeatReader byte
+
+func (c repeatReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(c)
+	}
+	return len(p), nil
+}
+
+// compress encodes s in format "gzip", "zlib" or "flate".
+func compress(format, s string) string {
+	var b bytes.Buffer
+	var w io.WriteCloser
+	switch format {
+	case "gzip":
+		w = gzip.NewWriter(&b)
+	case "zlib":
+		w = zlib.NewWriter(&b)
+	default:
+		w, _ = flate.NewWriter(&b, flate.DefaultCompression)
+	}
+	_, _ = io.WriteString(w, s)
+	_ = w.Close()
+	return b.String()
+}
+
+// TestOverrideScanOneByteReads: the scanner passes a body through to a
+// reader that asks for one byte at a time, as any io.Reader must. Before,
+// a one-byte read returned nothing once a byte was held back, for ever.
+func TestOverrideScanOneByteReads(t *testing.T) {
+	body := "a=1&b=" + strings.Repeat("x", 100)
+	parsers := bodyParsers("application/x-www-form-urlencoded")
+	s := newOverrideScanner(io.NopCloser(strings.NewReader(body)), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
+		func(string) bool { return true })
+	var got []byte
+	var err error
+	for range 2 * len(body) { // bounded: a reader that makes no progress fails
+		var one [1]byte
+		var n int
+		n, err = s.Read(one[:])
+		got = append(got, one[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if string(got) != body || err != io.EOF {
+		t.Errorf("one-byte reads got %d bytes, %v; want the %d-byte body and EOF", len(got), err, len(body))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"math"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -117,6 +118,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		}
 		st.routes = append(st.routes, rt)
 	}
+	headAtGet(st.routes)
 	slices.SortStableFunc(st.routes, func(a, b *route) int {
 		if len(a.prefix) != len(b.prefix) {
 			return len(b.prefix) - len(a.prefix)
@@ -240,6 +242,24 @@ func (st *state) match(method, p string) *route {
 		}
 	}
 	return nil
+}
+
+// headAtGet lets each route that lists GET take HEAD too, unless a route
+// at its path lists HEAD itself: Go's ServeMux, Express, Rails and Django
+// run a HEAD with the GET handler, so a HEAD charged on a cheaper route
+// would run the GET route's work (all but the body) at that price.
+func headAtGet(routes []*route) {
+	var own []string // the paths of routes listing HEAD
+	for _, rt := range routes {
+		if slices.Contains(rt.methods, http.MethodHead) {
+			own = append(own, rt.PathPrefix)
+		}
+	}
+	for _, rt := range routes {
+		if slices.Contains(rt.methods, http.MethodGet) && !slices.Contains(own, rt.PathPrefix) {
+			rt.methods = append(rt.methods, http.MethodHead)
+		}
+	}
 }
 
 // allowsMethod matches methods regardless of case. RFC 9110 makes them

@@ -141,7 +141,7 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(bodyErr, errMethodOverride):
 		u.m.rejected.WithLabelValues("method_override").Inc()
 		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: route,
-			Detail: "The body names, as _method, a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
+			Detail: "The body names, as _method (or X-HTTP-Method-Override), a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
 	case bodyErr != nil && isTimeout(bodyErr):
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probClientTimeout, Status: http.StatusRequestTimeout, Route: route,
