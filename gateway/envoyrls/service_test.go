@@ -203,6 +203,16 @@ descriptors:
 					t.Errorf("decision event cost %d, want the request's 1", e.Cost)
 				}
 			}
+			// Two descriptors of one bucket are one rule, charged once at
+			// the higher of their costs: 7 of 10, not 2 and not 9.
+			small, big := desc("tokens", "tenant-b"), desc("tokens", "tenant-b")
+			small.HitsAddend, big.HitsAddend = wrap(2), wrap(7)
+			resp = r.ask(t, "ai", 0, small, big)
+			for i, st := range resp.GetStatuses() {
+				if st.GetCode() != ok || st.GetLimitRemaining() < 3 || st.GetLimitRemaining() > 4 {
+					t.Errorf("one bucket at 2 and 7: status %d %v, want OK with 3 remaining", i, st)
+				}
+			}
 		})
 	}
 }
