@@ -320,9 +320,11 @@ for i = 1, n do
     local need = rc * MICRO
     if tokens >= need then
       ok = 1
-    else
+    elseif rc <= cap then
       retry = wait(need - tokens, pn, pd)
     end
+    -- (a cost above the capacity reaches here only for a shadow rule: no
+    -- wait helps, retry stays 0, and nothing is written, as in memory.go)
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
     brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
@@ -333,7 +335,7 @@ for i = 1, n do
         arem, areset = math.floor(rest / MICRO), wait(capu - rest, pn, pd)
         writes[i] = struct.pack(fmt, #name, name, kind, rest, ts, limit - 1, period, c1)
       end
-      if conv then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
+      if conv and rc <= cap then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
     end
   else
     -- sliding window counter

@@ -306,6 +306,15 @@ func testRuleCosts(t *testing.T, s store) {
 	if d := mustAllow(t, s, key, own, 500); !d.Allowed || !slices.Equal(remaining(d), []int64{0, 97, 44}) {
 		t.Fatalf("rule costs 2, 1, 2 at call cost 500: Allow = %+v, remaining %v, want allowed with [0 97 44]", d, remaining(d))
 	}
+	// A shadow rule's own cost above its capacity: it denies alone, and
+	// no wait helps (RetryAfter 0), in every store.
+	shadow := []Rule{{Name: "requests", Limit: 100, Period: time.Hour},
+		{Name: "tb", Limit: 5, Period: time.Hour, Shadow: true, Cost: 10},
+		{Name: "sw", Limit: 5, Period: time.Hour, Algorithm: SlidingWindow, Shadow: true, Cost: 10}}
+	d = mustAllow(t, s, key+"shadow", shadow, 1)
+	if !d.Allowed || d.Rules[1].Allowed || d.Rules[2].Allowed || d.Rules[1].RetryAfter != 0 || d.Rules[2].RetryAfter != 0 {
+		t.Errorf("shadow rules' own cost 10 of capacity 5: Rules = %+v, want allowed, both shadows denying with RetryAfter 0", d.Rules)
+	}
 	// A rule's own cost above its capacity: no wait helps.
 	own[1].Cost = 101
 	if d := mustAllow(t, s, key, own, 1); d.Allowed || d.Reason == "" || !strings.Contains(d.Reason, "101") {
