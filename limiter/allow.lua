@@ -5,11 +5,12 @@
 --              under one {hash tag}; see layout in redis.go.
 -- KEYS[m+i]    optional: rule i's key in the previous layout (a hash per
 --              rule), read only while rule i has no state of its own here.
--- ARGV[1]      cost (integer > 0); 0 inspects (computes, writes nothing);
---              -1 resets the rules (drops their states and old keys); -2
+-- ARGV[1]      cost (integer > 0), charged to every rule without a cost
+--              of its own; 0 inspects (computes, writes nothing); -1
+--              resets the rules (drops their states and old keys); -2
 --              lists the states of KEYS[1] and deletes it (no rules)
 -- ARGV[2]      m, the number of containers
--- ARGV[3]      the rules, each struct-packed '<Bc0BI5I6I5I6I7', all in one
+-- ARGV[3]      the rules, each struct-packed '<Bc0BI5I6I5I6I7I7', all in one
 --              argument (Redis makes a Lua string of every argument):
 --   name       the rule's bucket: its state's name in its container
 --   flags      kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
@@ -20,6 +21,9 @@
 --   capacity   token bucket capacity (burst); the limit for sliding window
 --   pn, pd     token bucket: period / (limit × 10^6) in lowest terms, the
 --              microseconds per micro-token (reduced once, in Go)
+--   rcost      what a check charges this rule instead of ARGV[1] when
+--              > 0 (at most 2^53); 0 charges ARGV[1]. Only a check (cost
+--              > 0) reads it: the modes stay ARGV[1]'s.
 --
 -- Reply (cost > 0): { allowed, r1_allowed, r1_remaining, r1_retry_us,
 -- r1_reset_us, ..., now_us } all integers; now_us is the Redis time the
@@ -108,13 +112,13 @@ local function reduce(b, c)
   return b / x, c / x
 end
 
--- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd}.
+-- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost}.
 local R, byname, n = {}, {}, 0
 local pos = 1
 while pos <= #blob do
   n = n + 1
-  local r = {struct.unpack('<Bc0BI5I6I5I6I7', blob, pos)}
-  pos = r[8]
+  local r = {struct.unpack('<Bc0BI5I6I5I6I7I7', blob, pos)}
+  pos = r[9]
   R[n] = r
   byname[r[1]] = n
 end
@@ -283,6 +287,11 @@ for i = 1, n do
   local r = R[i]
   local name, f, limit, period, cap = r[1], r[2], r[3], r[4], r[5]
   local kind = f % 4
+  -- what this rule is charged: its own cost in a check, else the call's;
+  -- either is above the capacity only for a shadow rule (Go answers the
+  -- others), so every exact product below stays under 2^53
+  local rc = cost
+  if cost > 0 and r[8] > 0 then rc = r[8] end
   local s = st[i]
   local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
 
@@ -308,12 +317,14 @@ for i = 1, n do
       if s[2] > ts then ts = s[2] end
       conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
     end
-    local need = cost * MICRO
+    local need = rc * MICRO
     if tokens >= need then
       ok = 1
-    else
+    elseif rc <= cap then
       retry = wait(need - tokens, pn, pd)
     end
+    -- (a cost above the capacity reaches here only for a shadow rule: no
+    -- wait helps, retry stays 0, and nothing is written, as in memory.go)
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
     brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
@@ -324,7 +335,7 @@ for i = 1, n do
         arem, areset = math.floor(rest / MICRO), wait(capu - rest, pn, pd)
         writes[i] = struct.pack(fmt, #name, name, kind, rest, ts, limit - 1, period, c1)
       end
-      if conv then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
+      if conv and rc <= cap then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
     end
   else
     -- sliding window counter
@@ -370,18 +381,18 @@ for i = 1, n do
     if brem < 0 then brem = 0 end
     if cur > 0 then breset = left + period elseif prev > 0 then breset = left end
     counts[i] = {cur, prev}
-    local room = limit - cur - cost
+    local room = limit - cur - rc
     if room >= 0 and prev * k <= room * D then
       ok = 1
       if cost > 0 then
-        arem = limit - cur - cost - pw
+        arem = limit - cur - rc - pw
         if arem < 0 then arem = 0 end
         areset = left + period
-        writes[i] = struct.pack(PSW, #name, name, 2, w, cur + cost, prev, period)
+        writes[i] = struct.pack(PSW, #name, name, 2, w, cur + rc, prev, period)
       end
     end
     if conv and cost > 0 then converts[i] = struct.pack(PSW, #name, name, 2, w, cur, prev, period) end
-    if ok == 0 and cost <= limit then
+    if ok == 0 and rc <= limit then
       -- (a cost above the limit reaches here only for a shadow rule: no
       -- wait helps, retry stays 0)
       local kw = 0
@@ -389,11 +400,11 @@ for i = 1, n do
       if kw >= 1 then
         -- wait until the previous window has decayed enough
         retry = left - last_left(kw, period)
-      elseif cur <= limit - cost then
+      elseif cur <= limit - rc then
         -- the next window, where cur becomes prev at full weight
         retry = left
       else
-        kw = max_weight(cur, limit - cost)
+        kw = max_weight(cur, limit - rc)
         if kw >= 1 then
           retry = left + period - last_left(kw, period)
         else

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,7 @@ func TestConformance(t *testing.T) {
 		{"sliding window forbids token bucket's burst", testSlidingForbidsBurst},
 		{"cost above capacity", testCostAboveCapacity},
 		{"cost counts", testCost},
+		{"rule costs all or nothing", testRuleCosts},
 		{"retry after is enough", testRetryAfterEnough},
 		{"shadow rule never denies", testShadow},
 	}
@@ -259,5 +261,63 @@ func testShadow(t *testing.T, s store) {
 	}
 	if d := mustAllow(t, s, key, rules, 1); d.Allowed || d.BindingRule().Rule.Name != "enforced" {
 		t.Errorf("request 6: Allow = %+v, want denied by the enforced rule", d)
+	}
+}
+
+// testRuleCosts: rules charged their own costs (Rule.Cost) beside the
+// call's are decided at once, all-or-nothing: the rule whose own cost
+// does not fit denies the call and no rule consumes; the call's cost
+// charges only the rules without one.
+func testRuleCosts(t *testing.T, s store) {
+	key := uniqueKey(t)
+	rules := []Rule{
+		{Name: "tokens", Limit: 10, Period: time.Hour, Cost: 4},
+		{Name: "requests", Limit: 100, Period: time.Hour},
+		{Name: "window", Limit: 50, Period: time.Hour, Algorithm: SlidingWindow, Cost: 2},
+	}
+	remaining := func(d Decision) []int64 {
+		var out []int64
+		for _, r := range d.Rules {
+			out = append(out, r.Remaining)
+		}
+		return out
+	}
+	// One token refills every 6 minutes: a test's seconds refill none.
+	for i, want := range [][]int64{{6, 99, 48}, {2, 98, 46}} {
+		if d := mustAllow(t, s, key, rules, 1); !d.Allowed || !slices.Equal(remaining(d), want) {
+			t.Fatalf("request %d: Allow = %+v, remaining %v, want allowed with %v", i+1, d, remaining(d), want)
+		}
+	}
+	d := mustAllow(t, s, key, rules, 1)
+	if d.Allowed || !slices.Equal(remaining(d), []int64{2, 98, 46}) {
+		t.Fatalf("request 3 (4 tokens of 2): Allow = %+v, remaining %v, want denied with nothing consumed", d, remaining(d))
+	}
+	if v := d.Violated(); len(v) != 1 || v[0].Rule.Name != "tokens" || !d.Rules[1].Allowed || !d.Rules[2].Allowed {
+		t.Errorf("request 3: Rules = %+v, want only tokens denying", d.Rules)
+	}
+	// The 2 missing tokens take 12 minutes.
+	if ra := d.RetryAfter(); ra < 11*time.Minute || ra > 12*time.Minute {
+		t.Errorf("request 3: RetryAfter = %v, want about 12m", ra)
+	}
+	// Every rule with a cost of its own: the call's 500, above every
+	// capacity, charges none of them.
+	own := slices.Clone(rules)
+	own[0].Cost, own[1].Cost = 2, 1
+	if d := mustAllow(t, s, key, own, 500); !d.Allowed || !slices.Equal(remaining(d), []int64{0, 97, 44}) {
+		t.Fatalf("rule costs 2, 1, 2 at call cost 500: Allow = %+v, remaining %v, want allowed with [0 97 44]", d, remaining(d))
+	}
+	// A shadow rule's own cost above its capacity: it denies alone, and
+	// no wait helps (RetryAfter 0), in every store.
+	shadow := []Rule{{Name: "requests", Limit: 100, Period: time.Hour},
+		{Name: "tb", Limit: 5, Period: time.Hour, Shadow: true, Cost: 10},
+		{Name: "sw", Limit: 5, Period: time.Hour, Algorithm: SlidingWindow, Shadow: true, Cost: 10}}
+	d = mustAllow(t, s, key+"shadow", shadow, 1)
+	if !d.Allowed || d.Rules[1].Allowed || d.Rules[2].Allowed || d.Rules[1].RetryAfter != 0 || d.Rules[2].RetryAfter != 0 {
+		t.Errorf("shadow rules' own cost 10 of capacity 5: Rules = %+v, want allowed, both shadows denying with RetryAfter 0", d.Rules)
+	}
+	// A rule's own cost above its capacity: no wait helps.
+	own[1].Cost = 101
+	if d := mustAllow(t, s, key, own, 1); d.Allowed || d.Reason == "" || !strings.Contains(d.Reason, "101") {
+		t.Errorf("rule cost 101 of capacity 100: Allow = %+v, want denied with a reason", d)
 	}
 }

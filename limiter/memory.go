@@ -62,7 +62,8 @@ func NewMemory(now func() time.Time, maxKeys int) *Memory {
 	return &Memory{now: now, max: maxKeys, state: make(map[string]*memState), ids: make(map[string][]*memState)}
 }
 
-// Allow checks cost units of key against every rule, atomically.
+// Allow checks cost units of key against every rule, atomically; a rule
+// with a Cost of its own is charged that instead.
 func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
 		return Decision{}, err
@@ -91,9 +92,9 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			st = nil
 		}
 		if rule.algorithm() == SlidingWindow {
-			evals[i] = slidingWindow(st, rule, cost, now)
+			evals[i] = slidingWindow(st, rule, rule.charge(cost), now)
 		} else {
-			evals[i] = tokenBucket(st, rule, cost, now)
+			evals[i] = tokenBucket(st, rule, rule.charge(cost), now)
 		}
 		if !evals[i].ok && !rule.Shadow {
 			allowed = false
@@ -113,7 +114,7 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			// A state read under another rule is written back converted
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
-			m.put(key, keys[i], evals[i].unconsumed(rules[i], cost))
+			m.put(key, keys[i], evals[i].unconsumed(rules[i], rules[i].charge(cost)))
 		}
 		// Otherwise nothing is written: a denied request consumes nothing,
 		// nor does a shadow rule that denied.

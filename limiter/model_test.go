@@ -20,7 +20,8 @@ import (
 // algorithm, in plain Go with exact rationals and the time passed in,
 // written from the documented semantics and sharing no code with the
 // stores; gateway.TestGatewayModel uses it too. TestModel drives the real
-// stores with concurrent callers, random costs and rule changes, then
+// stores with concurrent callers, random costs (the call's, and rules' own
+// Rule.Cost) and rule changes, then
 // replays every decision through the model, in the order of the times the
 // decisions report:
 //
@@ -93,10 +94,13 @@ type modelEvent struct {
 	set     int // which key and rule set
 	phase   int
 	at      int64 // µs, as the decision reports it
-	cost    int64
+	cost    int64 // the call's
 	allowed bool
-	rules   []RuleResult // each rule's own verdict
+	rules   []RuleResult // each rule's own verdict, under the rule as sent
 }
+
+// charge is what the event charged rule i: its own Cost, else the call's.
+func (e modelEvent) charge(i int) int64 { return e.rules[i].Rule.charge(e.cost) }
 
 // replay checks a run's decisions against the model; phases[i] are the
 // rules in effect in phase i.
@@ -140,7 +144,7 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 		}
 		rooms := make([]*big.Rat, len(models))
 		for i, m := range models {
-			rooms[i] = m.Room(e.at, e.cost)
+			rooms[i] = m.Room(e.at, e.charge(i))
 		}
 		if e.allowed {
 			admitted++
@@ -150,15 +154,15 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 					// denial must be the model's.
 					if rooms[i].Cmp(tolerance(m, e.at, writes)) >= 0 {
 						failures++
-						fail("phase %d, t=%dµs: shadow %+v denied cost %d, the model admits it with room %s", phase, e.at, r.Rule, e.cost, rooms[i].FloatString(6))
+						fail("phase %d, t=%dµs: shadow %+v denied cost %d, the model admits it with room %s", phase, e.at, r.Rule, e.charge(i), rooms[i].FloatString(6))
 					}
 					continue
 				}
 				if rooms[i].Sign() < 0 {
 					failures++
-					fail("phase %d, t=%dµs: %+v admitted cost %d, the model has %s too few", phase, e.at, phases[phase][i], e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
+					fail("phase %d, t=%dµs: %+v admitted cost %d, the model has %s too few", phase, e.at, phases[phase][i], e.charge(i), new(big.Rat).Neg(rooms[i]).FloatString(6))
 				}
-				m.Take(e.at, e.cost)
+				m.Take(e.at, e.charge(i))
 			}
 			writes++
 			continue
@@ -174,10 +178,10 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 			switch {
 			case rr.Allowed && rooms[i].Sign() < 0:
 				failures++
-				fail("phase %d, t=%dµs: %+v alone admitted cost %d, the model has %s too few", phase, e.at, rr.Rule, e.cost, new(big.Rat).Neg(rooms[i]).FloatString(6))
+				fail("phase %d, t=%dµs: %+v alone admitted cost %d, the model has %s too few", phase, e.at, rr.Rule, e.charge(i), new(big.Rat).Neg(rooms[i]).FloatString(6))
 			case !rr.Allowed && rooms[i].Cmp(tol) >= 0:
 				failures++
-				fail("phase %d, t=%dµs: %+v denied cost %d, the model admits it with room %s", phase, e.at, rr.Rule, e.cost, rooms[i].FloatString(6))
+				fail("phase %d, t=%dµs: %+v denied cost %d, the model admits it with room %s", phase, e.at, rr.Rule, e.charge(i), rooms[i].FloatString(6))
 			case !rr.Allowed:
 				if b, ok := m.(*ratemodel.Bucket); ok {
 					checkRetry(fail, &failures, phase, e, rr, b, rooms[i], tol)
@@ -205,7 +209,7 @@ func checkRetry(fail func(string, ...any), failures *int, phase int, e modelEven
 	got := ratInt(rr.RetryAfter.Microseconds())
 	if got.Cmp(want) < 0 || got.Cmp(new(big.Rat).Add(want, slack)) > 0 {
 		*failures++
-		fail("phase %d, t=%dµs: %+v cost %d: RetryAfter %v, the model's wait is %sµs (+%sµs tolerance)", phase, e.at, rr.Rule, e.cost, rr.RetryAfter, want.FloatString(1), slack.FloatString(1))
+		fail("phase %d, t=%dµs: %+v cost %d: RetryAfter %v, the model's wait is %sµs (+%sµs tolerance)", phase, e.at, rr.Rule, rr.Rule.charge(e.cost), rr.RetryAfter, want.FloatString(1), slack.FloatString(1))
 	}
 }
 
@@ -239,14 +243,14 @@ func checkWindows(t *testing.T, phases [][]Rule, events []modelEvent, seed uint6
 			j := 0
 			for i := range adm {
 				for j < len(adm) && adm[j].at-adm[i].at < r.Period.Microseconds() {
-					sum += adm[j].cost
+					sum += adm[j].charge(k)
 					j++
 				}
 				if sum > bound {
 					t.Errorf("seed %d: phase %d: %+v admitted %d units within %v from t=%dµs, documented bound %d", seed, p, r, sum, r.Period, adm[i].at, bound)
 					break
 				}
-				sum -= adm[i].cost
+				sum -= adm[i].charge(k)
 			}
 		}
 	}
@@ -408,8 +412,20 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 				var mine []modelEvent
 				for n := 0; more(p, n); n++ {
 					set := r.IntN(len(sets))
-					cost := 1 + r.Int64N(maxCost(sets[set][p]))
-					d, err := s.Allow(context.Background(), key+strconv.Itoa(set), sets[set][p], cost)
+					rules := sets[set][p]
+					cost := 1 + r.Int64N(maxCost(rules))
+					if r.IntN(2) == 0 {
+						// Half the calls charge some rules a cost of their
+						// own (Rule.Cost, the Envoy door's per-descriptor
+						// hits_addend), each drawn like the call's.
+						rules = slices.Clone(rules)
+						for i := range rules {
+							if r.IntN(2) == 0 {
+								rules[i].Cost = 1 + r.Int64N(maxCost(rules))
+							}
+						}
+					}
+					d, err := s.Allow(context.Background(), key+strconv.Itoa(set), rules, cost)
 					if err != nil {
 						t.Errorf("Allow: %v", err)
 						return

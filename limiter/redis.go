@@ -247,8 +247,9 @@ func legacyKey(prefix, key, bucket string, sliding bool) string {
 	return identityKey(prefix, key) + ":" + bucket + ":" + algo
 }
 
-// Allow checks cost units of key against every rule in one Redis call. If
-// any enforced rule denies, no rule consumes. An error means the store
+// Allow checks cost units of key against every rule in one Redis call (a
+// rule with a Cost of its own is charged that instead). If any enforced
+// rule denies, no rule consumes. An error means the store
 // failed; the decision is then unknown.
 func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
@@ -465,14 +466,15 @@ func (r *Redis) Load(ctx context.Context) error {
 }
 
 // scriptArgs is allow.lua's ARGV for a check (cost > 0), an inspection
-// (0) or a reset (-1) of rules; see the script's header. The rules go in
+// (0) or a reset (-1) of rules; see the script's header. A rule's own
+// Cost rides in its packed record; cost stays the mode switch. The rules go in
 // one packed argument, and the token bucket's rate is reduced here, once,
 // rather than by a gcd in Lua.
 func scriptArgs(rules []Rule, cost int64) []any {
 	cont, m := layout(rules)
 	n := 0
 	for _, rule := range rules {
-		n += 1 + len(rule.bucket()) + 1 + 5 + 6 + 5 + 6 + 7
+		n += 1 + len(rule.bucket()) + 1 + 5 + 6 + 5 + 6 + 7 + 7
 	}
 	b := make([]byte, 0, n)
 	for i, rule := range rules {
@@ -504,6 +506,9 @@ func scriptArgs(rules []Rule, cost int64) []any {
 		b = le(b, rule.Capacity(), 5)
 		b = le(b, pn, 6)
 		b = le(b, pd, 7)
+		// 0 when the rule is charged the call's cost; ≤ MaxCost (2^53)
+		// fits 7 bytes.
+		b = le(b, rule.Cost, 7)
 	}
 	return []any{cost, m, b}
 }
@@ -576,6 +581,10 @@ func fingerprint(key string, rules []Rule) uint64 {
 		h.int(r.Limit)
 		h.int(int64(r.Period))
 		h.int(r.Capacity())
+		// A rule's own cost changes its verdict and retry as the call's
+		// cost does (which the entry checks): a denial at one must not
+		// answer another.
+		h.int(r.Cost)
 		if r.Shadow {
 			h.int(1)
 		} else {

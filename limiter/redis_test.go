@@ -282,6 +282,29 @@ func TestDenyCacheExact(t *testing.T) {
 	}
 }
 
+// TestDenyCacheRuleCost: a cached denial answers only the rules' own
+// costs it was given at: the same key and rules charged another Rule.Cost
+// go to Redis (here: admitted), since the fingerprint covers it.
+func TestDenyCacheRuleCost(t *testing.T) {
+	l := mustLimiter(t, mustRedis(t), Config{})
+	ctx := context.Background()
+	key := uniqueKey(t)
+	at := func(cost int64) []Rule {
+		return []Rule{{Name: "tokens", Limit: 10, Period: time.Hour, Cost: cost}, {Name: "requests", Limit: 100, Period: time.Hour}}
+	}
+	if d, err := l.Allow(ctx, key, at(8), 1); err != nil || !d.Allowed {
+		t.Fatalf("8 of 10 tokens: Allow = %+v, %v; want allowed", d, err)
+	}
+	for i, want := range []bool{false, true} {
+		if d, err := l.Allow(ctx, key, at(8), 1); err != nil || d.Allowed || d.Cached != want {
+			t.Fatalf("8 more tokens #%d: Allow = %+v, %v; want denied, cached %v", i+1, d, err, want)
+		}
+	}
+	if d, err := l.Allow(ctx, key, at(2), 1); err != nil || !d.Allowed || d.Cached {
+		t.Fatalf("2 tokens of the 2 left: Allow = %+v, %v; want allowed by Redis, not the cached denial at 8", d, err)
+	}
+}
+
 // TestCachedRetryAfterIsEnough: a client that waits the RetryAfter of a
 // denial the deny cache answered is admitted, even when Redis decided the
 // denial it cached long after the call was sent (here a CLIENT PAUSE

@@ -49,6 +49,10 @@ const (
 	// MaxPeriod is the longest period accepted: it keeps period×limit
 	// products exact in doubles.
 	MaxPeriod = 400 * 24 * time.Hour
+	// MaxCost is the largest Rule.Cost accepted (2^53): integers stay
+	// exact in Lua's doubles up to there, and any cost above 2^32 already
+	// exceeds every rule's capacity.
+	MaxCost = 1 << 53
 )
 
 // Errors returned for bad input. Each wraps ErrInput as well, so callers
@@ -99,6 +103,20 @@ type Rule struct {
 	// on every resize. A full state starts full at the new capacity, as no
 	// state would. Not configurable.
 	Share bool `yaml:"-"`
+	// Cost, when positive, is what this rule is charged instead of the
+	// call's cost; zero charges the call's. It lets one atomic check
+	// charge rules differently (the Envoy door's per-descriptor
+	// hits_addend: tokens on one descriptor, requests on another), still
+	// all-or-nothing. At most MaxCost. Not configurable.
+	Cost int64 `yaml:"-"`
+}
+
+// charge is what the rule is charged in a check of cost: Cost when set.
+func (r Rule) charge(cost int64) int64 {
+	if r.Cost > 0 {
+		return r.Cost
+	}
+	return cost
 }
 
 // bucket is the rule's identity in the store: Bucket, else Name.
@@ -157,6 +175,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: burst %d is negative", ErrInvalidRule, r.Name, r.Burst)
 	case r.Capacity() > maxCapacity || r.Limit > maxCapacity:
 		return fmt.Errorf("%w %q: limit or burst above %d", ErrInvalidRule, r.Name, int64(maxCapacity))
+	case r.Cost < 0 || r.Cost > MaxCost:
+		return fmt.Errorf("%w %q: cost %d outside 0 (the call's) to %d", ErrInvalidRule, r.Name, r.Cost, int64(MaxCost))
 	}
 	switch r.Algorithm {
 	case "", TokenBucket, SlidingWindow:
@@ -302,8 +322,8 @@ func closer(a, b RuleResult, allowed bool) bool {
 func overCapacity(rules []Rule, cost int64) (Decision, bool) {
 	var reasons []string
 	for _, r := range rules {
-		if !r.Shadow && cost > r.Capacity() {
-			reasons = append(reasons, fmt.Sprintf("cost %d exceeds capacity %d of rule %q", cost, r.Capacity(), r.Name))
+		if c := r.charge(cost); !r.Shadow && c > r.Capacity() {
+			reasons = append(reasons, fmt.Sprintf("cost %d exceeds capacity %d of rule %q", c, r.Capacity(), r.Name))
 		}
 	}
 	if reasons == nil {
@@ -311,7 +331,7 @@ func overCapacity(rules []Rule, cost int64) (Decision, bool) {
 	}
 	rr := make([]RuleResult, len(rules))
 	for i, r := range rules {
-		rr[i] = RuleResult{Rule: r, Allowed: cost <= r.Capacity()}
+		rr[i] = RuleResult{Rule: r, Allowed: r.charge(cost) <= r.Capacity()}
 	}
 	d := decide(rr)
 	d.Reason = strings.Join(reasons, "; ")

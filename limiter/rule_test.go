@@ -33,6 +33,9 @@ func TestValidate(t *testing.T) {
 		{"name with brace", "k", []Rule{{Name: "a{b}", Limit: 1, Period: time.Second}}, 1, ErrInvalidRule},
 		{"duplicate names", "k", []Rule{ok, ok}, 1, ErrInvalidRule},
 		{"huge limit", "k", []Rule{{Name: "a", Limit: 1 << 40, Period: time.Second}}, 1, ErrInvalidRule},
+		{"rule cost", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: MaxCost}}, 1, nil},
+		{"negative rule cost", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: -1}}, 1, ErrInvalidRule},
+		{"rule cost above 2^53", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: MaxCost + 1}}, 1, ErrInvalidRule},
 	}
 	stores := map[string]allower{"memory": NewMemory(nil, 0)}
 	for _, tt := range tests {

@@ -47,10 +47,14 @@
 //   - One Redis Cluster slot per domain: the price of deciding a request's
 //     descriptors atomically. Spread large deployments over several
 //     domains; ratelimit spreads each counter on its own.
-//   - hits_addend is the cost of the whole request. Per-descriptor
-//     hits_addend is honoured when every limited descriptor of the request
-//     asks the same; different ones cannot be one atomic decision and get
-//     INVALID_ARGUMENT, as does is_negative_hits. 0 counts as 1.
+//   - hits_addend: a descriptor's own is what its limit is charged (as
+//     ratelimit does; limiter.Rule.Cost), the request's is charged to the
+//     others and is the decision event's cost. 0 counts as 1; a value
+//     above 2^53 counts as 2^53, over every limit. Different costs are
+//     still decided in the one atomic call, all-or-nothing: a descriptor
+//     whose cost does not fit denies the request and none is charged. Two
+//     descriptors of one bucket are one rule, charged once, at the higher
+//     of their costs. is_negative_hits gets INVALID_ARGUMENT.
 //   - Limits over requests_per_unit (burst) are "cost exceeds capacity":
 //     OVER_LIMIT without a store call, no Retry-After.
 //   - requests_per_unit: 0 (ratelimit's block list, README example 3)

@@ -285,9 +285,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// rules, one per distinct bucket.
 	picks := make([]pick, len(descs))
 	var rules []gateway.Rule
+	// The call's cost is the request's hits_addend (events and metrics
+	// count it); a descriptor's own hits_addend is its rule's cost, all
+	// decided in the one atomic check.
 	cost := int64(max(1, req.GetHitsAddend()))
-	costSet := false
-	blocked := -1 // a descriptor whose limit is 0
+	var charges []int64 // rules[j] is charged charges[j]
+	blocked := -1       // a descriptor whose limit is 0
 	for i, f := range all {
 		p := pick{rule: -1}
 		switch {
@@ -315,18 +318,19 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 			p.rule = j
 			p.current = f.lim.current()
-			c := int64(max(1, req.GetHitsAddend()))
+			c := cost
 			if h := descs[i].GetHitsAddend(); h != nil {
 				// Charged in full: a cut-down cost could fit under a limit
 				// (up to 2^32) the real one exceeds. Values past 2^53 (exact
 				// in the script's doubles) exceed every limit all the same.
-				c = int64(min(max(1, h.GetValue()), 1<<53))
+				c = int64(min(max(1, h.GetValue()), limiter.MaxCost))
 			}
-			if costSet && c != cost {
-				return nil, status.Errorf(codes.InvalidArgument,
-					"descriptor %d: hits_addend %d differs from another limited descriptor's %d; one request's descriptors are decided atomically at one cost", i, c, cost)
+			// Two descriptors of one bucket are one rule, charged once: at
+			// the higher cost, so neither is charged less than it asked.
+			if j == len(charges) {
+				charges = append(charges, c)
 			}
-			cost, costSet = c, true
+			charges[j] = max(charges[j], c)
 		}
 		picks[i] = p
 	}
@@ -342,6 +346,11 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 		}
 		return resp, nil
+	}
+	for j, c := range charges {
+		if c != cost {
+			rules[j].Cost = c
+		}
 	}
 	if len(rules) > limiter.MaxRules {
 		return nil, status.Errorf(codes.InvalidArgument, "%d distinct limited descriptors, at most %d", len(rules), limiter.MaxRules)

@@ -142,11 +142,78 @@ func TestHitsAddendIsTheCost(t *testing.T) {
 	if resp := r.ask(t, "test", 0, desc("generic_key", "five")); resp.GetOverallCode() != over {
 		t.Fatalf("after 5 of 5: %v, want OVER_LIMIT", resp.GetOverallCode())
 	}
-	// Two limited descriptors at different costs cannot be one atomic call.
-	d = desc("generic_key", "three")
-	d.HitsAddend = wrap(2)
-	if _, err := r.try("test", 1, d, desc("generic_key", "one")); status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("different hits_addend per descriptor: %v, want InvalidArgument", err)
+}
+
+// TestHitsAddendPerDescriptor: each descriptor is charged its own
+// hits_addend (tokens on one, requests on another, as Envoy AI Gateway
+// sends them), in one atomic call: a request whose tokens do not fit is
+// OVER_LIMIT and charges neither descriptor. Until issue #12 different
+// values were refused with INVALID_ARGUMENT, which Envoy's default
+// failure_mode_deny: false let through unlimited.
+func TestHitsAddendPerDescriptor(t *testing.T) {
+	const ai = `
+domain: ai
+descriptors:
+  - key: tokens
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: requests
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+`
+	for _, algo := range []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow} {
+		t.Run(string(algo), func(t *testing.T) {
+			r := startRLS(t, map[string]string{"ai.yaml": ai}, Config{Algorithm: algo}, gatewayConfig(), "")
+			ask := func() *rlsv3.RateLimitResponse {
+				tokens := desc("tokens", "tenant-a")
+				tokens.HitsAddend = wrap(5)
+				requests := desc("requests", "tenant-a")
+				requests.HitsAddend = wrap(1)
+				return r.ask(t, "ai", 0, tokens, requests)
+			}
+			var rem []uint32 // the requests descriptor's remaining, request by request
+			for i, want := range []uint32{5, 0} {
+				resp := ask()
+				tok, req := resp.GetStatuses()[0], resp.GetStatuses()[1]
+				// 10 a minute refill one token in 6s; a test's seconds may
+				// refill one at most.
+				if resp.GetOverallCode() != ok || tok.GetLimitRemaining() < want || tok.GetLimitRemaining() > want+1 {
+					t.Fatalf("request %d: %v, tokens %v: want OK with %d tokens remaining (5 each)", i+1, resp.GetOverallCode(), tok, want)
+				}
+				if got := req.GetLimitRemaining(); got < uint32(98-i) || got > uint32(100-i) {
+					t.Fatalf("request %d: requests remaining %d, want %d (1 each)", i+1, got, 99-i)
+				}
+				rem = append(rem, req.GetLimitRemaining())
+			}
+			resp := ask()
+			tok, req := resp.GetStatuses()[0], resp.GetStatuses()[1]
+			if resp.GetOverallCode() != over || tok.GetCode() != over || req.GetCode() != ok {
+				t.Fatalf("request 3: %v, tokens %v, requests %v: want OVER_LIMIT on the tokens alone", resp.GetOverallCode(), tok.GetCode(), req.GetCode())
+			}
+			// Nothing consumed: what the requests descriptor has left only
+			// grows (by refill), never drops by the denied request's 1.
+			if got := req.GetLimitRemaining(); got < rem[1] {
+				t.Errorf("requests remaining after the denied request %d, was %d: the denied request charged it", got, rem[1])
+			}
+			// The call's cost is the request's hits_addend (0: 1).
+			for _, e := range r.events.list() {
+				if e.Cost != 1 {
+					t.Errorf("decision event cost %d, want the request's 1", e.Cost)
+				}
+			}
+			// Two descriptors of one bucket are one rule, charged once at
+			// the higher of their costs: 7 of 10, not 2 and not 9.
+			small, big := desc("tokens", "tenant-b"), desc("tokens", "tenant-b")
+			small.HitsAddend, big.HitsAddend = wrap(2), wrap(7)
+			resp = r.ask(t, "ai", 0, small, big)
+			for i, st := range resp.GetStatuses() {
+				if st.GetCode() != ok || st.GetLimitRemaining() < 3 || st.GetLimitRemaining() > 4 {
+					t.Errorf("one bucket at 2 and 7: status %d %v, want OK with 3 remaining", i, st)
+				}
+			}
+		})
 	}
 }
 
