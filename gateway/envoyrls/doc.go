@@ -62,7 +62,9 @@
 //   - Request limit overrides (RateLimitDescriptor.limit) are honoured as
 //     ratelimit does (grpc.limit_overrides: honor), or ignored (the
 //     configured limit applies) or refused with INVALID_ARGUMENT. An
-//     override shares the descriptor's bucket.
+//     override shares the descriptor's bucket; a request holding the same
+//     entries under two limits (configured and override) counts the later
+//     in a bucket of its limit's own, so both limits hold.
 //   - Store failure. ratelimit answers a gRPC error and leaves it to
 //     Envoy's failure_mode_deny. Here the rules' failure policy decides
 //     (grpc.failure_policy, default the gateway's): open answers OK,

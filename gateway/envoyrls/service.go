@@ -310,11 +310,19 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			if f.bucketed != nil && !f.override {
 				be = f.bucketed
 			}
-			b := bucket(dom.name, be)
-			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == b })
+			rule := cfg.rule(f.lim, bucket(dom.name, be))
+			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
+			if j >= 0 && !sameLimit(rules[j].Rule, rule.Rule) {
+				// The same entries under another limit (an override, or a
+				// shadow one): one rule would answer for both and the
+				// other's limit would never be enforced, so it counts in a
+				// bucket of that limit's own.
+				rule.Bucket = limitBucket(rule.Rule)
+				j = slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
+			}
 			if j < 0 {
 				j = len(rules)
-				rules = append(rules, cfg.rule(f.lim, b))
+				rules = append(rules, rule)
 			}
 			p.rule = j
 			p.current = f.lim.current()
@@ -440,6 +448,22 @@ func (c Config) rule(l *limit, bucket string) gateway.Rule {
 		r.Burst = min(max(1, int64(math.Round(float64(r.Limit)*c.BurstFactor))), 1<<32)
 	}
 	return gateway.Rule{Rule: r, FailurePolicy: c.FailurePolicy}
+}
+
+// sameLimit reports whether a and b, rules of one bucket, decide alike:
+// everything but the name (which tells the descriptors apart) agrees.
+func sameLimit(a, b limiter.Rule) bool {
+	a.Name = b.Name
+	return a == b
+}
+
+// limitBucket is the bucket of r's entries under r's limit, for a request
+// holding the same entries under another limit too: a hash of r's bucket
+// and everything its state depends on, prefixed "l" so that it never
+// equals an entries bucket ("e…").
+func limitBucket(r limiter.Rule) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%d\x00%s\x00%t", r.Bucket, r.Limit, int64(r.Period), r.Burst, r.Algorithm, r.Shadow))
+	return "l" + hex.EncodeToString(sum[:16])
 }
 
 // current is the limit as a descriptor status reports it.

@@ -397,6 +397,26 @@ func TestLimitOverrides(t *testing.T) {
 	}
 }
 
+// TestOverrideOfTheSameEntries: a request holding one descriptor's entries
+// twice, under the configured limit (3 a minute) and under a stricter
+// override (1 an hour), is held to both: the override's descriptor is not
+// answered by the configured one's bucket, which admitted 3.
+func TestOverrideOfTheSameEntries(t *testing.T) {
+	r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "")
+	ask := func() *rlsv3.RateLimitResponse {
+		strict := desc("generic_key", "three")
+		strict.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+		return r.ask(t, "test", 0, desc("generic_key", "three"), strict)
+	}
+	if resp := ask(); resp.GetOverallCode() != ok || resp.GetStatuses()[1].GetLimitRemaining() != 0 {
+		t.Fatalf("first request: %v, override's status %v: want OK with 0 of 1 remaining", resp.GetOverallCode(), resp.GetStatuses()[1])
+	}
+	resp := ask()
+	if plain, strict := resp.GetStatuses()[0], resp.GetStatuses()[1]; resp.GetOverallCode() != over || strict.GetCode() != over || plain.GetCode() != ok {
+		t.Fatalf("second request: %v, configured %v, override %v: want OVER_LIMIT on the override's 1 an hour", resp.GetOverallCode(), plain, strict)
+	}
+}
+
 // failurePolicies are what each failure policy answers, and the mode its
 // decisions carry, while Redis cannot decide.
 var failurePolicies = []struct {
