@@ -64,7 +64,8 @@
 //     configured limit applies) or refused with INVALID_ARGUMENT. An
 //     override shares the descriptor's bucket; a request holding the same
 //     entries under two limits (configured and override) counts the later
-//     in a bucket of its limit's own, so both limits hold.
+//     in a bucket of its limit's own, so both limits hold. An override
+//     of 0 blocks, as a configured 0 does.
 //   - Store failure. ratelimit answers a gRPC error and leaves it to
 //     Envoy's failure_mode_deny. Here the rules' failure policy decides
 //     (grpc.failure_policy, default the gateway's): open answers OK,

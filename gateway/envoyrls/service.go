@@ -477,15 +477,15 @@ func (l *limit) current() *rlsv3.RateLimitResponse_RateLimit {
 }
 
 // overrideLimit is the limit a request sets for its descriptor; n is the
-// node the descriptor matched (nil: none), which names the rule.
+// node the descriptor matched (nil: none), which names the rule. An
+// override of 0 blocks, as a configured 0 does (ratelimit's block list):
+// refusing it with an error would let Envoy, failing open by default,
+// pass the request uncounted.
 func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimitOverride) (*limit, error) {
 	unit := o.GetUnit().String()
 	period, ok := units[unit]
 	if !ok {
 		return nil, fmt.Errorf("limit override: invalid unit %s", unit)
-	}
-	if o.GetRequestsPerUnit() == 0 {
-		return nil, fmt.Errorf("limit override: requests_per_unit must be positive")
 	}
 	mult := uint32(1)
 	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {

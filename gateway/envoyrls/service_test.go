@@ -387,6 +387,12 @@ func TestLimitOverrides(t *testing.T) {
 		t.Fatalf("override of an unconfigured descriptor: %v, want 6 remaining", st)
 	}
 
+	// An override of 0 blocks, as a configured 0 does: OVER_LIMIT, not an
+	// error that Envoy (failure_mode_deny false) would let through.
+	if resp := r.ask(t, "test", 0, override(desc("generic_key", "three"), 0), desc("generic_key", "three")); resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != over {
+		t.Fatalf("override of 0: %v, want OVER_LIMIT on it", resp)
+	}
+
 	r = startRLS(t, map[string]string{"test.yaml": features}, Config{LimitOverrides: OverridesIgnore}, gatewayConfig(), "")
 	if st := r.ask(t, "test", 0, override(desc("generic_key", "three"), 100)).GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 3 {
 		t.Fatalf("ignored override: %v, want the configured 3", st)
