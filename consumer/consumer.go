@@ -160,6 +160,14 @@ func (c Config) Validate() error {
 				ErrInvalidConfig, i+1, len(c.Brokers))
 		}
 	}
+	for _, t := range []struct{ what, name string }{{"topic", c.Topic}, {"dead-letter topic", c.DeadLetterTopic}} {
+		// Kafka refuses the name on every request: without this the
+		// consumer would retry at start forever, or block on its first
+		// poison record.
+		if err := event.CheckTopic(t.name); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrInvalidConfig, t.what, err)
+		}
+	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
 		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
