@@ -403,3 +403,35 @@ func headers(r *kgo.Record) map[string]string {
 	}
 	return h
 }
+
+// TestRetryStagesVisibleAtZero: every stage the retries counter is
+// incremented with exists from the start, at 0. A series born at 1 is
+// invisible to increase(), so the first failed attempt of a stage not
+// pre-created never moved EdgelimitConsumerRetrying.
+func TestRetryStagesVisibleAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgelimit_consumer_retries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				seen[lp.GetValue()] = lp.GetName() == "stage"
+			}
+		}
+	}
+	for _, s := range []string{stageDeadLetter, stageAbort, stageStage, stageInsert, stageLedger, stageCommit,
+		stageResume, stageSchema, stageLag} {
+		if !seen[s] {
+			t.Errorf("retries_total{stage=%q} not there before the first retry", s)
+		}
+	}
+}
