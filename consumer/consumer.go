@@ -493,8 +493,16 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				p.first = r.Offset
 			}
 			p.end, p.hasEnd = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
-			if r.Timestamp.After(p.newest) {
-				p.newest = r.Timestamp
+			// Not past the consumer's clock: a producer's clock ahead (Kafka
+			// takes an hour ahead by default) would otherwise hold
+			// lag_seconds at 0 until the wall clock caught up with it,
+			// however long records wait meanwhile.
+			ts := r.Timestamp
+			if now := c.now(); ts.After(now) {
+				ts = now
+			}
+			if ts.After(p.newest) {
+				p.newest = ts
 			}
 			if err := decode(&d, r); err != nil {
 				dl := c.deadLetter(r, err)
