@@ -160,6 +160,14 @@ func (c Config) Validate() error {
 				ErrInvalidConfig, i+1, len(c.Brokers))
 		}
 	}
+	for _, t := range []struct{ what, name string }{{"topic", c.Topic}, {"dead-letter topic", c.DeadLetterTopic}} {
+		// Kafka refuses the name on every request: without this the
+		// consumer would retry at start forever, or block on its first
+		// poison record.
+		if err := event.CheckTopic(t.name); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrInvalidConfig, t.what, err)
+		}
+	}
 	for _, d := range []time.Duration{c.BatchWait, c.InsertTimeout, c.RetryMin, c.RetryMax,
 		c.ShutdownTimeout, c.LagInterval, c.RetentionInterval, c.MaxClockSkew} {
 		if d < 0 {
@@ -485,8 +493,16 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				p.first = r.Offset
 			}
 			p.end, p.hasEnd = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}, true
-			if r.Timestamp.After(p.newest) {
-				p.newest = r.Timestamp
+			// Not past the consumer's clock: a producer's clock ahead (Kafka
+			// takes an hour ahead by default) would otherwise hold
+			// lag_seconds at 0 until the wall clock caught up with it,
+			// however long records wait meanwhile.
+			ts := r.Timestamp
+			if now := c.now(); ts.After(now) {
+				ts = now
+			}
+			if ts.After(p.newest) {
+				p.newest = ts
 			}
 			if err := decode(&d, r); err != nil {
 				dl := c.deadLetter(r, err)

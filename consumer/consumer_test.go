@@ -38,6 +38,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "password in a broker", give: Config{Brokers: []string{"k:9092", "u:hunter2@k:9092"}}, want: bad + "broker 2 of 2 is not a host:port (credentials belong in their own settings, never in an address)"},
 		{name: "broker url", give: Config{Brokers: []string{"kafka://k:9092"}}, want: bad + "broker 1 of 1 is not a host:port (credentials belong in their own settings, never in an address)"},
 		{name: "negative dead-letter bound", give: Config{Brokers: b, DeadLetterMaxBytes: -1}, want: bad + "dead-letter max bytes must be positive: -1"},
+		{name: "topic with a space", give: Config{Brokers: b, Topic: "my decisions"}, want: bad + `topic: event: not a Kafka topic name: "my decisions" (only a-z, A-Z, 0-9, '.', '_' and '-')`},
+		{name: "dead-letter topic dot", give: Config{Brokers: b, DeadLetterTopic: ".."}, want: bad + `dead-letter topic: event: not a Kafka topic name: ".."`},
 		{name: "negative clock skew", give: Config{Brokers: b, MaxClockSkew: -time.Hour}, want: bad + "negative duration: -1h0m0s"},
 	}
 	for _, tt := range tests {
@@ -400,4 +402,36 @@ func headers(r *kgo.Record) map[string]string {
 		h[x.Key] = string(x.Value)
 	}
 	return h
+}
+
+// TestRetryStagesVisibleAtZero: every stage the retries counter is
+// incremented with exists from the start, at 0. A series born at 1 is
+// invisible to increase(), so the first failed attempt of a stage not
+// pre-created never moved EdgelimitConsumerRetrying.
+func TestRetryStagesVisibleAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgelimit_consumer_retries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				seen[lp.GetValue()] = lp.GetName() == "stage"
+			}
+		}
+	}
+	for _, s := range []string{stageDeadLetter, stageAbort, stageStage, stageInsert, stageLedger, stageCommit,
+		stageResume, stageSchema, stageLag} {
+		if !seen[s] {
+			t.Errorf("retries_total{stage=%q} not there before the first retry", s)
+		}
+	}
 }

@@ -316,7 +316,15 @@ func TestFaultDeadLetterFails(t *testing.T) {
 		const n = 2000
 		producePoisoned(t, kb, &kgo.Record{Value: []byte("poison")}, n)
 		cfg := kb.config()
-		cfg.DeadLetterTopic = "no such topic!" // every produce fails
+		// Every produce fails: the topic exists, but refuses every dead
+		// letter as too large (a name Kafka refuses is a config error now).
+		cfg.DeadLetterTopic += "-tiny"
+		ctx, adm, done := testenv.KafkaAdmin(t, kb.brokers, 30*time.Second)
+		tiny := "16"
+		if _, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"max.message.bytes": &tiny}, cfg.DeadLetterTopic); err != nil {
+			t.Fatal(err)
+		}
+		done()
 		r := start(t, cfg, ch, nil)
 		waitRaw(t, ch, n/2, 30*time.Second)
 		r.stop()

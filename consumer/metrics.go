@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
 		m.deadLetters.WithLabelValues(r)
 	}
-	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageLag} {
+	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageSchema, stageLag} {
 		m.retries.WithLabelValues(s)
 	}
 	for _, r := range []string{distrustTopicID, distrustHighWatermark} {

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -121,4 +123,42 @@ func TestKafkaOutageCounted(t *testing.T) {
 	waitRaw(t, ch, 400, 60*time.Second)
 	r.stop()
 	wantExact(t, ch, 400)
+}
+
+// TestLagSecondsAfterFutureTimestamp: a producer whose clock runs ahead
+// (the broker takes timestamps up to log.message.timestamp.after.max.ms
+// ahead, an hour by default) stores a record timestamped in the future.
+// When ClickHouse then stops, records wait, and lag_seconds must grow (the
+// EdgelimitConsumerLagSeconds alert), not read 0 until the wall clock has
+// caught up with that timestamp.
+func TestLagSecondsAfterFutureTimestamp(t *testing.T) {
+	srv := testenv.Private(t, "clickhouse")
+	ch, _ := newDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR"))
+	b := realBackend(t, 1)
+	cfg := b.config()
+	cfg.LagInterval = 100 * time.Millisecond
+	ds := decisions(101)
+
+	ahead := record(t, ds[0])
+	ahead.Timestamp = time.Now().Add(30 * time.Minute)
+	produceRaw(t, b.brokers, b.topic, []*kgo.Record{ahead})
+	r := start(t, cfg, ch, nil)
+	waitRaw(t, ch, 1, 60*time.Second)
+	// The group's coordinator answers once the consumer has joined.
+	testenv.WaitFor(t, 30*time.Second, "the record from the future committed", func() bool {
+		return committed(t, b.brokers, cfg.Group, cfg.Topic)[0] == 1
+	})
+
+	srv.Halt(t)
+	produce(t, b.brokers, b.topic, ds[1:])
+	testenv.WaitFor(t, 60*time.Second, "lag measured while ClickHouse is down", func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_lag") == 100
+	})
+	testenv.WaitFor(t, 30*time.Second, "lag_seconds above 0 while records wait", func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_lag_seconds") > 0
+	})
+	srv.Resume(t)
+	waitRaw(t, ch, 101, 60*time.Second)
+	r.stop()
+	wantExact(t, ch, 101)
 }

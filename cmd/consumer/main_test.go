@@ -83,6 +83,7 @@ func TestConfigErrors(t *testing.T) {
 		{name: "missing file", args: []string{"-config", filepath.Join(dir, "nope.yaml")}, env: ok, want: "no such file"},
 		{name: "bad days", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_RETENTION_RAW_DAYS": "x"}, want: "EDGELIMIT_RETENTION_RAW_DAYS"},
 		{name: "bad level", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_LOG_LEVEL": "loud"}, want: "log_level"},
+		{name: "bad topic", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k", "EDGELIMIT_KAFKA_DEAD_LETTER_TOPIC": "dead letters"}, want: `dead-letter topic: event: not a Kafka topic name: "dead letters"`},
 		{name: "bad flag", args: []string{"-nope"}, env: ok, want: "not defined"},
 		{name: "shards without a cluster name", args: []string{"-check"}, env: map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": "ch:9000", "EDGELIMIT_KAFKA_BROKERS": "k",
 			"EDGELIMIT_CLICKHOUSE_SHARDS": "ch-1:9000,ch-2:9000", "EDGELIMIT_CLICKHOUSE_LOCAL_DATABASE": "local"}, want: "cluster.name"},

@@ -108,6 +108,10 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: broker %d of %d is not a host:port (credentials belong in kafka.sasl, never in an address)", ErrInvalidConfig, i+1, len(c.Brokers)))
 		}
 	}
+	if err := event.CheckTopic(c.Topic); err != nil {
+		// Kafka would refuse every event, each dropped as a broker error.
+		errs = append(errs, fmt.Errorf("%w: topic: %w", ErrInvalidConfig, err))
+	}
 	if c.MaxBuffered < 0 {
 		errs = append(errs, fmt.Errorf("%w: max buffered must be positive: %d", ErrInvalidConfig, c.MaxBuffered))
 	}

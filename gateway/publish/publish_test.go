@@ -35,6 +35,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "ipv6", give: Config{Brokers: []string{"[::1]:9092", "b"}}},
 		{name: "password in a broker", give: Config{Brokers: []string{"b:9092", "user:hunter2@b:9092"}}, want: "broker 2 of 2 is not a host:port"},
 		{name: "broker url", give: Config{Brokers: []string{"kafka://b:9092"}}, want: "broker 1 of 1 is not a host:port"},
+		{name: "bad topic", give: Config{Brokers: []string{"b"}, Topic: "decisions/v2"}, want: `topic: event: not a Kafka topic name: "decisions/v2"`},
 		{name: "empty broker", give: Config{Brokers: []string{""}}, want: "broker 1 of 1 is not a host:port"},
 	}
 	for _, tt := range tests {
