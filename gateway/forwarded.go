@@ -19,9 +19,9 @@ var DefaultStripHeaders = append([]string{
 // overridingHeaders are the headers with which frameworks let a proxy
 // override the path or the method the upstream acts on: they would reach
 // what was not decided (a GET charged as cheap, run as a DELETE or
-// elsewhere). They are removed from a trusted proxy's requests too: the
-// gateway decided on the method and path it read, and a proxy passes a
-// client's override on as it came.
+// elsewhere). They are removed from every request, a trusted proxy's
+// too (a proxy passes a client's override on as it came), whatever
+// strip_headers lists.
 var overridingHeaders = []string{
 	"X-Original-URL", "X-Rewrite-URL", "X-Override-URL",
 	"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
@@ -94,10 +94,12 @@ func setForwarded(pr *httputil.ProxyRequest, info *proxyInfo) {
 		keepDecided(in, out)
 	}
 	delete(out, ProxySecretHeader) // a proxy's proof, never the upstream's business
+	// From every peer, whatever strip_headers lists: the gateway decided
+	// on the method and path it read.
+	removeOverriding(out)
 	switch {
 	case info.peerTrusted:
 		info.strip.scrubUnderscored(out)
-		removeOverriding(out)
 	case info.trustedHops:
 		info.strip.scrub(out)
 	default:
