@@ -52,7 +52,8 @@ import (
 // replayed admissions first, which is the order least favourable to the
 // tolerance check and irrelevant to the bound check. The memory store gets
 // a fake clock that advances on every read; it reads it under its lock, so
-// times are unique and in decision order.
+// times are unique and in decision order, to the nanosecond (two
+// decisions may share a microsecond, and are replayed in clock order).
 //
 // Rule changes take effect in a store at the first call that sees the new
 // rule (it cannot know when the configuration changed), so the test
@@ -91,9 +92,13 @@ func tolerance(m ratemodel.Model, now int64, writes int) *big.Rat {
 }
 
 type modelEvent struct {
-	set     int // which key and rule set
-	phase   int
-	at      int64 // µs, as the decision reports it
+	set   int // which key and rule set
+	phase int
+	at    int64 // µs, as the decision reports it
+	// ns orders events within a microsecond: the memory store's fake
+	// clock is unique to the nanosecond, Redis' TIME only to the µs
+	// (its ties are broken as the comment on Time says).
+	ns      int64
 	cost    int64 // the call's
 	allowed bool
 	rules   []RuleResult // each rule's own verdict, under the rule as sent
@@ -108,8 +113,8 @@ func replay(t *testing.T, phases [][]Rule, events []modelEvent, seed uint64) (ad
 	t.Helper()
 	slices.SortStableFunc(events, func(a, b modelEvent) int {
 		switch {
-		case a.at != b.at:
-			return cmp.Compare(a.at, b.at)
+		case a.ns != b.ns:
+			return cmp.Compare(a.ns, b.ns)
 		case a.allowed != b.allowed:
 			if a.allowed {
 				return -1
@@ -434,7 +439,7 @@ func runModel(t *testing.T, rules [][]Rule, seed uint64, start func(p int), more
 						t.Errorf("Allow(cost %d) = %+v: want a store decision", cost, d)
 						return
 					}
-					mine = append(mine, modelEvent{set: set, phase: p, at: d.Time.UnixMicro(), cost: cost, allowed: d.Allowed, rules: d.Rules})
+					mine = append(mine, modelEvent{set: set, phase: p, at: d.Time.UnixMicro(), ns: d.Time.UnixNano(), cost: cost, allowed: d.Allowed, rules: d.Rules})
 					if !isMemory {
 						time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
 					}
