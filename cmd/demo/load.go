@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxDue bounds the requests one load run schedules (-rate × -duration),
-// and with it the latencies it keeps. It is below the 2^24 IPs of
+// maxDue bounds the requests one load or traffic run schedules (-rate ×
+// -duration), and with it the latencies it keeps. It is below the 2^24 IPs of
 // 10.0.0.0/8, so -sequential never runs out of them.
 const maxDue = 10_000_000
 
