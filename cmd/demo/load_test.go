@@ -247,7 +247,13 @@ func TestTrafficOnSchedule(t *testing.T) {
 	if allowed != answered[http.StatusOK] || denied != answered[http.StatusTooManyRequests] || failed != answered[http.StatusServiceUnavailable] {
 		t.Errorf("traffic printed %q, the gateway answered %v", out.String(), answered)
 	}
-	if err := traffic(t.Context(), []string{"-gateway", srv.URL, "-rate", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "-rate and -duration must be positive") {
-		t.Errorf("traffic -rate 0 = %v, want a bad-rate error", err)
+	for _, tt := range []struct{ give, want string }{
+		{"-rate=0", "-rate and -duration must be positive"},
+		{"-gateway=http://[::1", "want http(s)://host[:port]"},
+		{"-gateway=127.0.0.1:8080", "want http(s)://host[:port]"},
+	} {
+		if err := traffic(t.Context(), []string{tt.give}, io.Discard); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("traffic %s = %v, want an error with %q", tt.give, err, tt.want)
+		}
 	}
 }

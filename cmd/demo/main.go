@@ -25,6 +25,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -134,6 +135,12 @@ func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	targets := strings.Split(*gws, ",")
+	for _, t := range targets {
+		// A URL that does not parse would make every request nil.
+		if u, err := url.Parse(t); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("traffic: -gateway %q: want http(s)://host[:port]", t)
+		}
+	}
 	weight := make([]int, len(targets))
 	total := 0
 	for i := range targets {
