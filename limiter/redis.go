@@ -129,13 +129,14 @@ type sender struct {
 	cmds  []*redis.Cmd
 }
 
-// newCall returns a pooled call for ctx.
-func (r *Redis) newCall(ctx context.Context, keys []string, args []any) *call {
+// newCall returns a pooled call for ctx: keys, the first containers of
+// them containers (see Keys), and the script's args.
+func (r *Redis) newCall(ctx context.Context, keys []string, containers int, args []any) *call {
 	c, _ := r.calls.Get().(*call)
 	if c == nil {
 		c = &call{done: make(chan struct{}, 1)}
 	}
-	c.ctx, c.keys, c.args, c.sent = ctx, keys, args, r.cfg.Now()
+	c.ctx, c.keys, c.containers, c.args, c.sent = ctx, keys, containers, args, r.cfg.Now()
 	return c
 }
 
@@ -273,8 +274,8 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, nil
 		}
 	}
-	c := r.newCall(ctx, r.Keys(key, rules), scriptArgs(rules, cost))
-	c.containers = len(c.keys) - len(rules)
+	keys := r.Keys(key, rules)
+	c := r.newCall(ctx, keys, len(keys)-len(rules), scriptArgs(rules, cost))
 	if !r.submit(c) {
 		r.recycle(c)
 		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
