@@ -6,10 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,7 +54,7 @@ func TestClusterReshard(t *testing.T) {
 			t.Fatal(err)
 		}
 		stores = append(stores, lim)
-		gw, err := gateway.New(gateway.Config{
+		urls = append(urls, serveGateway(t, gateway.Config{
 			GatewayID:     fmt.Sprintf("reshard-%d", i),
 			KeyHashSecret: "reshard",
 			StoreDeadline: time.Second, // -race on two busy cores; a reshard is no outage
@@ -65,18 +63,7 @@ func TestClusterReshard(t *testing.T) {
 			AnonymousPlan: "anon",
 			Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 			Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
-		}, gateway.Options{Store: lim, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := gw.Server()
-		go srv.Serve(ln)
-		defer srv.Close()
-		urls = append(urls, "http://"+ln.Addr().String()+"/x")
+		}, gateway.Options{Store: lim, Logger: log})+"/x")
 	}
 
 	// Every request comes from 127.0.0.1: one key, on both gateways.
@@ -115,7 +102,6 @@ func TestClusterReshard(t *testing.T) {
 	}
 	awaitRequests("before the reshard", 20)
 
-	ctx := context.Background()
 	cc, err := boot.NewRedis(link, boot.RedisTuning{Timeout: 5 * time.Second}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -123,53 +109,15 @@ func TestClusterReshard(t *testing.T) {
 	defer cc.Close()
 	ip, _ := limiter.IPKey("127.0.0.1")
 	key := prefix + ":{" + ip + "}" // the identity's container (limiter's layout)
-	slot, err := cc.(*redis.ClusterClient).ClusterKeySlot(ctx, key).Result()
+	slot, err := cc.(*redis.ClusterClient).ClusterKeySlot(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, dst := slotOwner(t, cc.(*redis.ClusterClient), slot)
-	defer src.Close()
-	defer dst.Close()
-	srcID, dstID := nodeID(t, src), nodeID(t, dst)
-	setSlot := func(c *redis.Client, args ...any) {
-		t.Helper()
-		if err := c.Do(ctx, append([]any{"cluster", "setslot", slot}, args...)...).Err(); err != nil {
-			t.Errorf("CLUSTER SETSLOT %d %v on %s: %v", slot, args, c.Options().Addr, err)
-		}
-	}
-	// moveKeys and finish are the reshard's last steps; finish also runs if
-	// the test stops half-way, so no slot is left migrating for others.
-	moveKeys := func() {
-		t.Helper()
-		host, port, _ := strings.Cut(dst.Options().Addr, ":")
-		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 1000).Result()
-		if err != nil {
-			t.Errorf("CLUSTER GETKEYSINSLOT %d: %v", slot, err)
-		}
-		for _, k := range keys {
-			if err := src.Migrate(ctx, host, port, k, 0, 5*time.Second).Err(); err != nil {
-				t.Errorf("MIGRATE %s: %v", k, err)
-			}
-		}
-	}
-	var finished bool
-	finish := func() {
-		t.Helper()
-		if finished {
-			return
-		}
-		finished = true
-		moveKeys()
-		setSlot(dst, "node", dstID)
-		setSlot(src, "node", dstID)
-	}
-	defer finish()
-	setSlot(dst, "importing", srcID)
-	setSlot(src, "migrating", dstID)
+	m := testenv.MigrateSlot(t, cc.(*redis.ClusterClient), slot)
 	awaitRequests("while the key is on the source of a migrating slot", 30)
-	moveKeys()
+	m.Move(t)
 	awaitRequests("while the key is on the target of a migrating slot", 30)
-	finish()
+	m.Finish(t)
 	awaitRequests("after the reshard", 20)
 	stop.Store(true)
 	wg.Wait()
@@ -191,37 +139,4 @@ func TestClusterReshard(t *testing.T) {
 	if pipelines >= checks {
 		t.Errorf("%d checks in %d pipelines: no pipeline carried several, so the reshard never met a shared one", checks, pipelines)
 	}
-}
-
-// slotOwner returns clients of the master serving slot and of another one.
-func slotOwner(t *testing.T, cc *redis.ClusterClient, slot int64) (src, dst *redis.Client) {
-	t.Helper()
-	ranges, err := cc.ClusterSlots(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var owner, other string
-	for _, r := range ranges {
-		if int64(r.Start) <= slot && slot <= int64(r.End) {
-			owner = r.Nodes[0].Addr
-		}
-	}
-	for _, r := range ranges {
-		if r.Nodes[0].Addr != owner {
-			other = r.Nodes[0].Addr
-		}
-	}
-	if owner == "" || other == "" {
-		t.Fatalf("slot %d: owner %q, another master %q", slot, owner, other)
-	}
-	return redis.NewClient(&redis.Options{Addr: owner}), redis.NewClient(&redis.Options{Addr: other})
-}
-
-func nodeID(t *testing.T, c *redis.Client) string {
-	t.Helper()
-	id, err := c.ClusterMyID(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
 }

@@ -7,85 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
-
-// migration is one Cluster slot half-way from one master to another, as a
-// reshard leaves it while it moves the slot's keys (CLUSTER SETSLOT
-// IMPORTING on the target, MIGRATING on the source).
-type migration struct {
-	slot     int64
-	src, dst *redis.Client
-	dstID    string
-	addr     string // the source's address
-}
-
-// migrate starts moving the slot of key (a Redis key) to another master.
-// The migration ends, the slot given to the target, when the test does.
-func migrate(t *testing.T, rdb *redis.ClusterClient, key string) *migration {
-	t.Helper()
-	ctx := context.Background()
-	slot, err := rdb.ClusterKeySlot(ctx, key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ranges, err := rdb.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var src, dst string
-	for _, r := range ranges {
-		if int64(r.Start) <= slot && slot <= int64(r.End) {
-			src = r.Nodes[0].Addr
-		}
-	}
-	for _, r := range ranges {
-		if a := r.Nodes[0].Addr; a != src {
-			dst = a
-		}
-	}
-	m := &migration{slot: slot, addr: src, src: redis.NewClient(&redis.Options{Addr: src}), dst: redis.NewClient(&redis.Options{Addr: dst})}
-	srcID, err := m.src.ClusterMyID(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.dstID, err = m.dst.ClusterMyID(ctx).Result(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// As a reshard ends: the keys left moved, then the slot given to
-		// the target, the target first.
-		keys, err := m.src.ClusterGetKeysInSlot(ctx, int(slot), 1000).Result()
-		if err != nil {
-			t.Errorf("CLUSTER GETKEYSINSLOT %d: %v", slot, err)
-		}
-		for _, k := range keys {
-			m.move(t, k)
-		}
-		for _, c := range []*redis.Client{m.dst, m.src} {
-			if err := c.Do(ctx, "cluster", "setslot", slot, "node", m.dstID).Err(); err != nil {
-				t.Errorf("CLUSTER SETSLOT %d NODE: %v", slot, err)
-			}
-			c.Close()
-		}
-	})
-	if err := m.dst.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.src.Do(ctx, "cluster", "setslot", slot, "migrating", m.dstID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-// move migrates key from the source to the target, as the reshard does.
-func (m *migration) move(t *testing.T, key string) {
-	t.Helper()
-	host, port, _ := strings.Cut(m.dst.Options().Addr, ":")
-	if err := m.src.Migrate(context.Background(), host, port, key, 0, 5*time.Second).Err(); err != nil {
-		t.Errorf("MIGRATE %s: %v", key, err)
-	}
-}
 
 // keyInSlot returns a limiter key other than key whose identity's
 // container lands in slot.
@@ -139,11 +63,11 @@ func TestClusterMigratingSlot(t *testing.T) {
 		}
 	}
 	check("before the reshard", key, 9)
-	m := migrate(t, rdb, l.Keys(key, rules)[0])
-	fresh := keyInSlot(t, l, key, rules, m.slot)
+	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(key, rules)[0]))
+	fresh := keyInSlot(t, l, key, rules, m.Slot)
 	check("on the source", key, 8)
 	check("a new identity, asked to the target", fresh, 9)
-	m.move(t, l.Keys(key, rules)[0])
+	m.Move(t, l.Keys(key, rules)[0])
 	check("moved to the target", key, 7)
 	check("a new identity, again", fresh, 8)
 	if st := l.Stats(); st.Unstable == 0 {
@@ -165,7 +89,7 @@ func TestClusterPipelineRunsOnce(t *testing.T) {
 	if _, err := l.Allow(ctx, first, rules, 1); err != nil {
 		t.Fatal(err)
 	}
-	m := migrate(t, rdb, l.Keys(first, rules)[0])
+	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(first, rules)[0]))
 	// Checks of other slots on the same node, behind the first in one
 	// pipeline.
 	batch := []*call{l.newCall(ctx, l.Keys(first, rules), 1, scriptArgs(rules, 1))}
@@ -194,24 +118,17 @@ func TestClusterPipelineRunsOnce(t *testing.T) {
 
 // sameNode reports whether key's slot is served by m's source, and is not
 // m's slot.
-func sameNode(t *testing.T, rdb *redis.ClusterClient, key string, m *migration) bool {
+func sameNode(t *testing.T, rdb *redis.ClusterClient, key string, m *testenv.SlotMigration) bool {
 	t.Helper()
-	ctx := context.Background()
-	slot, err := rdb.ClusterKeySlot(ctx, key).Result()
+	slot := slotOf(t, rdb, key)
+	return slot != m.Slot && testenv.SlotMaster(t, rdb, slot) == m.Source.Options().Addr
+}
+
+func slotOf(t *testing.T, rdb *redis.ClusterClient, key string) int64 {
+	t.Helper()
+	slot, err := rdb.ClusterKeySlot(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slot == m.slot {
-		return false
-	}
-	ranges, err := rdb.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range ranges {
-		if int64(r.Start) <= slot && slot <= int64(r.End) {
-			return r.Nodes[0].Addr == m.addr
-		}
-	}
-	return false
+	return slot
 }
