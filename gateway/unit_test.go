@@ -190,6 +190,41 @@ func TestLocalShare(t *testing.T) {
 	}
 }
 
+// TestLocalShareValid: every gateway's local share of a valid rule is a
+// rule the limiter accepts, and the fleet's shares together never refill
+// faster than the rule (where its period can stretch). A sliding
+// window's share has a shorter period when the limit does not divide by
+// the gateways, and one under a millisecond (3 per 1ms over 2) was
+// refused: every check of the outage answered 500; over hundreds of
+// gateways a long period wrapped to a negative one, refused too.
+func TestLocalShareValid(t *testing.T) {
+	for _, algo := range []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow} {
+		for _, period := range []time.Duration{time.Millisecond, 1500 * time.Microsecond, 7 * time.Millisecond, time.Second, limiter.MaxPeriod} {
+			for limit := int64(1); limit <= 40; limit++ {
+				for _, n := range []int64{1, 2, 3, 4, 5, 7, 8, 11, 12, 300, 1000, 1 << 20} {
+					r := limiter.Rule{Name: "r", Limit: limit, Period: period, Algorithm: algo}
+					got := localShare(r, n)
+					if err := got.Validate(); err != nil {
+						t.Errorf("localShare(%+v, %d) = %+v: %v", r, n, got, err)
+						continue
+					}
+					// n × got.Limit per got.Period ≤ limit per period, but
+					// where even the stretched period is too long: then
+					// each gateway keeps one unit per period, as a burst
+					// below n does.
+					most := limit
+					if period > limiter.MaxPeriod/time.Duration(n) {
+						most = max(limit, n)
+					}
+					if float64(n*got.Limit)*float64(period) > float64(most)*float64(got.Period)*(1+1e-12) {
+						t.Errorf("localShare(%+v, %d) = %+v: %d gateways admit %d per %v, more than the rule", r, n, got, n, n*got.Limit, got.Period)
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestRateHeaders(t *testing.T) {
 	minute := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}
 	day := limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}
