@@ -74,6 +74,12 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"`
 	// Pprof serves /debug/pprof/ on the admin listener; default off. Restart.
 	Pprof bool `yaml:"pprof"`
+	// ReadyRequiresStore makes /readyz fail while the shared store does not
+	// answer. Off by default: the store is shared, so an outage would take
+	// every gateway out of its load balancer at once and no failure policy
+	// (open, local) could answer. Turn it on where a gateway cut off from
+	// Redis alone should hand its traffic to the others.
+	ReadyRequiresStore bool `yaml:"ready_requires_store"`
 	// CheckPath serves the decision API (POST); default "/v1/check"; "-"
 	// disables it.
 	CheckPath string `yaml:"check_path"`

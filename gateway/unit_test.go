@@ -365,13 +365,19 @@ func (blockingStore) Allow(ctx context.Context, _ string, _ []limiter.Rule, _ in
 	return limiter.Decision{}, ctx.Err()
 }
 
-// TestReady: without a shared store the gateway is ready until it drains;
-// with one, ready while the store answers (boot.Admin serves it).
+// TestReady: the gateway is ready until it drains, whether its store
+// answers or not (its failure policy answers); with ready_requires_store,
+// only while the store answers (boot.Admin serves it).
 func TestReady(t *testing.T) {
 	up := newTestUpstream(t)
 	down := func(context.Context) error { return context.DeadlineExceeded }
-	if err := startGateway(t, testConfig(up.URL), Options{Ping: down}).Ready(context.Background()); err == nil {
-		t.Errorf("Ready() with the store down = nil")
+	if err := startGateway(t, testConfig(up.URL), Options{Ping: down}).Ready(context.Background()); err != nil {
+		t.Errorf("Ready() with the store down = %v, want ready: its failure policy answers", err)
+	}
+	cfg := testConfig(up.URL)
+	cfg.ReadyRequiresStore = true
+	if err := startGateway(t, cfg, Options{Ping: down}).Ready(context.Background()); err == nil {
+		t.Errorf("Ready() with the store down and ready_requires_store = nil")
 	}
 	gw := startGateway(t, testConfig(up.URL), Options{})
 	if err := gw.Ready(context.Background()); err != nil {
