@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -220,6 +221,9 @@ type Consumer struct {
 	clReady chan struct{}
 	// stage is this consumer's staging table (see flushOnce).
 	stage string
+	// maxParts is the server's limit of partitions per INSERT, once read
+	// (see stageSlices).
+	maxParts int
 	// topicID is the topic's Kafka UUID, hex, as of the last assignment.
 	topicID string
 
@@ -909,18 +913,98 @@ func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) 
 
 // insertFromStage writes the raw rows and each rollup from the staging
 // table. Each statement has a query id of the batch, so an abort can end it.
+// A batch whose rows fall in more day partitions than one INSERT may write
+// is written in slices of whole days: current ClickHouse refuses such an
+// INSERT whole, again at every retry, a poison batch that would stop the
+// pipeline. Every statement of every slice is tagged with the batch and
+// sits between its intent and commit like the rest, so the batch still
+// counts once: a failure anywhere aborts (deletes) all of it.
 func (c *Consumer) insertFromStage(ctx context.Context) error {
+	srcs, err := c.stageSlices(ctx)
+	if err != nil {
+		return err
+	}
 	for i, q := range append([]string{qInsertRaw}, qRollups...) {
-		qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d", batchQueryPrefix(c.batch), i)),
-			// Into a Distributed table, return only once every shard
-			// holds its rows: the commit row must not run ahead of them.
-			// No effect on other tables.
-			clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
-		if err := c.ch.Exec(qctx, c.stageSQL(q), c.batch); err != nil {
-			return fmt.Errorf("insert into %s: %w", batchTables[i], err)
+		for j, src := range srcs {
+			qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d-%d", batchQueryPrefix(c.batch), i, j)),
+				// Into a Distributed table, return only once every shard
+				// holds its rows: the commit row must not run ahead of them.
+				// No effect on other tables.
+				clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+			if err := c.ch.Exec(qctx, strings.ReplaceAll(q, "{stage}", src), c.batch); err != nil {
+				return fmt.Errorf("insert into %s: %w", batchTables[i], err)
+			}
 		}
 	}
 	return nil
+}
+
+// defaultMaxPartitions is ClickHouse's default max_partitions_per_insert_block,
+// assumed where the server has no such setting (18.16, which has no limit
+// either, so slicing there is merely harmless).
+const defaultMaxPartitions = 100
+
+// stageSlices returns what the batch's statements read: the staging table
+// when its rows fall in few enough day partitions for one INSERT, else
+// subqueries of it of at most that many consecutive days each. Every table
+// a batch writes is partitioned by the day of its time (the rollups by the
+// day of its minute, the same day).
+func (c *Consumer) stageSlices(ctx context.Context) ([]string, error) {
+	limit, err := c.maxPartitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var days []uint32
+	err = eachRow(ctx, c.ch, "read the staged days", c.stageSQL(qStageDays), nil, func(rows driver.Rows) error {
+		var d uint32
+		err := rows.Scan(&d)
+		days = append(days, d)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(days) <= limit {
+		return []string{c.stage}, nil
+	}
+	var srcs []string
+	for len(days) > 0 {
+		n := min(limit, len(days))
+		// Only digits and the staging table's name are joined into the SQL.
+		srcs = append(srcs, fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", c.stage, days[0], days[n-1]))
+		days = days[n:]
+	}
+	return srcs, nil
+}
+
+// maxPartitions reads the server's max_partitions_per_insert_block once
+// (math.MaxInt for none).
+func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
+	if c.maxParts > 0 {
+		return c.maxParts, nil
+	}
+	limit := defaultMaxPartitions
+	err := eachRow(ctx, c.ch, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return err
+		}
+		n, err := strconv.ParseUint(v, 10, 63)
+		switch {
+		case err != nil:
+			return fmt.Errorf("max_partitions_per_insert_block %q: %w", v, err)
+		case n == 0 || n > math.MaxInt32:
+			limit = math.MaxInt
+		default:
+			limit = int(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	c.maxParts = limit
+	return limit, nil
 }
 
 func (c *Consumer) stageSQL(q string) string {

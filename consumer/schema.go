@@ -71,6 +71,8 @@ var (
 	// consumer from a random number) or a table of batchTables ({table}).
 	qCreateStage     = mustQuery("create_stage")
 	qTruncateStage   = mustQuery("truncate_stage")
+	qStageDays       = mustQuery("stage_days")
+	qMaxPartitions   = mustQuery("max_partitions")
 	qDropStage       = mustQuery("drop_stage")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
