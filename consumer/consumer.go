@@ -970,11 +970,17 @@ func (c *Consumer) stageSlices(ctx context.Context) ([]string, error) {
 	var srcs []string
 	for len(days) > 0 {
 		n := min(limit, len(days))
-		// Only digits and the staging table's name are joined into the SQL.
-		srcs = append(srcs, fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", c.stage, days[0], days[n-1]))
+		srcs = append(srcs, stageSlice(c.stage, days[0], days[n-1]))
 		days = days[n:]
 	}
 	return srcs, nil
+}
+
+// stageSlice is the rows of stage from day lo to hi (yyyymmdd), as the
+// source of a batch's statements. Only digits and the staging table's name
+// (made of digits) are joined into the SQL.
+func stageSlice(stage string, lo, hi uint32) string {
+	return fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", stage, lo, hi)
 }
 
 // maxPartitions reads the server's max_partitions_per_insert_block once

@@ -51,7 +51,8 @@ func TestCurrentClickHouse(t *testing.T) {
 		}
 	}
 	for _, rt := range retainedTables {
-		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 7)
+		// Longer than the batch below spans, which it would drop.
+		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 400)
 	}
 	add("columns", qDecisionsColumns)
 	add("engine", qTableEngine, "decisions")
@@ -59,18 +60,31 @@ func TestCurrentClickHouse(t *testing.T) {
 	// A batch as the consumer writes it.
 	const n = 100
 	ds := decisions(n)
+	// Over more days (one a row) than one INSERT may write (current
+	// ClickHouse's max_partitions_per_insert_block, 100 by default, set
+	// to 50 below): the raw table and the rollups are written in slices of
+	// days, as stageSlices makes them.
 	rows := make([]row, n)
 	for i, d := range ds {
+		d.Time = d.Time.AddDate(0, 0, -i*3/2)
 		rows[i] = row{d: d, topic: "decisions", partition: int32(i % 2), offset: int64(i / 2)}
 	}
+	first, last := yyyymmdd(rows[n-1].d.Time), yyyymmdd(rows[0].d.Time)
+	mid := yyyymmdd(rows[n/2-1].d.Time) // rows are newest first: slices of 50 days
+	slices := []string{stageSlice("decisions_stage_1", first, mid-1), stageSlice("decisions_stage_1", mid, last)}
 	c := &Consumer{stage: "decisions_stage_1", batch: 7}
 	add("create stage", c.stageSQL(qCreateStage))
 	add("truncate stage", c.stageSQL(qTruncateStage))
 	addBound("stage rows", "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id) VALUES "+valuesSQL(t, rows, c.batch))
 	addBound("ledger intent", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateIntent, uint32(50), testStart, testStart))
-	add("raw", c.stageSQL(qInsertRaw), c.batch)
-	for i, q := range qRollups {
-		add("rollup "+batchTables[i+1], c.stageSQL(q), c.batch)
+	add("max partitions", qMaxPartitions)
+	add("set max partitions", "SET max_partitions_per_insert_block = 50")
+	add("unsliced raw is refused", c.stageSQL(qInsertRaw), c.batch)
+	for j, src := range slices {
+		add(fmt.Sprintf("raw slice %d", j), strings.ReplaceAll(qInsertRaw, "{stage}", src), c.batch)
+		for i, q := range qRollups {
+			add(fmt.Sprintf("rollup %s slice %d", batchTables[i+1], j), strings.ReplaceAll(q, "{stage}", src), c.batch)
+		}
 	}
 	addBound("ledger commit", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateCommitted, uint32(50), testStart, testStart))
 	add("count raw", "SELECT count() FROM decisions")
@@ -127,6 +141,17 @@ func TestCurrentClickHouse(t *testing.T) {
 		t.Fatalf("%d results for %d steps", len(results), len(steps))
 	}
 	for i, r := range results {
+		switch r.Name {
+		case "max partitions":
+			if r.Result != `"100"` {
+				t.Errorf("max_partitions_per_insert_block = %s, want \"100\" (the consumer's default)", r.Result)
+			}
+		case "unsliced raw is refused":
+			if !strings.Contains(r.Error, "TOO_MANY_PARTS") {
+				t.Errorf("an INSERT over %d days: error %q, want TOO_MANY_PARTS (else the test does not test slicing)", n, r.Error)
+			}
+			continue
+		}
 		if r.Error != "" {
 			t.Errorf("%s on current ClickHouse: %s\nSQL: %s", r.Name, r.Error, steps[i].SQL)
 		}
@@ -134,6 +159,11 @@ func TestCurrentClickHouse(t *testing.T) {
 			t.Errorf("%s = %q, want %d", r.Name, r.Result, n)
 		}
 	}
+}
+
+func yyyymmdd(t time.Time) uint32 {
+	t = t.UTC()
+	return uint32(t.Year()*10000 + int(t.Month())*100 + t.Day())
 }
 
 // literal formats v as the driver's client-side binding does.
