@@ -112,13 +112,18 @@ func TestCurrentClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clientNet, err := os.ReadFile("../analytics/sql/part/client_net.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// As analytics' mustSQL runs it: its filters spliced in.
-		q := strings.ReplaceAll(string(b), "{key_filters}", strings.TrimSpace(string(filters)))
+		// As analytics' mustSQL runs it: its parts spliced in.
+		q := strings.NewReplacer("{key_filters}", strings.TrimSpace(string(filters)),
+			"{client_net}", strings.TrimSpace(string(clientNet))).Replace(string(b))
 		steps = append(steps, step{"analytics " + filepath.Base(f), bindNamed(t, q)})
 	}
 
