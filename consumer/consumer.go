@@ -221,6 +221,9 @@ type Consumer struct {
 	clReady chan struct{}
 	// stage is this consumer's staging table (see flushOnce).
 	stage string
+	// stored holds the ids of the events stored most recently (see
+	// dedupeWindow).
+	stored *idWindow
 	// maxParts is the server's limit of partitions per INSERT, once read
 	// (see stageSlices).
 	maxParts int
@@ -324,6 +327,7 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		stage:      fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
 		batch:      newBatchID(),
 		deadBudget: 16 << 20,
+		stored:     newIDWindow(dedupeWindow),
 	}, nil
 }
 
@@ -744,16 +748,17 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.produceDeadLetters(ctx)
 
 	var batch []*partition
-	rows := 0
 	for _, p := range c.parts {
 		if !p.blocked && p.hasEnd && len(p.dead) == 0 {
 			batch = append(batch, p)
-			rows += len(p.rows)
 		}
 	}
 	if len(batch) == 0 {
 		return "", nil
 	}
+	// Before anything is written: the rows dropped are gone from the
+	// buffer, so a retry of this batch neither stores nor counts them again.
+	rows := c.dropDuplicates(batch)
 	if c.beforeInsert != nil {
 		c.beforeInsert()
 	}
@@ -793,6 +798,7 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.failed = false
 	c.batch = newBatchID()
 	c.m.rowsInserted.Add(float64(rows))
+	c.remember(batch)
 	for _, p := range batch {
 		// Keep the buffer for the next batch (growing it row by row was a
 		// tenth of the consumer's CPU), not the rows' strings.

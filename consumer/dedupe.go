@@ -1,0 +1,75 @@
+package consumer
+
+// dedupeWindow is how many of the most recently stored event ids a
+// consumer remembers, about 12 MB: an event repeated at a later offset
+// (a producer's retry after an epoch bump, whose first attempt Kafka had
+// written after all; a record produced again by hand or by a mirror) is
+// stored once if its first copy is among them. At 100k events/s that is
+// the last 2.6s of the whole topic; a producer's retry lands within its
+// in-flight requests, a few batches behind the first copy.
+const dedupeWindow = 1 << 18
+
+// idWindow is a bounded set of event ids: the newest n added, the oldest
+// forgotten first.
+type idWindow struct {
+	seen map[[16]byte]struct{}
+	ring [][16]byte // in the order added; next is the oldest once full
+	next int
+}
+
+func newIDWindow(n int) *idWindow {
+	return &idWindow{seen: make(map[[16]byte]struct{}, n), ring: make([][16]byte, 0, n)}
+}
+
+func (w *idWindow) has(id [16]byte) bool {
+	_, ok := w.seen[id]
+	return ok
+}
+
+// add remembers id, which must not be there, forgetting the oldest when
+// the window is full.
+func (w *idWindow) add(id [16]byte) {
+	if len(w.ring) < cap(w.ring) {
+		w.ring = append(w.ring, id)
+	} else {
+		delete(w.seen, w.ring[w.next])
+		w.ring[w.next] = id
+		w.next = (w.next + 1) % len(w.ring)
+	}
+	w.seen[id] = struct{}{}
+}
+
+// dropDuplicates removes from the batch's rows each event stored already
+// (in c.stored) or repeated within the batch, counting them, and returns
+// how many rows are left. Callers hold mu.
+func (c *Consumer) dropDuplicates(batch []*partition) int {
+	inBatch := map[[16]byte]struct{}{}
+	left := 0
+	for _, p := range batch {
+		kept := p.rows[:0]
+		for _, r := range p.rows {
+			_, again := inBatch[r.d.ID]
+			if again || c.stored.has(r.d.ID) {
+				c.m.duplicates.Inc()
+				c.pending--
+				continue
+			}
+			inBatch[r.d.ID] = struct{}{}
+			kept = append(kept, r)
+		}
+		clear(p.rows[len(kept):]) // the dropped rows' strings
+		p.rows = kept
+		left += len(kept)
+	}
+	return left
+}
+
+// remember adds the ids of a batch just committed to c.stored. Callers
+// hold mu.
+func (c *Consumer) remember(batch []*partition) {
+	for _, p := range batch {
+		for i := range p.rows {
+			c.stored.add(p.rows[i].d.ID)
+		}
+	}
+}
