@@ -75,7 +75,9 @@ type Config struct {
 	LagInterval time.Duration
 	// Retention is how long data is kept. On servers without TTL the
 	// consumer drops expired day partitions every RetentionInterval (default
-	// 1h); with TTL, Migrate sets TTLs instead. Zero keeps data forever.
+	// 1h); with TTL, Migrate sets TTLs instead. Zero keeps data forever. An
+	// event already past the shorter of the two when it arrives goes to the
+	// dead-letter topic (ReasonExpired), not into any table.
 	Retention         Retention
 	RetentionInterval time.Duration
 	// MaxClockSkew is how far an event's time may be from its Kafka record's
@@ -188,10 +190,16 @@ func (c Config) Validate() error {
 const (
 	ReasonUnknownVersion = "unknown_version"
 	ReasonMalformed      = "malformed"
+	// ReasonExpired is an event older than the retention when it arrives
+	// (a producer's clock, a consumer days behind): retention would
+	// delete it from the raw table or the rollups at once, or one sooner
+	// than the other, so it is stored in none and passed on instead.
+	ReasonExpired = "expired"
 )
 
 // Dead-letter record headers. The record's key, value and timestamp are the
-// original's.
+// original's (but for an expired event's timestamp, see
+// HeaderOriginalTimestamp).
 const (
 	HeaderReason          = "dead_letter_reason"
 	HeaderError           = "dead_letter_error"
@@ -205,6 +213,10 @@ const (
 	// original's headers did not fit in DeadLetterMaxBytes: the first that
 	// fit are kept, in order.
 	HeaderHeadersDropped = "dead_letter_headers_dropped"
+	// HeaderOriginalTimestamp is set, to the original's timestamp in Unix
+	// milliseconds, on an expired event's dead letter, which is stamped
+	// with the consumer's time instead.
+	HeaderOriginalTimestamp = "dead_letter_original_timestamp"
 )
 
 // Consumer moves decision events from Kafka to ClickHouse.
@@ -531,6 +543,12 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				d.Time = ref
 				c.m.timeClamped.Inc()
 			}
+			if c.expired(d.Time) {
+				dl := c.deadLetter(r, fmt.Errorf("%w: event time %s", errExpired, d.Time.UTC().Format(time.RFC3339)))
+				p.dead = append(p.dead, dl)
+				p.deadBytes += dl.size()
+				continue
+			}
 			p.rows = append(p.rows, row{d: d, topic: r.Topic, partition: r.Partition, offset: r.Offset})
 		}
 	})
@@ -572,10 +590,33 @@ func decode(d *event.Decision, r *kgo.Record) error {
 	return nil
 }
 
+// errExpired marks an event older than the retention (ReasonExpired).
+var errExpired = errors.New("older than the retention")
+
+// expired reports an event time whose day partition retention drops
+// already, in the raw table or the rollups, whichever keeps fewer days:
+// the day rule of DropExpired, which deletes no later than a TTL does.
+func (c *Consumer) expired(t time.Time) bool {
+	days := 0
+	for _, d := range []int{c.cfg.Retention.RawDays, c.cfg.Retention.RollupDays} {
+		if d > 0 && (days == 0 || d < days) {
+			days = d
+		}
+	}
+	if days == 0 {
+		return false
+	}
+	u := t.UTC()
+	return uint32(u.Year()*10000+int(u.Month())*100+u.Day()) < expiryCutoff(c.now(), days)
+}
+
 func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 	reason := ReasonMalformed
-	if errors.Is(err, event.ErrUnknownVersion) {
+	switch {
+	case errors.Is(err, event.ErrUnknownVersion):
 		reason = ReasonUnknownVersion
+	case errors.Is(err, errExpired):
+		reason = ReasonExpired
 	}
 	// The headers point at the original, which stays in the topic until
 	// retention; the value is cut so that a record too big to pass on is
@@ -594,6 +635,14 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 		key = key[:min(len(key), limit)]
 	}
 	value, key = bytes.Clone(value), bytes.Clone(key)
+	ts := r.Timestamp
+	if reason == ReasonExpired {
+		// Kafka's retention goes by record time too: at the original's, the
+		// dead letter of an old event would be deleted as soon as its
+		// segment rolled, unread.
+		headers = append(headers, kgo.RecordHeader{Key: HeaderOriginalTimestamp, Value: []byte(strconv.FormatInt(r.Timestamp.UnixMilli(), 10))})
+		ts = c.now()
+	}
 	msg := err.Error()
 	if len(msg) > 1024 {
 		msg = msg[:1024]
@@ -602,7 +651,7 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 		Topic:     c.cfg.DeadLetterTopic,
 		Key:       key,
 		Value:     value,
-		Timestamp: r.Timestamp,
+		Timestamp: ts,
 		Headers: append(headers,
 			kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
 			kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)},

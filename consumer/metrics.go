@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Rows per inserted batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 to 262144
 		}),
-		deadLetters:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dead_letters_total", Help: "Records sent to the dead-letter topic, by reason: unknown_version, malformed."}, []string{"reason"}),
+		deadLetters:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dead_letters_total", Help: "Records sent to the dead-letter topic, by reason: unknown_version, malformed, expired (older than the retention on arrival)."}, []string{"reason"}),
 		retries:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "retries_total", Help: "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured)."}, []string{"stage"}),
 		batchesAborted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "batches_aborted_total", Help: "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."}),
 		fenced:             prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_fenced_total", Help: "Partitions this consumer stopped writing because a newer owner claimed them."}),
@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		duplicates:         prometheus.NewCounter(prometheus.CounterOpts{Name: "duplicates_total", Help: "Records of an event already stored (its id among the last 262,144 this consumer stored, or earlier in the same batch): not stored again."}),
 		partitionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_dropped_total", Help: "Day partitions dropped by retention (servers without TTL)."}),
 	}
-	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
+	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed, ReasonExpired} {
 		m.deadLetters.WithLabelValues(r)
 	}
 	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageSchema, stageLag} {
