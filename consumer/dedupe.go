@@ -43,23 +43,30 @@ func (w *idWindow) add(id [16]byte) {
 // (in c.stored) or repeated within the batch, counting them, and returns
 // how many rows are left. Callers hold mu.
 func (c *Consumer) dropDuplicates(batch []*partition) int {
-	inBatch := map[[16]byte]struct{}{}
+	total := 0
+	for _, p := range batch {
+		total += len(p.rows)
+	}
+	inBatch := make(map[[16]byte]struct{}, total)
 	left := 0
 	for _, p := range batch {
-		kept := p.rows[:0]
-		for _, r := range p.rows {
-			_, again := inBatch[r.d.ID]
-			if again || c.stored.has(r.d.ID) {
+		n := 0
+		for i := range p.rows {
+			id := p.rows[i].d.ID
+			if _, again := inBatch[id]; again || c.stored.has(id) {
 				c.m.duplicates.Inc()
 				c.pending--
 				continue
 			}
-			inBatch[r.d.ID] = struct{}{}
-			kept = append(kept, r)
+			inBatch[id] = struct{}{}
+			if n != i {
+				p.rows[n] = p.rows[i]
+			}
+			n++
 		}
-		clear(p.rows[len(kept):]) // the dropped rows' strings
-		p.rows = kept
-		left += len(kept)
+		clear(p.rows[n:]) // the dropped rows' strings
+		p.rows = p.rows[:n]
+		left += n
 	}
 	return left
 }

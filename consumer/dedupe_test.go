@@ -50,3 +50,29 @@ func TestIDWindow(t *testing.T) {
 		t.Errorf("window of 3 holds %d ids", len(w.seen))
 	}
 }
+
+// BenchmarkDropDuplicates is the repeat check's cost for one full batch
+// (50,000 rows, no repeats) against a full window.
+func BenchmarkDropDuplicates(b *testing.B) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := &Consumer{m: m, stored: newIDWindow(dedupeWindow)}
+	for i := range dedupeWindow {
+		c.stored.add([16]byte{0xff, byte(i), byte(i >> 8), byte(i >> 16)})
+	}
+	ds := decisions(50_000)
+	rows := make([]row, len(ds))
+	for i, d := range ds {
+		rows[i] = row{d: d}
+	}
+	p := &partition{}
+	b.ReportAllocs()
+	for b.Loop() {
+		p.rows = append(p.rows[:0], rows...)
+		if n := c.dropDuplicates([]*partition{p}); n != len(rows) {
+			b.Fatalf("%d rows left of %d", n, len(rows))
+		}
+	}
+}
