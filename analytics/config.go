@@ -261,7 +261,12 @@ func (a AlertConfig) validate() error {
 		}
 		p, err := url.Parse(u)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, RedactURL(u)))
+			shown := RedactURL(u)
+			if name == "webhook" && err == nil {
+				// Its path may be the token (a chat service's hook URL).
+				shown = p.Scheme + "://" + p.Host
+			}
+			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, shown))
 		}
 	}
 	return errors.Join(errs...)

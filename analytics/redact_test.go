@@ -44,9 +44,10 @@ func TestRedactURL(t *testing.T) {
 func TestAlertURLSecretsNotShown(t *testing.T) {
 	c := defaults()
 	c.Alerts.AlertmanagerURL = "ftp://am-user:am-pass@am:9093/?token=query-secret#frag-secret"
+	c.Alerts.WebhookURL = "ftp://hooks.example/hook/secret-path?token=query-secret"
 	err := c.Validate()
-	if err == nil || !strings.Contains(err.Error(), "am:9093") {
-		t.Errorf("Validate() = %v, want an error naming am:9093", err)
+	if err == nil || !strings.Contains(err.Error(), "am:9093") || !strings.Contains(err.Error(), "ftp://hooks.example") {
+		t.Errorf("Validate() = %v, want an error naming am:9093 and ftp://hooks.example", err)
 	} else {
 		wantNoURLSecret(t, "Validate's error", err.Error())
 	}
