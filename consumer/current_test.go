@@ -45,11 +45,25 @@ func TestCurrentClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	add("max partitions", qMaxPartitions)
+	for k, v := range migrationSettings {
+		addBound("migration setting "+k, fmt.Sprintf("SET %s = %v", k, v))
+	}
 	for _, m := range ms {
 		for i, s := range m.stmts {
 			add(fmt.Sprintf("%s #%d", m.name, i+1), s)
 		}
+		if m.version == 2 {
+			// A key rollup of 150 days before migration 003, which copies
+			// it whole (and 006 copies it again), a day an INSERT.
+			for d := range 150 {
+				add(fmt.Sprintf("seed key rollup day %d", d), "INSERT INTO decisions_by_key_1m (minute, key_id, requests) VALUES (?, 'seeded', 1)",
+					testStart.AddDate(0, 0, -d))
+			}
+		}
 	}
+	add("count seeded key rollup", "SELECT sum(requests) FROM decisions_by_key_1m WHERE key_id = 'seeded'")
+	add("count seeded key history", "SELECT sum(requests) FROM decisions_key_history_1m WHERE key_id = 'seeded'")
 	for _, rt := range retainedTables {
 		// Longer than the batch below spans, which it would drop.
 		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 400)
@@ -77,7 +91,6 @@ func TestCurrentClickHouse(t *testing.T) {
 	add("truncate stage", c.stageSQL(qTruncateStage))
 	addBound("stage rows", "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id) VALUES "+valuesSQL(t, rows, c.batch))
 	addBound("ledger intent", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateIntent, uint32(50), testStart, testStart))
-	add("max partitions", qMaxPartitions)
 	add("set max partitions", "SET max_partitions_per_insert_block = 50")
 	add("unsliced raw is refused", c.stageSQL(qInsertRaw), c.batch)
 	for j, src := range slices {
@@ -88,7 +101,7 @@ func TestCurrentClickHouse(t *testing.T) {
 	}
 	addBound("ledger commit", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateCommitted, uint32(50), testStart, testStart))
 	add("count raw", "SELECT count() FROM decisions")
-	add("count key rollup", "SELECT sum(requests) FROM decisions_by_key_1m")
+	add("count key rollup", "SELECT sum(requests) FROM decisions_by_key_1m WHERE key_id != 'seeded'")
 	add("count ip rollup", "SELECT countMerge(requests) FROM decisions_by_ip_1m")
 	add("count gateway rollup", "SELECT countMerge(requests) FROM decisions_by_gateway_1m")
 	add("ledger rows", qLedgerRows, "decisions", int32(0), int64(-1))
@@ -160,7 +173,11 @@ func TestCurrentClickHouse(t *testing.T) {
 		if r.Error != "" {
 			t.Errorf("%s on current ClickHouse: %s\nSQL: %s", r.Name, r.Error, steps[i].SQL)
 		}
-		if strings.HasPrefix(r.Name, "count ") && r.Result != strconv.Itoa(n) {
+		if strings.HasPrefix(r.Name, "count seeded ") {
+			if r.Result != "150" {
+				t.Errorf("%s = %q, want 150 (the days seeded before migration 003)", r.Name, r.Result)
+			}
+		} else if strings.HasPrefix(r.Name, "count ") && r.Result != strconv.Itoa(n) {
 			t.Errorf("%s = %q, want %d", r.Name, r.Result, n)
 		}
 	}
