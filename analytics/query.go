@@ -660,8 +660,8 @@ type IPPoint struct {
 
 // IPHistory returns ip's evidence per bucket in rg (filters unused). ip is
 // an address, or an IPv6 /64 as the NAT query gives it; either way it is
-// read as the client the gateway keys (sql/part/client_net.sql): an IPv6 address as its
-// /64, an IPv4-mapped one as its IPv4 address.
+// read as the client the gateway keys (sql/part/client_net.sql): an IPv6
+// address as its /64, an IPv4-mapped one as its IPv4 address.
 func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]IPPoint, error) {
 	if err := checkBuckets(rg, bucket); err != nil {
 		return nil, err
