@@ -10,6 +10,7 @@ import (
 	"io"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,11 +179,9 @@ func TestMethodOverrideUnrouted(t *testing.T) {
 func TestOverrideScanMemory(t *testing.T) {
 	const size = 32 << 20
 	body := io.MultiReader(strings.NewReader(`{"a":"`), io.LimitReader(repeatReader('x'), size), strings.NewReader(`","_method":"DELETE"}`))
-	parsers := bodyParsers("application/json")
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	s := newOverrideScanner(io.NopCloser(body), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
-		func(m string) bool { return m == "DELETE" })
+	s := newBodyScanner(io.NopCloser(body), refuseField("_method", "DELETE", bodyParsers("application/json", overrideParams)))
 	n, err := io.Copy(io.Discard, s)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, errMethodOverride) {
@@ -190,6 +189,24 @@ func TestOverrideScanMemory(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
 		t.Errorf("scanning a %d MiB JSON value allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
+	}
+}
+
+// refuseField is a scan that refuses, as a method override, a body
+// whose field name holds value.
+func refuseField(name, value string, parsers []parser) func(io.Reader) error {
+	return func(r io.Reader) error {
+		var mu sync.Mutex
+		var found bool
+		err := parseEach(r, parsers, func(n, v string) {
+			mu.Lock()
+			defer mu.Unlock()
+			found = found || n == name && v == value
+		})
+		if found {
+			return errMethodOverride
+		}
+		return err
 	}
 }
 
@@ -225,9 +242,7 @@ func compress(format, s string) string {
 // a one-byte read returned nothing once a byte was held back, for ever.
 func TestOverrideScanOneByteReads(t *testing.T) {
 	body := "a=1&b=" + strings.Repeat("x", 100)
-	parsers := bodyParsers("application/x-www-form-urlencoded")
-	s := newOverrideScanner(io.NopCloser(strings.NewReader(body)), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
-		func(string) bool { return true })
+	s := newBodyScanner(io.NopCloser(strings.NewReader(body)), refuseField("_method", "DELETE", bodyParsers("application/x-www-form-urlencoded", overrideParams)))
 	var got []byte
 	var err error
 	for range 2 * len(body) { // bounded: a reader that makes no progress fails
