@@ -7,6 +7,7 @@ import (
 	"compress/zlib"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"testing"
@@ -169,4 +170,16 @@ func encode(s string, codings ...string) string {
 		s = b.String()
 	}
 	return s
+}
+
+// TestFormType: a Content-Type without parameters is read as a form
+// exactly where mime.ParseMediaType fails or names a urlencoded form.
+func TestFormType(t *testing.T) {
+	for _, give := range []string{"", " ", "application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded ", "text/plain",
+		"text", "text/", "/plain", "text/plain/x", "a b/c", "a/b,c", "té/x", "a/b\x00", "application/json", `a/"b"`, "a/b="} {
+		mt, _, err := mime.ParseMediaType(give)
+		if want := err != nil || mt == "application/x-www-form-urlencoded"; formType(give) != want {
+			t.Errorf("formType(%q) = %v, want %v (mime: %q, %v)", give, !want, want, mt, err)
+		}
+	}
 }

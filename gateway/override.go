@@ -84,12 +84,12 @@ func (st *state) scanBody(r *http.Request, body io.ReadCloser, p string, rt *rou
 	if !override && !keys {
 		return body, nil
 	}
-	var names []string
-	if override {
-		names = append(names, overrideParams...)
-	}
-	if keys {
-		names = append(names, st.keyParams...)
+	names := st.bodyNames
+	switch {
+	case !keys:
+		names = overrideParams
+	case !override:
+		names = st.keyParams
 	}
 	contentType := r.Header.Get("Content-Type")
 	if contentType == "" && !isPost(r.Method) {
@@ -181,12 +181,43 @@ func bodyParsers(contentType string, names []string) []parser {
 	if lower := strings.ToLower(contentType); strings.Contains(lower, "/json") || strings.Contains(lower, "+json") {
 		out = append(out, jsonFields(names))
 	}
-	// Unreadable here, perhaps not to the upstream: read it as a form,
-	// the most lenient reading.
-	if mt, _, err := mime.ParseMediaType(contentType); err != nil || mt == "application/x-www-form-urlencoded" {
+	if formType(contentType) {
 		out = append(out, formFields(names))
 	}
 	return out
+}
+
+// formType says a body of this content type is read as a form: a
+// urlencoded one, or one unreadable here, perhaps not to the upstream
+// (the most lenient reading). A type without parameters is checked
+// without mime.ParseMediaType, whose map is the only allocation of a
+// body that is not read.
+func formType(contentType string) bool {
+	const form = "application/x-www-form-urlencoded"
+	if !strings.Contains(contentType, ";") {
+		mt := strings.TrimSpace(contentType)
+		return strings.EqualFold(mt, form) || !isMediaType(mt)
+	}
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err != nil || mt == form
+}
+
+// isMediaType says mt is a token, or two joined by '/', as
+// mime.ParseMediaType takes a type.
+func isMediaType(mt string) bool {
+	typ, sub, slash := strings.Cut(mt, "/")
+	return isToken(typ) && (!slash || isToken(sub))
+}
+
+// isToken says s is an RFC 2045 token: ASCII, no controls, spaces or
+// tspecials.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?=`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // boundaries returns the boundaries a multipart Content-Type names, as Go
