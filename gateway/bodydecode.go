@@ -49,9 +49,70 @@ var (
 		Detail: "The request body cannot be read to its end as its Content-Type and Content-Encoding say (a malformed multipart form or compressed stream)."}}
 )
 
-// probUnsupportedEncoding is the type of a 415 for a body the gateway
-// cannot decode where it must read it.
-const probUnsupportedEncoding = "urn:edgelimit:problem:unsupported-content-encoding"
+// errContentTypes: a body with two different Content-Type fields, which
+// upstreams read differently.
+var errContentTypes = &bodyRefusal{"ambiguous_content_type", problem{Type: probBadRequest, Status: http.StatusBadRequest,
+	Detail: "The request has two different Content-Type fields, which services behind this gateway could read differently; send one."}}
+
+// checkCharset refuses a body the gateway reads whose Content-Type names
+// a charset other than an ASCII superset: Tomcat, Jetty, ASP.NET Core and
+// Django decode a form's bytes (escapes decoded first) in its charset, so
+// "%00_%00m%00e%00t%00h%00o%00d" with charset=utf-16be, or "+AF8-method"
+// in utf-7, is _method there and no name here. Every charset= in the
+// type is read, the way lenient parsers find one in a malformed type.
+func checkCharset(contentType string) error {
+	lower := strings.ToLower(contentType)
+	for {
+		i := strings.Index(lower, "charset")
+		if i < 0 {
+			return nil
+		}
+		lower = strings.TrimLeft(lower[i+len("charset"):], " \t")
+		v, ok := strings.CutPrefix(lower, "=")
+		if !ok {
+			continue
+		}
+		v = strings.TrimLeft(v, " \t\"'")
+		if end := strings.IndexAny(v, ";, \t\"'"); end >= 0 {
+			v = v[:end]
+		}
+		if !asciiSuperset(v) {
+			return &bodyRefusal{"unsupported_charset", problem{Type: probUnsupportedCharset, Status: http.StatusUnsupportedMediaType,
+				Detail: fmt.Sprintf("The body's charset %q is not one this gateway reads a form or JSON in, and it must read this body; send UTF-8.", v)}}
+		}
+	}
+}
+
+// asciiSupersets are the charsets (lower-case, without '-', '_' or
+// spaces; a prefix ending in '*') in which each ASCII character is its
+// own byte and no other bytes decode to one.
+var asciiSupersets = []string{"utf8", "usascii", "ascii", "iso8859*", "latin*", "l1", "windows125*", "cp125*", "koi8*",
+	"gbk", "gb2312", "gb18030", "big5*", "eucjp", "euckr", "euccn", "shiftjis", "sjis", "windows31j", "cp932", "ms932", "tis620", "iso646us"}
+
+func asciiSuperset(charset string) bool {
+	name := strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r == ' ' {
+			return -1
+		}
+		return r
+	}, charset)
+	if name == "" {
+		return true // charset= without a value: none
+	}
+	for _, c := range asciiSupersets {
+		if p, ok := strings.CutSuffix(c, "*"); ok && strings.HasPrefix(name, p) || c == name {
+			return true
+		}
+	}
+	return false
+}
+
+// The types of a 415 for a body the gateway cannot decode where it must
+// read it.
+const (
+	probUnsupportedEncoding = "urn:edgelimit:problem:unsupported-content-encoding"
+	probUnsupportedCharset  = "urn:edgelimit:problem:unsupported-charset"
+)
 
 // maxCodings bounds the content codings a body may stack: each costs a
 // decoder's memory, and no client applies more than two.

@@ -101,6 +101,18 @@ func TestBodyScan(t *testing.T) {
 		{"multipart key", "POST", "/v1/other", multi, nil, "", part("a", "1") + part("api_key", key) + "--B--\r\n", 400, "ambiguous_key"},
 		{"gzip form key", "POST", "/v1/other", form, []string{"gzip"}, "", encode("api_key="+key, "gzip"), 400, "ambiguous_key"},
 		{"long key", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + strings.Repeat("k", 2000), 400, "ambiguous_key"},
+		// Content types an upstream reads otherwise.
+		{"two content types", "POST", "/v1/items/7", "text/plain", nil, "Content-Type: " + form, "_method=DELETE", 400, "ambiguous_content_type"},
+		{"two content types, a body key", "POST", "/v1/other", "text/plain", nil, "Content-Type: " + form, "api_key=" + key, 400, "ambiguous_content_type"},
+		{"the same content type twice", "POST", "/v1/other", form, nil, "Content-Type: " + form, "a=1", 200, ""},
+		{"utf-16be form (tomcat, asp.net core)", "POST", "/v1/items/7", form + "; charset=UTF-16BE", nil, "",
+			"%00_%00m%00e%00t%00h%00o%00d=%00D%00E%00L%00E%00T%00E", 415, "unsupported_charset"},
+		{"utf-7 form (django)", "POST", "/v1/other", form + `; charset="utf-7"`, nil, "", "+AGE-pi+AF8-key=" + key, 415, "unsupported_charset"},
+		{"utf-16 json", "POST", "/v1/other", "application/json; charset=utf-16", nil, "", `{}`, 415, "unsupported_charset"},
+		{"charset in a malformed type", "POST", "/v1/items/7", form + "; charset=ibm037; =", nil, "", "a=1", 415, "unsupported_charset"},
+		{"latin-1 form", "POST", "/v1/items/7", form + "; charset=ISO-8859-1", nil, "", "a=1", 200, ""},
+		{"utf-8 form", "POST", "/v1/items/7", form + "; charset=utf-8", nil, "", "_method=DELETE", 400, "method_override"},
+		{"utf-16 text not read", "POST", "/v1/items/7", "text/plain; charset=utf-16", nil, "", "_method=DELETE", 200, ""},
 		{"text body not read", "POST", "/v1/other", "text/plain", nil, "", "api_key=" + key, 200, ""},
 		{"exempt route not read", "POST", "/health", form, nil, "", "api_key=" + key, 200, ""},
 	}

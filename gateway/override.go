@@ -91,6 +91,12 @@ func (st *state) scanBody(r *http.Request, body io.ReadCloser, p string, rt *rou
 	case !override:
 		names = st.keyParams
 	}
+	types := r.Header.Values("Content-Type")
+	if len(types) > 1 && slices.ContainsFunc(types[1:], func(t string) bool { return t != types[0] }) {
+		// One field (RFC 9110 §8.3), read here as the first; gunicorn's
+		// WSGI environ keeps the last, Kestrel and Puma join them.
+		return body, errContentTypes
+	}
 	contentType := r.Header.Get("Content-Type")
 	if contentType == "" && !isPost(r.Method) {
 		return body, nil // only a POST is read as a form without a type (Rack)
@@ -98,6 +104,9 @@ func (st *state) scanBody(r *http.Request, body io.ReadCloser, p string, rt *rou
 	parsers := bodyParsers(contentType, names)
 	if len(parsers) == 0 {
 		return body, nil
+	}
+	if err := checkCharset(contentType); err != nil {
+		return body, err
 	}
 	decode, err := decoder(r.Header.Values("Content-Encoding"), st.cfg.MaxBodyBytes)
 	if err != nil {
