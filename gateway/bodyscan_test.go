@@ -113,6 +113,10 @@ func TestBodyScan(t *testing.T) {
 		{"latin-1 form", "POST", "/v1/items/7", form + "; charset=ISO-8859-1", nil, "", "a=1", 200, ""},
 		{"utf-8 form", "POST", "/v1/items/7", form + "; charset=utf-8", nil, "", "_method=DELETE", 400, "method_override"},
 		{"utf-16 text not read", "POST", "/v1/items/7", "text/plain; charset=utf-16", nil, "", "_method=DELETE", 200, ""},
+		{"form after a utf-8 bom (body-parser)", "POST", "/v1/other", form, nil, "", "\xEF\xBB\xBFapi_key=" + key, 400, "ambiguous_key"},
+		{"json after a utf-8 bom (body-parser)", "POST", "/v1/other", "application/json", nil, "", "\xEF\xBB\xBF{\"api_key\":\"" + key + "\"}", 400, "ambiguous_key"},
+		{"json in utf-16 (jackson)", "POST", "/v1/other", "application/json", nil, "", "{\x00\"\x00}\x00", 415, "unsupported_charset"},
+		{"json in utf-16 with its bom", "POST", "/v1/other", "application/json", nil, "", "\xFF\xFE{\x00}\x00", 415, "unsupported_charset"},
 		{"text body not read", "POST", "/v1/other", "text/plain", nil, "", "api_key=" + key, 200, ""},
 		{"exempt route not read", "POST", "/health", form, nil, "", "api_key=" + key, 200, ""},
 	}

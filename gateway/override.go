@@ -330,6 +330,7 @@ func cutAtNUL(name []byte) bool {
 func formFields(names []string) parser {
 	return func(r io.Reader, found func(name, value string)) error {
 		br := bufio.NewReader(r)
+		skipBOM(br)
 		var name, value []byte
 		inValue := false
 		flush := func() {
@@ -493,12 +494,33 @@ func partNames(disposition string) []string {
 // frameworks refuse it.
 func jsonFields(names []string) parser {
 	return func(r io.Reader, found func(name, value string)) error {
-		jsonMembers(bufio.NewReader(r), func(key, value string) {
+		br := bufio.NewReader(r)
+		skipBOM(br)
+		// UTF-16 and UTF-32 JSON (RFC 4627 §3: a NUL among the first
+		// four bytes, or their BOM): Jackson and System.Text.Json read
+		// it, whatever the charset says; read here, it is no object.
+		if b, _ := br.Peek(4); bytes.IndexByte(b, 0) >= 0 || bytes.HasPrefix(b, []byte{0xFE, 0xFF}) || bytes.HasPrefix(b, []byte{0xFF, 0xFE}) {
+			return errJSONCharset
+		}
+		jsonMembers(br, func(key, value string) {
 			if k := strings.ToLower(key); slices.Contains(names, k) {
 				found(k, value)
 			}
 		})
 		return nil
+	}
+}
+
+// errJSONCharset: a JSON body in UTF-16 or UTF-32.
+var errJSONCharset = &bodyRefusal{"unsupported_charset", problem{Type: probUnsupportedCharset, Status: http.StatusUnsupportedMediaType,
+	Detail: "The JSON body is in UTF-16 or UTF-32, which this gateway does not read, and it must read this body; send UTF-8."}}
+
+// skipBOM drops a UTF-8 byte order mark at the start of a form or JSON:
+// body-parser (iconv-lite) and System.Text.Json drop it, so the first
+// field's name is read without it there.
+func skipBOM(br *bufio.Reader) {
+	if b, _ := br.Peek(3); bytes.Equal(b, []byte{0xEF, 0xBB, 0xBF}) {
+		_, _ = br.Discard(3)
 	}
 }
 
