@@ -84,6 +84,13 @@ func TestBodyScan(t *testing.T) {
 		{"multipart without any delimiter", "POST", "/v1/items/7", multi, nil, "", "_method=DELETE", 400, "malformed_body"},
 		{"multipart malformed part before a body key", "POST", "/v1/other", multi, nil, "",
 			part("a", "1") + "--B\r\nnot a header\r\n\r\nx\r\n" + part("api_key", other) + "--B--\r\n", 400, "malformed_body"},
+		{"multipart part after the closing delimiter (php reads on)", "POST", "/v1/items/7", multi, nil, "",
+			part("a", "1") + "--B--\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart parts after a closing delimiter first", "POST", "/v1/items/7", multi, nil, "", "--B--\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart LF delimiter in a CRLF body (php)", "POST", "/v1/items/7", multi, nil, "",
+			part("a", "1\n--B\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart boundary mid-line (django)", "POST", "/v1/other", multi, nil, "",
+			part("a", "x--B\r\nContent-Disposition: form-data; name=\"api_key\"\r\n\r\n"+key) + "--B--\r\n", 400, "malformed_body"},
 		{"multipart whole", "POST", "/v1/items/7", multi, nil, "", part("a", "1") + part("b", "2") + "--B--\r\n", 200, ""},
 		// API keys in the body.
 		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},
@@ -198,4 +205,30 @@ func TestFormType(t *testing.T) {
 			t.Errorf("formType(%q) = %v, want %v (mime: %q, %v)", give, !want, want, mt, err)
 		}
 	}
+}
+
+// TestSubstrings: occurrences are counted however the reads split them.
+func TestSubstrings(t *testing.T) {
+	const text = "--B\r\nx--B--B\r\n--B--"
+	for size := 1; size <= len(text); size++ {
+		s := &substrings{r: &chunks{s: text, size: size}, sub: []byte("--B")}
+		if _, err := io.Copy(io.Discard, s); err != nil || s.n != 4 {
+			t.Errorf("reads of %d bytes: %d occurrences, %v; want 4", size, s.n, err)
+		}
+	}
+}
+
+// chunks reads s size bytes at a time.
+type chunks struct {
+	s    string
+	size int
+}
+
+func (c *chunks) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), c.size)], c.s)
+	c.s = c.s[n:]
+	return n, nil
 }

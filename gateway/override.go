@@ -443,18 +443,30 @@ func multipartFields(boundaries, names []string) parser {
 
 // multipartRead reads the parts of a multipart body with boundary b, and
 // calls found with the value of every part named one of names: errNoParts
-// when it holds no delimiter of b, and an error when it ends before its
-// closing delimiter or holds a malformed part.
+// when it holds no "--b" at all, and an error when it ends before its
+// closing delimiter, holds a malformed part, or holds "--b" anywhere but
+// in its delimiters (RFC 2046 §5.1.1: they must not appear inside the
+// parts). Frameworks find delimiters differently where that rule is
+// broken: PHP ends a part at any "\n--b" and then takes the next line
+// that is exactly "--b", even after the closing delimiter; Django splits
+// at "--b" mid-line. Each would read parts Go's reader does not.
 func multipartRead(r io.Reader, b string, names []string, found func(name, value string)) error {
-	mr := multipart.NewReader(r, b)
-	for first := true; ; first = false {
+	dashes := &substrings{r: r, sub: []byte("--" + b)}
+	mr := multipart.NewReader(dashes, b)
+	for parts := 0; ; parts++ {
 		part, err := mr.NextRawPart()
-		switch {
-		case err == io.EOF:
-			return nil
-		case err != nil && first:
-			return errNoParts
-		case err != nil:
+		if err != nil {
+			if _, cerr := io.Copy(io.Discard, dashes); cerr != nil {
+				return cerr
+			}
+			switch {
+			case err == io.EOF && dashes.n == parts+1:
+				return nil
+			case parts == 0 && dashes.n == 0:
+				return errNoParts
+			case err == io.EOF:
+				return errStrayDelimiter
+			}
 			return err
 		}
 		for _, n := range partNames(part.Header.Get("Content-Disposition")) {
@@ -465,6 +477,43 @@ func multipartRead(r io.Reader, b string, names []string, found func(name, value
 			}
 		}
 	}
+}
+
+// errStrayDelimiter: a multipart body holds its boundary outside its
+// delimiters.
+var errStrayDelimiter = errors.New("multipart boundary outside the delimiters")
+
+// substrings counts the occurrences of sub in what it reads, however the
+// reads split them, in memory bounded by sub's length.
+type substrings struct {
+	r    io.Reader
+	sub  []byte
+	tail []byte // the last len(sub)-1 bytes read
+	edge []byte // tail and the start of the next read, reused
+	n    int
+}
+
+func (s *substrings) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if n == 0 || len(s.sub) == 0 {
+		return n, err
+	}
+	k := len(s.sub) - 1
+	// Those that begin in the tail and end in p.
+	s.edge = append(append(s.edge[:0], s.tail...), p[:min(n, k)]...)
+	for i := range len(s.tail) {
+		if bytes.HasPrefix(s.edge[i:], s.sub) {
+			s.n++
+		}
+	}
+	s.n += bytes.Count(p[:n], s.sub)
+	if n >= k {
+		s.tail = append(s.tail[:0], p[n-k:n]...)
+	} else {
+		s.tail = append(s.tail, p[:n]...)
+		s.tail = append(s.tail[:0], s.tail[max(0, len(s.tail)-k):]...)
+	}
+	return n, err
 }
 
 // partNames are the names a part's Content-Disposition gives it, by the
