@@ -91,6 +91,12 @@ func TestBodyScan(t *testing.T) {
 			part("a", "1\n--B\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE") + "--B--\r\n", 400, "malformed_body"},
 		{"multipart boundary mid-line (django)", "POST", "/v1/other", multi, nil, "",
 			part("a", "x--B\r\nContent-Disposition: form-data; name=\"api_key\"\r\n\r\n"+key) + "--B--\r\n", 400, "malformed_body"},
+		{"multipart name as rack 2 reads it", "POST", "/v1/items/7", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=\"a\" name=_method\r\n\r\nDELETE\r\n--B--\r\n", 400, "method_override"},
+		{"multipart name as rack 3 reads it", "POST", "/v1/items/7", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=_method\"x\r\n\r\nDELETE\r\n--B--\r\n", 400, "method_override"},
+		{"multipart name in another header (rack 2)", "POST", "/v1/other", multi, nil, "",
+			"--B\r\nX-Note: Content-Disposition: form-data; name=api_key\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n" + key + "\r\n--B--\r\n", 400, "ambiguous_key"},
 		{"multipart whole", "POST", "/v1/items/7", multi, nil, "", part("a", "1") + part("b", "2") + "--B--\r\n", 200, ""},
 		// API keys in the body.
 		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},

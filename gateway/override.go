@@ -9,6 +9,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
@@ -469,7 +470,7 @@ func multipartRead(r io.Reader, b string, names []string, found func(name, value
 			}
 			return err
 		}
-		for _, n := range partNames(part.Header.Get("Content-Disposition")) {
+		for _, n := range append(partNames(part.Header.Get("Content-Disposition")), rackNames(part.Header)...) {
 			if n = paramName(n); slices.Contains(names, n) {
 				v, _ := io.ReadAll(io.LimitReader(part, maxValue+1))
 				found(n, string(v))
@@ -529,6 +530,39 @@ func partNames(disposition string) []string {
 	for _, f := range strings.Split(disposition, ";") {
 		if k, v, ok := strings.Cut(f, "="); ok && strings.EqualFold(strings.TrimSpace(k), "name") {
 			names = append(names, strings.Trim(strings.TrimSpace(v), `"`))
+		}
+	}
+	return names
+}
+
+// rackNames are the names Rack reads from a part's head: by a regular
+// expression over its text, not by parameter. Rack 2 (Rails 6 and 7.0)
+// takes the last `\s+name="?([^";]*)"?` on the first line holding
+// "Content-Disposition:", even inside another header's value; Rack 3 the
+// first `;\s+name="?([^";]*)"?` of the header. So `name="a" name=_method`
+// and `name=_method"x` are both _method there. Every such name is read.
+func rackNames(h textproto.MIMEHeader) []string {
+	var names []string
+	for k, vs := range h {
+		for _, v := range vs {
+			line := k + ": " + v
+			lower := strings.ToLower(line)
+			i := strings.Index(lower, "content-disposition:")
+			for i >= 0 {
+				j := strings.Index(lower[i:], "name=")
+				if j < 0 {
+					break
+				}
+				i += j + len("name=")
+				if c := line[i-len("name=")-1]; c != ' ' && c != '\t' && c != '\r' && c != '\n' && c != '\v' && c != '\f' {
+					continue // "filename=", or no space before it
+				}
+				value := strings.TrimPrefix(line[i:], `"`)
+				if end := strings.IndexAny(value, `";`); end >= 0 {
+					value = value[:end]
+				}
+				names = append(names, value)
+			}
 		}
 	}
 	return names
