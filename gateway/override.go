@@ -607,8 +607,14 @@ func skipBOM(br *bufio.Reader) {
 	}
 }
 
-// jsonMembers calls member with each top-level string member of the JSON
-// object br holds.
+// nonString is what jsonMembers reports for a member that is a number,
+// a boolean, an array or an object: a value longer than maxValue, so
+// never the key a request was charged to. Laravel's input() hands such a
+// value on, and its token guard looks up 0 or ["key"] as a key.
+var nonString = strings.Repeat("?", maxValue+1)
+
+// jsonMembers calls member with each top-level member of the JSON object
+// br holds but null ones: a string's value, nonString for others.
 func jsonMembers(br *bufio.Reader, member func(key, value string)) {
 	if c, ok := jsonNext(br); !ok || c != '{' {
 		return
@@ -634,8 +640,13 @@ func jsonMembers(br *bufio.Reader, member func(key, value string)) {
 				return
 			}
 			member(key, v)
-		} else if !jsonSkip(br, c) {
-			return
+		} else {
+			if c != 'n' { // null names nothing
+				member(key, nonString)
+			}
+			if !jsonSkip(br, c) {
+				return
+			}
 		}
 		if c, ok = jsonNext(br); !ok || c != ',' {
 			return
