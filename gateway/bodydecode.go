@@ -179,7 +179,10 @@ func decodeAll(r io.Reader, codings []string, read func(io.Reader) error, bound 
 		return read(r)
 	}
 	rest := codings[:len(codings)-1]
-	next := func(d io.Reader) error { return decodeAll(d, rest, read, bound) }
+	// Every layer is bounded, not just the last: a coding can spend
+	// input on no output (empty deflate blocks), so an outer layer's
+	// bomb could feed an inner one gigabytes that inflate to nothing.
+	next := func(d io.Reader) error { return decodeAll(&limitReader{r: d, n: bound}, rest, read, bound) }
 	switch codings[len(codings)-1] {
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(r)

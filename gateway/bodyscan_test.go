@@ -77,6 +77,7 @@ func TestBodyScan(t *testing.T) {
 		{"gzip padding before _method", "POST", "/v1/items/7", form, []string{"gzip"}, "", encode("a="+padding+"&_method=DELETE", "gzip"), 413, "body_too_large"},
 		{"zstd padding", "POST", "/v1/items/7", form, []string{"zstd"}, "", encode("a="+padding, "zstd"), 413, "body_too_large"},
 		{"gzip padding before a body key", "POST", "/v1/other", form, []string{"gzip"}, "", encode("a="+padding+"&api_key="+other, "gzip"), 413, "body_too_large"},
+		{"gzip of a gzip spending megabytes on nothing", "POST", "/v1/other", form, []string{"gzip, gzip"}, "", encode(emptyBlocks("a=1", 2<<20), "gzip"), 413, "body_too_large"},
 		// Multipart the gateway cannot read to its end.
 		{"multipart malformed part before _method", "POST", "/v1/items/7", multi, nil, "",
 			part("a", "1") + "--B\r\nnot a header\r\n\r\nx\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
@@ -173,6 +174,19 @@ func TestBodyScan(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emptyBlocks is s gzipped, followed by at least size bytes of empty
+// deflate blocks: a stream that spends its input on no output.
+func emptyBlocks(s string, size int) string {
+	var b bytes.Buffer
+	w := gzip.NewWriter(&b)
+	_, _ = io.WriteString(w, s)
+	for b.Len() < size {
+		_ = w.Flush() // an empty stored block
+	}
+	_ = w.Close()
+	return b.String()
 }
 
 // encode applies codings to s in order: "gzip", "zlib", "flate", "br",
