@@ -156,7 +156,7 @@ func failover(t *testing.T, link boot.Redis, writes string, kill func(redis.Univ
 	// 100ms: a store deadline of milliseconds that -race on two shared
 	// cores still meets when Redis is up.
 	const deadline = 100 * time.Millisecond
-	gw, err := gateway.New(gateway.Config{
+	url := serveGateway(t, gateway.Config{
 		GatewayID:     "failover-gw",
 		KeyHashSecret: "failover",
 		StoreDeadline: deadline,
@@ -166,16 +166,6 @@ func failover(t *testing.T, link boot.Redis, writes string, kill func(redis.Univ
 		Upstreams:     map[string]gateway.Upstream{"app": {URL: upstream.URL}},
 		Routes:        []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
 	}, gateway.Options{Store: store, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := gw.Server()
-	go srv.Serve(ln)
-	defer srv.Close()
 
 	// Load: a few clients, each request after the last.
 	var stop atomic.Bool
@@ -185,7 +175,7 @@ func failover(t *testing.T, link boot.Redis, writes string, kill func(redis.Univ
 		wg.Go(func() {
 			client := &http.Client{Timeout: 10 * time.Second}
 			for !stop.Load() {
-				resp, err := client.Get("http://" + ln.Addr().String() + "/x")
+				resp, err := client.Get(url + "/x")
 				requests.Add(1)
 				if err != nil {
 					non200.Add(1)
@@ -327,4 +317,22 @@ func gatewayTag(t *testing.T, rdb redis.UniversalClient) string {
 		t.Fatalf("key %q has no hash tag", keys[0])
 	}
 	return keys[0][i : j+1]
+}
+
+// serveGateway serves a gateway of cfg and opts on a loopback port until
+// the test ends, and returns its base URL.
+func serveGateway(t *testing.T, cfg gateway.Config, opts gateway.Options) string {
+	t.Helper()
+	gw, err := gateway.New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := gw.Server()
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
 }

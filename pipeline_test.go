@@ -122,10 +122,10 @@ func TestRequestsBecomeRows(t *testing.T) {
 			}
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for read(); (rows < n || keyReq < n || gwReq < n || ipReq < n) && time.Now().Before(deadline); read() {
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 60*time.Second, "every row and rollup in ClickHouse", func() bool {
+		read()
+		return rows >= n && keyReq >= n && gwReq >= n && ipReq >= n
+	})
 	if rows != n || uniq != n || rawAllowed != uint64(allowed) {
 		t.Fatalf("ClickHouse has %d rows, %d unique events, %d allowed; want %d, %d, %d", rows, uniq, rawAllowed, n, n, allowed)
 	}

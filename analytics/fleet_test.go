@@ -12,8 +12,6 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/consumer"
@@ -56,18 +54,7 @@ func startFleet(t *testing.T, gwIDs []string, plans map[string]gateway.Plan, key
 
 	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
 	topic, dead := "analytics-decisions-"+suffix, "analytics-dead-"+suffix
-	kcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := kadm.NewClient(kcl).CreateTopics(ctx, 2, 1, nil, topic, dead)
-	kcl.Close()
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("create topics: %v", err)
-	}
+	testenv.CreateTopics(t, brokers, 2, topic, dead)
 
 	// Small batches for a quick test.
 	cons, err := consumer.New(consumer.Config{

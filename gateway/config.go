@@ -74,6 +74,12 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"`
 	// Pprof serves /debug/pprof/ on the admin listener; default off. Restart.
 	Pprof bool `yaml:"pprof"`
+	// ReadyRequiresStore makes /readyz fail while the shared store does not
+	// answer. Off by default: the store is shared, so an outage would take
+	// every gateway out of its load balancer at once and no failure policy
+	// (open, local) could answer. Turn it on where a gateway cut off from
+	// Redis alone should hand its traffic to the others.
+	ReadyRequiresStore bool `yaml:"ready_requires_store"`
 	// CheckPath serves the decision API (POST); default "/v1/check"; "-"
 	// disables it.
 	CheckPath string `yaml:"check_path"`
@@ -418,6 +424,14 @@ func (c Config) WithDefaults() Config {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
 
+// maxNameLen bounds the names that become part of limiter keys: an API
+// key's id, a plan's (the check API's "|p:<plan>"), a route's ("|r:") and
+// the gateway's id (a split's "/gw:"). At 128 bytes each the longest key,
+// "k:<id>|r:<route>/gw:<gateway>", is 393 bytes, within
+// limiter.MaxKeyLen; a longer one is refused by the limiter, so a 500 for
+// every request of the key, or only once a split names it.
+const maxNameLen = 128
+
 // Validate reports everything wrong with c (after defaults), each problem
 // naming its field, all wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
@@ -427,7 +441,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
 	}
 
-	if strings.ContainsAny(c.GatewayID, "{}\" \t\r\n") || len(c.GatewayID) > 128 {
+	if strings.ContainsAny(c.GatewayID, "{}\" \t\r\n") || len(c.GatewayID) > maxNameLen {
 		// It becomes part of limiter keys under split directives.
 		bad("gateway_id", "%q may not hold braces, quotes or spaces, and is at most 128 bytes", c.GatewayID)
 	}
@@ -490,6 +504,8 @@ func (c Config) Validate() error {
 		}
 		if k.ID != "" && !nameRE.MatchString(k.ID) {
 			bad(field+".id", "%q may hold only letters, digits, '_', '-' and '.'", k.ID)
+		} else if len(k.ID) > maxNameLen {
+			bad(field+".id", "%d bytes, at most %d", len(k.ID), maxNameLen)
 		}
 		if j, dup := ids[id]; dup && id != "" {
 			bad(field+".id", "%q also names api_keys[%d]", id, j)
@@ -571,7 +587,7 @@ func (c Config) Validate() error {
 			// Requests are matched in normal form; another form never matches.
 			bad(field+".path_prefix", "%q is not in normal form; write %q", r.PathPrefix, n)
 		}
-		if strings.ContainsAny(r.Name, "{}\"\\ \t\r\n") || len(r.Name) > 128 {
+		if strings.ContainsAny(r.Name, "{}\"\\ \t\r\n") || len(r.Name) > maxNameLen {
 			bad(field+".name", "%q: route names may not hold braces, quotes, backslashes or spaces, and are at most 128 bytes", r.Name)
 		}
 		if j, dup := routeNames[r.Name]; dup {
@@ -661,6 +677,8 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 	field := "plans." + name
 	if !nameRE.MatchString(name) {
 		bad(field, "plan names may hold only letters, digits, '_', '-' and '.'")
+	} else if len(name) > maxNameLen {
+		bad(field, "a plan name is at most %d bytes", maxNameLen)
 	}
 	if len(p.Rules) == 0 {
 		bad(field+".rules", "a plan needs at least one rule")

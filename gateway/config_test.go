@@ -66,6 +66,13 @@ func TestConfigValidate(t *testing.T) {
 			c.APIKeys = append(c.APIKeys, APIKey{ID: "acme", SHA256: strings.Repeat("cd", 32), Plan: "free"})
 		}, "api_keys[1].id"},
 		{"key without plan", func(c *Config) { c.APIKeys[0].Plan = "" }, "api_keys[0].plan: a plan is needed"},
+		// Parts of limiter keys: longer ones could make a key the limiter
+		// refuses (a 500), at once or when a split adds the gateway's id.
+		{"longest key id", func(c *Config) { c.APIKeys[0].ID = strings.Repeat("k", 128) }, ""},
+		{"key id too long", func(c *Config) { c.APIKeys[0].ID = strings.Repeat("k", 129) }, "api_keys[0].id: 129 bytes, at most 128"},
+		{"plan name too long", func(c *Config) {
+			c.Plans[strings.Repeat("p", 129)] = c.Plans["free"]
+		}, "plans." + strings.Repeat("p", 129) + ": a plan name is at most 128 bytes"},
 		{"override of unknown rule", func(c *Config) { c.APIKeys[0].Overrides = map[string]Override{"hour": {Limit: 1}} }, "api_keys[0].overrides.hour: plan \"pro\" has no rule"},
 		{"override makes rule invalid", func(c *Config) { c.APIKeys[0].Overrides = map[string]Override{"minute": {Limit: -1}} }, "api_keys[0].overrides.minute"},
 		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "lan"} }, "trusted_proxies[1]"},

@@ -28,7 +28,8 @@ type Options struct {
 	// interface, not a nil pointer in it) uses an in-memory store: limits
 	// then hold per process.
 	Store checker
-	// Ping tells /readyz whether the shared store is reachable; nil: ready.
+	// Ping tells /readyz whether the shared store is reachable (with
+	// Config.ReadyRequiresStore); nil: ready.
 	Ping func(context.Context) error
 	// Publisher takes decision events; nil disables them.
 	Publisher publisher
@@ -170,13 +171,13 @@ func (g *Gateway) Server() *http.Server {
 // traffic while the server finishes what it has.
 func (g *Gateway) Drain() { g.draining.Store(true) }
 
-// Ready reports whether the gateway takes traffic: not draining, and the
-// shared store answers (always, without one).
+// Ready reports whether the gateway takes traffic: not draining, and, with
+// ReadyRequiresStore, the shared store answers (always, without one).
 func (g *Gateway) Ready(ctx context.Context) error {
 	if g.draining.Load() {
 		return errors.New("draining for shutdown")
 	}
-	if g.ping == nil {
+	if g.ping == nil || !g.st.Load().cfg.ReadyRequiresStore {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)

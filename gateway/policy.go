@@ -196,10 +196,17 @@ func localShare(r limiter.Rule, n int64) limiter.Rule {
 	capacity := max(1, r.Capacity()/n)
 	if r.Algorithm == limiter.SlidingWindow {
 		// k per period·k·n/limit each: the fleet admits limit per period.
+		// It is compared in nanoseconds as a float: over hundreds of
+		// gateways a long period passes what a Duration holds, and the
+		// conversion would wrap to a negative period. k·n may fall short
+		// of the limit, so the period may also shrink; the limiter refuses
+		// one under a millisecond (limit 3 per 1ms over 2 gateways: 1 per
+		// 0.67ms), which failed every check of the outage with a 500. A
+		// period raised to 1ms admits less, never more.
 		k := max(1, r.Limit/n)
-		period := time.Duration(math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit)))
-		if period <= limiter.MaxPeriod {
-			r.Limit, r.Period = k, period
+		period := math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit))
+		if period <= float64(limiter.MaxPeriod) {
+			r.Limit, r.Period = k, max(time.Millisecond, time.Duration(period))
 			return r
 		}
 	} else if r.Period <= limiter.MaxPeriod/time.Duration(n) {

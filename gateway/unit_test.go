@@ -190,6 +190,41 @@ func TestLocalShare(t *testing.T) {
 	}
 }
 
+// TestLocalShareValid: every gateway's local share of a valid rule is a
+// rule the limiter accepts, and the fleet's shares together never refill
+// faster than the rule (where its period can stretch). A sliding
+// window's share has a shorter period when the limit does not divide by
+// the gateways, and one under a millisecond (3 per 1ms over 2) was
+// refused: every check of the outage answered 500; over hundreds of
+// gateways a long period wrapped to a negative one, refused too.
+func TestLocalShareValid(t *testing.T) {
+	for _, algo := range []limiter.Algorithm{limiter.TokenBucket, limiter.SlidingWindow} {
+		for _, period := range []time.Duration{time.Millisecond, 1500 * time.Microsecond, 7 * time.Millisecond, time.Second, limiter.MaxPeriod} {
+			for limit := int64(1); limit <= 40; limit++ {
+				for _, n := range []int64{1, 2, 3, 4, 5, 7, 8, 11, 12, 300, 1000, 1 << 20} {
+					r := limiter.Rule{Name: "r", Limit: limit, Period: period, Algorithm: algo}
+					got := localShare(r, n)
+					if err := got.Validate(); err != nil {
+						t.Errorf("localShare(%+v, %d) = %+v: %v", r, n, got, err)
+						continue
+					}
+					// n × got.Limit per got.Period ≤ limit per period, but
+					// where even the stretched period is too long: then
+					// each gateway keeps one unit per period, as a burst
+					// below n does.
+					most := limit
+					if period > limiter.MaxPeriod/time.Duration(n) {
+						most = max(limit, n)
+					}
+					if float64(n*got.Limit)*float64(period) > float64(most)*float64(got.Period)*(1+1e-12) {
+						t.Errorf("localShare(%+v, %d) = %+v: %d gateways admit %d per %v, more than the rule", r, n, got, n, n*got.Limit, got.Period)
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestRateHeaders(t *testing.T) {
 	minute := limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}
 	day := limiter.Rule{Name: "day", Limit: 5000, Period: 24 * time.Hour}
@@ -330,13 +365,19 @@ func (blockingStore) Allow(ctx context.Context, _ string, _ []limiter.Rule, _ in
 	return limiter.Decision{}, ctx.Err()
 }
 
-// TestReady: without a shared store the gateway is ready until it drains;
-// with one, ready while the store answers (boot.Admin serves it).
+// TestReady: the gateway is ready until it drains, whether its store
+// answers or not (its failure policy answers); with ready_requires_store,
+// only while the store answers (boot.Admin serves it).
 func TestReady(t *testing.T) {
 	up := newTestUpstream(t)
 	down := func(context.Context) error { return context.DeadlineExceeded }
-	if err := startGateway(t, testConfig(up.URL), Options{Ping: down}).Ready(context.Background()); err == nil {
-		t.Errorf("Ready() with the store down = nil")
+	if err := startGateway(t, testConfig(up.URL), Options{Ping: down}).Ready(context.Background()); err != nil {
+		t.Errorf("Ready() with the store down = %v, want ready: its failure policy answers", err)
+	}
+	cfg := testConfig(up.URL)
+	cfg.ReadyRequiresStore = true
+	if err := startGateway(t, cfg, Options{Ping: down}).Ready(context.Background()); err == nil {
+		t.Errorf("Ready() with the store down and ready_requires_store = nil")
 	}
 	gw := startGateway(t, testConfig(up.URL), Options{})
 	if err := gw.Ready(context.Background()); err != nil {

@@ -125,12 +125,7 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 func (r *Redis) script(ctx context.Context, keys []string, args []any) ([]any, error) {
 	run := func(full bool) *redis.Cmd {
 		pipe := r.rdb.Pipeline()
-		var cmd *redis.Cmd
-		if full {
-			cmd = allowScript.Eval(ctx, pipe, keys, args...)
-		} else {
-			cmd = allowScript.EvalSha(ctx, pipe, keys, args...)
-		}
+		cmd := scriptCmd(ctx, pipe, full, keys, args)
 		_, _ = pipe.Exec(ctx) // the error is cmd's
 		return cmd
 	}

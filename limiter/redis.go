@@ -87,7 +87,7 @@ type Redis struct {
 	slots chan *sender
 	calls sync.Pool // *call, reused once its caller has read the result
 
-	checks, pipelines, cached, reloads atomic.Int64
+	checks, pipelines, cached, reloads, unstable atomic.Int64
 }
 
 // Stats counts what the limiter did since it started.
@@ -96,11 +96,14 @@ type Stats struct {
 	Pipelines int64 // round trips that carried them
 	Cached    int64 // denials answered by the local deny cache
 	Reloads   int64 // scripts reloaded after NOSCRIPT
+	// Unstable counts checks sent again without the previous layout's
+	// keys after TRYAGAIN (their Cluster slot was being migrated).
+	Unstable int64
 }
 
 // Stats returns the counters so far.
 func (r *Redis) Stats() Stats {
-	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load()}
+	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load(), Unstable: r.unstable.Load()}
 }
 
 // call is one check on its way through a pipeline. The sender that runs
@@ -109,11 +112,14 @@ func (r *Redis) Stats() Stats {
 type call struct {
 	ctx  context.Context
 	keys []string
-	args []any
-	sent time.Time
-	res  []any
-	err  error
-	done chan struct{}
+	// containers is how many of keys are containers; the rest are the
+	// previous layout's keys (see Keys).
+	containers int
+	args       []any
+	sent       time.Time
+	res        []any
+	err        error
+	done       chan struct{}
 }
 
 // sender is the state of one pipeline slot, reused by every pipeline that
@@ -123,13 +129,14 @@ type sender struct {
 	cmds  []*redis.Cmd
 }
 
-// newCall returns a pooled call for ctx.
-func (r *Redis) newCall(ctx context.Context, keys []string, args []any) *call {
+// newCall returns a pooled call for ctx: keys, the first containers of
+// them containers (see Keys), and the script's args.
+func (r *Redis) newCall(ctx context.Context, keys []string, containers int, args []any) *call {
 	c, _ := r.calls.Get().(*call)
 	if c == nil {
 		c = &call{done: make(chan struct{}, 1)}
 	}
-	c.ctx, c.keys, c.args, c.sent = ctx, keys, args, r.cfg.Now()
+	c.ctx, c.keys, c.containers, c.args, c.sent = ctx, keys, containers, args, r.cfg.Now()
 	return c
 }
 
@@ -267,7 +274,8 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, nil
 		}
 	}
-	c := r.newCall(ctx, r.Keys(key, rules), scriptArgs(rules, cost))
+	keys := r.Keys(key, rules)
+	c := r.newCall(ctx, keys, len(keys)-len(rules), scriptArgs(rules, cost))
 	if !r.submit(c) {
 		r.recycle(c)
 		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
@@ -375,7 +383,8 @@ func (r *Redis) send(s *sender, first *call) {
 }
 
 // run executes one batch in a pipeline; NOSCRIPT replies are retried with
-// the full script, which also reloads it into the server's cache.
+// the full script, which also reloads it into the server's cache, and
+// TRYAGAIN replies without the previous layout's keys (see resend).
 func (r *Redis) run(s *sender, batch []*call) {
 	ctx := batch[0].ctx
 	if len(batch) > 1 {
@@ -400,22 +409,8 @@ func (r *Redis) run(s *sender, batch []*call) {
 		}
 	}
 	cmds := r.exec(ctx, batch, false, s.cmds[:0])
-	var retry []int
-	for i, cmd := range cmds {
-		if cmd != nil && isNoScript(cmd.Err()) {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		r.reloads.Add(int64(len(retry)))
-		sub := make([]*call, len(retry))
-		for j, i := range retry {
-			sub[j] = batch[i]
-		}
-		for j, cmd := range r.exec(ctx, sub, true, nil) {
-			cmds[retry[j]] = cmd
-		}
-	}
+	r.reloads.Add(r.resend(ctx, batch, cmds, isNoScript, false))
+	r.unstable.Add(r.resend(ctx, batch, cmds, isTryAgain, true))
 	for i, c := range batch {
 		if cmds[i] == nil {
 			// Skipped because its caller's context ended: that is its
@@ -430,6 +425,42 @@ func (r *Redis) run(s *sender, batch []*call) {
 	s.cmds = cmds[:0]
 }
 
+// resend runs the calls of batch whose commands failed with an error that
+// is matches once more, in one pipeline with the full script, and puts
+// their new commands in cmds; it returns how many it sent. Either error
+// means the script did not run, so sending again consumes nothing twice.
+//
+// With containersOnly the previous layout's keys are left out: Redis
+// Cluster answers TRYAGAIN to a command of several keys in a slot being
+// migrated unless the node holds every one of them, and old keys are
+// almost always gone, so every check of the slot would fail (its failure
+// policy's answer, not a decision) until the migration ended. A check of
+// one container is then served wherever its key is (the target after
+// ASK); the rules whose state is still only in the previous layout are
+// checked from full this once.
+func (r *Redis) resend(ctx context.Context, batch []*call, cmds []*redis.Cmd, is func(error) bool, containersOnly bool) int64 {
+	var again []int
+	for i, cmd := range cmds {
+		if cmd != nil && is(cmd.Err()) {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return 0
+	}
+	sub := make([]*call, len(again))
+	for j, i := range again {
+		sub[j] = batch[i]
+		if containersOnly {
+			sub[j].keys = sub[j].keys[:sub[j].containers]
+		}
+	}
+	for j, cmd := range r.exec(ctx, sub, true, nil) {
+		cmds[again[j]] = cmd
+	}
+	return int64(len(again))
+}
+
 // exec runs batch as one pipeline and returns its commands, appended to
 // cmds: one per call, nil for a call whose caller had gone.
 func (r *Redis) exec(ctx context.Context, batch []*call, full bool, cmds []*redis.Cmd) []*redis.Cmd {
@@ -441,19 +472,48 @@ func (r *Redis) exec(ctx context.Context, batch []*call, full bool, cmds []*redi
 			cmds = append(cmds, nil) // its caller is gone; don't spend Redis time on it
 			continue
 		}
-		if full {
-			cmds = append(cmds, allowScript.Eval(ctx, pipe, c.keys, c.args...))
-		} else {
-			cmds = append(cmds, allowScript.EvalSha(ctx, pipe, c.keys, c.args...))
-		}
+		cmds = append(cmds, scriptCmd(ctx, pipe, full, c.keys, c.args))
 	}
 	// Per-command errors are read from each cmd; Exec's error repeats the first.
 	_, _ = pipe.Exec(ctx)
 	return cmds
 }
 
+// scriptCmd queues allow.lua on pipe, by SHA or in full, as a command
+// go-redis never sends twice: a Cluster pipeline resends a node's whole
+// batch when its first reply is an error it deems transient (TRYAGAIN,
+// LOADING, CLUSTERDOWN) or the connection fails while reading, whatever
+// MaxRetries says, so checks that had already run would consume again.
+// MOVED and ASK, which say the command did not run, are still followed.
+func scriptCmd(ctx context.Context, pipe redis.Pipeliner, full bool, keys []string, args []any) *redis.Cmd {
+	name, body := "evalsha", allowScript.Hash()
+	if full {
+		name, body = "eval", allowSource
+	}
+	a := make([]any, 3, 3+len(keys)+len(args))
+	a[0], a[1], a[2] = name, body, len(keys)
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3)
+	_ = pipe.Process(ctx, sentOnce{cmd}) // the error is cmd's
+	return cmd
+}
+
+// sentOnce is a command go-redis must not replay (see scriptCmd).
+type sentOnce struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to send the command again.
+func (sentOnce) NoRetry() bool { return true }
+
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+func isTryAgain(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN")
 }
 
 // Load puts the script into the server's script cache ahead of traffic.

@@ -33,12 +33,13 @@ type fileConfig struct {
 	Token boot.Secret `yaml:"token"`
 	// DryRun detects and alerts but writes no directives to Redis.
 	DryRun bool `yaml:"dry_run"`
-	// Interval, Hot, NAT and Alerts are analytics.Config's; zero fields
-	// take its defaults.
-	Interval time.Duration       `yaml:"interval"`
-	Hot      analytics.HotConfig `yaml:"hot"`
-	NAT      analytics.NATConfig `yaml:"nat"`
-	Alerts   alertsConfig        `yaml:"alerts"`
+	// Interval, StaleAfter, Hot, NAT and Alerts are analytics.Config's;
+	// zero fields take its defaults.
+	Interval   time.Duration       `yaml:"interval"`
+	StaleAfter time.Duration       `yaml:"stale_after"`
+	Hot        analytics.HotConfig `yaml:"hot"`
+	NAT        analytics.NATConfig `yaml:"nat"`
+	Alerts     alertsConfig        `yaml:"alerts"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `yaml:"log_level"`
 }
@@ -148,7 +149,7 @@ func (fc fileConfig) validateServe() error {
 
 // analyticsConfig is the analytics package's part of the file.
 func (fc fileConfig) analyticsConfig() analytics.Config {
-	cfg := analytics.Config{Interval: fc.Interval, Hot: fc.Hot, NAT: fc.NAT, Alerts: fc.Alerts.AlertConfig}
+	cfg := analytics.Config{Interval: fc.Interval, StaleAfter: fc.StaleAfter, Hot: fc.Hot, NAT: fc.NAT, Alerts: fc.Alerts.AlertConfig}
 	cfg.Alerts.WebhookURL = string(fc.Alerts.WebhookURL)
 	return cfg
 }

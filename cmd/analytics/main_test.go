@@ -54,6 +54,7 @@ clickhouse: {addr: "file-ch:9000", password: "chpass"}
 redis: {addr: "file-redis:6379", prefix: edge}
 token: "file-token-0123456789"
 interval: 2s
+stale_after: 5m
 hot: {min_rate: 50, ttl: 90s}
 nat: {min_distinct_keys: 5}
 alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
@@ -76,7 +77,7 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 		t.Errorf("token not taken from the environment")
 	case fc.Listen != "127.0.0.1:9092":
 		t.Errorf("listen default = %q, want loopback 127.0.0.1:9092", fc.Listen)
-	case cfg.Interval != 2*time.Second || cfg.Hot.MinRate != 50 || cfg.Hot.TTL != 90*time.Second || cfg.Hot.MinShare != 0.2:
+	case cfg.Interval != 2*time.Second || cfg.StaleAfter != 5*time.Minute || cfg.Hot.MinRate != 50 || cfg.Hot.TTL != 90*time.Second || cfg.Hot.MinShare != 0.2:
 		t.Errorf("analytics config = %+v", cfg)
 	case cfg.NAT.MinDistinctKeys != 5 || cfg.NAT.MinDistinctUserAgents != 20:
 		t.Errorf("nat config = %+v", cfg.NAT)

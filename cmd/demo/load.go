@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxDue bounds the requests one load run schedules (-rate × -duration),
-// and with it the latencies it keeps. It is below the 2^24 IPs of
+// maxDue bounds the requests one load or traffic run schedules (-rate ×
+// -duration), and with it the latencies it keeps. It is below the 2^24 IPs of
 // 10.0.0.0/8, so -sequential never runs out of them.
 const maxDue = 10_000_000
 
@@ -79,7 +79,7 @@ func load(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	due, err := f.validate()
+	s, err := f.validate()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
@@ -96,7 +96,7 @@ func load(ctx context.Context, args []string, stdout io.Writer) error {
 			return fmt.Errorf("load: before the run: %w", err)
 		}
 	}
-	res := f.dispatch(ctx, client, due).wait()
+	res := s.dispatch(ctx, f.senders(client)).wait()
 	line := res.String()
 	if f.metrics != "" {
 		after, err := scrapeHistogram(ctx, client, f.metrics, f.histogram)
@@ -111,20 +111,16 @@ func load(ctx context.Context, args []string, stdout io.Writer) error {
 	return err
 }
 
-func (f *loadFlags) validate() (int, error) {
-	switch {
-	case f.url == "":
-		return 0, errors.New("-url is required")
-	case f.rate <= 0 || f.duration <= 0:
-		return 0, errors.New("-rate and -duration must be positive")
-	case f.conns <= 0:
-		return 0, errors.New("-conns must be positive")
-	case f.keys <= 0 || f.keys > 1<<24:
-		return 0, fmt.Errorf("-keys %d: want 1 to %d (10.0.0.0/8)", f.keys, 1<<24)
+func (f *loadFlags) validate() (schedule, error) {
+	if f.url == "" {
+		return schedule{}, errors.New("-url is required")
 	}
-	due := f.rate * f.duration.Seconds()
-	if due > maxDue {
-		return 0, fmt.Errorf("-rate × -duration is %.0f requests, more than %d", due, maxDue)
+	s, err := newSchedule(f.rate, f.duration, f.conns)
+	if err != nil {
+		return schedule{}, err
+	}
+	if f.keys <= 0 || f.keys > 1<<24 {
+		return schedule{}, fmt.Errorf("-keys %d: want 1 to %d (10.0.0.0/8)", f.keys, 1<<24)
 	}
 	if f.method == "" {
 		f.method = http.MethodGet
@@ -132,7 +128,7 @@ func (f *loadFlags) validate() (int, error) {
 			f.method = http.MethodPost
 		}
 	}
-	return int(math.Round(due)), nil
+	return s, nil
 }
 
 // loadResult counts one run: every due request was sent or dropped; a
@@ -161,17 +157,57 @@ type loadRun struct {
 	start   time.Time
 }
 
-// dispatch sends due requests on schedule from -conns workers and returns
-// once the last is due (sent or dropped), without waiting for answers.
-func (f *loadFlags) dispatch(ctx context.Context, client *http.Client, due int) *loadRun {
-	r := &loadRun{res: loadResult{due: due, status: map[int]int{}}}
+// senders sends each worker's requests with client, its client IPs drawn
+// from a generator of its own.
+func (f *loadFlags) senders(client *http.Client) func(worker int) sender {
+	return func(w int) sender {
+		seed := uint64(time.Now().UnixNano()) + uint64(w)<<32
+		return func(ctx context.Context, i int) (int, error) {
+			return f.send(ctx, client, f.ip(i, &seed))
+		}
+	}
+}
+
+// schedule is an open-loop schedule (see load): due requests, request i
+// due at start + i/rate, at most conns in flight.
+type schedule struct {
+	rate  float64
+	due   int
+	conns int
+}
+
+// newSchedule is rate requests a second for d, at most conns in flight,
+// and at most maxDue requests in all.
+func newSchedule(rate float64, d time.Duration, conns int) (schedule, error) {
+	switch {
+	case rate <= 0 || d <= 0:
+		return schedule{}, errors.New("-rate and -duration must be positive")
+	case conns <= 0:
+		return schedule{}, errors.New("-conns must be positive")
+	}
+	due := rate * d.Seconds()
+	if due > maxDue {
+		return schedule{}, fmt.Errorf("-rate × -duration is %.0f requests, more than %d", due, maxDue)
+	}
+	return schedule{rate: rate, due: int(math.Round(due)), conns: conns}, nil
+}
+
+// sender sends request i and returns its status.
+type sender func(ctx context.Context, i int) (status int, err error)
+
+// dispatch sends s's requests on schedule from s.conns workers, each with
+// the sender newSender makes for it (so each can keep a random source of
+// its own, without a lock), and returns once the last is due (sent or
+// dropped), without waiting for answers.
+func (s schedule) dispatch(ctx context.Context, newSender func(worker int) sender) *loadRun {
+	r := &loadRun{res: loadResult{due: s.due, status: map[int]int{}}}
 	// slots holds a token per request in flight; jobs never holds more
 	// than slots allow, so the dispatcher never blocks on it.
-	slots := make(chan struct{}, f.conns)
-	jobs := make(chan job, f.conns)
-	for w := range f.conns {
+	slots := make(chan struct{}, s.conns)
+	jobs := make(chan job, s.conns)
+	for w := range s.conns {
 		r.workers.Go(func() {
-			seed := uint64(time.Now().UnixNano()) + uint64(w)<<32
+			send := newSender(w)
 			var mine []time.Duration
 			status := map[int]int{}
 			errs, late := 0, 0
@@ -179,7 +215,7 @@ func (f *loadFlags) dispatch(ctx context.Context, client *http.Client, due int) 
 				if time.Since(j.at) > time.Millisecond {
 					late++
 				}
-				code, err := f.send(ctx, client, f.ip(j.i, &seed))
+				code, err := send(ctx, j.i)
 				<-slots
 				if err != nil {
 					errs++
@@ -200,8 +236,8 @@ func (f *loadFlags) dispatch(ctx context.Context, client *http.Client, due int) 
 	}
 	defer close(jobs)
 	r.start = time.Now()
-	interval := float64(time.Second) / f.rate
-	for i := range due {
+	interval := float64(time.Second) / s.rate
+	for i := range s.due {
 		at := r.start.Add(time.Duration(float64(i) * interval))
 		if d := time.Until(at); d > 0 {
 			t := time.NewTimer(d)

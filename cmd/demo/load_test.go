@@ -42,11 +42,11 @@ func TestLoadDoesNotBackOff(t *testing.T) {
 	}))
 	defer srv.Close()
 	f := loadFlags{url: srv.URL, keys: 10, rate: 10_000, duration: 20 * time.Millisecond, conns: 3, timeout: time.Minute}
-	due, err := f.validate()
+	s, err := f.validate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := f.dispatch(context.Background(), srv.Client(), due)
+	run := s.dispatch(context.Background(), f.senders(srv.Client()))
 	close(release) // every request is due by now: none could finish before
 	res := run.wait()
 	if res.due != 200 || res.sent != 3 || res.dropped != 197 || res.errors != 0 || res.status[http.StatusOK] != 3 {
@@ -206,5 +206,54 @@ func TestRunSubcommands(t *testing.T) {
 	var out strings.Builder
 	if err := run(t.Context(), []string{"keyhash", "abc"}, &out); err != nil || out.String() != "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n" {
 		t.Errorf("run(keyhash abc) = %q, %v; want abc's SHA-256", out.String(), err)
+	}
+}
+
+// TestTrafficOnSchedule: traffic's mix goes out on load's open-loop
+// schedule, and its line accounts for every due request: what the gateway
+// answered 429 is denied, 2xx allowed, 5xx failed, and what the
+// connections could not carry is dropped, never silently skipped.
+func TestTrafficOnSchedule(t *testing.T) {
+	var mu sync.Mutex
+	answered := map[int]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code := http.StatusOK
+		switch {
+		case r.Header.Get("X-API-Key") == demoHotKey:
+			code = http.StatusTooManyRequests
+		case r.Header.Get("X-API-Key") == demoKeys[0]:
+			code = http.StatusServiceUnavailable
+		}
+		mu.Lock()
+		answered[code]++
+		mu.Unlock()
+		w.WriteHeader(code)
+	}))
+	defer srv.Close()
+	var out strings.Builder
+	if err := traffic(t.Context(), []string{"-gateway", srv.URL, "-rate", "4000", "-duration", "100ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var sent, allowed, denied, failed, dropped int
+	if _, err := fmt.Sscanf(out.String(), "traffic: sent %d, allowed %d, denied %d, failed %d, dropped %d",
+		&sent, &allowed, &denied, &failed, &dropped); err != nil {
+		t.Fatalf("traffic printed %q: %v", out.String(), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sent+dropped != 400 || allowed+denied+failed != sent {
+		t.Errorf("traffic printed %q: want sent + dropped = 400 due, allowed + denied + failed = sent", out.String())
+	}
+	if allowed != answered[http.StatusOK] || denied != answered[http.StatusTooManyRequests] || failed != answered[http.StatusServiceUnavailable] {
+		t.Errorf("traffic printed %q, the gateway answered %v", out.String(), answered)
+	}
+	for _, tt := range []struct{ give, want string }{
+		{"-rate=0", "-rate and -duration must be positive"},
+		{"-gateway=http://[::1", "want http(s)://host[:port]"},
+		{"-gateway=127.0.0.1:8080", "want http(s)://host[:port]"},
+	} {
+		if err := traffic(t.Context(), []string{tt.give}, io.Discard); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("traffic %s = %v, want an error with %q", tt.give, err, tt.want)
+		}
 	}
 }

@@ -48,7 +48,7 @@ func TestEnvoyRateLimitService(t *testing.T) {
 	}
 	r := start(t, []string{"-config", path}, env(map[string]string{"EDGELIMIT_REDIS_ADDR": testenv.RedisAddr(t), "EDGELIMIT_REDIS_PREFIX": "grpcmain" + fmt.Sprint(time.Now().UnixNano())}))
 	var line map[string]any
-	waitFor(t, "the grpc listener", func() bool { line = r.logs.find("envoy rate limit service listening"); return line != nil })
+	testenv.WaitFor(t, 20*time.Second, "the grpc listener", func() bool { line = r.logs.find("envoy rate limit service listening"); return line != nil })
 	conn, err := grpc.NewClient(line["grpc_addr"].(string), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -81,14 +81,14 @@ func TestEnvoyRateLimitService(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the rules to reload", func() bool { return r.logs.find("envoy ratelimit config reloaded") != nil })
+	testenv.WaitFor(t, 20*time.Second, "the rules to reload", func() bool { return r.logs.find("envoy ratelimit config reloaded") != nil })
 	if st := ask().GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 5 || st.GetCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("after reload to 5/min: %v", st)
 	}
 
 	// Without a signal: the directory is watched like the file (-watch).
 	writeRules(7)
-	waitFor(t, "the changed rules to be picked up", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the changed rules to be picked up", func() bool {
 		return ask().GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() == 7
 	})
 }

@@ -95,17 +95,6 @@ func (l *logBuffer) String() string {
 	return l.raw.String()
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 type running struct {
 	addr, admin string
 	logs        *logBuffer
@@ -142,7 +131,7 @@ func start(t *testing.T, args []string, getenv func(string) string) *running {
 		}
 	})
 	var line map[string]any
-	waitFor(t, "the gateway to listen", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the gateway to listen", func() bool {
 		select {
 		case err := <-r.done:
 			t.Fatalf("run returned early: %v\n%s", err, r.logs)
@@ -354,7 +343,7 @@ func TestReloadAndShutdown(t *testing.T) {
 	}
 	writeConfig(t, path, 2000, up.URL, false)
 	sighup()
-	waitFor(t, "a successful reload", func() bool { return r.reloads(t, "ok") == "1" })
+	testenv.WaitFor(t, 20*time.Second, "a successful reload", func() bool { return r.reloads(t, "ok") == "1" })
 	if got := r.limit(t); got != "2000" {
 		t.Errorf("after reload: limit %q, want 2000", got)
 	}
@@ -363,7 +352,7 @@ func TestReloadAndShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	sighup()
-	waitFor(t, "a failed reload", func() bool { return r.reloads(t, "failed") == "1" })
+	testenv.WaitFor(t, 20*time.Second, "a failed reload", func() bool { return r.reloads(t, "failed") == "1" })
 	if got := r.limit(t); got != "2000" {
 		t.Errorf("after a failed reload: limit %q, want the old 2000", got)
 	}
@@ -381,7 +370,7 @@ func TestReloadAndShutdown(t *testing.T) {
 	}
 
 	// Decision events reach the embedded Kafka.
-	waitFor(t, "events published", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "events published", func() bool {
 		v := metric(t, r.admin, "edgelimit_events_published_total")
 		return v != "" && v != "0"
 	})
@@ -402,7 +391,7 @@ func TestReloadAndShutdown(t *testing.T) {
 	}()
 	<-arrived
 	r.cancel()
-	waitFor(t, "shutdown to begin", func() bool { return r.logs.find("shutting down") != nil })
+	testenv.WaitFor(t, 20*time.Second, "shutdown to begin", func() bool { return r.logs.find("shutting down") != nil })
 	release <- struct{}{}
 	if code := <-slow; code != 200 {
 		t.Errorf("in-flight request during shutdown: %d, want 200", code)
@@ -483,7 +472,7 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 	}
 
 	cm.update(body(2000))
-	waitFor(t, "the swapped ConfigMap to be loaded", func() bool { return r.limit(t) == "2000" })
+	testenv.WaitFor(t, 20*time.Second, "the swapped ConfigMap to be loaded", func() bool { return r.limit(t) == "2000" })
 	if got := r.reloads(t, "ok"); got != "1" {
 		t.Errorf("reloads ok = %q after one swap, want 1", got)
 	}
@@ -492,13 +481,13 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 	}
 
 	cm.update("plans: {broken")
-	waitFor(t, "the invalid ConfigMap to be refused", func() bool { return r.reloads(t, "failed") == "1" })
+	testenv.WaitFor(t, 20*time.Second, "the invalid ConfigMap to be refused", func() bool { return r.reloads(t, "failed") == "1" })
 	if got := r.limit(t); got != "2000" {
 		t.Errorf("after an invalid file: limit %q, want the old 2000", got)
 	}
 
 	cm.update(body(3000))
-	waitFor(t, "the next valid ConfigMap to be loaded", func() bool { return r.limit(t) == "3000" })
+	testenv.WaitFor(t, 20*time.Second, "the next valid ConfigMap to be loaded", func() bool { return r.limit(t) == "3000" })
 	if got, want := r.reloads(t, "ok")+" "+r.reloads(t, "failed"), "2 1"; got != want {
 		t.Errorf("reloads ok, failed = %s, want %s (an invalid file counted once)", got, want)
 	}
@@ -522,7 +511,7 @@ func TestEventsToKafka(t *testing.T) {
 	for range 3 {
 		httpGet(t, r.addr+"/x")
 	}
-	waitFor(t, "3 events published", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "3 events published", func() bool {
 		return metric(t, r.admin, "edgelimit_events_published_total") == "3"
 	})
 	got := readEvents(t, brokers, topic, 3, nil)

@@ -1,0 +1,134 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// keyInSlot returns a limiter key other than key whose identity's
+// container lands in slot.
+func keyInSlot(t *testing.T, l *Redis, key string, rules []Rule, slot int64) string {
+	t.Helper()
+	for i := range 1 << 24 {
+		k := fmt.Sprintf("%s-%d", key, i)
+		c := l.Keys(k, rules)[0]
+		tag := c[strings.IndexByte(c, '{')+1 : strings.IndexByte(c, '}')]
+		if int64(crc16(tag)%16384) == slot {
+			return k
+		}
+	}
+	t.Fatalf("no key found in slot %d", slot)
+	return ""
+}
+
+// crc16 is Redis Cluster's key hash (CRC-16/XMODEM).
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// TestClusterMigratingSlot: while a reshard moves a slot, its keys are
+// checked and counted exactly, on either side of the move, not answered
+// with TRYAGAIN (the failure policy's answer). A check names its
+// identity's container and the previous layout's keys, which are gone, and
+// Redis refuses a command of several keys in a migrating slot unless the
+// node holds them all.
+func TestClusterMigratingSlot(t *testing.T) {
+	rdb := mustCluster(t)
+	ctx := context.Background()
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	rules := []Rule{{Name: "r", Limit: 10, Period: time.Hour}}
+	key := uniqueKey(t)
+	check := func(what, key string, remaining int64) {
+		t.Helper()
+		d, err := l.Allow(ctx, key, rules, 1)
+		if err != nil || !d.Allowed || d.Rules[0].Remaining != remaining {
+			t.Errorf("Allow(%s) = %+v, %v; want allowed, %d remaining", what, d, err, remaining)
+		}
+	}
+	check("before the reshard", key, 9)
+	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(key, rules)[0]))
+	fresh := keyInSlot(t, l, key, rules, m.Slot)
+	check("on the source", key, 8)
+	check("a new identity, asked to the target", fresh, 9)
+	m.Move(t, l.Keys(key, rules)[0])
+	check("moved to the target", key, 7)
+	check("a new identity, again", fresh, 8)
+	if st := l.Stats(); st.Unstable == 0 {
+		t.Errorf("Stats() = %+v: no TRYAGAIN was met, so the migration went untested", st)
+	}
+}
+
+// TestClusterPipelineRunsOnce: a check in a pipeline runs once, whatever
+// the other checks of its pipeline were answered. go-redis resends a
+// Cluster node's whole batch when the first reply is an error it deems
+// transient (here TRYAGAIN, from a migrating slot), which charged every
+// other check of the batch again, up to four times in all.
+func TestClusterPipelineRunsOnce(t *testing.T) {
+	rdb := mustCluster(t)
+	ctx := context.Background()
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	rules := []Rule{{Name: "r", Limit: 10, Period: time.Hour}}
+	first := uniqueKey(t)
+	if _, err := l.Allow(ctx, first, rules, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(first, rules)[0]))
+	// Checks of other slots on the same node, behind the first in one
+	// pipeline.
+	batch := []*call{l.newCall(ctx, l.Keys(first, rules), 1, scriptArgs(rules, 1))}
+	for i := 0; len(batch) < 6; i++ {
+		k := fmt.Sprintf("%s-%d", first, i)
+		if sameNode(t, rdb, l.Keys(k, rules)[0], m) {
+			batch = append(batch, l.newCall(ctx, l.Keys(k, rules), 1, scriptArgs(rules, 1)))
+		}
+	}
+	l.run(<-l.slots, batch)
+	for i, c := range batch {
+		d, err := parseReply(c.res, rules)
+		if c.err != nil || err != nil {
+			t.Errorf("check %d: %v, %v", i, c.err, err)
+			continue
+		}
+		want := int64(9)
+		if i == 0 {
+			want = 8
+		}
+		if d.Rules[0].Remaining != want {
+			t.Errorf("check %d: %d remaining, want %d: charged %d times", i, d.Rules[0].Remaining, want, 10-d.Rules[0].Remaining-(9-want))
+		}
+	}
+}
+
+// sameNode reports whether key's slot is served by m's source, and is not
+// m's slot.
+func sameNode(t *testing.T, rdb *redis.ClusterClient, key string, m *testenv.SlotMigration) bool {
+	t.Helper()
+	slot := slotOf(t, rdb, key)
+	return slot != m.Slot && testenv.SlotMaster(t, rdb, slot) == m.Source.Options().Addr
+}
+
+func slotOf(t *testing.T, rdb *redis.ClusterClient, key string) int64 {
+	t.Helper()
+	slot, err := rdb.ClusterKeySlot(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slot
+}
