@@ -27,7 +27,7 @@ type state struct {
 	trusted   []*net.IPNet
 	strip     headerSet     // removed from untrusted peers' requests
 	keyParams []string      // query parameters that carry an API key
-	bodyNames []string      // overrideParams and keyParams: the fields a POST's body is read for
+	bodyNames []string      // overrideParams and keyParams: a body read for both (scanBody)
 	jitter    time.Duration // the most jitter added to Retry-After
 
 	// authFailure limits failed authentication by address; nil: off.
