@@ -5,10 +5,12 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +100,8 @@ func TestBodyScan(t *testing.T) {
 			"--B\r\nContent-Disposition: form-data; name=_method\"x\r\n\r\nDELETE\r\n--B--\r\n", 400, "method_override"},
 		{"multipart name in another header (rack 2)", "POST", "/v1/other", multi, nil, "",
 			"--B\r\nX-Note: Content-Disposition: form-data; name=api_key\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n" + key + "\r\n--B--\r\n", 400, "ambiguous_key"},
+		{"multipart part head of a megabyte", "POST", "/v1/other", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=\"a\"\r\nX: " + strings.Repeat("h", 1<<20-100) + "\r\n\r\n1\r\n--B--\r\n", 400, "malformed_body"},
 		{"multipart whole", "POST", "/v1/items/7", multi, nil, "", part("a", "1") + part("b", "2") + "--B--\r\n", 200, ""},
 		// API keys in the body.
 		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},
@@ -230,11 +234,22 @@ func TestFormType(t *testing.T) {
 	}
 }
 
-// TestSubstrings: occurrences are counted however the reads split them.
-func TestSubstrings(t *testing.T) {
+// TestDelimiters: a multipart body's delimiters are counted, and its part
+// heads bounded, however the reads split them.
+func TestDelimiters(t *testing.T) {
 	const text = "--B\r\nx--B--B\r\n--B--"
+	long := "--B\r\nX: " + strings.Repeat("h", maxPartHead) + "\r\n\r\n"
+	fits := "--B\r\nX: " + strings.Repeat("h", maxPartHead-20) + "\r\n\r\n" + strings.Repeat("d", 2*maxPartHead) + "\r\n--B--\r\n"
+	for _, size := range []int{1, 2, 3, 5, 7, 4096} {
+		if _, err := io.Copy(io.Discard, newDelimiters(&chunks{s: long, size: size}, "B")); !errors.Is(err, errPartHead) {
+			t.Errorf("reads of %d bytes: a %d-byte head read with %v, want errPartHead", size, len(long), err)
+		}
+		if _, err := io.Copy(io.Discard, newDelimiters(&chunks{s: fits, size: size}, "B")); err != nil {
+			t.Errorf("reads of %d bytes: a head within the bound, then a long part: %v", size, err)
+		}
+	}
 	for size := 1; size <= len(text); size++ {
-		s := &substrings{r: &chunks{s: text, size: size}, sub: []byte("--B")}
+		s := newDelimiters(&chunks{s: text, size: size}, "B")
 		if _, err := io.Copy(io.Discard, s); err != nil || s.n != 4 {
 			t.Errorf("reads of %d bytes: %d occurrences, %v; want 4", size, s.n, err)
 		}
@@ -254,4 +269,23 @@ func (c *chunks) Read(p []byte) (int, error) {
 	n := copy(p[:min(len(p), c.size)], c.s)
 	c.s = c.s[n:]
 	return n, nil
+}
+
+// TestMultipartHeadMemory: reading a multipart part's head holds no more
+// than maxPartHead of it. Before, Go's reader held up to 10 MiB of one
+// head, once per boundary the Content-Type may name.
+func TestMultipartHeadMemory(t *testing.T) {
+	const size = 8 << 20
+	body := io.MultiReader(strings.NewReader("--B\r\nContent-Disposition: form-data; name=\"a\"\r\nX: "),
+		io.LimitReader(repeatReader('h'), size), strings.NewReader("\r\n\r\n1\r\n--B--\r\n"))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := parseEach(body, bodyParsers("multipart/form-data; boundary=B", overrideParams), func(string, string) {})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, errBodyMalformed) {
+		t.Errorf("reading an %d MiB part head = %v, want errBodyMalformed", size>>20, err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
+		t.Errorf("reading an %d MiB part head allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
+	}
 }

@@ -452,7 +452,7 @@ func multipartFields(boundaries, names []string) parser {
 // that is exactly "--b", even after the closing delimiter; Django splits
 // at "--b" mid-line. Each would read parts Go's reader does not.
 func multipartRead(r io.Reader, b string, names []string, found func(name, value string)) error {
-	dashes := &substrings{r: r, sub: []byte("--" + b)}
+	dashes := newDelimiters(r, b)
 	mr := multipart.NewReader(dashes, b)
 	for parts := 0; ; parts++ {
 		part, err := mr.NextRawPart()
@@ -484,27 +484,52 @@ func multipartRead(r io.Reader, b string, names []string, found func(name, value
 // delimiters.
 var errStrayDelimiter = errors.New("multipart boundary outside the delimiters")
 
-// substrings counts the occurrences of sub in what it reads, however the
-// reads split them, in memory bounded by sub's length.
-type substrings struct {
+// delimiters reads a multipart body for a multipart.Reader: it counts
+// the occurrences of sub ("--" and the boundary) however the reads split
+// them, in memory bounded by sub's length, and fails a part's head
+// (from a delimiter to the blank line after it) longer than maxPartHead:
+// Go's reader holds up to 10 MiB of it, once per boundary read.
+type delimiters struct {
 	r    io.Reader
 	sub  []byte
 	tail []byte // the last len(sub)-1 bytes read
 	edge []byte // tail and the start of the next read, reused
 	n    int
+	head int  // bytes of the head being read; -1 outside one
+	nl   byte // how far a blank line is matched: 1 after "\n", 2 after "\n\r"
+	err  error
 }
 
-func (s *substrings) Read(p []byte) (int, error) {
+// maxPartHead bounds a multipart part's head: Tomcat's limit is 10 KiB,
+// busboy's 16 KiB.
+const maxPartHead = 64 << 10
+
+// errPartHead: a multipart part's head is longer than maxPartHead.
+var errPartHead = errors.New("multipart part head too long")
+
+func newDelimiters(r io.Reader, boundary string) *delimiters {
+	return &delimiters{r: r, sub: []byte("--" + boundary), head: -1}
+}
+
+func (s *delimiters) Read(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
 	n, err := s.r.Read(p)
 	if n == 0 || len(s.sub) == 0 {
 		return n, err
 	}
 	k := len(s.sub) - 1
-	// Those that begin in the tail and end in p.
+	// Those that begin in the tail and end in p; a head begins after the
+	// first of them.
+	from := -1
 	s.edge = append(append(s.edge[:0], s.tail...), p[:min(n, k)]...)
 	for i := range len(s.tail) {
 		if bytes.HasPrefix(s.edge[i:], s.sub) {
 			s.n++
+			if from < 0 {
+				from = len(s.sub) - (len(s.tail) - i)
+			}
 		}
 	}
 	s.n += bytes.Count(p[:n], s.sub)
@@ -514,7 +539,47 @@ func (s *substrings) Read(p []byte) (int, error) {
 		s.tail = append(s.tail, p[:n]...)
 		s.tail = append(s.tail[:0], s.tail[max(0, len(s.tail)-k):]...)
 	}
+	if s.err = s.heads(p[:n], from); s.err != nil {
+		return n, s.err
+	}
 	return n, err
+}
+
+// heads follows the part heads in p: from the end of each delimiter (at
+// from, when one began in the last read) to the next blank line.
+func (s *delimiters) heads(p []byte, from int) error {
+	i := 0
+	if from >= 0 && s.head < 0 {
+		i, s.head, s.nl = from, 0, 0
+	}
+	for i < len(p) {
+		if s.head < 0 {
+			j := bytes.Index(p[i:], s.sub)
+			if j < 0 {
+				return nil
+			}
+			i += j + len(s.sub)
+			s.head, s.nl = 0, 0
+			continue
+		}
+		switch c := p[i]; {
+		case c == '\n' && s.nl > 0:
+			s.head = -1 // "\n\n" or "\n\r\n": the head is over
+		case c == '\n':
+			s.nl = 1
+		case c == '\r' && s.nl == 1:
+			s.nl = 2
+		default:
+			s.nl = 0
+		}
+		if s.head >= 0 {
+			if s.head++; s.head > maxPartHead {
+				return errPartHead
+			}
+		}
+		i++
+	}
+	return nil
 }
 
 // partNames are the names a part's Content-Disposition gives it, by the
