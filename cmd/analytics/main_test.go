@@ -92,15 +92,15 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 	var out bytes.Buffer
 	err = run(context.Background(), []string{"check", "-config", file}, env(map[string]string{
 		"EDGELIMIT_ANALYTICS_TOKEN": "env-token-0123456789", "EDGELIMIT_ALERT_WEBHOOK_URL": "https://hooks.example/secret-path",
-		"EDGELIMIT_ALERTMANAGER_URL": "http://am-user:am-pass@am:9093",
+		"EDGELIMIT_ALERTMANAGER_URL": "http://am-user:am-pass@am:9093/?token=am-query-secret",
 	}), &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "alertmanager_url: http://am-user:xxxxx@am:9093") {
-		t.Errorf("check output lost the Alertmanager URL (want its password redacted):\n%s", out.String())
+	if !strings.Contains(out.String(), "alertmanager_url: http://am-user:xxxxx@am:9093/?token=xxxxx") {
+		t.Errorf("check output lost the Alertmanager URL (want its password and query values redacted):\n%s", out.String())
 	}
-	for _, leak := range []string{"chpass", "token-0123456789", "secret-path", "am-pass"} {
+	for _, leak := range []string{"chpass", "token-0123456789", "secret-path", "am-pass", "am-query-secret"} {
 		if strings.Contains(out.String(), leak) {
 			t.Errorf("check printed the secret %q:\n%s", leak, out.String())
 		}
