@@ -7,7 +7,7 @@
 # (gateway/testdata/wrk/run.sh: BASE, ROUNDS, DURATION), then the analytics
 # and the other Go benchmarks. Not part of make test. CASES=a,b,... runs a
 # subset: limiter, ceiling, analytics, go, and run.sh's (check memory proxy
-# events openloop hot denied peer), and grpc (gateway/testdata/wrk/grpc.sh:
+# body events openloop hot denied peer), and grpc (gateway/testdata/wrk/grpc.sh:
 # Envoy's rate limit API beside envoyproxy/ratelimit); the default is all.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

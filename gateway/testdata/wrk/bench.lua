@@ -2,6 +2,8 @@
 --   proxy [PREFIX]  GET PREFIX/items from one of 100k client IPs, named by a
 --                   trusted proxy's X-Forwarded-For (PREFIX /off: the
 --                   exempt route, the same requests with no limit check)
+--   body            POST /items with a small JSON body from one of the IPs
+--                   (the limited route; the gateway reads the body for keys)
 --   check [KEY]     POST /v1/check for one of the 100k IPs, or for the raw
 --                   API key KEY (the hot keys of gateway.yaml)
 --   peer            POST /json to envoyproxy/ratelimit: the same 3 limits
@@ -38,6 +40,9 @@ request = function()
     return wrk.format("POST", "/json", json, string.format(
       '{"domain":"bench","descriptors":[{"entries":[{"key":"ip_minute","value":"%s"}]},' ..
       '{"entries":[{"key":"ip_hour","value":"%s"}]},{"entries":[{"key":"ip_day","value":"%s"}]}]}', v, v, v))
+  elseif mode == "body" then
+    return wrk.format("POST", "/items", { ["Content-Type"] = "application/json", ["X-Forwarded-For"] = ip() },
+      '{"name":"widget","qty":3,"tags":["a","b"],"note":"a small order"}')
   end
   return wrk.format("GET", arg .. "/items", { ["X-Forwarded-For"] = ip() })
 end
