@@ -311,10 +311,17 @@ func TestAPIOnSeededFleet(t *testing.T) {
 		{"/api/fail-minutes?to=-2h", "is empty"},
 		{"/api/hot-keys?from=-1h&key=hot-1&bucket=fortnight", `bucket "fortnight"`},
 		{"/api/nat-ips?ip=not-an-ip", "not an IP address"},
+		// A parameter the path does not read is named, not ignored (the
+		// answer would be about the last hour, 20 keys, JSON).
+		{"/api/trends?form=-24h", `unknown parameter "form"`},
+		{"/api/top-keys" + q + "&limt=3", `unknown parameter "limt"`},
+		{"/api/top-keys" + q + "&format=csv", `unknown parameter "format": /api/top-keys takes bucket, from, gateway, key, kind, limit, method, plan, route, rule, to, tz`},
+		{"/api/alerts?from=-1h", `/api/alerts takes no parameters`},
+		{"/api/hot-keys?token=" + testToken, `unknown parameter "token"`},
 	} {
 		resp, body := get(t, c, srv.URL+tt.give, testToken)
 		p := wantProblem(t, "GET "+tt.give, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
-		if !strings.Contains(p.Detail, tt.want) || strings.HasPrefix(p.Detail, "analytics:") {
+		if !strings.Contains(p.Detail, tt.want) || strings.HasPrefix(p.Detail, "analytics:") || strings.Contains(p.Detail, testToken) {
 			t.Errorf("GET %s detail = %q, want it to say %q without the error's prefix", tt.give, p.Detail, tt.want)
 		}
 	}
