@@ -249,7 +249,7 @@ func (a *API) Handler() http.Handler {
 		{"/api/alerts", a.alerts, nil},
 		{"/api/status", a.status, nil},
 	} {
-		mux.Handle("GET "+rt.path, a.auth(only(rt.params, rt.h)))
+		mux.Handle("GET "+rt.path, a.auth(only(rt.path, rt.params, rt.h)))
 		paths = append(paths, rt.path)
 	}
 	mux.Handle("POST /api/whatif", a.auth(a.whatIf))
@@ -416,8 +416,10 @@ var rangeParams = []string{"from", "to", "rule", "route", "plan", "gateway", "ke
 // only refuses a query parameter h does not read: a misspelt one
 // (?form=-24h, ?limt=5) or one another path takes (?format=csv beside
 // /api/top-keys) would be ignored, and the answer would silently be about
-// something else (the last hour, the default 20 keys, JSON).
-func only(params []string, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+// something else (the last hour, the default 20 keys, JSON). The answer
+// names the path's pattern, not the path: a key's path may hold what an
+// analyst pasted, a raw API key even.
+func only(pattern string, params []string, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
 	takes := "no parameters"
 	if len(params) > 0 {
 		sorted := slices.Sorted(slices.Values(params))
@@ -426,7 +428,7 @@ func only(params []string, h func(http.ResponseWriter, *http.Request) error) fun
 	return func(w http.ResponseWriter, r *http.Request) error {
 		for name := range r.URL.Query() {
 			if !slices.Contains(params, name) {
-				return fmt.Errorf("%w: unknown parameter %q: %s takes %s", ErrBadQuery, name, r.URL.Path, takes)
+				return fmt.Errorf("%w: unknown parameter %q: %s takes %s", ErrBadQuery, name, pattern, takes)
 			}
 		}
 		return h(w, r)

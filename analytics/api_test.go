@@ -318,6 +318,7 @@ func TestAPIOnSeededFleet(t *testing.T) {
 		{"/api/top-keys" + q + "&format=csv", `unknown parameter "format": /api/top-keys takes bucket, from, gateway, key, kind, limit, method, plan, route, rule, to, tz`},
 		{"/api/alerts?from=-1h", `/api/alerts takes no parameters`},
 		{"/api/hot-keys?token=" + testToken, `unknown parameter "token"`},
+		{"/api/keys/" + testToken + "?x=1", `/api/keys/{key} takes`}, // the path is not echoed
 	} {
 		resp, body := get(t, c, srv.URL+tt.give, testToken)
 		p := wantProblem(t, "GET "+tt.give, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
