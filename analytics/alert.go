@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,7 +229,7 @@ func (a *Alerter) Process(ctx context.Context, alerts []Alert) error {
 	}
 	var errs []error
 	if len(toAM) > 0 {
-		if err := a.post(ctx, strings.TrimRight(a.cfg.AlertmanagerURL, "/")+"/api/v2/alerts", a.amBody(toAM, now)); err != nil {
+		if err := a.post(ctx, AlertmanagerAPI(a.cfg.AlertmanagerURL, "alerts"), a.amBody(toAM, now)); err != nil {
 			errs = append(errs, fmt.Errorf("post alerts to alertmanager: %w", err))
 		} else {
 			for _, st := range toAM {
@@ -251,6 +252,17 @@ func (a *Alerter) Process(ctx context.Context, alerts []Alert) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// AlertmanagerAPI is the URL of Alertmanager's API v2 endpoint (alerts,
+// status) under base, base's query kept: appended to the text, the path
+// would land inside a query (?token=…/api/v2/alerts).
+func AlertmanagerAPI(base, endpoint string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base // Validate refuses it
+	}
+	return u.JoinPath("api", "v2", endpoint).String()
 }
 
 // postableAlert is Alertmanager's API v2 alert (POST /api/v2/alerts).
@@ -332,20 +344,27 @@ func (a *Alerter) hookBody(sts []*alertState, now time.Time) any {
 	return m
 }
 
-func (a *Alerter) post(ctx context.Context, url string, body any) error {
+func (a *Alerter) post(ctx context.Context, target string, body any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(b))
 	if err != nil {
-		return err
+		// Not err: it quotes the URL. Validate refused such a URL anyway.
+		return errors.New("not a valid URL")
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			// Its text repeats the URL whole, and the error is logged:
+			// the webhook's path and either URL's query may hold a token.
+			err = fmt.Errorf("%s %s://%s: %w", ue.Op, req.URL.Scheme, req.URL.Host, ue.Err)
+		}
 		return err
 	}
 	defer resp.Body.Close()

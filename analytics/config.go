@@ -261,14 +261,36 @@ func (a AlertConfig) validate() error {
 		}
 		p, err := url.Parse(u)
 		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-			shown := "(unparsable, not shown: it may hold a password)"
-			if err == nil {
-				shown = p.Redacted()
+			shown := RedactURL(u)
+			if name == "webhook" && err == nil {
+				// Its path may be the token (a chat service's hook URL).
+				shown = p.Scheme + "://" + p.Host
 			}
 			errs = append(errs, fmt.Errorf("%w: %s url %q: want http(s)://host[:port]/...", ErrBadURL, name, shown))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RedactURL is raw as it may be printed or logged: the password of its
+// user info and every query and fragment value (?token=…, by whatever
+// name) as xxxxx; a URL too malformed to parse is not shown at all.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable, not shown: it may hold a password)"
+	}
+	if u.RawQuery != "" {
+		q := u.Query() // pairs it cannot read are dropped: never shown
+		for k := range q {
+			q[k] = []string{"xxxxx"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	if u.Fragment != "" {
+		u.Fragment, u.RawFragment = "xxxxx", ""
+	}
+	return u.Redacted()
 }
 
 // bad is the error "kind: format" when cond holds, else nil (which

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	"github.com/edgelimit/edgelimit/limiter"
 )
 
 //go:embed sql/*.sql sql/part/*.sql
@@ -22,9 +22,14 @@ var sqlFS embed.FS
 // (sql/part/key_filters.sql) for every query that takes them.
 var keyFilters = strings.TrimSpace(mustRead("sql/part/key_filters.sql"))
 
-// mustSQL is the embedded query name as it runs: {key_filters} spliced.
+// clientNet is a decision's client as the gateway keys it
+// (sql/part/client_net.sql), for the queries that group or find clients.
+var clientNet = strings.TrimSpace(mustRead("sql/part/client_net.sql"))
+
+// mustSQL is the embedded query name as it runs: {key_filters} and
+// {client_net} spliced.
 func mustSQL(name string) string {
-	return strings.ReplaceAll(mustRead("sql/"+name+".sql"), "{key_filters}", keyFilters)
+	return strings.NewReplacer("{key_filters}", keyFilters, "{client_net}", clientNet).Replace(mustRead("sql/" + name + ".sql"))
 }
 
 func mustRead(file string) string {
@@ -654,14 +659,22 @@ type IPPoint struct {
 }
 
 // IPHistory returns ip's evidence per bucket in rg (filters unused). ip is
-// an address, or an IPv6 /64 as the NAT query gives it.
+// an address, or an IPv6 /64 as the NAT query gives it; either way it is
+// read as the client the gateway keys (sql/part/client_net.sql): an IPv6
+// address as its /64, an IPv4-mapped one as its IPv4 address.
 func (r *Reader) IPHistory(ctx context.Context, rg Range, ip, bucket string) ([]IPPoint, error) {
 	if err := checkBuckets(rg, bucket); err != nil {
 		return nil, err
 	}
-	if _, ok := limiter.IPKey(ip); !ok {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %q is not an IP address", ErrBadQuery, ip)
 	}
+	if a = a.Unmap().WithZone(""); a.Is6() {
+		p, _ := a.Prefix(64)
+		a = p.Addr()
+	}
+	ip = a.String()
 	args := append(rg.args(), clickhouse.Named("bucket", bucket), clickhouse.Named("ip", ip))
 	return queryRows(ctx, r.ch, "ip history", qIPHistory, args, func(rows driver.Rows, p *IPPoint) error {
 		return scanAt(rows, &p.Bucket, &p.Requests, &p.Denied, &p.DistinctKeys, &p.DistinctUserAgents)

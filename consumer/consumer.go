@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -74,7 +75,9 @@ type Config struct {
 	LagInterval time.Duration
 	// Retention is how long data is kept. On servers without TTL the
 	// consumer drops expired day partitions every RetentionInterval (default
-	// 1h); with TTL, Migrate sets TTLs instead. Zero keeps data forever.
+	// 1h); with TTL, Migrate sets TTLs instead. Zero keeps data forever. An
+	// event already past the shorter of the two when it arrives goes to the
+	// dead-letter topic (ReasonExpired), not into any table.
 	Retention         Retention
 	RetentionInterval time.Duration
 	// MaxClockSkew is how far an event's time may be from its Kafka record's
@@ -187,10 +190,16 @@ func (c Config) Validate() error {
 const (
 	ReasonUnknownVersion = "unknown_version"
 	ReasonMalformed      = "malformed"
+	// ReasonExpired is an event older than the retention when it arrives
+	// (a producer's clock, a consumer days behind): retention would
+	// delete it from the raw table or the rollups at once, or one sooner
+	// than the other, so it is stored in none and passed on instead.
+	ReasonExpired = "expired"
 )
 
 // Dead-letter record headers. The record's key, value and timestamp are the
-// original's.
+// original's (but for an expired event's timestamp, see
+// HeaderOriginalTimestamp).
 const (
 	HeaderReason          = "dead_letter_reason"
 	HeaderError           = "dead_letter_error"
@@ -204,6 +213,10 @@ const (
 	// original's headers did not fit in DeadLetterMaxBytes: the first that
 	// fit are kept, in order.
 	HeaderHeadersDropped = "dead_letter_headers_dropped"
+	// HeaderOriginalTimestamp is set, to the original's timestamp in Unix
+	// milliseconds, on an expired event's dead letter, which is stamped
+	// with the consumer's time instead.
+	HeaderOriginalTimestamp = "dead_letter_original_timestamp"
 )
 
 // Consumer moves decision events from Kafka to ClickHouse.
@@ -220,6 +233,12 @@ type Consumer struct {
 	clReady chan struct{}
 	// stage is this consumer's staging table (see flushOnce).
 	stage string
+	// stored holds the ids of the events stored most recently (see
+	// dedupeWindow).
+	stored *idWindow
+	// maxParts is the server's limit of partitions per INSERT, once read
+	// (see stageSlices).
+	maxParts int
 	// topicID is the topic's Kafka UUID, hex, as of the last assignment.
 	topicID string
 
@@ -320,6 +339,7 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		stage:      fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
 		batch:      newBatchID(),
 		deadBudget: 16 << 20,
+		stored:     newIDWindow(dedupeWindow),
 	}, nil
 }
 
@@ -523,6 +543,12 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 				d.Time = ref
 				c.m.timeClamped.Inc()
 			}
+			if c.expired(d.Time) {
+				dl := c.deadLetter(r, fmt.Errorf("%w: event time %s", errExpired, d.Time.UTC().Format(time.RFC3339)))
+				p.dead = append(p.dead, dl)
+				p.deadBytes += dl.size()
+				continue
+			}
 			p.rows = append(p.rows, row{d: d, topic: r.Topic, partition: r.Partition, offset: r.Offset})
 		}
 	})
@@ -564,10 +590,33 @@ func decode(d *event.Decision, r *kgo.Record) error {
 	return nil
 }
 
+// errExpired marks an event older than the retention (ReasonExpired).
+var errExpired = errors.New("older than the retention")
+
+// expired reports an event time whose day partition retention drops
+// already, in the raw table or the rollups, whichever keeps fewer days:
+// the day rule of DropExpired, which deletes no later than a TTL does.
+func (c *Consumer) expired(t time.Time) bool {
+	days := 0
+	for _, d := range []int{c.cfg.Retention.RawDays, c.cfg.Retention.RollupDays} {
+		if d > 0 && (days == 0 || d < days) {
+			days = d
+		}
+	}
+	if days == 0 {
+		return false
+	}
+	u := t.UTC()
+	return uint32(u.Year()*10000+int(u.Month())*100+u.Day()) < expiryCutoff(c.now(), days)
+}
+
 func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 	reason := ReasonMalformed
-	if errors.Is(err, event.ErrUnknownVersion) {
+	switch {
+	case errors.Is(err, event.ErrUnknownVersion):
 		reason = ReasonUnknownVersion
+	case errors.Is(err, errExpired):
+		reason = ReasonExpired
 	}
 	// The headers point at the original, which stays in the topic until
 	// retention; the value is cut so that a record too big to pass on is
@@ -586,6 +635,14 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 		key = key[:min(len(key), limit)]
 	}
 	value, key = bytes.Clone(value), bytes.Clone(key)
+	ts := r.Timestamp
+	if reason == ReasonExpired {
+		// Kafka's retention goes by record time too: at the original's, the
+		// dead letter of an old event would be deleted as soon as its
+		// segment rolled, unread.
+		headers = append(headers, kgo.RecordHeader{Key: HeaderOriginalTimestamp, Value: []byte(strconv.FormatInt(r.Timestamp.UnixMilli(), 10))})
+		ts = c.now()
+	}
 	msg := err.Error()
 	if len(msg) > 1024 {
 		msg = msg[:1024]
@@ -594,7 +651,7 @@ func (c *Consumer) deadLetter(r *kgo.Record, err error) deadLetter {
 		Topic:     c.cfg.DeadLetterTopic,
 		Key:       key,
 		Value:     value,
-		Timestamp: r.Timestamp,
+		Timestamp: ts,
 		Headers: append(headers,
 			kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
 			kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)},
@@ -740,16 +797,17 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.produceDeadLetters(ctx)
 
 	var batch []*partition
-	rows := 0
 	for _, p := range c.parts {
 		if !p.blocked && p.hasEnd && len(p.dead) == 0 {
 			batch = append(batch, p)
-			rows += len(p.rows)
 		}
 	}
 	if len(batch) == 0 {
 		return "", nil
 	}
+	// Before anything is written: the rows dropped are gone from the
+	// buffer, so a retry of this batch neither stores nor counts them again.
+	rows := c.dropDuplicates(batch)
 	if c.beforeInsert != nil {
 		c.beforeInsert()
 	}
@@ -789,6 +847,7 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.failed = false
 	c.batch = newBatchID()
 	c.m.rowsInserted.Add(float64(rows))
+	c.remember(batch)
 	for _, p := range batch {
 		// Keep the buffer for the next batch (growing it row by row was a
 		// tenth of the consumer's CPU), not the rows' strings.
@@ -909,18 +968,104 @@ func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) 
 
 // insertFromStage writes the raw rows and each rollup from the staging
 // table. Each statement has a query id of the batch, so an abort can end it.
+// A batch whose rows fall in more day partitions than one INSERT may write
+// is written in slices of whole days: current ClickHouse refuses such an
+// INSERT whole, again at every retry, a poison batch that would stop the
+// pipeline. Every statement of every slice is tagged with the batch and
+// sits between its intent and commit like the rest, so the batch still
+// counts once: a failure anywhere aborts (deletes) all of it.
 func (c *Consumer) insertFromStage(ctx context.Context) error {
+	srcs, err := c.stageSlices(ctx)
+	if err != nil {
+		return err
+	}
 	for i, q := range append([]string{qInsertRaw}, qRollups...) {
-		qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d", batchQueryPrefix(c.batch), i)),
-			// Into a Distributed table, return only once every shard
-			// holds its rows: the commit row must not run ahead of them.
-			// No effect on other tables.
-			clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
-		if err := c.ch.Exec(qctx, c.stageSQL(q), c.batch); err != nil {
-			return fmt.Errorf("insert into %s: %w", batchTables[i], err)
+		for j, src := range srcs {
+			qctx := clickhouse.Context(ctx, clickhouse.WithQueryID(fmt.Sprintf("%s%d-%d", batchQueryPrefix(c.batch), i, j)),
+				// Into a Distributed table, return only once every shard
+				// holds its rows: the commit row must not run ahead of them.
+				// No effect on other tables.
+				clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+			if err := c.ch.Exec(qctx, strings.ReplaceAll(q, "{stage}", src), c.batch); err != nil {
+				return fmt.Errorf("insert into %s: %w", batchTables[i], err)
+			}
 		}
 	}
 	return nil
+}
+
+// defaultMaxPartitions is ClickHouse's default max_partitions_per_insert_block,
+// assumed where the server has no such setting (18.16, which has no limit
+// either, so slicing there is merely harmless).
+const defaultMaxPartitions = 100
+
+// stageSlices returns what the batch's statements read: the staging table
+// when its rows fall in few enough day partitions for one INSERT, else
+// subqueries of it of at most that many consecutive days each. Every table
+// a batch writes is partitioned by the day of its time (the rollups by the
+// day of its minute, the same day).
+func (c *Consumer) stageSlices(ctx context.Context) ([]string, error) {
+	limit, err := c.maxPartitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var days []uint32
+	err = eachRow(ctx, c.ch, "read the staged days", c.stageSQL(qStageDays), nil, func(rows driver.Rows) error {
+		var d uint32
+		err := rows.Scan(&d)
+		days = append(days, d)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(days) <= limit {
+		return []string{c.stage}, nil
+	}
+	var srcs []string
+	for len(days) > 0 {
+		n := min(limit, len(days))
+		srcs = append(srcs, stageSlice(c.stage, days[0], days[n-1]))
+		days = days[n:]
+	}
+	return srcs, nil
+}
+
+// stageSlice is the rows of stage from day lo to hi (yyyymmdd), as the
+// source of a batch's statements. Only digits and the staging table's name
+// (made of digits) are joined into the SQL.
+func stageSlice(stage string, lo, hi uint32) string {
+	return fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", stage, lo, hi)
+}
+
+// maxPartitions reads the server's max_partitions_per_insert_block once
+// (math.MaxInt for none).
+func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
+	if c.maxParts > 0 {
+		return c.maxParts, nil
+	}
+	limit := defaultMaxPartitions
+	err := eachRow(ctx, c.ch, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return err
+		}
+		n, err := strconv.ParseUint(v, 10, 63)
+		switch {
+		case err != nil:
+			return fmt.Errorf("max_partitions_per_insert_block %q: %w", v, err)
+		case n == 0 || n > math.MaxInt32:
+			limit = math.MaxInt
+		default:
+			limit = int(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	c.maxParts = limit
+	return limit, nil
 }
 
 func (c *Consumer) stageSQL(q string) string {

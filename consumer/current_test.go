@@ -45,13 +45,28 @@ func TestCurrentClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	add("max partitions", qMaxPartitions)
+	for k, v := range migrationSettings {
+		addBound("migration setting "+k, fmt.Sprintf("SET %s = %v", k, v))
+	}
 	for _, m := range ms {
 		for i, s := range m.stmts {
 			add(fmt.Sprintf("%s #%d", m.name, i+1), s)
 		}
+		if m.version == 2 {
+			// A key rollup of 150 days before migration 003, which copies
+			// it whole (and 006 copies it again), a day an INSERT.
+			for d := range 150 {
+				add(fmt.Sprintf("seed key rollup day %d", d), "INSERT INTO decisions_by_key_1m (minute, key_id, requests) VALUES (?, 'seeded', 1)",
+					testStart.AddDate(0, 0, -d))
+			}
+		}
 	}
+	add("count seeded key rollup", "SELECT sum(requests) FROM decisions_by_key_1m WHERE key_id = 'seeded'")
+	add("count seeded key history", "SELECT sum(requests) FROM decisions_key_history_1m WHERE key_id = 'seeded'")
 	for _, rt := range retainedTables {
-		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 7)
+		// Longer than the batch below spans, which it would drop.
+		add("ttl "+rt.name, strings.NewReplacer("{table}", rt.name, "{column}", rt.column).Replace(qModifyTTL), 400)
 	}
 	add("columns", qDecisionsColumns)
 	add("engine", qTableEngine, "decisions")
@@ -59,22 +74,34 @@ func TestCurrentClickHouse(t *testing.T) {
 	// A batch as the consumer writes it.
 	const n = 100
 	ds := decisions(n)
+	// Over more days (one a row) than one INSERT may write (current
+	// ClickHouse's max_partitions_per_insert_block, 100 by default, set
+	// to 50 below): the raw table and the rollups are written in slices of
+	// days, as stageSlices makes them.
 	rows := make([]row, n)
 	for i, d := range ds {
+		d.Time = d.Time.AddDate(0, 0, -i*3/2)
 		rows[i] = row{d: d, topic: "decisions", partition: int32(i % 2), offset: int64(i / 2)}
 	}
+	first, last := yyyymmdd(rows[n-1].d.Time), yyyymmdd(rows[0].d.Time)
+	mid := yyyymmdd(rows[n/2-1].d.Time) // rows are newest first: slices of 50 days
+	slices := []string{stageSlice("decisions_stage_1", first, mid-1), stageSlice("decisions_stage_1", mid, last)}
 	c := &Consumer{stage: "decisions_stage_1", batch: 7}
 	add("create stage", c.stageSQL(qCreateStage))
 	add("truncate stage", c.stageSQL(qTruncateStage))
 	addBound("stage rows", "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id) VALUES "+valuesSQL(t, rows, c.batch))
 	addBound("ledger intent", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateIntent, uint32(50), testStart, testStart))
-	add("raw", c.stageSQL(qInsertRaw), c.batch)
-	for i, q := range qRollups {
-		add("rollup "+batchTables[i+1], c.stageSQL(q), c.batch)
+	add("set max partitions", "SET max_partitions_per_insert_block = 50")
+	add("unsliced raw is refused", c.stageSQL(qInsertRaw), c.batch)
+	for j, src := range slices {
+		add(fmt.Sprintf("raw slice %d", j), strings.ReplaceAll(qInsertRaw, "{stage}", src), c.batch)
+		for i, q := range qRollups {
+			add(fmt.Sprintf("rollup %s slice %d", batchTables[i+1], j), strings.ReplaceAll(q, "{stage}", src), c.batch)
+		}
 	}
 	addBound("ledger commit", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateCommitted, uint32(50), testStart, testStart))
 	add("count raw", "SELECT count() FROM decisions")
-	add("count key rollup", "SELECT sum(requests) FROM decisions_by_key_1m")
+	add("count key rollup", "SELECT sum(requests) FROM decisions_by_key_1m WHERE key_id != 'seeded'")
 	add("count ip rollup", "SELECT countMerge(requests) FROM decisions_by_ip_1m")
 	add("count gateway rollup", "SELECT countMerge(requests) FROM decisions_by_gateway_1m")
 	add("ledger rows", qLedgerRows, "decisions", int32(0), int64(-1))
@@ -98,13 +125,18 @@ func TestCurrentClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clientNet, err := os.ReadFile("../analytics/sql/part/client_net.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// As analytics' mustSQL runs it: its filters spliced in.
-		q := strings.ReplaceAll(string(b), "{key_filters}", strings.TrimSpace(string(filters)))
+		// As analytics' mustSQL runs it: its parts spliced in.
+		q := strings.NewReplacer("{key_filters}", strings.TrimSpace(string(filters)),
+			"{client_net}", strings.TrimSpace(string(clientNet))).Replace(string(b))
 		steps = append(steps, step{"analytics " + filepath.Base(f), bindNamed(t, q)})
 	}
 
@@ -127,13 +159,33 @@ func TestCurrentClickHouse(t *testing.T) {
 		t.Fatalf("%d results for %d steps", len(results), len(steps))
 	}
 	for i, r := range results {
+		switch r.Name {
+		case "max partitions":
+			if r.Result != `"100"` {
+				t.Errorf("max_partitions_per_insert_block = %s, want \"100\" (the consumer's default)", r.Result)
+			}
+		case "unsliced raw is refused":
+			if !strings.Contains(r.Error, "TOO_MANY_PARTS") {
+				t.Errorf("an INSERT over %d days: error %q, want TOO_MANY_PARTS (else the test does not test slicing)", n, r.Error)
+			}
+			continue
+		}
 		if r.Error != "" {
 			t.Errorf("%s on current ClickHouse: %s\nSQL: %s", r.Name, r.Error, steps[i].SQL)
 		}
-		if strings.HasPrefix(r.Name, "count ") && r.Result != strconv.Itoa(n) {
+		if strings.HasPrefix(r.Name, "count seeded ") {
+			if r.Result != "150" {
+				t.Errorf("%s = %q, want 150 (the days seeded before migration 003)", r.Name, r.Result)
+			}
+		} else if strings.HasPrefix(r.Name, "count ") && r.Result != strconv.Itoa(n) {
 			t.Errorf("%s = %q, want %d", r.Name, r.Result, n)
 		}
 	}
+}
+
+func yyyymmdd(t time.Time) uint32 {
+	t = t.UTC()
+	return uint32(t.Year()*10000 + int(t.Month())*100 + t.Day())
 }
 
 // literal formats v as the driver's client-side binding does.

@@ -24,6 +24,7 @@ type metrics struct {
 	blockedPartitions  prometheus.Gauge
 	timeClamped        prometheus.Counter
 	recordsLost        prometheus.Counter
+	duplicates         prometheus.Counter
 }
 
 const ns = "edgelimit_consumer"
@@ -45,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Rows per inserted batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 to 262144
 		}),
-		deadLetters:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dead_letters_total", Help: "Records sent to the dead-letter topic, by reason: unknown_version, malformed."}, []string{"reason"}),
+		deadLetters:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dead_letters_total", Help: "Records sent to the dead-letter topic, by reason: unknown_version, malformed, expired (older than the retention on arrival)."}, []string{"reason"}),
 		retries:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "retries_total", Help: "Failed attempts that were retried, by stage: dead_letter, abort, stage, ledger, insert, commit, resume, schema (unreadable schema version), lag (the group's lag not measured)."}, []string{"stage"}),
 		batchesAborted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "batches_aborted_total", Help: "Batches that may have been partly written (a failed attempt, or a previous owner's) whose rows were deleted to be written again."}),
 		fenced:             prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_fenced_total", Help: "Partitions this consumer stopped writing because a newer owner claimed them."}),
@@ -54,9 +55,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		blockedPartitions:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "blocked_partitions", Help: "Partitions waiting for their dead letters to be produced."}),
 		timeClamped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "event_time_clamped_total", Help: "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."}),
 		recordsLost:        prometheus.NewCounter(prometheus.CounterOpts{Name: "records_lost_total", Help: "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."}),
+		duplicates:         prometheus.NewCounter(prometheus.CounterOpts{Name: "duplicates_total", Help: "Records of an event already stored (its id among the last 262,144 this consumer stored, or earlier in the same batch): not stored again."}),
 		partitionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_dropped_total", Help: "Day partitions dropped by retention (servers without TTL)."}),
 	}
-	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed} {
+	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed, ReasonExpired} {
 		m.deadLetters.WithLabelValues(r)
 	}
 	for _, s := range []string{stageInsert, stageAbort, stageStage, stageLedger, stageDeadLetter, stageCommit, stageResume, stageSchema, stageLag} {
@@ -68,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	reg = prometheus.WrapRegistererWithPrefix(ns+"_", reg) // no-op when nil
 	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
-		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost} {
+		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost, m.duplicates} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register consumer metrics: %w", err)
 		}

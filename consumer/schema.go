@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 )
@@ -71,6 +72,8 @@ var (
 	// consumer from a random number) or a table of batchTables ({table}).
 	qCreateStage     = mustQuery("create_stage")
 	qTruncateStage   = mustQuery("truncate_stage")
+	qStageDays       = mustQuery("stage_days")
+	qMaxPartitions   = mustQuery("max_partitions")
 	qDropStage       = mustQuery("drop_stage")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
@@ -186,11 +189,19 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 	if err := newerSchema(slices.Collect(maps.Keys(applied)), ms[len(ms)-1].version); err != nil {
 		return err
 	}
+	limited, err := partitionLimited(ctx, conn)
+	if err != nil {
+		return err
+	}
+	mctx := ctx
+	if limited {
+		mctx = clickhouse.Context(ctx, clickhouse.WithSettings(migrationSettings))
+	}
 	for _, m := range ms {
 		if applied[m.version] {
 			continue
 		}
-		if err := applyMigration(ctx, conn, m); err != nil {
+		if err := applyMigration(mctx, conn, m); err != nil {
 			return err
 		}
 		b, err := conn.PrepareBatch(ctx, qInsertMigration)
@@ -212,6 +223,26 @@ func Migrate(ctx context.Context, conn driver.Conn, r Retention) error {
 		return err
 	}
 	return applyTTL(ctx, conn, r)
+}
+
+// migrationSettings are what migrations run with on a server that limits
+// the partitions one INSERT writes (max_partitions_per_insert_block;
+// current servers refuse an INSERT over it whole): migrations 003 and 006
+// copy a rollup's whole history in one statement, one day partition each,
+// 400 of them with the default retention, so the upgrade would fail at
+// every start, 003 with its rollup renamed away. The copies make one part
+// per partition, as many as there were.
+var migrationSettings = clickhouse.Settings{"max_partitions_per_insert_block": 0}
+
+// partitionLimited reports a server that has max_partitions_per_insert_block
+// (ClickHouse 18.16 has not, and refuses a setting it does not know).
+func partitionLimited(ctx context.Context, conn driver.Conn) (bool, error) {
+	found := false
+	err := eachRow(ctx, conn, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(driver.Rows) error {
+		found = true
+		return nil
+	})
+	return found, err
 }
 
 // applyMigration runs m's statements, each of which may have run before (a

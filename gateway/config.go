@@ -188,7 +188,8 @@ type Config struct {
 	MaxConnections int `yaml:"max_connections"`
 	// MaxHeaderBytes bounds request headers (431 above); default 32 KiB. Restart.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
-	// MaxBodyBytes bounds request bodies (413 above); default 10 MiB.
+	// MaxBodyBytes bounds request bodies (413 above), and those the gateway
+	// reads (forms, JSON: see scanBody) once decoded too; default 10 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 }
 

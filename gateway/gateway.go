@@ -382,7 +382,11 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
-		body := st.scanOverride(r, http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), p, rt)
+		body, err := st.scanBody(r, http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), p, rt)
+		if err != nil {
+			refuseBody(w, g.m, rt.Name, err)
+			return
+		}
 		defer body.Close() // the transport closes it too; this ends a scanner's parser in any case
 		info.body = &bodyReader{rc: body, dl: dl}
 		r.Body = info.body

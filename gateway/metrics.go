@@ -21,7 +21,7 @@ type metrics struct {
 	circuitOpens     prometheus.Counter       //
 	requests         *prometheus.CounterVec   // route, code
 	upstreamErrors   *prometheus.CounterVec   // route, kind
-	rejected         *prometheus.CounterVec   // reason: unknown_key, key_required, no_route, body_too_large
+	rejected         *prometheus.CounterVec   // reason: unknown_key, key_required, no_route, body_too_large, method_override, ambiguous_key, …
 	reloads          *prometheus.CounterVec   // result
 }
 

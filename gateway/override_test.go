@@ -8,12 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/andybalholm/brotli"
 	"github.com/edgelimit/edgelimit/limiter"
+	"github.com/klauspost/compress/zstd"
 )
 
 // TestMethodOverride: a POST whose query, form, multipart form or JSON
@@ -85,11 +90,11 @@ func TestMethodOverride(t *testing.T) {
 		{"multipart comma before the boundary (php, rack)", "POST", "/v1/items/7", "multipart/form-data, boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
 		{"multipart second boundary (rack reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=A; x-boundary=B", multipartBody("form-data", "_method", "DELETE"), false, 400, ""},
 		{"multipart part named twice (php reads the last)", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody(`form-data; name="note"`, "_method", "DELETE"), false, 400, ""},
-		{"form gzip (express inflates)", "POST", "/v1/items/7", form, compress("gzip", "a=1&_method=DELETE"), false, 400, "gzip"},
-		{"form x-gzip", "POST", "/v1/items/7", form, compress("gzip", "_method=DELETE"), true, 400, "x-gzip"},
-		{"form deflate (express: zlib)", "POST", "/v1/items/7", form, compress("zlib", "_method=DELETE"), false, 400, "deflate"},
-		{"form raw deflate (asp.net core)", "POST", "/v1/items/7", form, compress("flate", "_method=DELETE"), false, 400, "Deflate"},
-		{"form gzip without override", "POST", "/v1/items/7", form, compress("gzip", "a=1&b="+big), false, 200, "gzip"},
+		{"form gzip (express inflates)", "POST", "/v1/items/7", form, encode("a=1&_method=DELETE", "gzip"), false, 400, "gzip"},
+		{"form x-gzip", "POST", "/v1/items/7", form, encode("_method=DELETE", "gzip"), true, 400, "x-gzip"},
+		{"form deflate (express: zlib)", "POST", "/v1/items/7", form, encode("_method=DELETE", "zlib"), false, 400, "deflate"},
+		{"form raw deflate (asp.net core)", "POST", "/v1/items/7", form, encode("_method=DELETE", "flate"), false, 400, "Deflate"},
+		{"form gzip without override", "POST", "/v1/items/7", form, encode("a=1&b="+big, "gzip"), false, 200, "gzip"},
 		{"form same route", "POST", "/v1/items/7", form, "_method=PUT&a=" + big, false, 200, ""},
 		{"form without override", "POST", "/v1/items/7", form, "a=1&b=_method", false, 200, ""},
 		{"multipart without override", "POST", "/v1/items/7", "multipart/form-data; boundary=B", multipartBody("form-data", "note", "_method=DELETE"), true, 200, ""},
@@ -178,11 +183,9 @@ func TestMethodOverrideUnrouted(t *testing.T) {
 func TestOverrideScanMemory(t *testing.T) {
 	const size = 32 << 20
 	body := io.MultiReader(strings.NewReader(`{"a":"`), io.LimitReader(repeatReader('x'), size), strings.NewReader(`","_method":"DELETE"}`))
-	parsers := bodyParsers("application/json")
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	s := newOverrideScanner(io.NopCloser(body), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
-		func(m string) bool { return m == "DELETE" })
+	s := newBodyScanner(io.NopCloser(body), refuseField("_method", "DELETE", bodyParsers("application/json", overrideParams)))
 	n, err := io.Copy(io.Discard, s)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, errMethodOverride) {
@@ -190,6 +193,24 @@ func TestOverrideScanMemory(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
 		t.Errorf("scanning a %d MiB JSON value allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
+	}
+}
+
+// refuseField is a scan that refuses, as a method override, a body
+// whose field name holds value.
+func refuseField(name, value string, parsers []parser) func(io.Reader) error {
+	return func(r io.Reader) error {
+		var mu sync.Mutex
+		var found bool
+		err := parseEach(r, parsers, func(n, v string) {
+			mu.Lock()
+			defer mu.Unlock()
+			found = found || n == name && v == value
+		})
+		if found {
+			return errMethodOverride
+		}
+		return err
 	}
 }
 
@@ -203,31 +224,12 @@ func (c repeatReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// compress encodes s in format "gzip", "zlib" or "flate".
-func compress(format, s string) string {
-	var b bytes.Buffer
-	var w io.WriteCloser
-	switch format {
-	case "gzip":
-		w = gzip.NewWriter(&b)
-	case "zlib":
-		w = zlib.NewWriter(&b)
-	default:
-		w, _ = flate.NewWriter(&b, flate.DefaultCompression)
-	}
-	_, _ = io.WriteString(w, s)
-	_ = w.Close()
-	return b.String()
-}
-
 // TestOverrideScanOneByteReads: the scanner passes a body through to a
 // reader that asks for one byte at a time, as any io.Reader must. Before,
 // a one-byte read returned nothing once a byte was held back, for ever.
 func TestOverrideScanOneByteReads(t *testing.T) {
 	body := "a=1&b=" + strings.Repeat("x", 100)
-	parsers := bodyParsers("application/x-www-form-urlencoded")
-	s := newOverrideScanner(io.NopCloser(strings.NewReader(body)), func(r io.Reader, found func(string)) { parseEach(r, parsers, found) },
-		func(string) bool { return true })
+	s := newBodyScanner(io.NopCloser(strings.NewReader(body)), refuseField("_method", "DELETE", bodyParsers("application/x-www-form-urlencoded", overrideParams)))
 	var got []byte
 	var err error
 	for range 2 * len(body) { // bounded: a reader that makes no progress fails
@@ -241,5 +243,274 @@ func TestOverrideScanOneByteReads(t *testing.T) {
 	}
 	if string(got) != body || err != io.EOF {
 		t.Errorf("one-byte reads got %d bytes, %v; want the %d-byte body and EOF", len(got), err, len(body))
+	}
+}
+
+// TestBodyScan: where the gateway reads a body (a POST where some method
+// is another route's, for _method; any charged request with a form,
+// multipart or JSON body, for an API key) it reads it as the upstream
+// would, to its end, or refuses it, after the decision, with the
+// rate-limit headers and a rejected_total reason. Before, br, zstd and
+// stacked codings were read undecoded, a gzip body was read only up to
+// max_body_bytes, a malformed multipart part ended the reading, and no
+// body was read for API keys: each went upstream whole, run as DELETE or
+// served as a key the request was not charged to.
+func TestBodyScan(t *testing.T) {
+	up := newPathUpstream(t)
+	const key, other = "body-scan-key-1", "body-scan-key-2"
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1000, Period: time.Minute}}}}
+		cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha(key), Plan: "free"}, {ID: "other", SHA256: sha(other), Plan: "free"}}
+		cfg.MaxBodyBytes = 1 << 20
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Routes = []Route{
+			{Name: "all", PathPrefix: "/", Upstream: "app"},
+			{Name: "health", PathPrefix: "/health", Upstream: "app", Exempt: true},
+			{Name: "delete", PathPrefix: "/v1/items", Methods: []string{"DELETE"}, Upstream: "app", Cost: 10},
+		}
+	})
+	const form, multi = "application/x-www-form-urlencoded", "multipart/form-data; boundary=B"
+	part := func(name, value string) string {
+		return "--B\r\nContent-Disposition: form-data; name=\"" + name + "\"\r\n\r\n" + value + "\r\n"
+	}
+	padding := strings.Repeat("x", 2<<20) // decoded past max_body_bytes
+	tests := []struct {
+		name        string
+		method      string
+		target      string
+		contentType string
+		encoding    []string // Content-Encoding fields
+		header      string   // another header line
+		body        string
+		wantStatus  int
+		wantReason  string // rejected_total's
+	}{
+		// Codings the upstream decodes.
+		{"br", "POST", "/v1/items/7", form, []string{"br"}, "", encode("_method=DELETE", "br"), 400, "method_override"},
+		{"zstd", "POST", "/v1/items/7", form, []string{"zstd"}, "", encode("_method=DELETE", "zstd"), 400, "method_override"},
+		{"gzip twice", "POST", "/v1/items/7", form, []string{"gzip, gzip"}, "", encode("_method=DELETE", "gzip", "gzip"), 400, "method_override"},
+		{"gzip then br in two fields", "POST", "/v1/items/7", form, []string{"gzip", "br"}, "", encode("_method=DELETE", "gzip", "br"), 400, "method_override"},
+		{"deflate then zstd", "POST", "/v1/items/7", form, []string{"deflate,zstd"}, "", encode("a=1&_method=DELETE", "zlib", "zstd"), 400, "method_override"},
+		{"br without override", "POST", "/v1/items/7", form, []string{"br"}, "", encode("a=1&b=2", "br"), 200, ""},
+		{"zstd then gzip without override", "POST", "/v1/items/7", form, []string{"zstd, gzip"}, "", encode("a=1", "zstd", "gzip"), 200, ""},
+		{"unknown coding", "POST", "/v1/items/7", form, []string{"compress"}, "", "_method=DELETE", 415, "unsupported_encoding"},
+		{"unknown coding under a known one", "POST", "/v1/items/7", form, []string{"x-compress, gzip"}, "", encode("_method=DELETE", "gzip"), 415, "unsupported_encoding"},
+		{"five codings", "POST", "/v1/items/7", form, []string{"gzip,gzip,gzip,gzip,gzip"}, "", encode("a=1", "gzip", "gzip", "gzip", "gzip", "gzip"), 415, "unsupported_encoding"},
+		{"brotli window of 16 MiB", "POST", "/v1/items/7", form, []string{"br"}, "", encode("_method=DELETE", "br24"), 415, "unsupported_encoding"},
+		{"unknown coding, body not read", "POST", "/v1/items/7", "application/octet-stream", []string{"compress"}, "", "_method=DELETE", 200, ""},
+		{"unknown coding, exempt route", "POST", "/health", "application/octet-stream", []string{"compress"}, "", "api_key=" + other, 200, ""},
+		{"corrupt gzip", "POST", "/v1/items/7", form, []string{"gzip"}, "", encode("a=1&b=2", "gzip")[:15], 400, "malformed_body"},
+		// Decoded past max_body_bytes.
+		{"gzip padding before _method", "POST", "/v1/items/7", form, []string{"gzip"}, "", encode("a="+padding+"&_method=DELETE", "gzip"), 413, "body_too_large"},
+		{"zstd padding", "POST", "/v1/items/7", form, []string{"zstd"}, "", encode("a="+padding, "zstd"), 413, "body_too_large"},
+		{"gzip padding before a body key", "POST", "/v1/other", form, []string{"gzip"}, "", encode("a="+padding+"&api_key="+other, "gzip"), 413, "body_too_large"},
+		{"gzip of a gzip spending megabytes on nothing", "POST", "/v1/other", form, []string{"gzip, gzip"}, "", encode(emptyBlocks("a=1", 2<<20), "gzip"), 413, "body_too_large"},
+		// Multipart the gateway cannot read to its end.
+		{"multipart malformed part before _method", "POST", "/v1/items/7", multi, nil, "",
+			part("a", "1") + "--B\r\nnot a header\r\n\r\nx\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart without its closing delimiter", "POST", "/v1/items/7", multi, nil, "", part("a", "1"), 400, "malformed_body"},
+		{"multipart without any delimiter", "POST", "/v1/items/7", multi, nil, "", "_method=DELETE", 400, "malformed_body"},
+		{"multipart malformed part before a body key", "POST", "/v1/other", multi, nil, "",
+			part("a", "1") + "--B\r\nnot a header\r\n\r\nx\r\n" + part("api_key", other) + "--B--\r\n", 400, "malformed_body"},
+		{"multipart part after the closing delimiter (php reads on)", "POST", "/v1/items/7", multi, nil, "",
+			part("a", "1") + "--B--\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart parts after a closing delimiter first", "POST", "/v1/items/7", multi, nil, "", "--B--\r\n" + part("_method", "DELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart LF delimiter in a CRLF body (php)", "POST", "/v1/items/7", multi, nil, "",
+			part("a", "1\n--B\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE") + "--B--\r\n", 400, "malformed_body"},
+		{"multipart boundary mid-line (django)", "POST", "/v1/other", multi, nil, "",
+			part("a", "x--B\r\nContent-Disposition: form-data; name=\"api_key\"\r\n\r\n"+key) + "--B--\r\n", 400, "malformed_body"},
+		{"multipart name as rack 2 reads it", "POST", "/v1/items/7", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=\"a\" name=_method\r\n\r\nDELETE\r\n--B--\r\n", 400, "method_override"},
+		{"multipart name as rack 3 reads it", "POST", "/v1/items/7", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=_method\"x\r\n\r\nDELETE\r\n--B--\r\n", 400, "method_override"},
+		{"multipart name in another header (rack 2)", "POST", "/v1/other", multi, nil, "",
+			"--B\r\nX-Note: Content-Disposition: form-data; name=api_key\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n" + key + "\r\n--B--\r\n", 400, "ambiguous_key"},
+		{"multipart part head of a megabyte", "POST", "/v1/other", multi, nil, "",
+			"--B\r\nContent-Disposition: form-data; name=\"a\"\r\nX: " + strings.Repeat("h", 1<<20-100) + "\r\n\r\n1\r\n--B--\r\n", 400, "malformed_body"},
+		{"multipart whole", "POST", "/v1/items/7", multi, nil, "", part("a", "1") + part("b", "2") + "--B--\r\n", 200, ""},
+		// API keys in the body.
+		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},
+		{"form key beside another", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + other, 400, "ambiguous_key"},
+		{"form key as decided", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + "&a=1", 200, ""},
+		{"form key as the query's", "POST", "/v1/other?apikey=" + key, form, nil, "", "apikey=" + key, 200, ""},
+		{"form key php spelling", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api%5Fkey[]=" + other, 400, "ambiguous_key"},
+		{"form bearer token", "POST", "/v1/other", form, nil, "Authorization: Bearer " + key, "access_token=" + other, 400, "ambiguous_key"},
+		{"form key on a PUT", "PUT", "/v1/other", form, nil, "", "apikey=" + key, 400, "ambiguous_key"},
+		{"form empty key", "POST", "/v1/other", form, nil, "", "api_key=&a=1", 200, ""},
+		{"json key", "POST", "/v1/other", "application/json", nil, "", `{"a":[1],"apikey":"` + key + `"}`, 400, "ambiguous_key"},
+		{"json key upper-case", "PATCH", "/v1/other", "application/json", nil, "X-API-Key: " + key, `{"API_KEY":"` + other + `"}`, 400, "ambiguous_key"},
+		{"json key as decided", "POST", "/v1/other", "application/json", nil, "X-API-Key: " + key, `{"api_key":"` + key + `"}`, 200, ""},
+		{"json key not a string", "POST", "/v1/other", "application/json", nil, "X-API-Key: " + key, `{"api_key":["` + other + `"]}`, 400, "ambiguous_key"},
+		{"json key a number", "POST", "/v1/other", "application/json", nil, "", `{"b":1,"access_token":0}`, 400, "ambiguous_key"},
+		{"json key null", "POST", "/v1/other", "application/json", nil, "", `{"api_key":null,"b":[1]}`, 200, ""},
+		{"json nested key", "POST", "/v1/other", "application/json", nil, "", `{"a":{"api_key":"` + key + `"}}`, 200, ""},
+		{"multipart key", "POST", "/v1/other", multi, nil, "", part("a", "1") + part("api_key", key) + "--B--\r\n", 400, "ambiguous_key"},
+		{"gzip form key", "POST", "/v1/other", form, []string{"gzip"}, "", encode("api_key="+key, "gzip"), 400, "ambiguous_key"},
+		{"long key", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + strings.Repeat("k", 2000), 400, "ambiguous_key"},
+		// Content types an upstream reads otherwise.
+		{"two content types", "POST", "/v1/items/7", "text/plain", nil, "Content-Type: " + form, "_method=DELETE", 400, "ambiguous_content_type"},
+		{"two content types, a body key", "POST", "/v1/other", "text/plain", nil, "Content-Type: " + form, "api_key=" + key, 400, "ambiguous_content_type"},
+		{"the same content type twice", "POST", "/v1/other", form, nil, "Content-Type: " + form, "a=1", 200, ""},
+		{"utf-16be form (tomcat, asp.net core)", "POST", "/v1/items/7", form + "; charset=UTF-16BE", nil, "",
+			"%00_%00m%00e%00t%00h%00o%00d=%00D%00E%00L%00E%00T%00E", 415, "unsupported_charset"},
+		{"utf-7 form (django)", "POST", "/v1/other", form + `; charset="utf-7"`, nil, "", "+AGE-pi+AF8-key=" + key, 415, "unsupported_charset"},
+		{"utf-16 json", "POST", "/v1/other", "application/json; charset=utf-16", nil, "", `{}`, 415, "unsupported_charset"},
+		{"charset in a malformed type", "POST", "/v1/items/7", form + "; charset=ibm037; =", nil, "", "a=1", 415, "unsupported_charset"},
+		{"latin-1 form", "POST", "/v1/items/7", form + "; charset=ISO-8859-1", nil, "", "a=1", 200, ""},
+		{"utf-8 form", "POST", "/v1/items/7", form + "; charset=utf-8", nil, "", "_method=DELETE", 400, "method_override"},
+		{"utf-16 text not read", "POST", "/v1/items/7", "text/plain; charset=utf-16", nil, "", "_method=DELETE", 200, ""},
+		{"form after a utf-8 bom (body-parser)", "POST", "/v1/other", form, nil, "", "\xEF\xBB\xBFapi_key=" + key, 400, "ambiguous_key"},
+		{"json after a utf-8 bom (body-parser)", "POST", "/v1/other", "application/json", nil, "", "\xEF\xBB\xBF{\"api_key\":\"" + key + "\"}", 400, "ambiguous_key"},
+		{"json in utf-16 (jackson)", "POST", "/v1/other", "application/json", nil, "", "{\x00\"\x00}\x00", 415, "unsupported_charset"},
+		{"json in utf-16 with its bom", "POST", "/v1/other", "application/json", nil, "", "\xFF\xFE{\x00}\x00", 415, "unsupported_charset"},
+		{"text body not read", "POST", "/v1/other", "text/plain", nil, "", "api_key=" + key, 200, ""},
+		{"exempt route not read", "POST", "/health", form, nil, "", "api_key=" + key, 200, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := tt.method + " " + tt.target + " HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nContent-Type: " + tt.contentType + "\r\n"
+			for _, e := range tt.encoding {
+				req += "Content-Encoding: " + e + "\r\n"
+			}
+			if tt.header != "" {
+				req += tt.header + "\r\n"
+			}
+			req += fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(tt.body), tt.body)
+			up.takeRequests() // what an earlier case let through is not this one's
+			var rejected float64
+			if tt.wantReason != "" {
+				rejected = counter(t, gw.m.rejected.WithLabelValues(tt.wantReason))
+			}
+			r := rawDo(t, gw.URL, req)
+			if r.status != tt.wantStatus {
+				t.Fatalf("%s %s (%q, %q) = %d, want %d (%s)", tt.method, tt.target, tt.contentType, tt.encoding, r.status, tt.wantStatus, r.body)
+			}
+			got := up.takeRequests()
+			if tt.wantStatus == http.StatusOK {
+				if len(got) != 1 || !bytes.Equal(got[0].body, []byte(tt.body)) {
+					t.Errorf("the upstream received %d whole requests, want the one sent, byte for byte", len(got))
+				}
+				return
+			}
+			if len(got) != 0 {
+				t.Errorf("the upstream received the request whole, want it cut short or not sent")
+			}
+			if r.header.Get(hLimit) == "" || r.header.Get(hPolicy) == "" {
+				t.Errorf("refusal %d has no rate-limit headers (%v), want the decision's", r.status, r.header)
+			}
+			if n := counter(t, gw.m.rejected.WithLabelValues(tt.wantReason)) - rejected; n != 1 {
+				t.Errorf("rejected_total{reason=%q} rose by %v, want 1", tt.wantReason, n)
+			}
+		})
+	}
+}
+
+// emptyBlocks is s gzipped, followed by at least size bytes of empty
+// deflate blocks: a stream that spends its input on no output.
+func emptyBlocks(s string, size int) string {
+	var b bytes.Buffer
+	w := gzip.NewWriter(&b)
+	_, _ = io.WriteString(w, s)
+	for b.Len() < size {
+		_ = w.Flush() // an empty stored block
+	}
+	_ = w.Close()
+	return b.String()
+}
+
+// encode applies codings to s in order: "gzip", "zlib", "flate", "br",
+// "br24" (brotli with a 16 MiB window) or "zstd".
+func encode(s string, codings ...string) string {
+	for _, c := range codings {
+		var b bytes.Buffer
+		var w io.WriteCloser
+		switch c {
+		case "gzip":
+			w = gzip.NewWriter(&b)
+		case "zlib":
+			w = zlib.NewWriter(&b)
+		case "flate":
+			w, _ = flate.NewWriter(&b, flate.DefaultCompression)
+		case "br":
+			w = brotli.NewWriter(&b)
+		case "br24":
+			w = brotli.NewWriterOptions(&b, brotli.WriterOptions{Quality: 5, LGWin: 24})
+		case "zstd":
+			w, _ = zstd.NewWriter(&b)
+		default:
+			panic("encode: unknown coding " + c)
+		}
+		_, _ = io.WriteString(w, s)
+		_ = w.Close()
+		s = b.String()
+	}
+	return s
+}
+
+// TestFormType: a Content-Type without parameters is read as a form
+// exactly where mime.ParseMediaType fails or names a urlencoded form.
+func TestFormType(t *testing.T) {
+	for _, give := range []string{"", " ", "application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded ", "text/plain",
+		"text", "text/", "/plain", "text/plain/x", "a b/c", "a/b,c", "té/x", "a/b\x00", "application/json", `a/"b"`, "a/b="} {
+		mt, _, err := mime.ParseMediaType(give)
+		if want := err != nil || mt == "application/x-www-form-urlencoded"; formType(give) != want {
+			t.Errorf("formType(%q) = %v, want %v (mime: %q, %v)", give, !want, want, mt, err)
+		}
+	}
+}
+
+// TestDelimiters: a multipart body's delimiters are counted, and its part
+// heads bounded, however the reads split them.
+func TestDelimiters(t *testing.T) {
+	const text = "--B\r\nx--B--B\r\n--B--"
+	long := "--B\r\nX: " + strings.Repeat("h", maxPartHead) + "\r\n\r\n"
+	fits := "--B\r\nX: " + strings.Repeat("h", maxPartHead-20) + "\r\n\r\n" + strings.Repeat("d", 2*maxPartHead) + "\r\n--B--\r\n"
+	for _, size := range []int{1, 2, 3, 5, 7, 4096} {
+		if _, err := io.Copy(io.Discard, newDelimiters(&chunks{s: long, size: size}, "B")); !errors.Is(err, errPartHead) {
+			t.Errorf("reads of %d bytes: a %d-byte head read with %v, want errPartHead", size, len(long), err)
+		}
+		if _, err := io.Copy(io.Discard, newDelimiters(&chunks{s: fits, size: size}, "B")); err != nil {
+			t.Errorf("reads of %d bytes: a head within the bound, then a long part: %v", size, err)
+		}
+	}
+	for size := 1; size <= len(text); size++ {
+		s := newDelimiters(&chunks{s: text, size: size}, "B")
+		if _, err := io.Copy(io.Discard, s); err != nil || s.n != 4 {
+			t.Errorf("reads of %d bytes: %d occurrences, %v; want 4", size, s.n, err)
+		}
+	}
+}
+
+// chunks reads s size bytes at a time.
+type chunks struct {
+	s    string
+	size int
+}
+
+func (c *chunks) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), c.size)], c.s)
+	c.s = c.s[n:]
+	return n, nil
+}
+
+// TestMultipartHeadMemory: reading a multipart part's head holds no more
+// than maxPartHead of it. Before, Go's reader held up to 10 MiB of one
+// head, once per boundary the Content-Type may name.
+func TestMultipartHeadMemory(t *testing.T) {
+	const size = 8 << 20
+	body := io.MultiReader(strings.NewReader("--B\r\nContent-Disposition: form-data; name=\"a\"\r\nX: "),
+		io.LimitReader(repeatReader('h'), size), strings.NewReader("\r\n\r\n1\r\n--B--\r\n"))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := parseEach(body, bodyParsers("multipart/form-data; boundary=B", overrideParams), func(string, string) {})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, errBodyMalformed) {
+		t.Errorf("reading an %d MiB part head = %v, want errBodyMalformed", size>>20, err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
+		t.Errorf("reading an %d MiB part head allocated %d KiB, want at most 4 MiB", size>>20, got>>10)
 	}
 }

@@ -27,6 +27,7 @@ type state struct {
 	trusted   []*net.IPNet
 	strip     headerSet     // removed from untrusted peers' requests
 	keyParams []string      // query parameters that carry an API key
+	bodyNames []string      // overrideParams and keyParams: a body read for both (scanBody)
 	jitter    time.Duration // the most jitter added to Retry-After
 
 	// authFailure limits failed authentication by address; nil: off.
@@ -131,6 +132,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		st.trusted = append(st.trusted, n)
 	}
 	st.keyParams = keyParams(cfg)
+	st.bodyNames = append(slices.Clone(overrideParams), st.keyParams...)
 	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader, ProxySecretHeader)...)
 	st.jitter = cfg.RetryJitter
 	return st, nil

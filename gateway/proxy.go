@@ -138,10 +138,8 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: route,
 			Detail: "The request body is larger than this gateway accepts."})
-	case errors.Is(bodyErr, errMethodOverride):
-		u.m.rejected.WithLabelValues("method_override").Inc()
-		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: route,
-			Detail: "The body names, as _method (or X-HTTP-Method-Override), a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
+	case errors.As(bodyErr, new(*bodyRefusal)):
+		refuseBody(w, u.m, route, bodyErr)
 	case bodyErr != nil && isTimeout(bodyErr):
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probClientTimeout, Status: http.StatusRequestTimeout, Route: route,
@@ -170,6 +168,20 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Type: probUpstreamDown, Status: http.StatusBadGateway, Route: route, Upstream: u.name,
 			Detail: "The upstream service could not be reached or sent an invalid response."})
 	}
+}
+
+// refuseBody answers a request whose body the gateway refused (a
+// *bodyRefusal), before or while it streamed upstream: after the
+// decision, so with its rate-limit headers, and counted by its reason.
+func refuseBody(w http.ResponseWriter, m *metrics, route string, err error) {
+	var refused *bodyRefusal
+	if !errors.As(err, &refused) {
+		refused = errBodyMalformed
+	}
+	m.rejected.WithLabelValues(refused.reason).Inc()
+	p := refused.problem
+	p.Route = route
+	writeProblem(w, p)
 }
 
 func isTimeout(err error) bool {

@@ -8,6 +8,6 @@ SELECT
     toInt64(uniqMerge(distinct_user_agents)) AS user_agents
 FROM decisions_by_ip_1m
 WHERE minute >= @from AND minute < @to
-  AND if(position(client_ip, ':') > 0, cutIPv6(IPv6StringToNum(client_ip), 8, 0), client_ip) = @ip
+  AND {client_net} = @ip
 GROUP BY bucket
 ORDER BY bucket

@@ -3,10 +3,10 @@
 -- @min_user_agents distinct user agents on allowed requests: the NAT
 -- detector's input, with its evidence. A client's own denials count for
 -- nothing, and anonymous traffic adds no key (its key is the address).
--- IPv6 clients are grouped by /64 (the address with its last 8 bytes
--- zeroed), as the gateway keys them.
+-- Clients are grouped as the gateway keys them (part/client_net.sql): IPv6 by /64,
+-- IPv4-mapped IPv6 as its IPv4 address.
 SELECT
-    if(position(client_ip, ':') > 0, cutIPv6(IPv6StringToNum(client_ip), 8, 0), client_ip) AS ip,
+    {client_net} AS ip,
     toInt64(countMerge(requests)) AS total,
     toInt64(sumMerge(denied_requests)) AS denied,
     toInt64(uniqMerge(auth_keys)) AS keys,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -58,16 +57,12 @@ type alertsConfig struct {
 
 // MarshalYAML prints c (analytics check) with the password of the
 // Alertmanager URL's user info (http://user:pass@am:9093, which the HTTP
-// client sends as basic auth) redacted, as a Secret is; a URL too
-// malformed to parse is not printed at all.
+// client sends as basic auth) and its query values (?token=…) redacted, as
+// a Secret is; a URL too malformed to parse is not printed at all.
 func (c alertsConfig) MarshalYAML() (any, error) {
 	type plain alertsConfig // without this method
 	if c.AlertmanagerURL != "" {
-		if u, err := url.Parse(c.AlertmanagerURL); err == nil {
-			c.AlertmanagerURL = u.Redacted()
-		} else {
-			c.AlertmanagerURL = "[unparsable, not shown: it may hold a password]"
-		}
+		c.AlertmanagerURL = analytics.RedactURL(c.AlertmanagerURL)
 	}
 	return plain(c), nil
 }

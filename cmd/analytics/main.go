@@ -48,7 +48,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -235,7 +234,7 @@ func newAlerter(ctx context.Context, fc fileConfig, ac analytics.AlertConfig, lo
 	}
 	var errs []error
 	if ac.AlertmanagerURL != "" {
-		errs = append(errs, boot.CheckHTTP(ctx, client, "alertmanager", http.MethodGet, strings.TrimRight(ac.AlertmanagerURL, "/")+"/api/v2/status"))
+		errs = append(errs, boot.CheckHTTP(ctx, client, "alertmanager", http.MethodGet, analytics.AlertmanagerAPI(ac.AlertmanagerURL, "status")))
 	}
 	if ac.WebhookURL != "" {
 		errs = append(errs, boot.CheckHTTP(ctx, client, "alert webhook", http.MethodHead, ac.WebhookURL))

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/internal/boot"
@@ -227,12 +228,32 @@ func render(w io.Writer, format string, t table, v any) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
 	for _, r := range t.rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = terminalSafe(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	if len(t.rows) == 0 {
 		fmt.Fprintln(tw, "(none)")
 	}
 	return tw.Flush()
+}
+
+// terminalSafe is s as a table cell on a terminal: key names, routes and
+// gateway ids come from traffic and configuration, and a control character
+// among them (an escape sequence that recolours, moves the cursor or
+// retitles the window; a tab or newline that shifts the table) or an
+// invisible formatting one (a bidi override) would act, not show. Such
+// characters, bytes that are not UTF-8 and the backslash itself (so the
+// escapes cannot be forged) are written as Go escapes; anything else is
+// left as it is.
+func terminalSafe(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r == '\\' || r == utf8.RuneError || !strconv.IsPrint(r) }) {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // nonNilJSON makes an empty result print as [] rather than null.

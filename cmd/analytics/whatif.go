@@ -144,7 +144,7 @@ func renderWhatIf(w io.Writer, format string, rep analytics.WhatIfReport) error 
 	}
 	fmt.Fprintln(w)
 	for _, c := range rep.Caveats {
-		fmt.Fprintf(w, "# caveat: %s\n", c)
+		fmt.Fprintf(w, "# caveat: %s\n", terminalSafe(c))
 	}
 	return nil
 }

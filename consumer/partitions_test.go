@@ -1,0 +1,92 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// partitionLimitConn refuses, as current ClickHouse does with its default
+// max_partitions_per_insert_block, an INSERT into a batch table whose rows
+// fall in more than limit day partitions (ClickHouse 18.16, the real-server
+// tier, has no such limit). It counts the refusals and the most partitions
+// one accepted INSERT wrote.
+type partitionLimitConn struct {
+	driver.Conn
+	limit    uint64
+	refused  atomic.Int64
+	mostDays atomic.Uint64
+}
+
+func (c *partitionLimitConn) Exec(ctx context.Context, query string, args ...any) error {
+	for i, table := range batchTables {
+		if !strings.HasPrefix(query, "INSERT INTO "+table+" ") {
+			continue
+		}
+		// The partition key of the raw table is the day of time; of the
+		// rollups, the day of minute.
+		key := "minute"
+		if i == 0 {
+			key = "time"
+		}
+		sel := query[strings.Index(query, "SELECT"):]
+		var days uint64
+		if err := c.Conn.QueryRow(ctx, "SELECT toUInt64(uniqExact(toYYYYMMDD("+key+"))) FROM ("+sel+")", args...).Scan(&days); err != nil {
+			return fmt.Errorf("count the insert's partitions: %w", err)
+		}
+		if days > c.limit {
+			c.refused.Add(1)
+			return &proto.Exception{Code: 252, Name: "DB::Exception",
+				Message: fmt.Sprintf("Too many partitions for single INSERT block (more than %d)", c.limit)}
+		}
+		for m := c.mostDays.Load(); days > m && !c.mostDays.CompareAndSwap(m, days); m = c.mostDays.Load() {
+		}
+	}
+	return c.Conn.Exec(ctx, query, args...)
+}
+
+// TestFaultBatchOverManyPartitions: valid events whose Kafka timestamps (and
+// event times, which agree) spread one batch over 150 days, more day
+// partitions than current ClickHouse lets one INSERT write. The consumer
+// refused that way retried the same batch for ever, storing nothing more:
+// it must write every event once, no INSERT over the limit.
+func TestFaultBatchOverManyPartitions(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 1)
+	const days = 150
+	now := time.Now().UTC()
+	ds := decisions(2 * days)
+	var recs []*kgo.Record
+	for i := range ds {
+		ts := now.AddDate(0, 0, -(i % days)).Truncate(time.Millisecond)
+		ds[i].Time = ts
+		r := record(t, ds[i])
+		r.Timestamp = ts
+		recs = append(recs, r)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs)
+	limited := &partitionLimitConn{Conn: ch, limit: defaultMaxPartitions}
+	cfg := kb.config()
+	// One batch holds them all.
+	cfg.BatchWait = 2 * time.Second
+	r := start(t, cfg, limited, nil)
+	waitRaw(t, ch, uint64(len(ds)), 60*time.Second)
+	r.stop()
+	wantExact(t, ch, uint64(len(ds)))
+	if got := count(t, ch, "SELECT toUInt64(uniqExact(toYYYYMMDD(time))) FROM decisions"); got != days {
+		t.Errorf("raw rows in %d day partitions, want %d", got, days)
+	}
+	if n := limited.refused.Load(); n > 0 {
+		t.Errorf("%d INSERTs refused for writing more than %d partitions", n, limited.limit)
+	}
+	t.Logf("most partitions written by one INSERT: %d", limited.mostDays.Load())
+}
