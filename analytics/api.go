@@ -360,7 +360,9 @@ func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handle
 			}
 			// Anything else is the store's or ours: its text (ClickHouse's
 			// error, table names) goes to the log, never to the client.
-			a.log.Error("analytics api", "path", r.URL.Path, "duration_ms", a.now().Sub(start).Milliseconds(), "error", err.Error())
+			// The route's pattern, not the path: a key's path may hold
+			// what an analyst pasted, a raw API key even.
+			a.log.Error("analytics api", "path", r.Pattern, "duration_ms", a.now().Sub(start).Milliseconds(), "error", err.Error())
 			writeProblem(w, problem{Type: probQueryFailed, Status: http.StatusInternalServerError,
 				Detail: "The query failed; see the analytics log."})
 		}

@@ -332,6 +332,8 @@ func TestAPIOnSeededFleet(t *testing.T) {
 // not exist: every query fails with ClickHouse's own error text, which the
 // log gets and the client never does.
 func TestAPIStoreFailure(t *testing.T) {
+	// An analyst may paste a key itself where its name or id belongs.
+	const rawKey = "sk_live_pasted-raw-api-key"
 	db := fmt.Sprintf("analytics_missing_%d", time.Now().UnixNano())
 	conn := testenv.OpenClickHouse(t, testenv.ClickHouseAddr(t), db)
 	var logs bytes.Buffer
@@ -343,7 +345,7 @@ func TestAPIStoreFailure(t *testing.T) {
 	defer srv.Close()
 
 	paths := []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys",
-		"/api/nat-ips", "/api/hot-keys?key=k1", "/api/nat-ips?ip=192.0.2.1"}
+		"/api/nat-ips", "/api/hot-keys?key=k1", "/api/nat-ips?ip=192.0.2.1", "/api/keys/" + rawKey}
 	for _, path := range paths {
 		resp, body := get(t, srv.Client(), srv.URL+path, testToken)
 		wantProblem(t, "GET "+path, resp, body, http.StatusInternalServerError, "urn:edgelimit:problem:query-failed")
@@ -369,6 +371,9 @@ func TestAPIStoreFailure(t *testing.T) {
 	}
 	if n != len(paths) {
 		t.Errorf("%d log lines for %d failed queries:\n%s", n, len(paths), logs.String())
+	}
+	if strings.Contains(logs.String(), rawKey) {
+		t.Errorf("the log holds the raw key an analyst pasted into a key's path:\n%s", logs.String())
 	}
 }
 
