@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -235,18 +236,20 @@ func (a *API) Handler() http.Handler {
 	for _, rt := range []struct {
 		path string
 		h    func(http.ResponseWriter, *http.Request) error
+		// params are the query parameters h reads; any other is a 400.
+		params []string
 	}{
-		{"/api/trends", a.trends},
-		{"/api/top-keys", a.ranged(a.topKeys)},
-		{"/api/keys/{key}", a.ranged(a.key)},
-		{"/api/fail-minutes", a.ranged(a.failMinutes)},
-		{"/api/store-health", a.ranged(a.storeHealth)},
-		{"/api/hot-keys", a.ranged(a.hotKeys)},
-		{"/api/nat-ips", a.ranged(a.natIPs)},
-		{"/api/alerts", a.alerts},
-		{"/api/status", a.status},
+		{"/api/trends", a.trends, append([]string{"by", "top", "format"}, rangeParams...)},
+		{"/api/top-keys", a.ranged(a.topKeys), append([]string{"limit"}, rangeParams...)},
+		{"/api/keys/{key}", a.ranged(a.key), rangeParams},
+		{"/api/fail-minutes", a.ranged(a.failMinutes), rangeParams},
+		{"/api/store-health", a.ranged(a.storeHealth), rangeParams},
+		{"/api/hot-keys", a.ranged(a.hotKeys), rangeParams},
+		{"/api/nat-ips", a.ranged(a.natIPs), append([]string{"ip"}, rangeParams...)},
+		{"/api/alerts", a.alerts, nil},
+		{"/api/status", a.status, nil},
 	} {
-		mux.Handle("GET "+rt.path, a.auth(rt.h))
+		mux.Handle("GET "+rt.path, a.auth(only(rt.path, rt.params, rt.h)))
 		paths = append(paths, rt.path)
 	}
 	mux.Handle("POST /api/whatif", a.auth(a.whatIf))
@@ -357,7 +360,9 @@ func (a *API) auth(h func(http.ResponseWriter, *http.Request) error) http.Handle
 			}
 			// Anything else is the store's or ours: its text (ClickHouse's
 			// error, table names) goes to the log, never to the client.
-			a.log.Error("analytics api", "path", r.URL.Path, "duration_ms", a.now().Sub(start).Milliseconds(), "error", err.Error())
+			// The route's pattern, not the path: a key's path may hold
+			// what an analyst pasted, a raw API key even.
+			a.log.Error("analytics api", "path", r.Pattern, "duration_ms", a.now().Sub(start).Milliseconds(), "error", err.Error())
 			writeProblem(w, problem{Type: probQueryFailed, Status: http.StatusInternalServerError,
 				Detail: "The query failed; see the analytics log."})
 		}
@@ -403,6 +408,33 @@ func writeBody(w http.ResponseWriter, contentType string, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
+}
+
+// rangeParams are the query parameters of a range (rangeOf) and its
+// buckets (bucketOf and tz), which every ranged endpoint takes: the
+// dashboard sends the same ones to each.
+var rangeParams = []string{"from", "to", "rule", "route", "plan", "gateway", "key", "kind", "method", "bucket", "tz"}
+
+// only refuses a query parameter h does not read: a misspelt one
+// (?form=-24h, ?limt=5) or one another path takes (?format=csv beside
+// /api/top-keys) would be ignored, and the answer would silently be about
+// something else (the last hour, the default 20 keys, JSON). The answer
+// names the path's pattern, not the path: a key's path may hold what an
+// analyst pasted, a raw API key even.
+func only(pattern string, params []string, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	takes := "no parameters"
+	if len(params) > 0 {
+		sorted := slices.Sorted(slices.Values(params))
+		takes = strings.Join(sorted, ", ")
+	}
+	return func(w http.ResponseWriter, r *http.Request) error {
+		for name := range r.URL.Query() {
+			if !slices.Contains(params, name) {
+				return fmt.Errorf("%w: unknown parameter %q: %s takes %s", ErrBadQuery, name, pattern, takes)
+			}
+		}
+		return h(w, r)
+	}
 }
 
 // rangeOf reads from (default 1h ago), to (default now) and the filters.

@@ -311,10 +311,18 @@ func TestAPIOnSeededFleet(t *testing.T) {
 		{"/api/fail-minutes?to=-2h", "is empty"},
 		{"/api/hot-keys?from=-1h&key=hot-1&bucket=fortnight", `bucket "fortnight"`},
 		{"/api/nat-ips?ip=not-an-ip", "not an IP address"},
+		// A parameter the path does not read is named, not ignored (the
+		// answer would be about the last hour, 20 keys, JSON).
+		{"/api/trends?form=-24h", `unknown parameter "form"`},
+		{"/api/top-keys" + q + "&limt=3", `unknown parameter "limt"`},
+		{"/api/top-keys" + q + "&format=csv", `unknown parameter "format": /api/top-keys takes bucket, from, gateway, key, kind, limit, method, plan, route, rule, to, tz`},
+		{"/api/alerts?from=-1h", `/api/alerts takes no parameters`},
+		{"/api/hot-keys?token=" + testToken, `unknown parameter "token"`},
+		{"/api/keys/" + testToken + "?x=1", `/api/keys/{key} takes`}, // the path is not echoed
 	} {
 		resp, body := get(t, c, srv.URL+tt.give, testToken)
 		p := wantProblem(t, "GET "+tt.give, resp, body, http.StatusBadRequest, "urn:edgelimit:problem:bad-query")
-		if !strings.Contains(p.Detail, tt.want) || strings.HasPrefix(p.Detail, "analytics:") {
+		if !strings.Contains(p.Detail, tt.want) || strings.HasPrefix(p.Detail, "analytics:") || strings.Contains(p.Detail, testToken) {
 			t.Errorf("GET %s detail = %q, want it to say %q without the error's prefix", tt.give, p.Detail, tt.want)
 		}
 	}
@@ -324,6 +332,8 @@ func TestAPIOnSeededFleet(t *testing.T) {
 // not exist: every query fails with ClickHouse's own error text, which the
 // log gets and the client never does.
 func TestAPIStoreFailure(t *testing.T) {
+	// An analyst may paste a key itself where its name or id belongs.
+	const rawKey = "sk_live_pasted-raw-api-key"
 	db := fmt.Sprintf("analytics_missing_%d", time.Now().UnixNano())
 	conn := testenv.OpenClickHouse(t, testenv.ClickHouseAddr(t), db)
 	var logs bytes.Buffer
@@ -335,7 +345,7 @@ func TestAPIStoreFailure(t *testing.T) {
 	defer srv.Close()
 
 	paths := []string{"/api/trends", "/api/top-keys", "/api/fail-minutes", "/api/store-health", "/api/hot-keys",
-		"/api/nat-ips", "/api/hot-keys?key=k1", "/api/nat-ips?ip=192.0.2.1"}
+		"/api/nat-ips", "/api/hot-keys?key=k1", "/api/nat-ips?ip=192.0.2.1", "/api/keys/" + rawKey}
 	for _, path := range paths {
 		resp, body := get(t, srv.Client(), srv.URL+path, testToken)
 		wantProblem(t, "GET "+path, resp, body, http.StatusInternalServerError, "urn:edgelimit:problem:query-failed")
@@ -361,6 +371,9 @@ func TestAPIStoreFailure(t *testing.T) {
 	}
 	if n != len(paths) {
 		t.Errorf("%d log lines for %d failed queries:\n%s", n, len(paths), logs.String())
+	}
+	if strings.Contains(logs.String(), rawKey) {
+		t.Errorf("the log holds the raw key an analyst pasted into a key's path:\n%s", logs.String())
 	}
 }
 

@@ -110,6 +110,33 @@ func (a *Admin) Register(mux *http.ServeMux) {
 	mux.Handle("POST "+AdminPath+"/clear", a.guard(func(w http.ResponseWriter, r *http.Request, actor string) {
 		a.change(w, r, actor, "clear")
 	}))
+	// Everything else under /admin/ answers as the API does, in a problem
+	// body, rather than with the mux's text/plain 404 and 405.
+	mux.HandleFunc("/admin/", adminElse)
+}
+
+// adminMethods are the API's paths and the method each answers.
+var adminMethods = map[string]string{
+	AdminPath:            http.MethodGet,
+	AdminPath + "/reset": http.MethodPost,
+	AdminPath + "/clear": http.MethodPost,
+}
+
+// adminElse answers a request under /admin/ that no endpoint took: a
+// known path with another method (405), or an unknown path (404).
+func adminElse(w http.ResponseWriter, r *http.Request) {
+	if m, ok := adminMethods[r.URL.Path]; ok {
+		allow := m
+		if m == http.MethodGet {
+			allow = "GET, HEAD"
+		}
+		w.Header()["Allow"] = []string{allow}
+		writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+			Detail: r.URL.Path + " answers " + m + " only."})
+		return
+	}
+	writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound,
+		Detail: "No admin endpoint has this path: " + AdminPath + " (GET), " + AdminPath + "/reset and " + AdminPath + "/clear (POST)."})
 }
 
 // guard answers for a disabled API, then checks the bearer token: the

@@ -341,6 +341,43 @@ func TestAdminAuth(t *testing.T) {
 	}
 }
 
+// TestAdminOtherPathsAndMethods: a wrong method on an endpoint, or a path
+// under /admin/ that is none, answers in a problem body as the API's
+// other errors do, not the mux's text/plain.
+func TestAdminOtherPathsAndMethods(t *testing.T) {
+	lim, _ := redisStore(t)
+	rig := startAdmin(t, lim, map[string]Secret{"oncall": testAdminToken})
+	tests := []struct {
+		method, path string
+		want         int
+		wantAllow    string
+	}{
+		{http.MethodPost, AdminPath, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodDelete, AdminPath, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, AdminPath + "/reset", http.StatusMethodNotAllowed, "POST"},
+		{http.MethodPut, AdminPath + "/clear", http.StatusMethodNotAllowed, "POST"},
+		{http.MethodGet, AdminPath + "/", http.StatusNotFound, ""},
+		{http.MethodPost, AdminPath + "/delete", http.StatusNotFound, ""},
+		{http.MethodGet, "/admin/v2/keys", http.StatusNotFound, ""},
+	}
+	for _, tt := range tests {
+		r := do(t, tt.method, rig.admin.URL+tt.path+"?api_key=alice", nil, "Authorization", "Bearer "+testAdminToken)
+		var p problem
+		if ct := r.header.Get("Content-Type"); r.status != tt.want || ct != "application/problem+json" {
+			t.Errorf("%s %s = %d %q %s, want %d application/problem+json", tt.method, tt.path, r.status, ct, r.body, tt.want)
+			continue
+		}
+		r.json(t, &p)
+		if p.Status != tt.want || p.Type == "" || p.Detail == "" || r.header.Get("Allow") != tt.wantAllow {
+			t.Errorf("%s %s: %+v Allow %q, want status %d with a type and detail, Allow %q", tt.method, tt.path, p, r.header.Get("Allow"), tt.want, tt.wantAllow)
+		}
+	}
+	// The endpoints themselves still answer.
+	if v := rig.show(t, "api_key=alice"); v.APIKeyID != "alice" {
+		t.Errorf("show after the fallback: %+v", v)
+	}
+}
+
 func TestAdminBadInput(t *testing.T) {
 	rig := startAdmin(t, newCountingStore(), map[string]Secret{"oncall": testAdminToken})
 	tests := []struct {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 )
 
@@ -18,17 +20,23 @@ import (
 // then a request that proxy never saw (request smuggling). Such a
 // request gets 400 and the connection is closed.
 //
+// It also turns the answers net/http writes by itself, before any
+// handler runs, into problem bodies (see framingConn.Write).
+//
 // Serve the Server's listener through it: srv.Serve(g.Listener(ln)).
-func (g *Gateway) Listener(ln net.Listener) net.Listener { return framingListener{ln} }
+func (g *Gateway) Listener(ln net.Listener) net.Listener { return framingListener{ln, g} }
 
-type framingListener struct{ net.Listener }
+type framingListener struct {
+	net.Listener
+	g *Gateway
+}
 
 func (l framingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &framingConn{Conn: c}, nil
+	return &framingConn{Conn: c, g: l.g}, nil
 }
 
 // framingConn scans what is read for header blocks that hold both a
@@ -38,9 +46,10 @@ func (l framingListener) Accept() (net.Conn, error) {
 // request on it), never a request that is framed one way.
 type framingConn struct {
 	net.Conn
-	tail  []byte // the end of the last read, for lines split across reads
-	cl    bool   // the current block has a Content-Length line
-	te    bool   // and a Transfer-Encoding line
+	g     *Gateway // counts the answers Write rewrites; nil in unit tests
+	tail  []byte   // the end of the last read, for lines split across reads
+	cl    bool     // the current block has a Content-Length line
+	te    bool     // and a Transfer-Encoding line
 	mixed atomic.Bool
 	// sawTE: some block had a Transfer-Encoding line. net/http drops the
 	// header of an HTTP/1.0 request without a trace and frames the body
@@ -99,6 +108,71 @@ func (c *framingConn) scan(b []byte) {
 	c.tail = append(c.tail[:0], buf[keep:]...)
 }
 
+// netHTTPErrorHeaders is what follows the status line of every answer
+// net/http writes on the connection itself, when it could not read a
+// request to hand a handler (src/net/http/server.go, conn.serve).
+var netHTTPErrorHeaders = []byte("\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n")
+
+// Write sends what net/http writes, except its own plain-text error
+// answers, which it writes in one call straight to the connection: a head
+// it cannot parse (400, "missing required Host header", a bad header
+// line, HTTP/0.9), headers over max_header_bytes (431), a transfer coding
+// it does not know (501). Those become problem bodies like every other
+// answer of the gateway, and are counted in rejected_total. No handler's
+// answer has that shape: net/http gives each a Date header.
+func (c *framingConn) Write(p []byte) (int, error) {
+	status, text, ok := netHTTPError(p)
+	if !ok {
+		return c.Conn.Write(p)
+	}
+	typ, reason, detail := probBadRequest, "malformed_request", "The request could not be read as HTTP/1.1 (a malformed request line or header field)."
+	if why, ok := strings.CutPrefix(text, http.StatusText(status)+": "); ok {
+		detail = "The request could not be read as HTTP/1.1: " + why + "."
+	}
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		typ, reason, detail = probHeadersTooLarge, "headers_too_large", "The request's header fields are larger than this gateway reads."
+	case http.StatusNotImplemented:
+		typ, reason, detail = probBadRequest, "unsupported_transfer_encoding", "The request's Transfer-Encoding is not one this gateway reads (only chunked is)."
+	}
+	if c.g != nil {
+		c.g.m.rejected.WithLabelValues(reason).Inc()
+	}
+	body := appendProblem(nil, &problem{Type: typ, Title: http.StatusText(status), Status: status, Detail: detail})
+	out := make([]byte, 0, 192+len(body))
+	out = append(out, "HTTP/1.1 "...)
+	out = strconv.AppendInt(out, int64(status), 10)
+	out = append(out, ' ')
+	out = append(out, http.StatusText(status)...)
+	out = append(out, "\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: "...)
+	out = strconv.AppendInt(out, int64(len(body)), 10)
+	out = append(out, "\r\nContent-Type: application/problem+json\r\n\r\n"...)
+	if _, err := c.Conn.Write(append(out, body...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// netHTTPError reads p as one of net/http's own error answers: its status
+// and its body after the status code ("Bad Request: missing required
+// Host header" for a 400 that says why).
+func netHTTPError(p []byte) (status int, text string, ok bool) {
+	rest, found := bytes.CutPrefix(p, []byte("HTTP/1.1 "))
+	if !found || len(rest) < 4 || rest[3] != ' ' {
+		return 0, "", false
+	}
+	line, body, found := bytes.Cut(rest, netHTTPErrorHeaders)
+	if !found || bytes.ContainsAny(line, "\r\n") || bytes.ContainsAny(body, "\r\n") {
+		return 0, "", false
+	}
+	status, err := strconv.Atoi(string(rest[:3]))
+	if err != nil || status < 400 || status > 599 {
+		return 0, "", false
+	}
+	text = string(bytes.TrimPrefix(body, rest[:4]))
+	return status, text, true
+}
+
 // CloseWrite half-closes the connection as the TCP connection would:
 // net/http does so before closing after an error answer (e.g. 431), so
 // that the client reads the answer instead of a reset.
@@ -122,8 +196,13 @@ func hasPrefixFold(b, prefix []byte) bool {
 	return len(b) >= len(prefix) && bytes.EqualFold(b[:len(prefix)], prefix)
 }
 
-// probMethodNotAllowed is the problem type of CONNECT.
-const probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
+// Problem types of the answers the listener and guard give.
+const (
+	// probMethodNotAllowed is CONNECT's.
+	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
+	// probHeadersTooLarge is a head over max_header_bytes.
+	probHeadersTooLarge = "urn:edgelimit:problem:headers-too-large"
+)
 
 // guard answers, before echo, what is wrong with a request as a message
 // rather than as a call: CONNECT (echo's router has no path to match in

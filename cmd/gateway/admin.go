@@ -85,9 +85,14 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	// fallback memory forget the key only when that gateway is asked.
 	var errs []error
 	for _, a := range boot.SplitList(*addr) {
-		body, err := adminCall(ctx, method, a, path+"?"+q.Encode(), token, *timeout)
+		base, name, err := adminBase(a)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("gateway admin %s: %w", a, err))
+			errs = append(errs, err)
+			continue
+		}
+		body, err := adminCall(ctx, method, base, path+"?"+q.Encode(), token, *timeout)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gateway admin %s: %w", name, err))
 			continue
 		}
 		if _, err := stdout.Write(body); err != nil {
@@ -97,13 +102,31 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	return errors.Join(errs...)
 }
 
-// adminCall sends one admin API request to the gateway at addr and returns
-// its JSON answer, or the problem it answered as an error.
-func adminCall(ctx context.Context, method, addr, pathQuery string, token boot.Secret, timeout time.Duration) ([]byte, error) {
-	base := strings.TrimSuffix(addr, "/")
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
+// adminBase reads one -admin address (host:port, or a URL with a scheme
+// and maybe a path, e.g. behind a proxy) as the base of the API's URLs,
+// and names it for errors by scheme and host only: a password in its user
+// info is never printed. A query or fragment would end up in the middle
+// of the URL, and is refused.
+func adminBase(addr string) (base, name string, err error) {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
 	}
+	u, err := url.Parse(addr)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		// Not echoed: it may hold a password.
+		return "", "", errors.New("gateway admin: an -admin address is not host:port or an http(s) URL")
+	}
+	name = u.Scheme + "://" + u.Host
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return "", "", fmt.Errorf("gateway admin %s: an -admin address takes no query or fragment", name)
+	}
+	return strings.TrimSuffix(u.String(), "/"), name, nil
+}
+
+// adminCall sends one admin API request to the gateway at base (see
+// adminBase) and returns its JSON answer, or the problem it answered as an
+// error.
+func adminCall(ctx context.Context, method, base, pathQuery string, token boot.Secret, timeout time.Duration) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, base+pathQuery, nil)

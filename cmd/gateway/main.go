@@ -277,7 +277,7 @@ func startRLS(cfg envoyrls.Config, gw *gateway.Gateway, reg *prometheus.Registry
 	return svc, boot.Actor{
 		Name: "grpc",
 		Run: func() error {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			if err := srv.Serve(svc.Listener(ln)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 				return fmt.Errorf("serve grpc %s: %w", ln.Addr(), err)
 			}
 			return nil

@@ -223,6 +223,30 @@ func TestCheckRefusesCredentialsInBrokers(t *testing.T) {
 	}
 }
 
+// TestCheckRefusesCredentialsInRedisAddresses: a Redis address holding a
+// password (a redis:// URL, user:password@host) is refused by name, the
+// password not printed: accepted, every failed dial logged it whole.
+func TestCheckRefusesCredentialsInRedisAddresses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gw.yaml")
+	writeConfig(t, path, 3, "http://127.0.0.1:1", false)
+	for _, tt := range []struct{ env, value, field string }{
+		{"EDGELIMIT_REDIS_ADDR", "redis://:hunter2@r:6379", "redis.addr"},
+		{"EDGELIMIT_REDIS_ADDR", "default:hunter2@r:6379", "redis.addr"},
+		{"EDGELIMIT_REDIS_CLUSTER_ADDRS", "r1:6379,rediss://u:hunter2@r2:6379", "redis.cluster_addrs[1]"},
+		{"EDGELIMIT_REDIS_SENTINEL_ADDRS", "u:hunter2@s1:26379", "redis.sentinel_addrs[0]"},
+	} {
+		vars := map[string]string{tt.env: tt.value}
+		if tt.env == "EDGELIMIT_REDIS_SENTINEL_ADDRS" {
+			vars["EDGELIMIT_REDIS_SENTINEL_MASTER"] = "mymaster"
+		}
+		var out strings.Builder
+		err := run(context.Background(), []string{"-config", path, "-check"}, env(vars), &out)
+		if err == nil || !strings.Contains(err.Error(), tt.field) || strings.Contains(fmt.Sprint(err)+out.String(), "hunter2") {
+			t.Errorf("%s=%q: run -check = %v (output %q), want an error naming %s without the password", tt.env, tt.value, err, out.String(), tt.field)
+		}
+	}
+}
+
 func TestCheckPrintsRedacted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 3, "http://127.0.0.1:1", true)

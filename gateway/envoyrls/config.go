@@ -77,6 +77,15 @@ type Config struct {
 	MaxConcurrentStreams uint32 `yaml:"max_concurrent_streams"`
 	// Keepalive of the server's connections. Restart.
 	Keepalive Keepalive `yaml:"keepalive"`
+	// MaxConnections caps open gRPC connections; more are closed on
+	// accept, so a flood of idle ones cannot take the descriptors the
+	// traffic listener and the Redis and Kafka clients need; default 4096
+	// (Envoy keeps one connection per worker). Restart.
+	MaxConnections int `yaml:"max_connections"`
+	// HandshakeTimeout closes a connection that has not finished TLS and
+	// the HTTP/2 preface by then; default 10s (grpc-go's own is 120s, for
+	// which an idle connection holds its slot). Restart.
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 }
 
 // TLS names the server's certificate and key (PEM files).
@@ -84,6 +93,9 @@ type TLS struct {
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
 }
+
+// DefaultMaxConnections caps the gRPC listener's open connections.
+const DefaultMaxConnections = 4096
 
 // Keepalive tunes gRPC keepalive.
 type Keepalive struct {
@@ -127,6 +139,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxConcurrentStreams == 0 {
 		c.MaxConcurrentStreams = 1024
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 10 * time.Second
 	}
 	if c.Keepalive.Time == 0 {
 		c.Keepalive.Time = 30 * time.Second
@@ -179,7 +197,10 @@ func (c Config) Validate() error {
 	if c.MaxMessageBytes < 1024 {
 		bad("max_message_bytes", "%d is below 1024", c.MaxMessageBytes)
 	}
-	for field, d := range map[string]time.Duration{"keepalive.time": c.Keepalive.Time, "keepalive.timeout": c.Keepalive.Timeout,
+	if c.MaxConnections < 1 {
+		bad("max_connections", "%d is below 1", c.MaxConnections)
+	}
+	for field, d := range map[string]time.Duration{"handshake_timeout": c.HandshakeTimeout, "keepalive.time": c.Keepalive.Time, "keepalive.timeout": c.Keepalive.Timeout,
 		"keepalive.min_time": c.Keepalive.MinTime, "keepalive.max_connection_idle": c.Keepalive.MaxConnectionIdle} {
 		if d < 0 {
 			bad(field, "%v is negative", d)

@@ -211,7 +211,7 @@ func serve(t testing.TB, svc *Service) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(svc.Listener(ln)) }()
 	t.Cleanup(srv.Stop)
 	return ln.Addr().String()
 }

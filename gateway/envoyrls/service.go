@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -61,6 +62,8 @@ type Service struct {
 	calls  *prometheus.CounterVec
 	// dropped counts descriptor entries left out of decision events.
 	dropped prometheus.Counter
+	// refused counts connections closed on accept over MaxConnections.
+	refused prometheus.Counter
 }
 
 // snapshot is one configuration: the settings and the rules they load.
@@ -103,8 +106,12 @@ func New(cfg Config, g enforcer, opts Options) (*Service, error) {
 		Namespace: "edgelimit_gateway", Name: "grpc_event_descriptor_entries_dropped_total",
 		Help: "Descriptor entries of checked descriptors left out of decision events: over 16 distinct entries, or a key over 64 bytes.",
 	})
+	s.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "edgelimit_gateway", Name: "grpc_connections_refused_total",
+		Help: "gRPC connections closed on accept because grpc.max_connections were open.",
+	})
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{s.calls, s.dropped} {
+		for _, c := range []prometheus.Collector{s.calls, s.dropped, s.refused} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("register grpc metrics: %w", err)
 			}
@@ -155,6 +162,10 @@ func (s *Service) Server() (*grpc.Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.Keepalive.MinTime, PermitWithoutStream: true}),
 		// Strings that are not UTF-8 are read, not refused (see codec).
 		grpc.ForceServerCodec(codec{}),
+		// A connection that never finishes its handshake gives its slot
+		// (see Listener) back soon. (Experimental in grpc-go, but there
+		// since 1.15.)
+		grpc.ConnectionTimeout(c.HandshakeTimeout),
 	}
 	if c.TLS.CertFile != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
@@ -168,6 +179,51 @@ func (s *Service) Server() (*grpc.Server, error) {
 	healthpb.RegisterHealthServer(srv, s.health)
 	reflection.Register(srv)
 	return srv, nil
+}
+
+// Listener caps ln at MaxConnections open connections: one accepted over
+// the cap is closed at once, before a byte of it is read, and counted.
+// Serve the Server through it: srv.Serve(s.Listener(ln)).
+func (s *Service) Listener(ln net.Listener) net.Listener {
+	return &capListener{Listener: ln, max: int64(s.boot.MaxConnections), refused: s.refused}
+}
+
+type capListener struct {
+	net.Listener
+	max     int64
+	open    atomic.Int64
+	refused prometheus.Counter
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			l.refused.Inc()
+			_ = c.Close()
+			continue
+		}
+		return &capConn{Conn: c, l: l}, nil
+	}
+}
+
+// capConn hands its slot back when closed, once however often Close is
+// called.
+type capConn struct {
+	net.Conn
+	l      *capListener
+	closed atomic.Bool
+}
+
+func (c *capConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 // resolved is one request descriptor: its entries and the limit they

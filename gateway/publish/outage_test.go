@@ -2,10 +2,15 @@ package publish
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
@@ -91,4 +96,31 @@ func topicSize(t *testing.T, brokers []string, topic string) int64 {
 		n += o.Offset - s.Offset
 	})
 	return n
+}
+
+// TestCloseSaysWhatItDropped: Kafka unreachable at shutdown, the buffered
+// events are lost; Close says how many, in its error and a log line,
+// because the dropped counter goes with the process before any scrape.
+func TestCloseSaysWhatItDropped(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close() // a broker that is down: every dial is refused
+	var logs testenv.LogBuffer
+	p, err := New(Config{Brokers: []string{down}}, prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, p, 0, 40)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = p.Close(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "40 dropped") {
+		t.Errorf("Close with Kafka down = %v, want DeadlineExceeded naming the 40 events dropped", err)
+	}
+	if out := logs.String(); !strings.Contains(out, `"msg":"decision events dropped at shutdown","events":40`) {
+		t.Errorf("log = %s, want a line saying 40 events were dropped at shutdown", out)
+	}
 }

@@ -159,6 +159,10 @@ type Publisher struct {
 	attempted atomic.Int64
 	pending   atomic.Int64 // events given to franz-go whose promise has not run
 	closed    atomic.Bool
+	// lostAtClose counts events dropped once Close began: the process is
+	// about to exit, so its metrics will not be scraped again, and Close
+	// says how many in its log line and error.
+	lostAtClose atomic.Int64
 	lastLog   atomic.Int64 // unix nanos of the last broker-error log line
 }
 
@@ -253,6 +257,7 @@ func (p *Publisher) Publish(d event.Decision) {
 	p.attempted.Add(1)
 	if p.closed.Load() {
 		p.dropped[ReasonClosed].Inc()
+		p.lostAtClose.Add(1)
 		return
 	}
 	r := p.records.Get().(*kgo.Record)
@@ -273,6 +278,9 @@ func (p *Publisher) Publish(d event.Decision) {
 func (p *Publisher) promise(r *kgo.Record, err error) {
 	defer p.pending.Add(-1)
 	defer p.recycle(r)
+	if err != nil && p.closed.Load() {
+		p.lostAtClose.Add(1)
+	}
 	switch {
 	case err == nil:
 		p.published.Inc()
@@ -312,7 +320,9 @@ func (p *Publisher) Attempted() int64 { return p.attempted.Load() }
 // Close flushes buffered events until ctx is done, then closes the client;
 // events still buffered then are dropped (reason closed), as are events
 // published once Close has begun. It returns ctx's error if the flush did not
-// finish. Stop whatever calls Publish first.
+// finish, naming how many events were dropped since Close began (also in a
+// log line: the metrics go with the process). Stop whatever calls Publish
+// first.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.closed.Store(true)
 	err := p.cl.Flush(ctx)
@@ -322,6 +332,14 @@ func (p *Publisher) Close(ctx context.Context) error {
 	// as published or dropped when Close returns.
 	for deadline := time.Now().Add(5 * time.Second); p.pending.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
+	}
+	// Events whose promise never ran are lost too, uncounted by reason.
+	if lost := p.lostAtClose.Load() + p.pending.Load(); lost > 0 {
+		p.log.Error("decision events dropped at shutdown", "events", lost, "topic", p.topic)
+		if err == nil {
+			err = errors.New("not flushed")
+		}
+		return fmt.Errorf("flush decision events: %d dropped, not published: %w", lost, err)
 	}
 	if err != nil {
 		return fmt.Errorf("flush decision events: %w", err)

@@ -101,6 +101,18 @@ func (r Redis) Validate() error {
 	if n > 1 {
 		errs = append(errs, errors.New("redis: set one of addr, cluster_addrs or sentinel_addrs"))
 	}
+	// A redis:// URL or user:password@host would be logged whole by every
+	// failed dial (and printed by -check); credentials go in their own
+	// settings.
+	if r.Addr != "" {
+		errs = append(errs, CheckAddress("redis.addr", r.Addr))
+	}
+	for i, a := range r.ClusterAddrs {
+		errs = append(errs, CheckAddress(fmt.Sprintf("redis.cluster_addrs[%d]", i), a))
+	}
+	for i, a := range r.SentinelAddrs {
+		errs = append(errs, CheckAddress(fmt.Sprintf("redis.sentinel_addrs[%d]", i), a))
+	}
 	if (len(r.SentinelAddrs) > 0) != (r.SentinelMaster != "") {
 		errs = append(errs, errors.New("redis: sentinel_addrs and sentinel_master go together"))
 	}
