@@ -848,6 +848,15 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.batch = newBatchID()
 	c.m.rowsInserted.Add(float64(rows))
 	c.remember(batch)
+	// The staged copy is not needed once the ledger holds the batch. A
+	// Memory table lives in ClickHouse's RAM until the server restarts, and
+	// a consumer killed before Run drops it would otherwise leave a whole
+	// batch there. A failure here is harmless: the next batch truncates it.
+	if rows > 0 {
+		if err := c.ch.Exec(ctx, c.stageSQL(qTruncateStage)); err != nil {
+			c.log.Warn("empty staging table", "table", c.stage, "err", err)
+		}
+	}
 	for _, p := range batch {
 		// Keep the buffer for the next batch (growing it row by row was a
 		// tenth of the consumer's CPU), not the rows' strings.

@@ -111,6 +111,27 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 		}
 		cmd.Wait()
 
+		// The batch was in the ledger when the consumer died: its staged
+		// copy (a Memory table, in ClickHouse's RAM until the server
+		// restarts, as a killed consumer never drops it) is empty by then.
+		var stages []string
+		err = eachRow(t.Context(), ch, "list staging tables", fmt.Sprintf(
+			"SELECT name FROM system.tables WHERE database = '%s' AND name LIKE 'decisions_stage_%%'", db), nil,
+			func(rows driver.Rows) error {
+				var name string
+				err := rows.Scan(&name)
+				stages = append(stages, name)
+				return err
+			})
+		if err != nil || len(stages) == 0 {
+			t.Fatalf("staging tables after the crash: %v, %v; want the killed consumer's", stages, err)
+		}
+		for _, name := range stages {
+			if n := count(t, ch, "SELECT count() FROM "+name); n != 0 {
+				t.Errorf("staging table %s holds %d rows after the crash, want 0: the committed batch stays in ClickHouse's memory", name, n)
+			}
+		}
+
 		before := count(t, ch, "SELECT count() FROM decisions")
 		if before == 0 || before >= n {
 			t.Fatalf("rows after the crash = %d, want some but not all of %d", before, n)
