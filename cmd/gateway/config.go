@@ -57,8 +57,8 @@ type kafkaConfig struct {
 	// MaxBuffered bounds events waiting for Kafka; default 50000
 	// (publish.Config).
 	MaxBuffered int `yaml:"max_buffered"`
-	// EmbeddedListen is where the embedded Kafka listens; default
-	// 127.0.0.1 on a free port.
+	// EmbeddedListen is where the embedded Kafka listens, on 127.0.0.1
+	// only; default a free port.
 	EmbeddedListen string `yaml:"embedded_listen"`
 }
 
@@ -149,6 +149,9 @@ func (fc fileConfig) Validate() error {
 	}
 	if fc.Kafka.MaxBuffered < 0 {
 		errs = append(errs, fmt.Errorf("kafka.max_buffered: %d is negative", fc.Kafka.MaxBuffered))
+	}
+	if _, err := embeddedPort(fc.Kafka.EmbeddedListen); err != nil {
+		errs = append(errs, err)
 	}
 	if err := fc.GRPC.Validate(); err != nil {
 		errs = append(errs, err)

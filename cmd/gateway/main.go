@@ -42,6 +42,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -478,16 +479,31 @@ func openEvents(ctx context.Context, fc fileConfig, reg prometheus.Registerer, l
 	return ev, nil
 }
 
+// embeddedPort is the port of kafka.embedded_listen; 0 (a free one) when
+// it is empty. kfake binds 127.0.0.1 whatever host it is given, so any
+// other host is refused rather than silently not served.
+func embeddedPort(listen string) (int, error) {
+	if listen == "" {
+		return 0, nil
+	}
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return 0, fmt.Errorf("kafka.embedded_listen: %w", err)
+	}
+	if host != "" && host != "127.0.0.1" && host != "localhost" {
+		return 0, fmt.Errorf("kafka.embedded_listen %q: the embedded Kafka listens on 127.0.0.1 only (a trial broker inside this gateway); set kafka.brokers for one other machines reach", listen)
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("kafka.embedded_listen port %q: want 0 to 65535", p)
+	}
+	return int(port), nil
+}
+
 func embeddedKafka(kc kafkaConfig, topic string) (*kfake.Cluster, error) {
-	port := 0
-	if kc.EmbeddedListen != "" {
-		_, p, err := net.SplitHostPort(kc.EmbeddedListen)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.embedded_listen: %w", err)
-		}
-		if _, err := fmt.Sscan(p, &port); err != nil {
-			return nil, fmt.Errorf("kafka.embedded_listen port %q: %w", p, err)
-		}
+	port, err := embeddedPort(kc.EmbeddedListen)
+	if err != nil {
+		return nil, err
 	}
 	return kfake.NewCluster(
 		kfake.NumBrokers(1),

@@ -166,6 +166,11 @@ func metric(t testing.TB, admin, series string) string {
 	return ""
 }
 
+// embeddedAt is configTmpl with the embedded Kafka listening at listen.
+func embeddedAt(listen string) string {
+	return strings.Replace(fmt.Sprintf(configTmpl, 1, "http://x", false), "kafka:\n", "kafka:\n  embedded: true\n  embedded_listen: \""+listen+"\"\n", 1)
+}
+
 func TestInvalidConfig(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -190,6 +195,10 @@ func TestInvalidConfig(t *testing.T) {
 		{"both redis kinds", []string{"-config", write("d.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_REDIS_ADDR": "a:1", "EDGELIMIT_REDIS_CLUSTER_ADDRS": "b:1"}, []string{"set one of"}},
 		{"bad log level", []string{"-config", write("e.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"log_level: loud\n")}, nil, []string{"log_level"}},
+		{"embedded kafka on another host", []string{"-check", "-config", write("g.yaml", embeddedAt("0.0.0.0:19092"))}, nil,
+			[]string{"kafka.embedded_listen", "127.0.0.1 only"}},
+		{"embedded kafka bad port", []string{"-check", "-config", write("h.yaml", embeddedAt("127.0.0.1:99999"))}, nil,
+			[]string{"kafka.embedded_listen port"}},
 		{"short admin token", []string{"-config", write("f.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_ADMIN_TOKEN": "short"}, []string{"admin_api.tokens.env", "16 characters"}},
 	}
