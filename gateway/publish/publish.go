@@ -163,7 +163,7 @@ type Publisher struct {
 	// about to exit, so its metrics will not be scraped again, and Close
 	// says how many in its log line and error.
 	lostAtClose atomic.Int64
-	lastLog   atomic.Int64 // unix nanos of the last broker-error log line
+	lastLog     atomic.Int64 // unix nanos of the last broker-error log line
 }
 
 // New returns a Publisher connected (lazily) to cfg.Brokers, with its
