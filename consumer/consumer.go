@@ -275,6 +275,13 @@ type Consumer struct {
 type partition struct {
 	id   int32
 	next int64 // offsets below next were already taken; repeats are skipped
+	// seedFrom is where the fetch starts after an assignment: the records
+	// from there to next were stored already, by this consumer or another,
+	// and are read again only for their ids (dedupeWindow), so that a
+	// repeat just after a restart or a rebalance is still dropped. It
+	// costs the partition's share of the window, read from Kafka once per
+	// assignment; ClickHouse has no index to read the ids back by offset.
+	seedFrom int64
 	// expect says next is an offset that must come next: the partition's
 	// stored progress, or a record read. A record past it means Kafka no
 	// longer held the ones between when they were fetched (retention, an
@@ -493,6 +500,12 @@ func (c *Consumer) buffer(fetches kgo.Fetches) {
 		}
 		for _, r := range fp.Records {
 			if r.Offset < p.next {
+				// Stored before this partition was assigned here: fetched
+				// again only to rebuild the window of stored ids (see
+				// seedFrom).
+				if decode(&d, r) == nil && !c.stored.has(d.ID) {
+					c.stored.add(d.ID)
+				}
 				continue
 			}
 			if p.expect && r.Offset > p.next {

@@ -6,7 +6,9 @@ package consumer
 // written after all; a record produced again by hand or by a mirror) is
 // stored once if its first copy is among them. At 100k events/s that is
 // the last 2.6s of the whole topic; a producer's retry lands within its
-// in-flight requests, a few batches behind the first copy.
+// in-flight requests, a few batches behind the first copy. A newly
+// assigned partition's share is read back from Kafka (partition.seedFrom),
+// so a restart or a rebalance does not empty it.
 const dedupeWindow = 1 << 18
 
 // idWindow is a bounded set of event ids: the newest n added, the oldest

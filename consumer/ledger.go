@@ -204,7 +204,8 @@ func (c *Consumer) abortedBatches(ctx context.Context) (map[uint64]bool, error) 
 // resumeOffsets runs when partitions are assigned. For each it claims the
 // partition, aborts the batches a previous owner left half-written, and
 // resumes after the ledger's committed tail, or at the committed offset if
-// that is further. A tail from another incarnation of the topic (topic id),
+// that is further; the fetch starts a share of the dedupe window earlier,
+// to rebuild it (see seedFrom). A tail from another incarnation of the topic (topic id),
 // or at or past the partition's end, is not trusted: counted, logged, and
 // the committed offset (or the start) used instead. Until ClickHouse and
 // Kafka answer it retries, since nothing can be stored meanwhile anyway.
@@ -221,9 +222,12 @@ func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int
 			c.topicID = topicID
 			for id, n := range next {
 				c.parts[id] = n
-				if committed := parts[id].EpochOffset().Offset; n.next != committed {
-					parts[id] = kgo.NewOffset().At(n.next)
+				committed := parts[id].EpochOffset().Offset
+				if n.next != committed {
 					c.log.Info("resume from the ledger", "partition", id, "committed", committed, "resume", n.next)
+				}
+				if n.seedFrom != committed {
+					parts[id] = kgo.NewOffset().At(n.seedFrom)
 				}
 			}
 			return offsets, nil
@@ -258,6 +262,9 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next
 		return nil, "", fmt.Errorf("read topic metadata: %v", errors.Join(td.Err, errors.New("topic missing")))
 	}
 	topicID = hex.EncodeToString(td.ID[:])
+	// Each partition's share of the window: what a consumer that had been
+	// running, owning every partition, would remember of it.
+	seed := int64(dedupeWindow / max(1, len(td.Partitions)))
 	ends, err := adm.ListEndOffsets(ctx, c.cfg.Topic)
 	if err != nil {
 		return nil, "", fmt.Errorf("read end offsets: %w", err)
@@ -335,6 +342,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next
 			start = 0
 		}
 		next[id].next = start
+		next[id].seedFrom = max(0, start-seed)
 		next[id].expect = committed >= 0 || tail >= 0
 	}
 	return next, topicID, nil

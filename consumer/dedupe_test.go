@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
+)
+
+// produceTo writes each event to partition part(i), as a producer's retry
+// leaves a repeat: in the partition of its first copy.
+func produceTo(t *testing.T, kb kafkaBackend, ds []event.Decision, part func(i int) int32) {
+	t.Helper()
+	recs := make([]*kgo.Record, len(ds))
+	for i, d := range ds {
+		recs[i] = record(t, d)
+		recs[i].Partition = part(i)
+	}
+	produceRaw(t, kb.brokers, kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+}
+
+// TestFaultSameEventAfterRestart: events repeated at later offsets of their
+// partition (an idempotent producer's retry after an epoch bump keeps the
+// record's partition) just after the consumer restarted. The new consumer's
+// window was empty and stored every repeat again; it now rebuilds the
+// window from the partition's stored tail when the partition is assigned.
+func TestFaultSameEventAfterRestart(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 2)
+	ds := decisions(300)
+	byIndex := func(off int) func(int) int32 { return func(i int) int32 { return int32((off + i) % 2) } }
+	produceTo(t, kb, ds[:200], byIndex(0))
+	r := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 200, 60*time.Second)
+	r.stop()
+
+	// 100-199 again, each in its first copy's partition, and 200-299 new.
+	produceTo(t, kb, ds[100:200], byIndex(100))
+	produceTo(t, kb, ds[200:], byIndex(200))
+	r = start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 300, 60*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "every repeat counted", func() bool {
+		return metric(t, r.reg, "edgelimit_consumer_duplicates_total") >= 100
+	})
+	r.stop()
+	wantExact(t, ch, 300)
+	if got := metric(t, r.reg, "edgelimit_consumer_duplicates_total"); got != 100 {
+		t.Errorf("duplicates_total = %v, want 100", got)
+	}
+}
+
+// TestFaultSameEventAfterRebalance: a second consumer joins the group and
+// takes a partition over; then events stored from that partition are
+// repeated in it. Its new owner, which never stored them, drops them.
+func TestFaultSameEventAfterRebalance(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	kb := realBackend(t, 2)
+	ds := decisions(300)
+	part := func(i int) int32 { return int32(i % 2) }
+	produceTo(t, kb, ds[:200], part)
+	a := start(t, kb.config(), ch, nil)
+	waitRaw(t, ch, 200, 60*time.Second)
+
+	b := start(t, kb.config(), ch, nil)
+	testenv.WaitFor(t, 60*time.Second, "each consumer owns a partition", func() bool {
+		return owned(a.c) == 1 && owned(b.c) == 1
+	})
+	produceTo(t, kb, ds[:200], part)
+	produceTo(t, kb, ds[200:], part)
+	waitRaw(t, ch, 300, 60*time.Second)
+	dups := func() float64 {
+		return metric(t, a.reg, "edgelimit_consumer_duplicates_total") + metric(t, b.reg, "edgelimit_consumer_duplicates_total")
+	}
+	testenv.WaitFor(t, 30*time.Second, "every repeat counted", func() bool { return dups() >= 200 })
+	b.stop()
+	a.stop()
+	wantExact(t, ch, 300)
+	if got := dups(); got != 200 {
+		t.Errorf("duplicates_total = %v over both consumers, want 200", got)
+	}
+}
+
+// owned is how many partitions c holds.
+func owned(c *Consumer) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.parts)
+}
