@@ -231,7 +231,9 @@ type Consumer struct {
 	// clReady is closed once cl is set: the group's callbacks can run
 	// before kgo.NewClient returns.
 	clReady chan struct{}
-	// stage is this consumer's staging table (see flushOnce).
+	// stage is this consumer's staging table (see flushOnce), named after
+	// its group member (stageName) once it has staged a batch; empty
+	// before.
 	stage string
 	// stored holds the ids of the events stored most recently (see
 	// dedupeWindow).
@@ -335,15 +337,13 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 		return nil, err
 	}
 	return &Consumer{
-		cfg:     cfg.withDefaults(),
-		ch:      ch,
-		log:     log,
-		m:       m,
-		now:     time.Now,
-		parts:   map[int32]*partition{},
-		clReady: make(chan struct{}),
-		// Only digits are joined into the SQL.
-		stage:      fmt.Sprintf("decisions_stage_%d", rand.Uint64()),
+		cfg:        cfg.withDefaults(),
+		ch:         ch,
+		log:        log,
+		m:          m,
+		now:        time.Now,
+		parts:      map[int32]*partition{},
+		clReady:    make(chan struct{}),
 		batch:      newBatchID(),
 		deadBudget: 16 << 20,
 		stored:     newIDWindow(dedupeWindow),
@@ -415,8 +415,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wg.Wait()
 	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.InsertTimeout)
 	defer dcancel()
-	if err := c.ch.Exec(dctx, c.stageSQL(qDropStage)); err != nil {
-		c.log.Warn("drop staging table", "table", c.stage, "err", err)
+	if c.stage != "" {
+		if err := c.ch.Exec(dctx, c.stageSQL(qDropStage)); err != nil {
+			c.log.Warn("drop staging table", "table", c.stage, "err", err)
+		}
 	}
 	return fatal
 }
@@ -957,6 +959,7 @@ func (c *Consumer) deadLetterRetryDue() bool {
 // fillStage sends the batch's rows into the staging table. Nothing outside
 // the staging table changes, so a failure here needs no abort.
 func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) error {
+	c.useStage(ctx)
 	if err := c.ch.Exec(ctx, c.stageSQL(qCreateStage)); err != nil {
 		return fmt.Errorf("create staging table: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,15 +115,7 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 		// The batch was in the ledger when the consumer died: its staged
 		// copy (a Memory table, in ClickHouse's RAM until the server
 		// restarts, as a killed consumer never drops it) is empty by then.
-		var stages []string
-		err = eachRow(t.Context(), ch, "list staging tables", fmt.Sprintf(
-			"SELECT name FROM system.tables WHERE database = '%s' AND name LIKE 'decisions_stage_%%'", db), nil,
-			func(rows driver.Rows) error {
-				var name string
-				err := rows.Scan(&name)
-				stages = append(stages, name)
-				return err
-			})
+		stages, err := stageTables(t, ch, db)
 		if err != nil || len(stages) == 0 {
 			t.Fatalf("staging tables after the crash: %v, %v; want the killed consumer's", stages, err)
 		}
@@ -146,6 +139,19 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 		testenv.WaitFor(t, 60*time.Second, "all rows after the restart", func() bool {
 			return count(t, ch, "SELECT count() FROM decisions") >= n
 		})
+		// The killed consumer's staging table is dropped once it has left
+		// the group; the live one's stays.
+		var left []string
+		testenv.WaitFor(t, 60*time.Second, "the killed consumer's staging table dropped", func() bool {
+			left, err = stageTables(t, ch, db)
+			return err == nil && !slices.ContainsFunc(left, func(s string) bool { return slices.Contains(stages, s) })
+		})
+		r.c.mu.Lock()
+		live := r.c.stage
+		r.c.mu.Unlock()
+		if !slices.Equal(left, []string{live}) {
+			t.Errorf("staging tables with a live consumer = %v, want only its own %s", left, live)
+		}
 		r.stop()
 		total := count(t, ch, "SELECT count() FROM decisions")
 		uniq := count(t, ch, "SELECT uniqExact(event_id) FROM decisions")
@@ -156,4 +162,18 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 			t.Errorf("rollup requests = %d, want %d", got, n)
 		}
 	})
+}
+
+// stageTables lists the staging tables in database db.
+func stageTables(t *testing.T, ch driver.Conn, db string) ([]string, error) {
+	var stages []string
+	err := eachRow(t.Context(), ch, "list staging tables", fmt.Sprintf(
+		"SELECT name FROM system.tables WHERE database = '%s' AND name LIKE 'decisions_stage_%%' ORDER BY name", db), nil,
+		func(rows driver.Rows) error {
+			var name string
+			err := rows.Scan(&name)
+			stages = append(stages, name)
+			return err
+		})
+	return stages, err
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ func TestFaultSameEventAfterRestart(t *testing.T) {
 // takes a partition over; then events stored from that partition are
 // repeated in it. Its new owner, which never stored them, drops them.
 func TestFaultSameEventAfterRebalance(t *testing.T) {
-	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	ch, db := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	ds := decisions(300)
 	part := func(i int) int32 { return int32(i % 2) }
@@ -71,6 +72,12 @@ func TestFaultSameEventAfterRebalance(t *testing.T) {
 	produceTo(t, kb, ds[:200], part)
 	produceTo(t, kb, ds[200:], part)
 	waitRaw(t, ch, 300, 60*time.Second)
+	// Both swept the staging tables of members gone when assigned: a live
+	// one's, in use, is not among them.
+	stages, err := stageTables(t, ch, db)
+	if want := []string{stageOf(a.c), stageOf(b.c)}; err != nil || !slices.Equal(stages, slices.Sorted(slices.Values(want))) {
+		t.Errorf("staging tables of two live consumers = %v, %v; want theirs, %v", stages, err, want)
+	}
 	dups := func() float64 {
 		return metric(t, a.reg, "edgelimit_consumer_duplicates_total") + metric(t, b.reg, "edgelimit_consumer_duplicates_total")
 	}
@@ -88,4 +95,10 @@ func owned(c *Consumer) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.parts)
+}
+
+func stageOf(c *Consumer) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stage
 }

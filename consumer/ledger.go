@@ -297,6 +297,14 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next
 	if err := b.Send(); err != nil {
 		return nil, "", fmt.Errorf("claim partitions: %w", err)
 	}
+	// An assignment follows every change of the group's members, a killed
+	// one's departure too. Not worth retrying the resume for: the next
+	// assignment sweeps again.
+	if n, err := c.sweepStages(ctx, adm); err != nil {
+		c.log.Warn("drop staging tables of consumers gone", "err", err)
+	} else if n > 0 {
+		c.log.Info("dropped staging tables of consumers gone", "tables", n)
+	}
 
 	for id, o := range parts {
 		committed := o.EpochOffset().Offset // negative: no commit

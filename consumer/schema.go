@@ -69,12 +69,13 @@ var (
 	qMaxFences              = mustQuery("max_fences")
 	qInsertClaim            = mustQuery("insert_claim")
 	// These name the consumer's staging table ({stage}, made by the
-	// consumer from a random number) or a table of batchTables ({table}).
+	// consumer from digits, see stageName) or a table of batchTables ({table}).
 	qCreateStage     = mustQuery("create_stage")
 	qTruncateStage   = mustQuery("truncate_stage")
 	qStageDays       = mustQuery("stage_days")
 	qMaxPartitions   = mustQuery("max_partitions")
 	qDropStage       = mustQuery("drop_stage")
+	qStageTables     = mustQuery("stage_tables")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
 	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
