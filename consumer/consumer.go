@@ -827,6 +827,7 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 		c.beforeInsert()
 	}
 	if rows > 0 {
+		c.useStage(ctx)
 		if err := c.fillStage(ctx, batch, rows); err != nil {
 			return stageStage, err
 		}
@@ -959,7 +960,6 @@ func (c *Consumer) deadLetterRetryDue() bool {
 // fillStage sends the batch's rows into the staging table. Nothing outside
 // the staging table changes, so a failure here needs no abort.
 func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) error {
-	c.useStage(ctx)
 	if err := c.ch.Exec(ctx, c.stageSQL(qCreateStage)); err != nil {
 		return fmt.Errorf("create staging table: %w", err)
 	}

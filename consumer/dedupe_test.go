@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -42,14 +43,29 @@ func TestFaultSameEventAfterRestart(t *testing.T) {
 	produceTo(t, kb, ds[100:200], byIndex(100))
 	produceTo(t, kb, ds[200:], byIndex(200))
 	r = start(t, kb.config(), ch, nil)
-	waitRaw(t, ch, 300, 60*time.Second)
-	testenv.WaitFor(t, 30*time.Second, "every repeat counted", func() bool {
-		return metric(t, r.reg, "edgelimit_consumer_duplicates_total") >= 100
-	})
-	r.stop()
-	wantExact(t, ch, 300)
-	if got := metric(t, r.reg, "edgelimit_consumer_duplicates_total"); got != 100 {
-		t.Errorf("duplicates_total = %v, want 100", got)
+	wantRepeatsDropped(t, ch, 300, 100, r)
+}
+
+// wantRepeatsDropped waits for n events in the raw table and want repeats
+// counted by the consumers rs, stops them, and checks that every table
+// holds each event once and that exactly want repeats were counted.
+func wantRepeatsDropped(t *testing.T, ch driver.Conn, n uint64, want float64, rs ...*running) {
+	t.Helper()
+	dups := func() float64 {
+		sum := 0.0
+		for _, r := range rs {
+			sum += metric(t, r.reg, "edgelimit_consumer_duplicates_total")
+		}
+		return sum
+	}
+	waitRaw(t, ch, n, 60*time.Second)
+	testenv.WaitFor(t, 30*time.Second, "every repeat counted", func() bool { return dups() >= want })
+	for _, r := range slices.Backward(rs) {
+		r.stop()
+	}
+	wantExact(t, ch, n)
+	if got := dups(); got != want {
+		t.Errorf("duplicates_total = %v over %d consumers, want %v", got, len(rs), want)
 	}
 }
 
@@ -78,16 +94,7 @@ func TestFaultSameEventAfterRebalance(t *testing.T) {
 	if want := []string{stageOf(a.c), stageOf(b.c)}; err != nil || !slices.Equal(stages, slices.Sorted(slices.Values(want))) {
 		t.Errorf("staging tables of two live consumers = %v, %v; want theirs, %v", stages, err, want)
 	}
-	dups := func() float64 {
-		return metric(t, a.reg, "edgelimit_consumer_duplicates_total") + metric(t, b.reg, "edgelimit_consumer_duplicates_total")
-	}
-	testenv.WaitFor(t, 30*time.Second, "every repeat counted", func() bool { return dups() >= 200 })
-	b.stop()
-	a.stop()
-	wantExact(t, ch, 300)
-	if got := dups(); got != 200 {
-		t.Errorf("duplicates_total = %v over both consumers, want 200", got)
-	}
+	wantRepeatsDropped(t, ch, 300, 200, a, b)
 }
 
 // owned is how many partitions c holds.
