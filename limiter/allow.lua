@@ -41,8 +41,9 @@
 --   2: window index I6, count in it I5, count in the one before I5,
 --      period us I6
 -- so a record remembers the rule it was written under. A record is matched
--- by name and algorithm; records of rules not in this call ride along
--- untouched until they read as full, then are dropped. A written container
+-- by name and algorithm, else by name alone (its algorithm changed: see
+-- below); records of rules not in this call ride along untouched until
+-- they read as full, then are dropped. A written container
 -- expires when its last record would read as full anyway, plus a second.
 --
 -- Time comes from Redis' clock; elapsed time is clamped at zero and a
@@ -71,7 +72,10 @@
 -- dropped a second later anyway (and the memory store forgets it at once),
 -- so the stores agree whatever they kept. A sliding window whose period
 -- changed carries what it had used into the current window of the new
--- period; a changed limit keeps its counts (in units). States of the
+-- period; a changed limit keeps its counts (in units). A changed algorithm
+-- carries what the old state had used at now, in units, rounded up: into
+-- the current window of a sliding window, or out of a full token bucket;
+-- the converted record replaces the old one. States of the
 -- previous layout without these fields (written by an older script still)
 -- are read as written under the current rule.
 
@@ -152,6 +156,7 @@ end
 -- previous, period}), raw[i] its bytes, and the records of other rules
 -- still worth keeping.
 local st, raw, keep, kneed, names = {}, {}, {}, {}, {}
+local other, oraw = {}, {} -- a rule's record under its other algorithm
 for c = 1, m do
   local s = redis.call('GET', KEYS[c])
   keep[c], kneed[c] = {}, 0
@@ -176,6 +181,10 @@ for c = 1, m do
           st[i] = {tk, ts, l1 + 1, P, (kind == 1 and c1 or l1) + 1}
         end
         raw[i] = string.sub(s, p0, e - 1)
+      elseif r and math.floor(r[2] / 16) + 1 == c then
+        -- the rule's record under its other algorithm (the algorithm
+        -- changed): converted below, never kept beside the rule's own
+        other[i], oraw[i] = {kind, s, p}, string.sub(s, p0, e - 1)
       else
         local need = foreign_need(kind, s, p)
         if need then
@@ -191,6 +200,12 @@ end
 if cost == -2 then
   redis.call('DEL', KEYS[1])
   return names
+end
+
+-- A record of the rule's other algorithm is its state when it has none of
+-- its own (and is dropped with the next write when it has).
+for i = 1, n do
+  if other[i] and not st[i] then raw[i] = oraw[i] else other[i] = nil end
 end
 
 if cost == -1 then
@@ -223,13 +238,13 @@ if legacy then
   -- them), and an HMGET only for an old key that is there.
   local missing = {}
   for i = 1, n do
-    if not st[i] then missing[#missing + 1] = KEYS[m + i] end
+    if not st[i] and not other[i] then missing[#missing + 1] = KEYS[m + i] end
   end
   if #missing == 0 or redis.call('EXISTS', unpack(missing)) == 0 then legacy = false end
 end
 if legacy then
   for i = 1, n do
-    if not st[i] then
+    if not st[i] and not other[i] then
       local r = R[i]
       if r[2] % 4 == 2 then
         local h = redis.call('HMGET', KEYS[m + i], 'w', 'c', 'p', 'P')
@@ -277,6 +292,53 @@ local function sliding_helpers()
 end
 
 local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
+
+-- A rule whose algorithm changed carries over what its record under the
+-- other one had used at now, in units, by the rule it was written under
+-- (rounded up, in the limiter's favour): into the current window of a
+-- sliding window, or out of a full token bucket. Started afresh instead,
+-- the key would get a whole limit more, and for as long as gateways of the
+-- old and the new configuration run side by side, each algorithm its own.
+for i = 1, n do
+  local o = other[i]
+  if o then
+    local kind, s, p = o[1], o[2], o[3]
+    local used = 0
+    if kind == 2 then
+      if not weight then sliding_helpers() end
+      local sw, sc, sp, sP = struct.unpack(SW, s, p)
+      local ow = math.floor(now / sP)
+      local oleft = sP - (now - ow * sP)
+      if sw == ow then
+        used = sc + ceil_div(sp * weight(oleft, sP), D)
+      elseif sw == ow - 1 then
+        used = ceil_div(sc * weight(oleft, sP), D)
+      elseif sw > ow then
+        used = sc + sp
+      end
+    else
+      local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
+      local ocapu = ((kind == 1 and c1 or l1) + 1) * MICRO
+      local rn, rd = reduce((l1 + 1) * MICRO, P)
+      local el = now - ts
+      if el < 0 then el = 0 end
+      local refill = muldiv_floor(el, rn, rd)
+      if refill > ocapu then refill = ocapu end
+      local tokens = tk + refill
+      if tokens > ocapu then tokens = ocapu end
+      used = ceil_div(ocapu - tokens, MICRO)
+    end
+    local r = R[i]
+    if r[2] % 4 == 2 then
+      st[i] = {math.floor(now / r[4]), used, 0, r[4]}
+    else
+      local tokens = (r[5] - used) * MICRO
+      if tokens < 0 then tokens = 0 end
+      st[i] = {tokens, now, r[3], r[4], r[5]}
+    end
+    taken[i] = true
+  end
+end
 
 -- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
 -- before and after consuming this request.
@@ -464,6 +526,12 @@ for i = 1, n do
     local pc = parts[c]
     pc[#pc + 1] = rec
     if reset > need[c] then need[c] = reset end
+    local o = other[i]
+    if o and rec == raw[i] then
+      -- kept as it was, under the other algorithm: as long as it needs
+      local fn = foreign_need(o[1], o[2], o[3])
+      if fn and fn > need[c] then need[c] = fn end
+    end
   end
 end
 res[#res + 1] = now

@@ -61,6 +61,7 @@ func TestConformance(t *testing.T) {
 		{"rule costs all or nothing", testRuleCosts},
 		{"retry after is enough", testRetryAfterEnough},
 		{"shadow rule never denies", testShadow},
+		{"algorithm change carries what was used", testAlgorithmChange},
 	}
 	for name, mk := range storesUnderTest(t) {
 		t.Run(name, func(t *testing.T) {
@@ -319,5 +320,41 @@ func testRuleCosts(t *testing.T, s store) {
 	own[1].Cost = 101
 	if d := mustAllow(t, s, key, own, 1); d.Allowed || d.Reason == "" || !strings.Contains(d.Reason, "101") {
 		t.Errorf("rule cost 101 of capacity 100: Allow = %+v, want denied with a reason", d)
+	}
+}
+
+// testAlgorithmChange: a rule whose algorithm changes (a plan's, or the
+// Envoy door's grpc.algorithm) keeps what its key used, both ways. Its
+// state under the old algorithm was left aside and the new one started
+// full, so a key got its limit once more at every change, and for as long
+// as gateways of both configurations ran side by side, each its own
+// limit: here 18 admitted of 10 an hour, over three changes.
+func testAlgorithmChange(t *testing.T, s store) {
+	key := uniqueKey(t)
+	bucket := []Rule{{Name: "hour", Limit: 10, Period: time.Hour}}
+	window := []Rule{{Name: "hour", Limit: 10, Period: time.Hour, Algorithm: SlidingWindow}}
+	admitted := func(rules []Rule, n int) int {
+		got := 0
+		for range n {
+			if mustAllow(t, s, key, rules, 1).Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	for _, step := range []struct {
+		name  string
+		rules []Rule
+		tries int
+		want  int
+	}{
+		{"token bucket", bucket, 7, 7},
+		{"then a sliding window", window, 5, 3},
+		{"then the token bucket again", bucket, 3, 0},
+		{"and the sliding window again", window, 3, 0},
+	} {
+		if got := admitted(step.rules, step.tries); got != step.want {
+			t.Errorf("%s: %d of %d admitted, want %d (10 an hour in all)", step.name, got, step.tries, step.want)
+		}
 	}
 }

@@ -85,16 +85,22 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	now := at.UnixMicro()
 	m.dropExpired(now, sweepPerCall)
 	evals := make([]eval, len(rules))
+	others := make([]*memState, len(rules))
 	allowed := true
 	for i, rule := range rules {
-		st := m.state[keys[i]]
-		if st != nil && st.expires <= now {
-			st = nil
-		}
+		st, other := m.lookup(key, rule, now)
+		others[i] = other
+		c := rule.charge(cost)
 		if rule.algorithm() == SlidingWindow {
-			evals[i] = slidingWindow(st, rule, rule.charge(cost), now)
+			evals[i] = slidingWindow(st, rule, c, now)
+			if other != nil {
+				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
+			}
 		} else {
-			evals[i] = tokenBucket(st, rule, rule.charge(cost), now)
+			evals[i] = tokenBucket(st, rule, c, now)
+			if other != nil && c <= rule.Capacity() {
+				evals[i].converted, evals[i].convExpires = true, now+evals[i].before.reset+micro
+			}
 		}
 		if !evals[i].ok && !rule.Shadow {
 			allowed = false
@@ -115,9 +121,15 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
 			m.put(key, keys[i], evals[i].unconsumed(rules[i], rules[i].charge(cost)))
+		default:
+			// Nothing is written: a denied request consumes nothing, nor
+			// does a shadow rule that denied.
+			continue
 		}
-		// Otherwise nothing is written: a denied request consumes nothing,
-		// nor does a shadow rule that denied.
+		if others[i] != nil {
+			// replaced by the state converted from it
+			m.drop(others[i])
+		}
 	}
 	// Over capacity, forget the states closest to full: each reads as full
 	// once forgotten, so this mints the fewest tokens, and never those of a
@@ -128,6 +140,35 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		}
 	}
 	return d, nil
+}
+
+// lookup returns rule's state for key at now; nil when it has none. A
+// rule whose algorithm changed has its state under the other one
+// converted, as allow.lua does: what that state had used at now, in units
+// by the rule it was written under and rounded up, carries into the
+// current window of a sliding window, or out of a full token bucket.
+// other is then that state, to be dropped once the converted one is
+// written.
+func (m *Memory) lookup(key string, rule Rule, now int64) (st, other *memState) {
+	sliding := rule.algorithm() == SlidingWindow
+	if st = m.state[ruleKey("mem", key, rule)]; st != nil && st.expires > now {
+		return st, nil
+	}
+	o := m.state[legacyKey("mem", key, rule.bucket(), !sliding)]
+	if o == nil || o.expires <= now {
+		return nil, nil
+	}
+	var conv memState
+	if sliding {
+		oldCap := o.capacity * micro
+		tokens := min(oldCap, o.tokens+min(oldCap, mulDiv(max(0, now-o.ts), o.limit*micro, o.period, false)))
+		period := rule.Period.Microseconds()
+		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: ceilDiv(oldCap-tokens, micro)}
+	} else {
+		tokens := max(0, (rule.Capacity()-windowUse(o, now))*micro)
+		conv = memState{limit: rule.Limit, period: rule.Period.Microseconds(), capacity: rule.Capacity(), tokens: tokens, ts: now}
+	}
+	return &conv, o
 }
 
 func (m *Memory) put(id, key string, next memState) {
