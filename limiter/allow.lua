@@ -293,6 +293,18 @@ end
 
 local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
 
+-- What a sliding window state (window sw, counts sc and sp) had used at
+-- now, in units, by its own period sP; the counts of a window Redis'
+-- clock stepped back across are kept whole. Needs sliding_helpers().
+local function window_use(sw, sc, sp, sP)
+  local ow = math.floor(now / sP)
+  local oleft = sP - (now - ow * sP)
+  if sw == ow then return sc + ceil_div(sp * weight(oleft, sP), D) end
+  if sw == ow - 1 then return ceil_div(sc * weight(oleft, sP), D) end
+  if sw > ow then return sc + sp end
+  return 0
+end
+
 -- A rule whose algorithm changed carries over what its record under the
 -- other one had used at now, in units, by the rule it was written under
 -- (rounded up, in the limiter's favour): into the current window of a
@@ -303,19 +315,11 @@ for i = 1, n do
   local o = other[i]
   if o then
     local kind, s, p = o[1], o[2], o[3]
-    local used = 0
+    local used
     if kind == 2 then
       if not weight then sliding_helpers() end
       local sw, sc, sp, sP = struct.unpack(SW, s, p)
-      local ow = math.floor(now / sP)
-      local oleft = sP - (now - ow * sP)
-      if sw == ow then
-        used = sc + ceil_div(sp * weight(oleft, sP), D)
-      elseif sw == ow - 1 then
-        used = ceil_div(sc * weight(oleft, sP), D)
-      elseif sw > ow then
-        used = sc + sp
-      end
+      used = window_use(sw, sc, sp, sP)
     else
       local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
       local ocapu = ((kind == 1 and c1 or l1) + 1) * MICRO
@@ -415,15 +419,7 @@ for i = 1, n do
         cur = sc + sp
       elseif sP and sP ~= period then
         -- the period changed: carry what the old windows had used at now
-        local ow = math.floor(now / sP)
-        local oleft = sP - (now - ow * sP)
-        if sw == ow then
-          cur = sc + ceil_div(sp * weight(oleft, sP), D)
-        elseif sw == ow - 1 then
-          cur = ceil_div(sc * weight(oleft, sP), D)
-        elseif sw > ow then
-          cur = sc + sp
-        end
+        cur = window_use(sw, sc, sp, sP)
       elseif sw == w then
         cur, prev = sc, sp
       elseif sw == w - 1 then

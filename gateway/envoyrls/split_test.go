@@ -6,11 +6,7 @@ import (
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -38,29 +34,13 @@ descriptors:
   - key: route
     rate_limit: {unit: minute, requests_per_unit: 1000}
 `
-	dir := t.TempDir()
-	writeFile(t, dir, "split.yaml", cfgFile)
 	dirs := &staticDirectives{}
 	dirs.d.Store(&limiter.Directives{})
 	gcfg := gatewayConfig()
 	gcfg.GatewayID = "gw-1"
 	opts := gatewayOptions(redisStore(t, testenv.RedisAddr(t)))
-	ev := &events{}
-	opts.Publisher, opts.Directives = ev, dirs
-	gw, err := gateway.New(gcfg, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := New(Config{Listen: "127.0.0.1:0", ConfigDir: dir}, gw, Options{Logger: opts.Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(serve(t, svc), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	r := &rls{client: rlsv3.NewRateLimitServiceClient(conn), svc: svc, gw: gw, events: ev}
+	opts.Directives = dirs
+	r := startRLSWith(t, map[string]string{"split.yaml": cfgFile}, Config{}, gcfg, opts)
 
 	began := time.Now()
 	alone := descs(desc("user", "alice"))
@@ -75,7 +55,7 @@ descriptors:
 	ask(alone)
 	// Analytics finds alice's requests of one shape hot, on this gateway
 	// alone: a split naming it with the whole limit.
-	e := ev.list()[0]
+	e := r.events.list()[0]
 	dirs.d.Store(&limiter.Directives{Version: 1, Splits: map[string]limiter.SplitDirective{
 		limiter.DirectiveKey(e.KeyKind.String(), e.KeyID): {
 			Key:    limiter.DirectiveKey(e.KeyKind.String(), e.KeyID),
