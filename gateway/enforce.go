@@ -134,24 +134,34 @@ func (g *Gateway) chargeFailure(ctx context.Context, h http.Header, st *state, c
 
 // refuse answers a request the gateway refuses before deciding it (no
 // route matches, or the path, body or upgrade is one it will not pass on)
-// with p, after charging the address's auth failure bucket like a failed
-// authentication: otherwise such requests were free, a client could send
-// them at line rate, and their answers had no rate-limit headers. Over
-// that limit the answer is its 429 instead, and p, like failedAuth's 401,
-// is not counted in rejected_total under reason. route is the matched
-// route's name ("" for none), for events.
+// with p, after chargeRefused: over that limit the answer is its 429
+// instead, and p, like failedAuth's 401, is not counted in rejected_total
+// under reason. route is the matched route's name ("" for none), for
+// events.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, st *state, reason, route string, p problem) {
-	// An X-Forwarded-For a trusted hop garbled leaves no address to
-	// charge; identify refuses such a request on every route anyway.
-	if ip, ok := st.clientIP(r); ok {
-		c := call{id: identity{clientIP: ip, peerTrusted: st.peerTrusted(r)}, route: route, method: eventMethod(r.Method), userAgent: r.UserAgent()}
-		if d := g.chargeFailure(r.Context(), w.Header(), st, c); d != nil {
-			writeProblem(w, *d)
-			return
-		}
+	if d := g.chargeRefused(w.Header(), r, st, route); d != nil {
+		writeProblem(w, *d)
+		return
 	}
 	g.m.rejected.WithLabelValues(reason).Inc()
 	writeProblem(w, p)
+}
+
+// chargeRefused charges a request refused before its decision to its
+// address's auth failure bucket, like a failed authentication, writing
+// its rate-limit headers into h: otherwise such requests were free, a
+// client could send them at line rate (probing for routes), and their
+// answers had no rate-limit headers. It returns the answer to send
+// instead when that bucket refuses; nil to send the refusal.
+func (g *Gateway) chargeRefused(h http.Header, r *http.Request, st *state, route string) *problem {
+	// An X-Forwarded-For a trusted hop garbled leaves no address to
+	// charge; identify refuses such a request on every route anyway.
+	ip, ok := st.clientIP(r)
+	if !ok {
+		return nil
+	}
+	c := call{id: identity{clientIP: ip, peerTrusted: st.peerTrusted(r)}, route: route, method: eventMethod(r.Method), userAgent: r.UserAgent()}
+	return g.chargeFailure(r.Context(), h, st, c)
 }
 
 // refusal is the answer to a caller that could not be identified, counted
