@@ -116,7 +116,7 @@ func TestRefusalsLimited(t *testing.T) {
 	})
 	tests := []struct {
 		name   string
-		reason string // "": the check API's, counted in requests_total only
+		reason string // "": not counted in rejected_total
 		give   string // the request, its head ending in X-Forwarded-For's value
 		body   string
 		want   int
@@ -128,6 +128,9 @@ func TestRefusalsLimited(t *testing.T) {
 		{"body too large", "body_too_large", "POST /api/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 9\r\nX-Forwarded-For: ", "123456789", http.StatusRequestEntityTooLarge},
 		{"check API, no route", "", "POST /v1/check HTTP/1.1\r\nHost: gw\r\nContent-Length: 22\r\nX-Forwarded-For: ", `{"path": "/elsewhere"}`, http.StatusNotFound},
 		{"check API, bad JSON", "", "POST /v1/check HTTP/1.1\r\nHost: gw\r\nContent-Length: 1\r\nX-Forwarded-For: ", "{", http.StatusBadRequest},
+		{"CONNECT", "", "CONNECT internal:22 HTTP/1.1\r\nHost: internal:22\r\nX-Forwarded-For: ", "", http.StatusMethodNotAllowed},
+		{"asterisk target", "bad_path", "GET * HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: ", "", http.StatusBadRequest},
+		{"mixed framing", "mixed_framing", "POST /api/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nX-Forwarded-For: ", "0\r\n\r\n", http.StatusBadRequest},
 		{"upgrade", "upgrade_not_allowed", "GET /api/x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Forwarded-For: ", "", http.StatusBadRequest},
 	}
 	for i, tt := range tests {

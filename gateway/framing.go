@@ -211,28 +211,26 @@ const (
 // request whose head also had a Content-Length, and an HTTP/1.0 request
 // with a Transfer-Encoding, which RFC 9112 §6.1 says to treat as faulty
 // framing even with a Content-Length (400 each, and the connection
-// closed).
+// closed). Each is charged like the handler's refusals (see
+// chargeRefused).
 func (g *Gateway) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodConnect:
 			w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
-			writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+			g.refuse(w, r, g.st.Load(), "", "", problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
 				Detail: "This gateway is not a forward proxy: CONNECT is not served."})
 		case mixedFraming(r) && len(r.TransferEncoding) > 0:
-			g.m.rejected.WithLabelValues("mixed_framing").Inc()
 			w.Header()["Connection"] = []string{"close"}
-			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "mixed_framing", "", problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "The request has both Content-Length and Transfer-Encoding."})
 		case r.URL.Opaque != "" || r.URL.Path != "" && r.URL.Path[0] != '/':
 			// "GET a:b", "GET *": no path to route on.
-			g.m.rejected.WithLabelValues("bad_path").Inc()
-			writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "bad_path", "", problem{Type: probBadPath, Status: http.StatusBadRequest,
 				Detail: "The request target must be a path, or an absolute URI with one."})
 		case !r.ProtoAtLeast(1, 1) && sawTransferEncoding(r):
-			g.m.rejected.WithLabelValues("http10_transfer_encoding").Inc()
 			w.Header()["Connection"] = []string{"close"}
-			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "http10_transfer_encoding", "", problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "An HTTP/1.0 request cannot use Transfer-Encoding."})
 		default:
 			if r.URL.Path == "" {
