@@ -98,10 +98,11 @@ func TestAuthFailureDefaultPlan(t *testing.T) {
 
 // TestRefusalsLimited: a request refused before its decision (no route
 // matches, or its path, body, method override or upgrade is one the
-// gateway will not pass on) is charged to its address's auth failure
-// bucket like a failed authentication, with rate-limit headers: free, it
-// could be sent at line rate (probing for routes), and its answer broke
-// the promise of rate-limit headers on every response. Past the plan the
+// gateway will not pass on; or no call at all: CONNECT, "OPTIONS *") is
+// charged to its address's auth failure bucket like a failed
+// authentication, with rate-limit headers: free, it could be sent at line
+// rate (probing for routes), and its answer broke the promise of
+// rate-limit headers on every response. Past the plan the
 // answer is 429; the address's own traffic is not charged for it.
 func TestRefusalsLimited(t *testing.T) {
 	gw := redisGateway(t, func(c *Config) {
@@ -131,6 +132,7 @@ func TestRefusalsLimited(t *testing.T) {
 		{"CONNECT", "", "CONNECT internal:22 HTTP/1.1\r\nHost: internal:22\r\nX-Forwarded-For: ", "", http.StatusMethodNotAllowed},
 		{"asterisk target", "bad_path", "GET * HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: ", "", http.StatusBadRequest},
 		{"mixed framing", "mixed_framing", "POST /api/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nX-Forwarded-For: ", "0\r\n\r\n", http.StatusBadRequest},
+		{"server-wide OPTIONS", "", "OPTIONS * HTTP/1.1\r\nHost: gw\r\nX-Forwarded-For: ", "", http.StatusOK},
 		{"upgrade", "upgrade_not_allowed", "GET /api/x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Forwarded-For: ", "", http.StatusBadRequest},
 	}
 	for i, tt := range tests {

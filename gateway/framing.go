@@ -205,7 +205,7 @@ const (
 )
 
 // guard answers, before echo, what is wrong with a request as a message
-// rather than as a call: CONNECT (echo's router has no path to match in
+// rather than as a call ("OPTIONS *" too, which is none): CONNECT (echo's router has no path to match in
 // an authority-form target and would answer 404), a target without a path
 // ("GET a:b", "GET *"; an absolute URI's empty path is "/"), a chunked
 // request whose head also had a Content-Length, and an HTTP/1.0 request
@@ -220,6 +220,8 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 			w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
 			g.refuse(w, r, g.st.Load(), "", "", problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
 				Detail: "This gateway is not a forward proxy: CONNECT is not served."})
+		case r.Method == http.MethodOptions && r.RequestURI == "*":
+			g.serverOptions(w, r)
 		case mixedFraming(r) && len(r.TransferEncoding) > 0:
 			w.Header()["Connection"] = []string{"close"}
 			g.refuse(w, r, g.st.Load(), "mixed_framing", "", problem{Type: probBadRequest, Status: http.StatusBadRequest,
@@ -245,6 +247,21 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// serverOptions answers "OPTIONS *", a question about the server rather
+// than a resource, as net/http's own handler does (200, no body), but
+// charged like guard's refusals: net/http answered it before any handler,
+// the one answer of the traffic listener without rate-limit headers, and
+// free at line rate (Server sets DisableGeneralOptionsHandler).
+func (g *Gateway) serverOptions(w http.ResponseWriter, r *http.Request) {
+	if d := g.chargeRefused(w.Header(), r, g.st.Load(), ""); d != nil {
+		writeProblem(w, *d)
+		return
+	}
+	w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
+	w.Header()["Content-Length"] = []string{"0"}
+	w.WriteHeader(http.StatusOK)
 }
 
 type framingConnKey struct{}

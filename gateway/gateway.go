@@ -163,7 +163,9 @@ func (g *Gateway) Server() *http.Server {
 		MaxHeaderBytes:    c.MaxHeaderBytes,
 		ConnState:         g.conns.state,
 		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		// guard answers "OPTIONS *" itself, charged (see serverOptions).
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 }
 
