@@ -319,6 +319,7 @@ func TestOneAPIKey(t *testing.T) {
 	noBearer := with(func(c *Config) { c.IgnoreBearer = true })
 	noParams := with(func(c *Config) { c.APIKeyParams = []string{"-"} })
 	custom := with(func(c *Config) { c.APIKeyParams = []string{"token"} })
+	unknownAnonymous := with(func(c *Config) { c.UnknownKey = UnknownKeyAnonymous })
 
 	tests := []struct {
 		name       string
@@ -332,6 +333,9 @@ func TestOneAPIKey(t *testing.T) {
 		{"underscore spelling", gw.URL, "", "X_API_KEY: secret-acme\r\n", 200, "50"},
 		{"same key twice", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-acme\r\n", 200, "50"},
 		{"two fields", gw.URL, "", "X-API-Key: secret-acme\r\nX-API-Key: secret-other\r\n", 400, ""},
+		{"two keys in one field", gw.URL, "", "X-API-Key: secret-acme, secret-other\r\n", 400, ""},
+		{"two keys in one field, unknown keys anonymous", unknownAnonymous, "", "X-API-Key: secret-acme, secret-other\r\n", 400, ""},
+		{"one key and a comma", gw.URL, "", "X-API-Key: secret-acme,\r\n", 200, "50"},
 		{"header and underscore twin", gw.URL, "", "X-API-Key: secret-acme\r\nX_Api_Key: secret-other\r\n", 400, ""},
 		{"header and bearer", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-other\r\n", 400, ""},
 		// Python's split() (Flask-HTTPAuth, Django REST framework) and Go's

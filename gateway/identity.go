@@ -143,7 +143,14 @@ func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool
 		switch {
 		case sameHeader(name, "x-api-key"):
 			for _, v := range vs {
-				key.add(v)
+				// "X-API-Key: A, B" is two fields in one line (RFC 9110
+				// §5.3), as a proxy may join them; Spring's List<String>
+				// splits it again and serves A.
+				for v != "" {
+					var part string
+					part, v, _ = strings.Cut(v, ",")
+					key.add(part)
+				}
 			}
 		case !ignoreBearer && strings.EqualFold(name, "Authorization"):
 			for _, a := range vs {
