@@ -132,13 +132,12 @@ func (g *Gateway) chargeFailure(ctx context.Context, h http.Header, st *state, c
 	return nil
 }
 
-// refuse answers a request the gateway refuses before deciding it (no
-// route matches, or the path, body or upgrade is one it will not pass on)
-// (and guard's, a request it will not read as a call) with p, after
-// chargeRefused: over that limit the answer is its 429 instead, and p,
-// like failedAuth's 401, is not counted in rejected_total under reason
-// ("": not counted at all). route is the matched route's name ("" for
-// none), for events.
+// refuse answers with p a request the gateway refuses before deciding it
+// (no route matches; its path, body or upgrade is one it will not pass
+// on; guard's: it is no call at all), after chargeRefused: over that
+// limit the answer is its 429 instead, and p, like failedAuth's 401, is
+// not counted in rejected_total under reason ("": not counted at all).
+// route is the matched route's name ("" for none), for events.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, st *state, reason, route string, p problem) {
 	if d := g.chargeRefused(w.Header(), r, st, route); d != nil {
 		writeProblem(w, *d)
