@@ -106,7 +106,7 @@ func TestAuthFailureDefaultPlan(t *testing.T) {
 // answer is 429; the address's own traffic is not charged for it.
 func TestRefusalsLimited(t *testing.T) {
 	gw := redisGateway(t, func(c *Config) {
-		c.Plans["guess"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "guess", Limit: 3, Period: time.Minute}}}}
+		c.Plans["guess"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "guess", Limit: 3, Period: time.Hour}}}} // no refill while the test runs
 		c.AuthFailurePlan = "guess"
 		c.TrustedProxies = []string{"127.0.0.1"}
 		c.MaxBodyBytes = 8
