@@ -101,8 +101,12 @@ type Config struct {
 	// AuthFailurePlan limits, by client address, requests that fail
 	// authentication (an unknown API key, or none where one is needed)
 	// before they get 401; over it they get 429, so keys cannot be guessed
-	// at line rate. Default: the built-in plan "auth-failure",
-	// DefaultAuthFailureRule (20 a minute per address); "-" disables it.
+	// at line rate. Requests refused before their decision (no route
+	// matches: 404; a path, body, _method or upgrade the gateway will not
+	// pass on: 400, 413) are charged to the same bucket, so routes cannot
+	// be probed at line rate either. Default: the built-in plan
+	// "auth-failure", DefaultAuthFailureRule (20 a minute per address);
+	// "-" disables it.
 	AuthFailurePlan string `yaml:"auth_failure_plan"`
 	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
 	// upstreams that use bearer tokens of their own; default false.
