@@ -306,6 +306,20 @@ func TestTLSValidate(t *testing.T) {
 	if err := (Kafka{SASL: SASL{Mechanism: "PLAIN", Username: "a"}}).Validate(); err == nil || !strings.Contains(err.Error(), "password") {
 		t.Errorf("Validate(PLAIN without password) = %v, want an error", err)
 	}
+	// PLAIN over plain TCP would show the password to the network.
+	for _, mech := range []string{"PLAIN", "plain"} {
+		k := Kafka{Brokers: []string{"b:9092"}, SASL: SASL{Mechanism: mech, Username: "a", Password: "b"}}
+		if err := k.Validate(); err == nil || !strings.Contains(err.Error(), "kafka.tls") {
+			t.Errorf("Validate(SASL %s without TLS) = %v, want it refused, naming kafka.tls", mech, err)
+		}
+		k.TLS.Enabled = true
+		if err := k.Validate(); err != nil {
+			t.Errorf("Validate(SASL %s over TLS) = %v, want nil", mech, err)
+		}
+	}
+	if err := (Kafka{Brokers: []string{"b:9092"}, SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "a", Password: "b"}}).Validate(); err != nil {
+		t.Errorf("Validate(SCRAM without TLS) = %v, want nil: SCRAM never sends the password", err)
+	}
 }
 
 // TestRedisClusterLink: a Redis Cluster that speaks TLS only and has an
