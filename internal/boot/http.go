@@ -65,8 +65,14 @@ func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, 
 		t.TLSClientConfig = tc
 		rt.by[u.Scheme+"://"+u.Host] = authTransport{h: h, next: t}
 	}
-	return &http.Client{Timeout: timeout, Transport: rt}, nil
+	// No redirect is followed: Go's client would re-send a POST of alerts
+	// as a GET (301, 302, 303), whose 200 would count as delivered, and
+	// could take the request over plain http. A redirect is an answer that
+	// the link is configured wrong (CheckHTTP says so at start).
+	return &http.Client{Timeout: timeout, Transport: rt, CheckRedirect: noRedirect}, nil
 }
+
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // routes picks a request's transport by its scheme and host.
 type routes struct {
@@ -104,7 +110,8 @@ func (a authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // NewHTTPClient), within CheckTimeout, by sending method (GET for
 // Alertmanager's /api/v2/status; HEAD for a webhook, which must not be
 // posted to): a LinkError when the connection, its TLS, or the
-// credentials (401, 403) fail; nil for any other answer. A webhook that
+// credentials (401, 403) fail, or the answer is a redirect (never
+// followed, see NewHTTPClient); nil for any other answer. A webhook that
 // does not know HEAD still proves its certificate and its reachability.
 func CheckHTTP(ctx context.Context, client *http.Client, name, method, rawURL string) error {
 	ctx, cancel := checkContext(ctx)
@@ -131,6 +138,13 @@ func CheckHTTP(ctx context.Context, client *http.Client, name, method, rawURL st
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		return &LinkError{Link: link, Kind: ErrAuth, Err: errors.New(resp.Status)}
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		to := "elsewhere"
+		if l, err := resp.Location(); err == nil {
+			to = l.Scheme + "://" + l.Host // its path may carry a token
+		}
+		return &LinkError{Link: link, Kind: ErrRedirect, Err: fmt.Errorf("%s to %s", resp.Status, to)}
 	}
 	return nil
 }

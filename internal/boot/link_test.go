@@ -279,6 +279,38 @@ func TestHTTPLink(t *testing.T) {
 		t.Errorf("the error shows the webhook's path: %v", err)
 	}
 
+	// A destination that redirects (to another server here; as well to
+	// plain http): not followed. Go's client would post the alerts again
+	// as a GET, and its 200 would count as delivered.
+	moved := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, hook.URL+"/hook/elsewhere?token=t0ken", http.StatusFound)
+	}))
+	moved.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	moved.StartTLS()
+	defer moved.Close()
+	mc, err := NewHTTPClient(5*time.Second, map[string]HTTP{moved.URL: {TLS: TLS{CAFile: certs.CA}, BearerToken: "t0ken"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = CheckHTTP(ctx, mc, "alertmanager", http.MethodGet, moved.URL+"/api/v2/status")
+	wantLinkError(t, "redirect", err, ErrRedirect, "alertmanager ("+moved.URL+"): redirected (not followed", "302 Found to "+hook.URL)
+	if err != nil && strings.Contains(err.Error(), "t0ken") {
+		t.Errorf("the error shows the redirect's query: %v", err)
+	}
+	resp, err := mc.Post(moved.URL+"/api/v2/alerts", "application/json", strings.NewReader("[]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound {
+		t.Errorf("POST to a redirect = %s, want the 302 itself, not followed", resp.Status)
+	}
+	select {
+	case got := <-seen:
+		t.Errorf("the redirect's target got a request (Authorization %q), want none", got)
+	default:
+	}
+
 	if err := (HTTP{Username: "a", Password: "b", BearerToken: "c"}).Validate("alerts.webhook_client"); err == nil {
 		t.Error("Validate(basic and bearer) = nil, want an error")
 	}
