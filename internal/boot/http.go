@@ -1,11 +1,14 @@
 package boot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -47,11 +50,13 @@ func (h HTTP) Validate(section string) error {
 }
 
 // NewHTTPClient returns one client for several links, keyed by a URL of
-// each: a request goes through the link of its scheme and host, so each
-// destination gets its own CA and sees its own credentials only. A request
-// to any other place gets neither. timeout bounds every request.
+// each: a request goes through the link whose scheme, host and path it is
+// under (the longest path, when two links share a host: Alertmanager and
+// a webhook behind one proxy), so each destination gets its own CA and
+// sees its own credentials only. A request to any other place gets
+// neither. timeout bounds every request.
 func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, error) {
-	rt := routes{other: http.DefaultTransport, by: map[string]http.RoundTripper{}}
+	rt := routes{other: http.DefaultTransport, by: map[string][]route{}}
 	for raw, h := range links {
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -63,7 +68,11 @@ func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, 
 		}
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.TLSClientConfig = tc
-		rt.by[u.Scheme+"://"+u.Host] = authTransport{h: h, next: t}
+		origin := u.Scheme + "://" + u.Host
+		rt.by[origin] = append(rt.by[origin], route{path: strings.TrimSuffix(u.Path, "/"), rt: authTransport{h: h, next: t}})
+	}
+	for _, rs := range rt.by {
+		slices.SortFunc(rs, func(a, b route) int { return cmp.Compare(len(b.path), len(a.path)) })
 	}
 	// No redirect is followed: Go's client would re-send a POST of alerts
 	// as a GET (301, 302, 303), whose 200 would count as delivered, and
@@ -74,15 +83,24 @@ func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, 
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// routes picks a request's transport by its scheme and host.
+// routes picks a request's transport by its scheme, host and path.
 type routes struct {
-	by    map[string]http.RoundTripper
+	by    map[string][]route // by scheme://host, longest path first
 	other http.RoundTripper
 }
 
+// route is one link's transport, for the requests under its path.
+type route struct {
+	path string // without a trailing slash; "" is the whole host
+	rt   http.RoundTripper
+}
+
 func (r routes) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t, ok := r.by[req.URL.Scheme+"://"+req.URL.Host]; ok {
-		return t.RoundTrip(req)
+	p := req.URL.Path
+	for _, t := range r.by[req.URL.Scheme+"://"+req.URL.Host] {
+		if p == t.path || strings.HasPrefix(p, t.path+"/") {
+			return t.rt.RoundTrip(req)
+		}
 	}
 	return r.other.RoundTrip(req)
 }

@@ -279,6 +279,34 @@ func TestHTTPLink(t *testing.T) {
 		t.Errorf("the error shows the webhook's path: %v", err)
 	}
 
+	// Alertmanager and a webhook behind one server (one proxy), each with
+	// its own token: each path gets its own, however the links' map is
+	// ordered (a client per try).
+	shared := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want := map[bool]string{true: "Bearer am-token", false: "Bearer hook-token"}[strings.HasPrefix(r.URL.Path, "/alertmanager/")]
+		if r.Header.Get("Authorization") != want {
+			http.Error(w, "no", http.StatusUnauthorized)
+		}
+	}))
+	shared.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	shared.StartTLS()
+	defer shared.Close()
+	for range 10 {
+		both, err := NewHTTPClient(5*time.Second, map[string]HTTP{
+			shared.URL + "/alertmanager/":  {TLS: TLS{CAFile: certs.CA}, BearerToken: "am-token"},
+			shared.URL + "/hooks/team-a-x": {TLS: TLS{CAFile: certs.CA}, BearerToken: "hook-token"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckHTTP(ctx, both, "alertmanager", http.MethodGet, shared.URL+"/alertmanager/api/v2/status"); err != nil {
+			t.Errorf("CheckHTTP(alertmanager beside a webhook on one host) = %v, want nil", err)
+		}
+		if err := CheckHTTP(ctx, both, "alert webhook", http.MethodHead, shared.URL+"/hooks/team-a-x"); err != nil {
+			t.Errorf("CheckHTTP(webhook beside alertmanager on one host) = %v, want nil", err)
+		}
+	}
+
 	// A destination that redirects (to another server here; as well to
 	// plain http): not followed. Go's client would post the alerts again
 	// as a GET, and its 200 would count as delivered.
