@@ -71,7 +71,9 @@ func linkError(link string, err error, isAuth func(error) bool) error {
 	}
 	kind := ErrUnavailable
 	switch {
-	case isTLSError(err):
+	case isTLSError(err),
+		// net/http's word for a TLS handshake answered in plain HTTP.
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
 		kind = ErrTLS
 	case isAuth(err):
 		kind = ErrAuth

@@ -279,6 +279,18 @@ func TestHTTPLink(t *testing.T) {
 		t.Errorf("the error shows the webhook's path: %v", err)
 	}
 
+	// An https URL whose server speaks plain HTTP: a TLS problem, which
+	// stops the start, not a server that is down.
+	plain := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer plain.Close()
+	plainTLS := "https://" + strings.TrimPrefix(plain.URL, "http://")
+	pc, err := NewHTTPClient(5*time.Second, map[string]HTTP{plainTLS: {TLS: TLS{CAFile: certs.CA}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLinkError(t, "https to plain HTTP", CheckHTTP(ctx, pc, "alertmanager", http.MethodGet, plainTLS+"/api/v2/status"), ErrTLS,
+		"alertmanager ("+plainTLS+"): TLS handshake: http: server gave HTTP response to HTTPS client")
+
 	// Alertmanager and a webhook behind one server (one proxy), each with
 	// its own token: each path gets its own, however the links' map is
 	// ordered (a client per try).
