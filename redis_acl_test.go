@@ -43,6 +43,23 @@ func TestRedisLeastPrivilege(t *testing.T) {
 		t.Cleanup(func() { admin.Close() })
 		leastPrivilege(t, bin, acls, admin, func(l *boot.Redis) { l.Addr = addr }, "EDGELIMIT_REDIS_ADDR", addr)
 	})
+	t.Run("sentinel", func(t *testing.T) {
+		master, sentinels := testenv.RedisSentinel(t)
+		addr := testenv.RedisAddr(t)
+		admin := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { admin.Close() })
+		// The Sentinels get a user of their own, from the README too.
+		sentinel := redis.NewClient(&redis.Options{Addr: sentinels[0]})
+		t.Cleanup(func() { sentinel.Close() })
+		user, password := fmt.Sprintf("se-%d", time.Now().UnixNano()), fmt.Sprintf("se-pw-%d", time.Now().UnixNano())
+		setUser(t, sentinel, user, password, "", acls["edgelimit-sentinel"])
+		leastPrivilege(t, bin, acls, admin, func(l *boot.Redis) {
+			l.SentinelAddrs, l.SentinelMaster = sentinels[:1], master
+			l.SentinelUsername, l.SentinelPassword = user, boot.Secret(password)
+		}, "EDGELIMIT_REDIS_SENTINEL_ADDRS", sentinels[0], "EDGELIMIT_REDIS_SENTINEL_MASTER", master,
+			"EDGELIMIT_REDIS_SENTINEL_USERNAME", user, "EDGELIMIT_REDIS_SENTINEL_PASSWORD", password)
+		wantNoDenial(t, sentinel, map[string]string{"edgelimit-sentinel": user})
+	})
 	t.Run("cluster", func(t *testing.T) {
 		addrs := testenv.RedisClusterAddrs(t)
 		admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
@@ -67,7 +84,7 @@ func readmeACLs(t *testing.T) map[string][]string {
 			acls[w[2]] = w[3:]
 		}
 	}
-	for _, u := range []string{"edgelimit-gateway", "edgelimit-analytics"} {
+	for _, u := range []string{"edgelimit-gateway", "edgelimit-analytics", "edgelimit-sentinel"} {
 		if len(acls[u]) == 0 {
 			t.Fatalf("README.md has no ACL SETUSER %s line", u)
 		}
@@ -91,26 +108,54 @@ func forEachNode(t *testing.T, admin redis.UniversalClient, f func(c *redis.Clie
 	}
 }
 
-func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin redis.UniversalClient, at func(*boot.Redis), addrVar, addr string) {
+// setUser creates user with the README's rules for a role, its password
+// and its keys under prefix instead of rl; it is deleted with the test.
+func setUser(t *testing.T, c *redis.Client, user, password, prefix string, rules []string) {
+	t.Helper()
+	ctx := context.Background()
+	args := []any{"ACL", "SETUSER", user}
+	for _, w := range rules {
+		switch {
+		case strings.HasPrefix(w, ">"):
+			w = ">" + password
+		case strings.HasPrefix(w, "~rl:"):
+			w = "~" + prefix + ":" + strings.TrimPrefix(w, "~rl:")
+		}
+		args = append(args, w)
+	}
+	if err := c.Do(ctx, args...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER on %s: %v", c.Options().Addr, err)
+	}
+	t.Cleanup(func() { c.Do(context.Background(), "ACL", "DELUSER", user) })
+}
+
+// wantNoDenial fails for each entry of c's ACL LOG of one of users (by
+// role).
+func wantNoDenial(t *testing.T, c *redis.Client, users map[string]string) {
+	t.Helper()
+	entries, err := c.ACLLog(context.Background(), 1000).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		for role, user := range users {
+			if e.Username == user {
+				t.Errorf("ACL LOG on %s: %s (%s) refused %s %q", c.Options().Addr, role, user, e.Reason, e.Object)
+			}
+		}
+	}
+}
+
+func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin redis.UniversalClient, at func(*boot.Redis), linkEnv ...string) {
 	ctx := context.Background()
 	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
 	prefix := "acl" + suffix
 	users := map[string]string{"edgelimit-gateway": "gw-" + suffix, "edgelimit-analytics": "an-" + suffix}
 	passwords := map[string]string{"edgelimit-gateway": "gw-pw-" + suffix, "edgelimit-analytics": "an-pw-" + suffix}
 	for role, user := range users {
-		args := []any{"ACL", "SETUSER", user}
-		for _, w := range acls[role] {
-			switch {
-			case strings.HasPrefix(w, ">"):
-				w = ">" + passwords[role]
-			case strings.HasPrefix(w, "~rl:"):
-				w = "~" + prefix + ":" + strings.TrimPrefix(w, "~rl:")
-			}
-			args = append(args, w)
-		}
-		forEachNode(t, admin, func(c *redis.Client) error { return c.Do(ctx, args...).Err() })
-		t.Cleanup(func() {
-			forEachNode(t, admin, func(c *redis.Client) error { return c.Do(ctx, "ACL", "DELUSER", user).Err() })
+		forEachNode(t, admin, func(c *redis.Client) error {
+			setUser(t, c, user, passwords[role], prefix, acls[role])
+			return nil
 		})
 	}
 
@@ -148,8 +193,7 @@ func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin re
 	listen, adminAddr, token := testenv.FreeAddr(t), testenv.FreeAddr(t), "admin-token-"+suffix
 	s := &secureStack{bin: bin}
 	var log testenv.LogBuffer
-	s.start(t, "gateway", map[string]string{
-		addrVar:                     addr,
+	vars := map[string]string{
 		"EDGELIMIT_REDIS_USERNAME":  users["edgelimit-gateway"],
 		"EDGELIMIT_REDIS_PASSWORD":  passwords["edgelimit-gateway"],
 		"EDGELIMIT_REDIS_PREFIX":    prefix,
@@ -157,7 +201,11 @@ func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin re
 		"EDGELIMIT_ADMIN_LISTEN":    adminAddr,
 		"EDGELIMIT_ADMIN_TOKEN":     token,
 		"EDGELIMIT_KEY_HASH_SECRET": "acl-test-key-hash-secret",
-	}, &log, "-config", cfg)
+	}
+	for i := 0; i+1 < len(linkEnv); i += 2 {
+		vars[linkEnv[i]] = linkEnv[i+1]
+	}
+	s.start(t, "gateway", vars, &log, "-config", cfg)
 	waitReady(t, "gateway", "http://"+adminAddr+"/readyz", &log)
 
 	remaining := func() string {
@@ -200,17 +248,7 @@ func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin re
 
 	// No command of either was refused, on any node.
 	forEachNode(t, admin, func(c *redis.Client) error {
-		entries, err := c.ACLLog(ctx, 1000).Result()
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			for role, user := range users {
-				if e.Username == user {
-					t.Errorf("ACL LOG on %s: %s (%s) refused %s %q", c.Options().Addr, role, user, e.Reason, e.Object)
-				}
-			}
-		}
+		wantNoDenial(t, c, users)
 		return nil
 	})
 
