@@ -161,13 +161,18 @@ func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin re
 
 	// Analytics' Redis work, as analytics does it (boot.NewRedis, the
 	// start check, the directive store).
-	an := boot.Redis{Username: users["edgelimit-analytics"], Password: boot.Secret(passwords["edgelimit-analytics"])}
-	at(&an)
-	ardb, err := boot.NewRedis(an, boot.RedisTuning{Timeout: 2 * time.Second}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
+	// client is a Redis client of role's user on the link under test.
+	client := func(role string) (boot.Redis, redis.UniversalClient) {
+		l := boot.Redis{Username: users[role], Password: boot.Secret(passwords[role])}
+		at(&l)
+		rdb, err := boot.NewRedis(l, boot.RedisTuning{Timeout: 2 * time.Second}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rdb.Close() })
+		return l, rdb
 	}
-	defer ardb.Close()
+	an, ardb := client("edgelimit-analytics")
 	if err := boot.PingRedis(ctx, ardb, an); err != nil {
 		t.Fatalf("analytics' start check as its ACL user: %v", err)
 	}
@@ -253,13 +258,7 @@ func leastPrivilege(t *testing.T, bin string, acls map[string][]string, admin re
 	})
 
 	// The users are restricted: other keys and other commands are refused.
-	gw := boot.Redis{Username: users["edgelimit-gateway"], Password: boot.Secret(passwords["edgelimit-gateway"])}
-	at(&gw)
-	grdb, err := boot.NewRedis(gw, boot.RedisTuning{Timeout: 2 * time.Second}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer grdb.Close()
+	_, grdb := client("edgelimit-gateway")
 	for what, err := range map[string]error{
 		"gateway SET outside its prefix":     grdb.Set(ctx, "other:"+suffix, "x", time.Minute).Err(),
 		"gateway CONFIG GET":                 grdb.ConfigGet(ctx, "*").Err(),
