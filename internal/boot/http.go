@@ -60,7 +60,9 @@ func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, 
 	for raw, h := range links {
 		u, err := url.Parse(raw)
 		if err != nil {
-			return nil, fmt.Errorf("url %q: %w", raw, err)
+			// Neither raw nor err (which quotes it): a webhook's path is
+			// often its token.
+			return nil, errors.New("an HTTP link's URL does not parse (not shown: it may hold a token)")
 		}
 		tc, err := h.TLS.Config()
 		if err != nil {

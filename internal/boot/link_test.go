@@ -351,6 +351,9 @@ func TestHTTPLink(t *testing.T) {
 	default:
 	}
 
+	if _, err := NewHTTPClient(time.Second, map[string]HTTP{"https://hooks.example/T0KEN-in-path\x7f": {}}); err == nil || strings.Contains(err.Error(), "T0KEN") {
+		t.Errorf("NewHTTPClient(an unparsable URL) = %v, want an error that does not show the URL", err)
+	}
 	if err := (HTTP{Username: "a", Password: "b", BearerToken: "c"}).Validate("alerts.webhook_client"); err == nil {
 		t.Error("Validate(basic and bearer) = nil, want an error")
 	}
