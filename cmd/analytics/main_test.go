@@ -124,6 +124,10 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 		"bad listen":       {"clickhouse: {addr: x:1}\nlisten: nowhere\n", nil, "listen"},
 		"bad alertmanager": {"clickhouse: {addr: x:1}\nalerts: {alertmanager_url: 'am:9093'}\n", nil, "alertmanager url"},
 		"bad log level":    {"clickhouse: {addr: x:1}\nlog_level: loud\n", nil, "log_level"},
+		"TLS for an http alertmanager": {"clickhouse: {addr: x:1}\nalerts: {alertmanager_url: 'http://am:9093', alertmanager_client: {tls: {enabled: true}}}\n", nil,
+			"alerts.alertmanager_client.tls is set but alerts.alertmanager_url is http://"},
+		"TLS for an http webhook": {"clickhouse: {addr: x:1}\nalerts: {webhook_url: 'http://hooks:80/T0KEN'}\n", map[string]string{"EDGELIMIT_ALERT_WEBHOOK_TLS": "true"},
+			"alerts.webhook_client.tls is set but alerts.webhook_url is http://"},
 	} {
 		p := ""
 		if tc.file != "" {
