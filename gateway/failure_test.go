@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -176,30 +175,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 // and never answers: every request still returns within the deadline, the
 // first few as timeouts, the rest at once through the open breaker.
 func TestStoreHangs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c) // read nothing, answer nothing
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	lim := storeOn(t, newRedisClient(ln.Addr().String()), "")
+	lim := storeOn(t, newRedisClient(testenv.Serve(t, nil)), "")
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.StoreDeadline = testDeadline

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // TestTLSVerifiedOnEveryLink: each link's client refuses, at the start
@@ -121,37 +123,13 @@ func selfSigned(t *testing.T, ip string, nb, na time.Time) (tls.Certificate, str
 // and never says a word.
 func serveTLS(t *testing.T, cfg *tls.Config) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if cfg == nil {
+		return testenv.Serve(t, nil)
 	}
-	done := make(chan struct{})
-	var held []net.Conn
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if cfg == nil {
-				held = append(held, c)
-				continue
-			}
-			go func() {
-				tc := tls.Server(c, cfg)
-				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-				_ = tc.Handshake()
-				tc.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		for _, c := range held {
-			c.Close()
-		}
+	return testenv.Serve(t, func(c net.Conn) {
+		tc := tls.Server(c, cfg)
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = tc.Handshake()
+		tc.Close()
 	})
-	return ln.Addr().String()
 }
