@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -154,6 +155,14 @@ func TestClusterMigratingSlotSeveralContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(key, rules)[0]))
+	// A check whose deadline ends first says the slot was moving, which
+	// callers must not take for a store outage (the gateway's breaker).
+	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	_, err := l.Allow(short, key, rules, 1)
+	cancel()
+	if !errors.Is(err, ErrMigrating) {
+		t.Fatalf("Allow(both rules) with a 30ms deadline while the slot moves = %v; want ErrMigrating", err)
+	}
 	type result struct {
 		d   Decision
 		err error

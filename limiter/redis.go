@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -291,6 +292,9 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			break
 		}
 	}
+	if isTryAgain(cerr) {
+		return Decision{}, fmt.Errorf("run limiter script: %w: %w", ErrMigrating, cerr)
+	}
 	if cerr != nil {
 		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
 	}
@@ -578,6 +582,12 @@ func (sentOnce) NoRetry() bool { return true }
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
+
+// ErrMigrating is Allow's error for a check that Redis Cluster refused
+// with TRYAGAIN until the caller's deadline: its slot was being migrated.
+// The check did not run, and the store is not down: one slot is moving, so
+// a caller should not count it against the store's health.
+var ErrMigrating = errors.New("limiter: cluster slot migrating")
 
 func isTryAgain(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN")
