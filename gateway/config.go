@@ -449,6 +449,11 @@ func (c Config) Validate() error {
 		// It becomes part of limiter keys under split directives.
 		bad("gateway_id", "%q may not hold braces, quotes or spaces, and is at most 128 bytes", c.GatewayID)
 	}
+	if c.GatewayID == limiter.OtherGateways {
+		// A split names the gateways it saw and files the rest's share
+		// under this name: a gateway so named would take that reserve too.
+		bad("gateway_id", "%q is the name splits give every gateway they do not name; choose another", c.GatewayID)
+	}
 	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
 		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)
 	} else if n, err := normalizePath(c.CheckPath, c.Paths); c.CheckPath != "-" && (err != nil || n != c.CheckPath) {
