@@ -463,3 +463,24 @@ func TestAPIKeyPageNAT(t *testing.T) {
 		}
 	}
 }
+
+// TestHotKeysLeaveDoorCallersOut: a caller of the Envoy door is never hot:
+// its descriptors' buckets are never split by the gateways, so a split
+// written for it would be reported and do nothing.
+func TestHotKeysLeaveDoorCallersOut(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Second)
+	f, _, _ := seededFleet(now)
+	f.Hot = append(f.Hot, analyticstest.HotKey{KeyID: "door-1", Rate: 60, For: 90 * time.Second})
+	rows := f.Rows()
+	for i := range rows {
+		if rows[i].KeyID == "door-1" {
+			rows[i].KeyKind, rows[i].Route, rows[i].Method = event.KindUnknown, "envoy:ai", "ShouldRateLimit"
+		}
+	}
+	conn := mustDatabase(t)
+	mustInsert(t, conn, rows)
+	hot, err := analytics.NewReader(conn).HotKeys(context.Background(), analytics.Config{}.WithDefaults().Hot, now.Add(-time.Minute), now, 0, nil)
+	if err != nil || len(hot) != 1 || hot[0].KeyID != "hot-1" {
+		t.Errorf("HotKeys = %+v, %v; want hot-1 alone (door-1 came through the Envoy door)", hot, err)
+	}
+}
