@@ -376,6 +376,9 @@ func testCapacityFlip(t *testing.T, s store) {
 		{"token bucket", Rule{Name: "hour", Limit: 10, Period: time.Hour}, Rule{Name: "hour", Limit: 100, Period: time.Hour}},
 		{"burst", Rule{Name: "hour", Limit: 100, Period: time.Hour, Burst: 10}, Rule{Name: "hour", Limit: 100, Period: time.Hour}},
 		{"sliding window", Rule{Name: "hour", Limit: 10, Period: time.Hour, Algorithm: SlidingWindow}, Rule{Name: "hour", Limit: 100, Period: time.Hour, Algorithm: SlidingWindow}},
+		// and the algorithm with it: the window's 100 used overdraw the
+		// bucket of 10, rather than leave it empty (90 forgotten)
+		{"algorithm", Rule{Name: "hour", Limit: 10, Period: time.Hour}, Rule{Name: "hour", Limit: 100, Period: time.Hour, Algorithm: SlidingWindow}},
 	} {
 		key := uniqueKey(t) + tc.name
 		admitted := int64(0)
