@@ -74,10 +74,10 @@
 -- units moved from another gateway's share, so adding them would mint
 -- them on every resize), and one that shrinks clamps (its growth added
 -- nothing, so nothing is taken back). From then on it refills at the new
--- rate. A share that reads as full starts
--- full at its new capacity, as it would with no state: a full record is
--- dropped a second later anyway (and the memory store forgets it at once),
--- so the stores agree whatever they kept. A sliding window whose period
+-- rate. A share that reads as full starts full at its new capacity, as it
+-- would with no state: a full record is dropped a second later anyway (and
+-- the memory store forgets it at once), so the stores agree whatever they
+-- kept. A sliding window whose period
 -- changed carries what it had used into the current window of the new
 -- period; a changed limit keeps its counts (in units). A changed algorithm
 -- carries what the old state had used at now, in units, rounded up: into
