@@ -36,7 +36,8 @@
 --
 -- A container is a string of records, each struct-packed as name length
 -- (1 byte), name, kind (1 byte), then by kind
---   0: micro-tokens I7, last update us I7, limit-1 I4, period us I6
+--   0: micro-tokens i7 (signed: negative while a lowered capacity is
+--      overdrawn), last update us I7, limit-1 I4, period us I6
 --   1: the same, then capacity-1 I4
 --   2: window index I6, count in it I5, count in the one before I5,
 --      period us I6
@@ -63,14 +64,20 @@
 -- the sliding window's weights with the very same double expressions.
 --
 -- A changed rule converts the state: a token bucket refills at its old
--- rate up to now, then a raised capacity adds its difference and a lowered
--- one clamps, except that a split's share (flag share) that grows keeps
--- the tokens it had: its units moved from another gateway's share, whose
--- bucket only clamps, so adding them would mint them on every resize. From
--- then on it refills at the new rate. A share that reads as full starts
--- full at its new capacity, as it would with no state: a full record is
--- dropped a second later anyway (and the memory store forgets it at once),
--- so the stores agree whatever they kept. A sliding window whose period
+-- rate up to now, then a changed capacity carries what was used: a raised
+-- one adds its difference, a lowered one takes it away, which may leave
+-- the bucket overdrawn (negative tokens: denied until it refills to the
+-- cost, its retry from its own rate). Clamped instead, a key checked
+-- under both capacities (gateways mid reload) was held to neither: each
+-- raise added back what the lowering had forgotten. A split's share (flag
+-- share) is the exception: one that grows keeps the tokens it had (its
+-- units moved from another gateway's share, so adding them would mint
+-- them on every resize), and one that shrinks clamps (its growth added
+-- nothing, so nothing is taken back). From then on it refills at the new
+-- rate. A share that reads as full starts full at its new capacity, as it
+-- would with no state: a full record is dropped a second later anyway (and
+-- the memory store forgets it at once), so the stores agree whatever they
+-- kept. A sliding window whose period
 -- changed carries what it had used into the current window of the new
 -- period; a changed limit keeps its counts (in units). A changed algorithm
 -- carries what the old state had used at now, in units, rounded up: into
@@ -87,7 +94,10 @@ local blob = ARGV[3] or ''
 local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
-local TB0, TB1, SW = '<I7I7I4I6', '<I7I7I4I6I4', '<I6I5I5I6' -- records by kind
+-- Token bucket records keep micro-tokens signed (i7); one written before
+-- was unsigned, but never reached the sign bit (at most 2^52), so it reads
+-- the same.
+local TB0, TB1, SW = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6' -- records by kind
 local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
 
 -- floor(a*b/c) for b/c in lowest terms, never above the exact value
@@ -327,7 +337,7 @@ for i = 1, n do
       local el = now - ts
       if el < 0 then el = 0 end
       local refill = muldiv_floor(el, rn, rd)
-      if refill > ocapu then refill = ocapu end
+      if refill > ocapu - tk then refill = ocapu - tk end
       local tokens = tk + refill
       if tokens > ocapu then tokens = ocapu end
       used = ceil_div(ocapu - tokens, MICRO)
@@ -336,9 +346,8 @@ for i = 1, n do
     if r[2] % 4 == 2 then
       st[i] = {math.floor(now / r[4]), used, 0, r[4]}
     else
-      local tokens = (r[5] - used) * MICRO
-      if tokens < 0 then tokens = 0 end
-      st[i] = {tokens, now, r[3], r[4], r[5]}
+      -- (overdrawn when a lowered limit's window had used more)
+      st[i] = {(r[5] - used) * MICRO, now, r[3], r[4], r[5]}
     end
     taken[i] = true
   end
@@ -374,11 +383,12 @@ for i = 1, n do
       if elapsed < 0 then elapsed = 0 end
       local rn, rd = pd, pn
       if sl ~= limit or sP ~= period then rn, rd = reduce(sl * MICRO, sP) end
+      -- (refill capped at what fills the bucket, which for an overdrawn
+      -- one is more than its capacity)
       local refill = muldiv_floor(elapsed, rn, rd)
-      if refill > ocapu then refill = ocapu end
+      if refill > ocapu - s[1] then refill = ocapu - s[1] end
       tokens = s[1] + refill
-      if tokens > ocapu then tokens = ocapu end
-      if capu > ocapu and (math.floor(f / 8) % 2 == 0 or tokens >= ocapu) then tokens = tokens + capu - ocapu end
+      if math.floor(f / 8) % 2 == 0 or (capu > ocapu and tokens >= ocapu) then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if s[2] > ts then ts = s[2] end
       conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
@@ -394,6 +404,7 @@ for i = 1, n do
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
     brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
+    if brem < 0 then brem = 0 end
     local fmt, c1 = PTB0, nil
     if kind == 1 then fmt, c1 = PTB1, cap - 1 end
     if cost > 0 then

@@ -34,7 +34,8 @@ type Memory struct {
 // written under, so a changed rule converts it instead of misreading it.
 type memState struct {
 	limit, period, capacity int64 // period in µs
-	// token bucket: micro-tokens, last update in µs
+	// token bucket: micro-tokens (negative while a lowered capacity is
+	// overdrawn), last update in µs
 	tokens, ts int64
 	// sliding window: window index (in periods), counts in it and the one before
 	window, cur, prev int64
@@ -160,12 +161,11 @@ func (m *Memory) lookup(key string, rule Rule, now int64) (st, other *memState) 
 	}
 	var conv memState
 	if sliding {
-		oldCap := o.capacity * micro
-		tokens := min(oldCap, o.tokens+min(oldCap, mulDiv(max(0, now-o.ts), o.limit*micro, o.period, false)))
 		period := rule.Period.Microseconds()
-		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: ceilDiv(oldCap-tokens, micro)}
+		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: ceilDiv(o.capacity*micro-refilled(o, now), micro)}
 	} else {
-		tokens := max(0, (rule.Capacity()-windowUse(o, now))*micro)
+		// overdrawn when a lowered limit's window had used more
+		tokens := (rule.Capacity() - windowUse(o, now)) * micro
 		conv = memState{limit: rule.Limit, period: rule.Period.Microseconds(), capacity: rule.Capacity(), tokens: tokens, ts: now}
 	}
 	return &conv, o
@@ -336,21 +336,34 @@ func mulDiv(a, b, c int64, up bool) int64 {
 // waitMicros is mulDiv rounded up and capped at maxWait.
 func waitMicros(a, b, c int64) int64 { return min(maxWait, mulDiv(a, b, c, true)) }
 
+// refilled is a token bucket state's micro-tokens at now, refilled at the
+// rate it was written under, at most its capacity. The refill is capped at
+// what fills the bucket (more than its capacity when it is overdrawn), so
+// the sum cannot overflow.
+func refilled(st *memState, now int64) int64 {
+	room := st.capacity*micro - st.tokens
+	return st.tokens + min(room, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false))
+}
+
 // tokenBucket mirrors allow.lua's token bucket. A state written under
 // another rule refills at that rule's rate up to now, then takes the new
-// capacity the way gubernator does: a raised capacity adds its difference
-// to the tokens, a lowered one clamps them. A split's share (Rule.Share)
+// capacity carrying what was used, as GCRA does: a raised capacity adds
+// its difference to the tokens, a lowered one takes it away, which may
+// leave the bucket overdrawn (negative tokens: denied until it refills to
+// the cost). Clamped instead, a key checked under both capacities
+// (gateways mid reload) was held to neither. A split's share (Rule.Share)
 // that grows adds nothing unless it reads as full (a full state is no
 // state: forgotten, it would start full at the new capacity): the units
-// moved from another gateway's share, whose bucket kept what it had.
+// moved from another gateway's share. A share that shrinks clamps: its
+// growth added nothing, so nothing is taken back.
 func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	capu := r.Capacity() * micro
 	tokens, ts := capu, now
 	if st != nil {
 		oldCap := st.capacity * micro
-		tokens = min(oldCap, st.tokens+min(oldCap, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false)))
-		if capu > oldCap && (!r.Share || tokens >= oldCap) {
+		tokens = refilled(st, now)
+		if !r.Share || (capu > oldCap && tokens >= oldCap) {
 			tokens += capu - oldCap
 		}
 		tokens = min(tokens, capu)
@@ -362,7 +375,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	if cost > r.Capacity() {
 		// Only a shadow rule gets here (overCapacity answers the others);
 		// no wait helps, and cost × 10^6 might not fit.
-		e.before.remaining, e.before.reset = tokens/micro, waitMicros(capu-tokens, period, limit*micro)
+		e.before.remaining, e.before.reset = max(0, tokens)/micro, waitMicros(capu-tokens, period, limit*micro)
 		return e
 	}
 	need := cost * micro
@@ -373,7 +386,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		e.retry = waitMicros(need-tokens, period, rate)
 	}
 	rest := tokens - need
-	e.before.remaining = tokens / micro
+	e.before.remaining = max(0, tokens) / micro
 	e.before.reset = waitMicros(capu-tokens, period, rate)
 	e.after.remaining = max(0, rest) / micro
 	e.after.reset = waitMicros(capu-rest, period, rate)
