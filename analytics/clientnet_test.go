@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
 // TestClientNetIPv4Mapped: one client seen as 192.0.2.7 and as
@@ -20,7 +20,7 @@ import (
 func TestClientNetIPv4Mapped(t *testing.T) {
 	conn := mustDatabase(t)
 	now := time.Now().UTC().Truncate(time.Minute)
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i := range 60 {
 		ip := "192.0.2.7"
 		if i%2 == 1 {
@@ -29,8 +29,8 @@ func TestClientNetIPv4Mapped(t *testing.T) {
 		if i%3 == 0 {
 			ip = fmt.Sprintf("2001:db8:7:7::%x", i)
 		}
-		rows = append(rows, analyticstest.Decision{Time: now.Add(-time.Duration(i) * time.Second), Gateway: "gw-a",
-			KeyID: fmt.Sprintf("k-%d", i), KeyKind: "api_key", ClientIP: ip, UserAgentHash: uint64(i),
+		rows = append(rows, event.Decision{Time: now.Add(-time.Duration(i) * time.Second), GatewayID: "gw-a",
+			KeyID: fmt.Sprintf("k-%d", i), KeyKind: event.KindAPIKey, ClientIP: ip, UserAgentHash: uint64(i),
 			Route: "/r", Method: "GET", Plan: "free", BindingRule: "per_minute", Allowed: true, Limit: 100})
 	}
 	mustInsert(t, conn, rows)

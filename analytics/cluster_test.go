@@ -17,6 +17,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -38,16 +39,16 @@ func TestFaultClusterQueries(t *testing.T) {
 	fleetNow := fleetClock()
 	f, _, _ := seededFleet(fleetNow)
 	rows := f.Rows()
-	var halves [2][]analyticstest.Decision
+	var halves [2][]event.Decision
 	for i, r := range rows {
 		halves[i%2] = append(halves[i%2], r)
 	}
 	for i, c := range shards {
-		if err := analyticstest.Insert(ctx, c, halves[i], consumer.RollUp); err != nil {
+		if err := analyticstest.Insert(ctx, c, halves[i], consumer.Backfill); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := analyticstest.Insert(ctx, one, rows, consumer.RollUp); err != nil {
+	if err := analyticstest.Insert(ctx, one, rows, consumer.Backfill); err != nil {
 		t.Fatal(err)
 	}
 

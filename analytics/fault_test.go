@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -98,11 +98,11 @@ func TestFaultStaleData(t *testing.T) {
 func TestFaultUserAgentRotation(t *testing.T) {
 	conn := mustDatabase(t)
 	now := fleetClock()
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i := range 600 {
-		rows = append(rows, analyticstest.Decision{
-			Time: now.Add(-time.Duration(i) * 500 * time.Millisecond), Gateway: "gw-a",
-			KeyID: "192.0.2.50", KeyKind: "ip", ClientIP: "192.0.2.50",
+		rows = append(rows, event.Decision{
+			Time: now.Add(-time.Duration(i) * 500 * time.Millisecond), GatewayID: "gw-a",
+			KeyID: "192.0.2.50", KeyKind: event.KindIP, ClientIP: "192.0.2.50",
 			UserAgentHash: uint64(1000 + i), Route: "/a", Method: "GET", Plan: "anon", BindingRule: "per_minute",
 			Allowed: i%2 == 0, Limit: 100,
 		})

@@ -18,6 +18,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -32,9 +33,9 @@ func mustDatabase(tb testing.TB) driver.Conn {
 	return conn
 }
 
-func mustInsert(tb testing.TB, conn driver.Conn, rows []analyticstest.Decision) {
+func mustInsert(tb testing.TB, conn driver.Conn, rows []event.Decision) {
 	tb.Helper()
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
+	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.Backfill); err != nil {
 		tb.Fatalf("insert %d rows: %v", len(rows), err)
 	}
 }
@@ -108,7 +109,7 @@ func seededFleet(fleetNow time.Time) (analyticstest.Fleet, []string, []string) {
 			{IP: "198.51.100.8", Clients: 6, Requests: 600}, // near miss: 6 keys, 6 agents
 		},
 		Outages: []analyticstest.Outage{
-			{Gateway: "gw-c", From: fleetNow.Add(-6 * time.Minute).Truncate(time.Minute), For: 2 * time.Minute, Share: 0.6, Mode: "fail_open"},
+			{Gateway: "gw-c", From: fleetNow.Add(-6 * time.Minute).Truncate(time.Minute), For: 2 * time.Minute, Share: 0.6, Mode: event.ModeFailOpen},
 		},
 		Seed: 42,
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -25,10 +26,10 @@ import (
 // namedFleet is seededFleet with what the richer trends tell apart: POSTs
 // on /v1/orders that cost 3, and a fail-closed outage on gw-b beside the
 // fail-open one on gw-c.
-func namedFleet(now time.Time) (analyticstest.Fleet, []analyticstest.Decision) {
+func namedFleet(now time.Time) (analyticstest.Fleet, []event.Decision) {
 	f, _, _ := seededFleet(now)
 	f.Outages = append(f.Outages, analyticstest.Outage{Gateway: "gw-b", From: now.Add(-4 * time.Minute).Truncate(time.Minute),
-		For: 2 * time.Minute, Share: 0.5, Mode: "fail_closed"})
+		For: 2 * time.Minute, Share: 0.5, Mode: event.ModeFailClosed})
 	rows := f.Rows()
 	for i := range rows {
 		if rows[i].Route == "/v1/orders" {
@@ -43,14 +44,14 @@ type tally struct {
 	Requests, Denied, RateLimited, FailClosed, Cost, CostAllowed int64
 }
 
-func (t *tally) add(d analyticstest.Decision) {
+func (t *tally) add(d event.Decision) {
 	cost := max(1, d.Cost)
 	t.Requests++
 	t.Cost += cost
 	switch {
 	case d.Allowed:
 		t.CostAllowed += cost
-	case d.Mode == "fail_closed":
+	case d.Mode == event.ModeFailClosed:
 		t.Denied++
 		t.FailClosed++
 	default:
@@ -83,7 +84,7 @@ func TestNamesAndRicherTrends(t *testing.T) {
 			KeyKind: "api_key", Method: "POST"}
 		var want tally
 		for _, d := range rows {
-			if d.Plan == rg.Plan && d.Route == rg.Route && d.BindingRule == rg.Rule && d.Gateway == rg.Gateway && d.Method == rg.Method {
+			if d.Plan == rg.Plan && d.Route == rg.Route && d.BindingRule == rg.Rule && d.GatewayID == rg.Gateway && d.Method == rg.Method {
 				want.add(d)
 			}
 		}
@@ -108,9 +109,9 @@ func TestNamesAndRicherTrends(t *testing.T) {
 	t.Run("rate-limited and fail-closed by gateway", func(t *testing.T) {
 		want := map[string]tally{}
 		for _, d := range rows {
-			w := want[d.Gateway]
+			w := want[d.GatewayID]
 			w.add(d)
-			want[d.Gateway] = w
+			want[d.GatewayID] = w
 		}
 		if want["gw-b"].FailClosed == 0 || want["gw-c"].FailClosed != 0 {
 			t.Fatalf("seed: fail-closed by gateway %+v, want some on gw-b only", want)
@@ -216,7 +217,7 @@ func TestNamesAndRicherTrends(t *testing.T) {
 				continue
 			}
 			want.add(d)
-			for m, v := range map[*map[string]tally]string{&rules: d.BindingRule, &routes: d.Route, &gateways: d.Gateway} {
+			for m, v := range map[*map[string]tally]string{&rules: d.BindingRule, &routes: d.Route, &gateways: d.GatewayID} {
 				t := (*m)[v]
 				t.add(d)
 				(*m)[v] = t
@@ -265,7 +266,7 @@ func TestNamesAndRicherTrends(t *testing.T) {
 
 // namedAPI serves the API over namedFleet, with a detector whose directive
 // store is the real Redis, holding a split of hot-1.
-func namedAPI(t *testing.T) (*httptest.Server, []analyticstest.Decision) {
+func namedAPI(t *testing.T) (*httptest.Server, []event.Decision) {
 	t.Helper()
 	conn := mustDatabase(t)
 	now := fleetClock()
@@ -421,12 +422,12 @@ func readyDOM(t *testing.T, ctx context.Context, chromium, page string) string {
 func TestAPIKeyPageNAT(t *testing.T) {
 	conn := mustDatabase(t)
 	now := fleetClock()
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i, k := range []struct{ id, ip string }{{"ip-nat", "198.51.100.7"}, {"ip-plain", "192.0.2.1"}, {"ip-v6", "2001:db8:aa:1::5"}} {
 		for j := range 5 {
-			rows = append(rows, analyticstest.Decision{Time: now.Add(-time.Duration(i*5+j) * time.Second), Gateway: "gw-a",
-				KeyID: k.id, KeyKind: "ip", ClientIP: k.ip, Route: "/v1/orders", Method: "GET", Plan: "anonymous",
-				BindingRule: "per_minute", Allowed: true, Limit: 100, Remaining: 50, Cost: 1, StoreStatus: "ok", Mode: "enforced"})
+			rows = append(rows, event.Decision{Time: now.Add(-time.Duration(i*5+j) * time.Second), GatewayID: "gw-a",
+				KeyID: k.id, KeyKind: event.KindIP, ClientIP: k.ip, Route: "/v1/orders", Method: "GET", Plan: "anonymous",
+				BindingRule: "per_minute", Allowed: true, Limit: 100, Remaining: 50, Cost: 1, StoreStatus: event.StoreOK, Mode: event.ModeEnforced})
 		}
 	}
 	mustInsert(t, conn, rows)
@@ -460,5 +461,26 @@ func TestAPIKeyPageNAT(t *testing.T) {
 		if rep.Directives != "redis" || !cmp.Equal(rep.NATs, want) {
 			t.Errorf("key page of %s: directives %q, NATs %+v; want %+v", key, rep.Directives, rep.NATs, want)
 		}
+	}
+}
+
+// TestHotKeysLeaveDoorCallersOut: a caller of the Envoy door is never hot:
+// its descriptors' buckets are never split by the gateways, so a split
+// written for it would be reported and do nothing.
+func TestHotKeysLeaveDoorCallersOut(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Second)
+	f, _, _ := seededFleet(now)
+	f.Hot = append(f.Hot, analyticstest.HotKey{KeyID: "door-1", Rate: 60, For: 90 * time.Second})
+	rows := f.Rows()
+	for i := range rows {
+		if rows[i].KeyID == "door-1" {
+			rows[i].KeyKind, rows[i].Route, rows[i].Method = event.KindUnknown, "envoy:ai", "ShouldRateLimit"
+		}
+	}
+	conn := mustDatabase(t)
+	mustInsert(t, conn, rows)
+	hot, err := analytics.NewReader(conn).HotKeys(context.Background(), analytics.Config{}.WithDefaults().Hot, now.Add(-time.Minute), now, 0, nil)
+	if err != nil || len(hot) != 1 || hot[0].KeyID != "hot-1" {
+		t.Errorf("HotKeys = %+v, %v; want hot-1 alone (door-1 came through the Envoy door)", hot, err)
 	}
 }

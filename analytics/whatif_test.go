@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -42,15 +42,15 @@ func whatIfProposal() analytics.Proposal {
 func seedWhatIf(t *testing.T) *analytics.Reader {
 	conn := mustDatabase(t)
 	at := func(ms int) time.Time { return whatIfStart.Add(time.Duration(ms) * time.Millisecond) }
-	row := func(key, route, plan string, ms int, allowed bool) analyticstest.Decision {
-		d := analyticstest.Decision{Time: at(ms), Gateway: "gw-a", KeyID: key, KeyKind: "api_key", ClientIP: "10.0.0.1",
+	row := func(key, route, plan string, ms int, allowed bool) event.Decision {
+		d := event.Decision{Time: at(ms), GatewayID: "gw-a", KeyID: key, KeyKind: event.KindAPIKey, ClientIP: "10.0.0.1",
 			Route: route, Method: "GET", Plan: plan, Allowed: allowed, Cost: 1, BindingRule: "minute"}
 		if !allowed {
 			d.BindingRule = "old_rule"
 		}
 		return d
 	}
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	// a: 5 requests in 40ms then one 2s later, all allowed as decided.
 	for _, ms := range []int{0, 10, 20, 30, 40, 2000} {
 		rows = append(rows, row("a", "/v1/items", "free", ms, true))
@@ -68,7 +68,7 @@ func seedWhatIf(t *testing.T) *analytics.Reader {
 	rows = append(rows, row("d", "/v1/export", "free", 0, true), row("d", "/v1/export", "free", 1000, true))
 	// e: two bulk requests, one of them fail open while the store was down.
 	e := row("e", "/v1/bulk", "free", 100, true)
-	e.StoreStatus, e.Mode = "unavailable", "fail_open"
+	e.StoreStatus, e.Mode = event.StoreUnavailable, event.ModeFailOpen
 	rows = append(rows, row("e", "/v1/bulk", "free", 0, true), e)
 	mustInsert(t, conn, rows)
 	return analytics.NewReader(conn)

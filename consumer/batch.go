@@ -70,12 +70,17 @@ var decisionColumns = []column{
 	col("kafka_partition", "Int32", func(r *row) int32 { return r.partition }),
 	col("kafka_offset", "Int64", func(r *row) int64 { return r.offset }),
 	col("key_name", "String", func(r *row) string { return r.d.KeyName }),
+	col("admin_action", "String", func(r *row) string { return r.d.Admin.Action }),
+	col("admin_actor", "String", func(r *row) string { return r.d.Admin.Actor }),
 }
 
-// qInsertDecisions names its columns (ClickHouse 18.16's native protocol
-// needs that) from decisionColumns, so the list and the values cannot drift
-// apart. Only these constant names are joined into the SQL.
-var qInsertDecisions = "INSERT INTO decisions (" + columnNames() + ")"
+// qInsertRows inserts rows into table, naming its columns (ClickHouse
+// 18.16's native protocol needs that) from decisionColumns, then batch_id,
+// so the list and the values cannot drift apart. Only these constant names
+// are joined into the SQL.
+func qInsertRows(table string) string {
+	return "INSERT INTO " + table + " (" + columnNames() + ", batch_id)"
+}
 
 func columnNames() string {
 	names := make([]string, len(decisionColumns))
@@ -85,13 +90,21 @@ func columnNames() string {
 	return strings.Join(names, ", ")
 }
 
-// appendBatch adds every row of batch (n in all) to a prepared INSERT, each
-// column built once and appended in one call.
-func appendBatch(b driver.Batch, batch [][]row, n int) error {
+// appendBatch adds every row of batch (n in all) to a prepared qInsertRows,
+// each column built once and appended in one call, all of them tagged with
+// the batch id id.
+func appendBatch(b driver.Batch, batch [][]row, n int, id uint64) error {
 	for i, c := range decisionColumns {
 		if err := b.Column(i).Append(c.values(batch, n)); err != nil {
 			return fmt.Errorf("append column %s: %w", c.name, err)
 		}
+	}
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = id
+	}
+	if err := b.Column(len(decisionColumns)).Append(ids); err != nil {
+		return fmt.Errorf("append column batch_id: %w", err)
 	}
 	return nil
 }

@@ -966,7 +966,7 @@ func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) 
 	if err := c.ch.Exec(ctx, c.stageSQL(qTruncateStage)); err != nil {
 		return fmt.Errorf("truncate staging table: %w", err)
 	}
-	b, err := c.ch.PrepareBatch(ctx, "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id)")
+	b, err := c.ch.PrepareBatch(ctx, qInsertRows(c.stage))
 	if err != nil {
 		return fmt.Errorf("prepare staging insert: %w", err)
 	}
@@ -975,14 +975,7 @@ func (c *Consumer) fillStage(ctx context.Context, batch []*partition, rows int) 
 	for i, p := range batch {
 		parts[i] = p.rows
 	}
-	if err := appendBatch(b, parts, rows); err != nil {
-		return fmt.Errorf("stage %d rows: %w", rows, err)
-	}
-	ids := make([]uint64, rows)
-	for i := range ids {
-		ids[i] = c.batch
-	}
-	if err := b.Column(len(decisionColumns)).Append(ids); err != nil {
+	if err := appendBatch(b, parts, rows, c.batch); err != nil {
 		return fmt.Errorf("stage %d rows: %w", rows, err)
 	}
 	if err := b.Send(); err != nil {

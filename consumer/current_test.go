@@ -89,7 +89,7 @@ func TestCurrentClickHouse(t *testing.T) {
 	c := &Consumer{stage: "decisions_stage_1", batch: 7}
 	add("create stage", c.stageSQL(qCreateStage))
 	add("truncate stage", c.stageSQL(qTruncateStage))
-	addBound("stage rows", "INSERT INTO "+c.stage+" ("+columnNames()+", batch_id) VALUES "+valuesSQL(t, rows, c.batch))
+	addBound("stage rows", qInsertRows(c.stage)+" VALUES "+valuesSQL(t, rows, c.batch))
 	addBound("ledger intent", qInsertLedger+" VALUES "+literalTuple(t, c.batch, "decisions", "00ff", int32(0), int64(0), int64(49), int32(1), uint32(1), stateIntent, uint32(50), testStart, testStart))
 	add("set max partitions", "SET max_partitions_per_insert_block = 50")
 	add("unsliced raw is refused", c.stageSQL(qInsertRaw), c.batch)

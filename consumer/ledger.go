@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -361,6 +362,35 @@ func (c *Consumer) distrust(part int32, reason string, committed, tail, end int6
 	c.m.offsetsDistrusted.WithLabelValues(reason).Inc()
 	c.log.Error("stored offsets do not fit the topic; not resuming from them",
 		"partition", part, "reason", reason, "committed", committed, "ledger_tail", tail, "high_watermark", end)
+}
+
+// Backfill writes ds into the raw table as a batch of its own and rolls
+// it up, for decisions that did not come through Kafka (tests, a load from
+// an archive): the same columns as the consumer's, no Kafka position. It is
+// not exactly-once (writing ds twice stores it twice) and writes one
+// INSERT, so ds should span fewer days than the server's
+// max_partitions_per_insert_block.
+func Backfill(ctx context.Context, conn driver.Conn, ds []event.Decision) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	batch := newBatchID()
+	b, err := conn.PrepareBatch(ctx, qInsertRows("decisions"))
+	if err != nil {
+		return fmt.Errorf("prepare backfill: %w", err)
+	}
+	defer b.Abort()
+	rows := make([]row, len(ds))
+	for i, d := range ds {
+		rows[i].d = d
+	}
+	if err := appendBatch(b, [][]row{rows}, len(rows), batch); err != nil {
+		return fmt.Errorf("backfill %d rows: %w", len(rows), err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("backfill %d rows: %w", len(rows), err)
+	}
+	return RollUp(ctx, conn, batch)
 }
 
 // RollUp fills every rollup from the raw rows of one batch, for rows written

@@ -116,6 +116,11 @@ var (
 // instead. rt is the route it names, if any.
 func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (call, *route, *problem) {
 	bad := func(code int, typ, detail string) (call, *route, *problem) {
+		// Charged like the traffic's refusals: the check API is on the
+		// traffic listener, and answers a route probe too.
+		if d := g.chargeRefused(w.Header(), r, st, "check"); d != nil {
+			return call{}, nil, d
+		}
 		return call{}, nil, &problem{Type: typ, Status: code, Detail: detail}
 	}
 	var req checkRequest

@@ -101,8 +101,12 @@ type Config struct {
 	// AuthFailurePlan limits, by client address, requests that fail
 	// authentication (an unknown API key, or none where one is needed)
 	// before they get 401; over it they get 429, so keys cannot be guessed
-	// at line rate. Default: the built-in plan "auth-failure",
-	// DefaultAuthFailureRule (20 a minute per address); "-" disables it.
+	// at line rate. Requests refused before their decision (no route
+	// matches: 404; a path, body, _method or upgrade the gateway will not
+	// pass on: 400, 413) are charged to the same bucket, so routes cannot
+	// be probed at line rate either. Default: the built-in plan
+	// "auth-failure", DefaultAuthFailureRule (20 a minute per address);
+	// "-" disables it.
 	AuthFailurePlan string `yaml:"auth_failure_plan"`
 	// IgnoreBearer stops reading API keys from "Authorization: Bearer", for
 	// upstreams that use bearer tokens of their own; default false.
@@ -444,6 +448,11 @@ func (c Config) Validate() error {
 	if strings.ContainsAny(c.GatewayID, "{}\" \t\r\n") || len(c.GatewayID) > maxNameLen {
 		// It becomes part of limiter keys under split directives.
 		bad("gateway_id", "%q may not hold braces, quotes or spaces, and is at most 128 bytes", c.GatewayID)
+	}
+	if c.GatewayID == limiter.OtherGateways {
+		// A split names the gateways it saw and files the rest's share
+		// under this name: a gateway so named would take that reserve too.
+		bad("gateway_id", "%q is the name splits give every gateway they do not name; choose another", c.GatewayID)
 	}
 	if c.CheckPath != "-" && !strings.HasPrefix(c.CheckPath, "/") {
 		bad("check_path", "%q must start with / (or be - to disable)", c.CheckPath)

@@ -102,6 +102,7 @@ func TestConfigValidate(t *testing.T) {
 		{"check path", func(c *Config) { c.CheckPath = "check" }, "check_path"},
 		{"check disabled", func(c *Config) { c.CheckPath = "-" }, ""},
 		{"gateway id with brace", func(c *Config) { c.GatewayID = "gw{1}" }, "gateway_id"},
+		{"gateway id of the others' share", func(c *Config) { c.GatewayID = "*" }, "gateway_id"},
 		{"gateway id", func(c *Config) { c.GatewayID = "gw-1.eu" }, ""},
 	}
 	for _, tt := range tests {

@@ -102,6 +102,12 @@ func (g *Gateway) decide(ctx context.Context, st *state, l limits, cost int64) v
 		// is down, so the breaker is not told.
 		g.breaker.abandon(probe)
 		status, reason = event.StoreTimeout, "caller_deadline"
+	case errors.Is(err, limiter.ErrMigrating):
+		// One Cluster slot was moving past the deadline: the store is up,
+		// and opening the circuit would hand every key, not just this
+		// slot's, to the failure policy.
+		g.breaker.abandon(probe)
+		reason = "migrating"
 	case isTimeout(err):
 		g.breaker.failure(start, g.now())
 		status, reason = event.StoreTimeout, "timeout"

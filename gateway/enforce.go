@@ -105,16 +105,65 @@ func (a answer) write(w http.ResponseWriter) {
 // 429, else the refusal (401). The bucket is the address's own, apart
 // from its anonymous traffic's.
 func (g *Gateway) failedAuth(ctx context.Context, h http.Header, st *state, e identifyError, c call) problem {
-	if e == errBadForwardedFor || e == errAmbiguousKey || e == errAmbiguousUser || st.authFailure == nil {
+	if e == errBadForwardedFor || e == errAmbiguousKey || e == errAmbiguousUser {
 		return g.refusal(e)
+	}
+	if p := g.chargeFailure(ctx, h, st, c); p != nil {
+		return *p
+	}
+	return g.refusal(e)
+}
+
+// chargeFailure charges one unit to the address c.id.clientIP under the
+// auth failure plan, through enforce, writing its rate-limit headers into
+// h: the refusal to send instead when that bucket refuses (429, or 503
+// failed closed), else nil. Without an auth failure plan it charges
+// nothing.
+func (g *Gateway) chargeFailure(ctx context.Context, h http.Header, st *state, c call) *problem {
+	if st.authFailure == nil {
+		return nil
 	}
 	c.id.kind, c.id.key, c.id.plan = event.KindIP, ipKey(c.id.clientIP), st.authFailure
 	c.limits = limits{key: c.id.key + "|auth", plan: st.authFailure, rules: st.authFailure.rules}
 	c.cost = 1
 	if a := answerFor(h, g.enforce(ctx, st, &c), st); a.status != http.StatusOK && a.problem != nil {
-		return *a.problem
+		return a.problem
 	}
-	return g.refusal(e)
+	return nil
+}
+
+// refuse answers with p a request the gateway refuses before deciding it
+// (no route matches; its path, body or upgrade is one it will not pass
+// on; guard's: it is no call at all), after chargeRefused: over that
+// limit the answer is its 429 instead, and p, like failedAuth's 401, is
+// not counted in rejected_total under reason ("": not counted at all).
+// route is the matched route's name ("" for none), for events.
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, st *state, reason, route string, p problem) {
+	if d := g.chargeRefused(w.Header(), r, st, route); d != nil {
+		writeProblem(w, *d)
+		return
+	}
+	if reason != "" {
+		g.m.rejected.WithLabelValues(reason).Inc()
+	}
+	writeProblem(w, p)
+}
+
+// chargeRefused charges a request refused before its decision to its
+// address's auth failure bucket, like a failed authentication, writing
+// its rate-limit headers into h: otherwise such requests were free, a
+// client could send them at line rate (probing for routes), and their
+// answers had no rate-limit headers. It returns the answer to send
+// instead when that bucket refuses; nil to send the refusal.
+func (g *Gateway) chargeRefused(h http.Header, r *http.Request, st *state, route string) *problem {
+	// An X-Forwarded-For a trusted hop garbled leaves no address to
+	// charge; identify refuses such a request on every route anyway.
+	ip, ok := st.clientIP(r)
+	if !ok {
+		return nil
+	}
+	c := call{id: identity{clientIP: ip, peerTrusted: st.peerTrusted(r)}, route: route, method: eventMethod(r.Method), userAgent: r.UserAgent()}
+	return g.chargeFailure(r.Context(), h, st, c)
 }
 
 // refusal is the answer to a caller that could not be identified, counted

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -176,30 +175,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 // and never answers: every request still returns within the deadline, the
 // first few as timeouts, the rest at once through the open breaker.
 func TestStoreHangs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c) // read nothing, answer nothing
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	lim := storeOn(t, newRedisClient(ln.Addr().String()), "")
+	lim := storeOn(t, newRedisClient(testenv.Serve(t, nil)), "")
 	up := newTestUpstream(t)
 	cfg := testConfig(up.URL)
 	cfg.StoreDeadline = testDeadline
@@ -226,5 +202,35 @@ func TestStoreHangs(t *testing.T) {
 	}
 	if m := scrape(t, gw); !strings.Contains(m, `edgelimit_gateway_check_duration_seconds_count{status="timeout",store="shared"} 3`) {
 		t.Errorf("check latency of timeouts not recorded")
+	}
+}
+
+// migratingStore answers every check as limiter.Redis does when a Cluster
+// slot is still moving at the deadline.
+type migratingStore struct{}
+
+func (migratingStore) Allow(context.Context, string, []limiter.Rule, int64) (limiter.Decision, error) {
+	return limiter.Decision{}, fmt.Errorf("run limiter script: %w: TRYAGAIN Multiple keys request during rehashing of slot", limiter.ErrMigrating)
+}
+
+// TestMigratingSlotKeepsCircuitClosed: checks refused because their
+// Cluster slot is being migrated are answered by the failure policy, but do
+// not open the circuit: the store is up, and an open circuit would hand
+// every other key of the gateway to the failure policy too.
+func TestMigratingSlotKeepsCircuitClosed(t *testing.T) {
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	cfg.Breaker = BreakerConfig{Failures: 3, Open: time.Hour}
+	gw := startGateway(t, cfg, Options{Store: migratingStore{}})
+	for i := range 10 {
+		if r := get(t, gw.URL+"/"); r.status != http.StatusOK {
+			t.Errorf("request %d: status %d, want 200 (fail open)", i, r.status)
+		}
+	}
+	if n := counter(t, gw.m.storeUnavailable.WithLabelValues("migrating")); n != 10 {
+		t.Errorf("store_unavailable{migrating} = %v, want 10", n)
+	}
+	if c := gw.breaker.current(); c != circuitClosed {
+		t.Errorf("circuit = %v after 10 checks of a migrating slot, want closed", c)
 	}
 }

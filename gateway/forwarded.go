@@ -14,6 +14,9 @@ import (
 var DefaultStripHeaders = append([]string{
 	"Forwarded", "X-Forwarded-For", "X-Real-IP", "True-Client-IP", "X-Client-IP",
 	"X-Original-Forwarded-For", "X-Cluster-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP",
+	// Rails' remote_ip and many PHP apps read Client-IP; services behind
+	// Envoy believe X-Envoy-External-Address.
+	"Client-IP", "X-Envoy-External-Address", "X-Originating-IP", "X-Remote-IP", "X-Remote-Addr",
 }, overridingHeaders...)
 
 // overridingHeaders are the headers with which frameworks let a proxy

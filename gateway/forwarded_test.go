@@ -35,7 +35,12 @@ const spoofed = "X-Real-IP: 203.0.113.1\r\n" +
 	"Fastly-Client-IP: 203.0.113.9\r\n" +
 	"X-User-ID: alice\r\n" +
 	"X_User_ID: mallory\r\n" +
-	"x-real_ip: 203.0.113.10\r\n"
+	"x-real_ip: 203.0.113.10\r\n" +
+	"Client-IP: 203.0.113.11\r\n" +
+	"X-Envoy-External-Address: 203.0.113.12\r\n" +
+	"X-Originating-IP: 203.0.113.13\r\n" +
+	"X-Remote-IP: 203.0.113.14\r\n" +
+	"X-Remote-Addr: 203.0.113.15\r\n"
 
 // forwardedHeaders sends the raw request head through a gateway that
 // trusts the user header under cfg's trust settings, and returns the
@@ -69,7 +74,7 @@ func TestUntrustedHeadersStripped(t *testing.T) {
 			}
 			continue
 		}
-		if strings.Contains(f, "forward") || strings.Contains(f, "ip") || strings.Contains(f, "user") {
+		if strings.Contains(f, "forward") || strings.Contains(f, "ip") || strings.Contains(f, "user") || strings.Contains(f, "addr") {
 			t.Errorf("upstream got client-set %s: %q", k, v)
 		}
 	}

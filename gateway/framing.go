@@ -205,34 +205,34 @@ const (
 )
 
 // guard answers, before echo, what is wrong with a request as a message
-// rather than as a call: CONNECT (echo's router has no path to match in
+// rather than as a call ("OPTIONS *" too, which is none): CONNECT (echo's router has no path to match in
 // an authority-form target and would answer 404), a target without a path
 // ("GET a:b", "GET *"; an absolute URI's empty path is "/"), a chunked
 // request whose head also had a Content-Length, and an HTTP/1.0 request
 // with a Transfer-Encoding, which RFC 9112 §6.1 says to treat as faulty
 // framing even with a Content-Length (400 each, and the connection
-// closed).
+// closed). Each is charged like the handler's refusals (see
+// chargeRefused).
 func (g *Gateway) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodConnect:
 			w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
-			writeProblem(w, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
+			g.refuse(w, r, g.st.Load(), "", "", problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
 				Detail: "This gateway is not a forward proxy: CONNECT is not served."})
+		case r.Method == http.MethodOptions && r.RequestURI == "*":
+			g.serverOptions(w, r)
 		case mixedFraming(r) && len(r.TransferEncoding) > 0:
-			g.m.rejected.WithLabelValues("mixed_framing").Inc()
 			w.Header()["Connection"] = []string{"close"}
-			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "mixed_framing", "", problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "The request has both Content-Length and Transfer-Encoding."})
 		case r.URL.Opaque != "" || r.URL.Path != "" && r.URL.Path[0] != '/':
 			// "GET a:b", "GET *": no path to route on.
-			g.m.rejected.WithLabelValues("bad_path").Inc()
-			writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "bad_path", "", problem{Type: probBadPath, Status: http.StatusBadRequest,
 				Detail: "The request target must be a path, or an absolute URI with one."})
 		case !r.ProtoAtLeast(1, 1) && sawTransferEncoding(r):
-			g.m.rejected.WithLabelValues("http10_transfer_encoding").Inc()
 			w.Header()["Connection"] = []string{"close"}
-			writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			g.refuse(w, r, g.st.Load(), "http10_transfer_encoding", "", problem{Type: probBadRequest, Status: http.StatusBadRequest,
 				Detail: "An HTTP/1.0 request cannot use Transfer-Encoding."})
 		default:
 			if r.URL.Path == "" {
@@ -247,6 +247,21 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// serverOptions answers "OPTIONS *", a question about the server rather
+// than a resource, as net/http's own handler does (200, no body), but
+// charged like guard's refusals: net/http answered it before any handler,
+// the one answer of the traffic listener without rate-limit headers, and
+// free at line rate (Server sets DisableGeneralOptionsHandler).
+func (g *Gateway) serverOptions(w http.ResponseWriter, r *http.Request) {
+	if d := g.chargeRefused(w.Header(), r, g.st.Load(), ""); d != nil {
+		writeProblem(w, *d)
+		return
+	}
+	w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
+	w.Header()["Content-Length"] = []string{"0"}
+	w.WriteHeader(http.StatusOK)
 }
 
 type framingConnKey struct{}

@@ -163,7 +163,9 @@ func (g *Gateway) Server() *http.Server {
 		MaxHeaderBytes:    c.MaxHeaderBytes,
 		ConnState:         g.conns.state,
 		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		// guard answers "OPTIONS *" itself, charged (see serverOptions).
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 }
 
@@ -298,8 +300,7 @@ func (g *Gateway) handle(c echo.Context) error {
 	// One path: routes, limits and the upstream all see this one.
 	p, err := normalizePath(requestPath(r.URL.RawPath, r.URL.EscapedPath()), st.cfg.Paths)
 	if err != nil {
-		g.m.rejected.WithLabelValues("bad_path").Inc()
-		writeProblem(w, problem{Type: probBadPath, Status: http.StatusBadRequest,
+		g.refuse(w, r, st, "bad_path", "", problem{Type: probBadPath, Status: http.StatusBadRequest,
 			Detail: "The path holds " + err.Error() + ", which services behind this gateway could read differently."})
 		return nil
 	}
@@ -309,20 +310,17 @@ func (g *Gateway) handle(c echo.Context) error {
 	}
 	rt := st.match(r.Method, p)
 	if rt == nil {
-		g.m.rejected.WithLabelValues("no_route").Inc()
-		writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
+		g.refuse(w, r, st, "no_route", "", problem{Type: probNoRoute, Status: http.StatusNotFound, Detail: "No route matches this method and path."})
 		return nil
 	}
 	defer func() { g.m.countResponse(rt.Name, w.Status) }()
 	if st.overridden(r, p, rt) {
-		g.m.rejected.WithLabelValues("method_override").Inc()
-		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
+		g.refuse(w, r, st, "method_override", rt.Name, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
 			Detail: "The query's _method (or X-HTTP-Method-Override) names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
 		return nil
 	}
 	if r.ContentLength > st.cfg.MaxBodyBytes {
-		g.m.rejected.WithLabelValues("body_too_large").Inc()
-		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: rt.Name,
+		g.refuse(w, r, st, "body_too_large", rt.Name, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: rt.Name,
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", st.cfg.MaxBodyBytes)})
 		return nil
 	}
@@ -335,8 +333,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		up = ""
 	}
 	if up != "" && !rt.allowsUpgrade(up) {
-		g.m.rejected.WithLabelValues("upgrade_not_allowed").Inc()
-		writeProblem(w, problem{Type: probUpgrade, Status: http.StatusBadRequest, Route: rt.Name,
+		g.refuse(w, r, st, "upgrade_not_allowed", rt.Name, problem{Type: probUpgrade, Status: http.StatusBadRequest, Route: rt.Name,
 			Detail: fmt.Sprintf("This route does not upgrade to %q.", up)})
 		return nil
 	}

@@ -319,6 +319,7 @@ func TestOneAPIKey(t *testing.T) {
 	noBearer := with(func(c *Config) { c.IgnoreBearer = true })
 	noParams := with(func(c *Config) { c.APIKeyParams = []string{"-"} })
 	custom := with(func(c *Config) { c.APIKeyParams = []string{"token"} })
+	unknownAnonymous := with(func(c *Config) { c.UnknownKey = UnknownKeyAnonymous })
 
 	tests := []struct {
 		name       string
@@ -332,8 +333,23 @@ func TestOneAPIKey(t *testing.T) {
 		{"underscore spelling", gw.URL, "", "X_API_KEY: secret-acme\r\n", 200, "50"},
 		{"same key twice", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-acme\r\n", 200, "50"},
 		{"two fields", gw.URL, "", "X-API-Key: secret-acme\r\nX-API-Key: secret-other\r\n", 400, ""},
+		{"two keys in one field", gw.URL, "", "X-API-Key: secret-acme, secret-other\r\n", 400, ""},
+		{"two keys in one field, unknown keys anonymous", unknownAnonymous, "", "X-API-Key: secret-acme, secret-other\r\n", 400, ""},
+		{"one key and a comma", gw.URL, "", "X-API-Key: secret-acme,\r\n", 200, "50"},
 		{"header and underscore twin", gw.URL, "", "X-API-Key: secret-acme\r\nX_Api_Key: secret-other\r\n", 400, ""},
 		{"header and bearer", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer secret-other\r\n", 400, ""},
+		// Python's split() (Flask-HTTPAuth, Django REST framework) and Go's
+		// strings.Fields end the scheme at any of these; as no key, these
+		// were charged to the address and served as the key.
+		{"bearer after a tab", gw.URL, "", "Authorization: Bearer\tsecret-acme\r\n", 200, "50"},
+		{"bearer after latin-1 nbsp", gw.URL, "", "Authorization: bearer\xa0secret-acme\r\n", 200, "50"},
+		{"bearer after latin-1 nel", gw.URL, "", "Authorization: Bearer\x85secret-acme\r\n", 200, "50"},
+		{"bearer after utf-8 nbsp", gw.URL, "", "Authorization: Bearer\u00a0secret-acme\r\n", 200, "50"},
+		{"bearer tab twin of a header key", gw.URL, "", "X-API-Key: secret-acme\r\nAuthorization: Bearer\tsecret-other\r\n", 400, ""},
+		{"another scheme", gw.URL, "", "Authorization: Bearerx secret-acme\r\n", 200, "30"},
+		// Python's strip() trims these bytes too.
+		{"key ending in latin-1 nbsp", gw.URL, "", "X-API-Key: secret-acme\xa0\r\n", 200, "50"},
+		{"bearer ending in latin-1 nel", gw.URL, "", "Authorization: Bearer secret-acme\x85\r\n", 200, "50"},
 		{"unknown second key", gw.URL, "", "X-API-Key: secret-acme\r\nX-API-Key: nope\r\n", 400, ""},
 		{"query api_key", gw.URL, "api_key=secret-acme", "", 200, "50"},
 		{"query apikey among others", gw.URL, "q=1&apikey=secret-acme&x=y", "", 200, "50"},

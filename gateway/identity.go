@@ -143,12 +143,19 @@ func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool
 		switch {
 		case sameHeader(name, "x-api-key"):
 			for _, v := range vs {
-				key.add(v)
+				// "X-API-Key: A, B" is two fields in one line (RFC 9110
+				// §5.3), as a proxy may join them; Spring's List<String>
+				// splits it again and serves A.
+				for v != "" {
+					var part string
+					part, v, _ = strings.Cut(v, ",")
+					key.add(part)
+				}
 			}
 		case !ignoreBearer && strings.EqualFold(name, "Authorization"):
 			for _, a := range vs {
-				if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-					key.add(a[7:])
+				if tok, ok := bearerToken(a); ok {
+					key.add(tok)
 				}
 			}
 		}
@@ -157,6 +164,49 @@ func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool
 		eachParam(rawQuery, params, key.add)
 	}
 	return key.v, !key.two
+}
+
+// bearerToken is the credential of an Authorization value of the Bearer
+// scheme (any case), untrimmed. The scheme ends at any space an upstream
+// splits on, not only RFC 6750's SP: Flask-HTTPAuth and Django REST
+// framework split the value with Python's split(), which also splits on
+// HTAB and on the Latin-1 bytes 0x85 and 0xA0 WSGI decodes, and Go's
+// strings.Fields on every Unicode space. Read as no key, "Bearer\tKEY"
+// was charged to the caller's address and served as KEY.
+func bearerToken(a string) (string, bool) {
+	const scheme = "bearer"
+	if len(a) <= len(scheme) || !strings.EqualFold(a[:len(scheme)], scheme) {
+		return "", false
+	}
+	rest := a[len(scheme):]
+	if r, size := utf8.DecodeRuneInString(rest); !unicode.IsSpace(r) && (size != 1 || !latin1Space(rest[0])) {
+		return "", false // "Bearerx…": another scheme
+	}
+	return rest, true
+}
+
+// latin1Space says b is a byte that is a space to Python once WSGI has
+// decoded a header as Latin-1: NEL (0x85) and NBSP (0xA0); as bytes of
+// their own they are no UTF-8, so strings.TrimSpace keeps them.
+func latin1Space(b byte) bool { return b == 0x85 || b == 0xa0 }
+
+// trimCredential trims s as the most lenient upstream trims a key: every
+// Unicode space (strings.TrimSpace) and the latin1Space bytes, so that
+// "KEY\xa0", which Python's strip() makes KEY, is no unknown key here.
+func trimCredential(s string) string {
+	for {
+		t := strings.TrimSpace(s)
+		for t != "" && latin1Space(t[0]) {
+			t = t[1:]
+		}
+		for t != "" && latin1Space(t[len(t)-1]) {
+			t = t[:len(t)-1]
+		}
+		if len(t) == len(s) {
+			return t
+		}
+		s = t
+	}
 }
 
 // eachParam calls fn with the decoded value of every query parameter
@@ -242,7 +292,7 @@ type oneValue struct {
 }
 
 func (o *oneValue) add(x string) {
-	if x = strings.TrimSpace(x); x == "" || x == o.v {
+	if x = trimCredential(x); x == "" || x == o.v {
 		return
 	}
 	if o.v != "" {

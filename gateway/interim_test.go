@@ -113,3 +113,39 @@ func TestExpectContinue(t *testing.T) {
 		t.Errorf("requests_total{code=507} = %v, want 1", n)
 	}
 }
+
+// TestUpstreamTrailers: an upstream's trailers reach the client, but
+// never as rate-limit headers, declared or not: ReverseProxy passed them
+// on after the body, and the client read the upstream's
+// X-RateLimit-Remaining beside the gateway's.
+func TestUpstreamTrailers(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-RateLimit-Remaining, RateLimit, X-Checksum")
+		_, _ = io.WriteString(w, "body")
+		w.Header().Set("X-RateLimit-Remaining", "999")
+		w.Header().Set("RateLimit", `"minute";r=999;t=0`)
+		w.Header().Set("X-Checksum", "abc")
+		w.Header().Set(http.TrailerPrefix+"X-RateLimit-Limit", "12345") // undeclared
+	}))
+	t.Cleanup(up.Close)
+	gw := startGateway(t, testConfig(up.URL), Options{})
+	resp, err := client.Get(gw.URL + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "body" {
+		t.Fatalf("body %q, %v", b, err)
+	}
+	for _, h := range rateHeaders {
+		if v, ok := resp.Trailer[h]; ok {
+			t.Errorf("trailer %s: %q, want none (the header says %q)", h, v, resp.Header.Get(h))
+		}
+	}
+	if got := resp.Trailer.Get("X-Checksum"); got != "abc" {
+		t.Errorf("trailer X-Checksum %q, want the upstream's abc", got)
+	}
+	if got := resp.Header.Get("X-RateLimit-Remaining"); got != "4" {
+		t.Errorf("X-RateLimit-Remaining %q, want the gateway's 4", got)
+	}
+}

@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(prometheus.WrapRegistererWithPrefix(ns+"_", reg))
 	m := &metrics{
 		decisions:        f.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total", Help: "Rate-limit decisions by result (allowed, denied), binding rule and mode (enforced, shadow, fail_open, fail_closed, local_fallback)."}, []string{"result", "rule", "mode"}),
-		storeUnavailable: f.NewCounterVec(prometheus.CounterOpts{Name: "store_unavailable_total", Help: "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, circuit_open)."}, []string{"reason"}),
+		storeUnavailable: f.NewCounterVec(prometheus.CounterOpts{Name: "store_unavailable_total", Help: "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, migrating, circuit_open)."}, []string{"reason"}),
 		failOpen:         f.NewCounter(prometheus.CounterOpts{Name: "fail_open_total", Help: "Requests allowed unchecked because the store was unavailable."}),
 		failClosed:       f.NewCounter(prometheus.CounterOpts{Name: "fail_closed_total", Help: "Requests refused with 503 because the store was unavailable."}),
 		checkLatency: f.NewHistogramVec(prometheus.HistogramOpts{
@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.sharedOK = m.checkLatency.WithLabelValues("shared", "ok")
 	m.localOK = m.checkLatency.WithLabelValues("local", "ok")
-	for _, r := range []string{"error", "timeout", "caller_deadline", "circuit_open"} {
+	for _, r := range []string{"error", "timeout", "caller_deadline", "migrating", "circuit_open"} {
 		m.storeUnavailable.WithLabelValues(r)
 	}
 	for _, r := range []string{"ok", "failed"} {

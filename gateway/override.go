@@ -126,7 +126,7 @@ func (st *state) scanBody(r *http.Request, body io.ReadCloser, p string, rt *rou
 		case keys && slices.Contains(st.keyParams, name):
 			// As oneValue compares keys; a value cut at maxValue is no
 			// key the request was charged to.
-			if v := strings.TrimSpace(value); v != "" && (v != key || len(value) > maxValue) {
+			if v := trimCredential(value); v != "" && (v != key || len(value) > maxValue) {
 				return errBodyKey
 			}
 		}

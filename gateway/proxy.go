@@ -75,8 +75,15 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 		},
 		Transport: u.transport,
 		ModifyResponse: func(resp *http.Response) error {
-			for _, h := range rateHeaders {
-				delete(resp.Header, h) // the gateway's values are the true ones
+			scrubRate(resp.Header) // the gateway's values are the true ones
+			if resp.StatusCode != http.StatusSwitchingProtocols && (resp.ContentLength < 0 || len(resp.Trailer) > 0) {
+				// Trailers too: ReverseProxy passes on every one the
+				// body ends with, declared or not, and the client got
+				// the upstream's X-RateLimit-Remaining beside ours. (A
+				// 101's body is the tunnel, which ReverseProxy needs
+				// unwrapped.)
+				scrubRate(resp.Trailer)
+				resp.Body = &trailerScrub{ReadCloser: resp.Body, resp: resp}
 			}
 			return nil
 		},
@@ -87,6 +94,28 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 		BufferPool: copyBuffers,
 	}
 	return u
+}
+
+// trailerScrub removes the rate-limit headers from its response's
+// trailers, which the transport fills in as the body ends: before
+// ReverseProxy, having copied the body, sends them on.
+type trailerScrub struct {
+	io.ReadCloser
+	resp *http.Response
+}
+
+func (t *trailerScrub) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if err != nil {
+		scrubRate(t.resp.Trailer)
+	}
+	return n, err
+}
+
+func scrubRate(h http.Header) {
+	for _, k := range rateHeaders {
+		delete(h, k)
+	}
 }
 
 // copyBuffers lends ReverseProxy its body copy buffers, shared by every

@@ -36,13 +36,15 @@
 --
 -- A container is a string of records, each struct-packed as name length
 -- (1 byte), name, kind (1 byte), then by kind
---   0: micro-tokens I7, last update us I7, limit-1 I4, period us I6
+--   0: micro-tokens i7 (signed: negative while a lowered capacity is
+--      overdrawn), last update us I7, limit-1 I4, period us I6
 --   1: the same, then capacity-1 I4
 --   2: window index I6, count in it I5, count in the one before I5,
 --      period us I6
 -- so a record remembers the rule it was written under. A record is matched
--- by name and algorithm; records of rules not in this call ride along
--- untouched until they read as full, then are dropped. A written container
+-- by name and algorithm, else by name alone (its algorithm changed: see
+-- below); records of rules not in this call ride along untouched until
+-- they read as full, then are dropped. A written container
 -- expires when its last record would read as full anyway, plus a second.
 --
 -- Time comes from Redis' clock; elapsed time is clamped at zero and a
@@ -62,16 +64,25 @@
 -- the sliding window's weights with the very same double expressions.
 --
 -- A changed rule converts the state: a token bucket refills at its old
--- rate up to now, then a raised capacity adds its difference and a lowered
--- one clamps, except that a split's share (flag share) that grows keeps
--- the tokens it had: its units moved from another gateway's share, whose
--- bucket only clamps, so adding them would mint them on every resize. From
--- then on it refills at the new rate. A share that reads as full starts
--- full at its new capacity, as it would with no state: a full record is
--- dropped a second later anyway (and the memory store forgets it at once),
--- so the stores agree whatever they kept. A sliding window whose period
+-- rate up to now, then a changed capacity carries what was used: a raised
+-- one adds its difference, a lowered one takes it away, which may leave
+-- the bucket overdrawn (negative tokens: denied until it refills to the
+-- cost, its retry from its own rate). Clamped instead, a key checked
+-- under both capacities (gateways mid reload) was held to neither: each
+-- raise added back what the lowering had forgotten. A split's share (flag
+-- share) is the exception: one that grows keeps the tokens it had (its
+-- units moved from another gateway's share, so adding them would mint
+-- them on every resize), and one that shrinks clamps (its growth added
+-- nothing, so nothing is taken back). From then on it refills at the new
+-- rate. A share that reads as full starts full at its new capacity, as it
+-- would with no state: a full record is dropped a second later anyway (and
+-- the memory store forgets it at once), so the stores agree whatever they
+-- kept. A sliding window whose period
 -- changed carries what it had used into the current window of the new
--- period; a changed limit keeps its counts (in units). States of the
+-- period; a changed limit keeps its counts (in units). A changed algorithm
+-- carries what the old state had used at now, in units, rounded up: into
+-- the current window of a sliding window, or out of a full token bucket;
+-- the converted record replaces the old one. States of the
 -- previous layout without these fields (written by an older script still)
 -- are read as written under the current rule.
 
@@ -83,7 +94,10 @@ local blob = ARGV[3] or ''
 local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
-local TB0, TB1, SW = '<I7I7I4I6', '<I7I7I4I6I4', '<I6I5I5I6' -- records by kind
+-- Token bucket records keep micro-tokens signed (i7); one written before
+-- was unsigned, but never reached the sign bit (at most 2^52), so it reads
+-- the same.
+local TB0, TB1, SW = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6' -- records by kind
 local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
 
 -- floor(a*b/c) for b/c in lowest terms, never above the exact value
@@ -152,6 +166,7 @@ end
 -- previous, period}), raw[i] its bytes, and the records of other rules
 -- still worth keeping.
 local st, raw, keep, kneed, names = {}, {}, {}, {}, {}
+local other, oraw = {}, {} -- a rule's record under its other algorithm
 for c = 1, m do
   local s = redis.call('GET', KEYS[c])
   keep[c], kneed[c] = {}, 0
@@ -176,6 +191,10 @@ for c = 1, m do
           st[i] = {tk, ts, l1 + 1, P, (kind == 1 and c1 or l1) + 1}
         end
         raw[i] = string.sub(s, p0, e - 1)
+      elseif r and math.floor(r[2] / 16) + 1 == c then
+        -- the rule's record under its other algorithm (the algorithm
+        -- changed): converted below, never kept beside the rule's own
+        other[i], oraw[i] = {kind, s, p}, string.sub(s, p0, e - 1)
       else
         local need = foreign_need(kind, s, p)
         if need then
@@ -191,6 +210,12 @@ end
 if cost == -2 then
   redis.call('DEL', KEYS[1])
   return names
+end
+
+-- A record of the rule's other algorithm is its state when it has none of
+-- its own (and is dropped with the next write when it has).
+for i = 1, n do
+  if other[i] and not st[i] then raw[i] = oraw[i] else other[i] = nil end
 end
 
 if cost == -1 then
@@ -223,13 +248,13 @@ if legacy then
   -- them), and an HMGET only for an old key that is there.
   local missing = {}
   for i = 1, n do
-    if not st[i] then missing[#missing + 1] = KEYS[m + i] end
+    if not st[i] and not other[i] then missing[#missing + 1] = KEYS[m + i] end
   end
   if #missing == 0 or redis.call('EXISTS', unpack(missing)) == 0 then legacy = false end
 end
 if legacy then
   for i = 1, n do
-    if not st[i] then
+    if not st[i] and not other[i] then
       local r = R[i]
       if r[2] % 4 == 2 then
         local h = redis.call('HMGET', KEYS[m + i], 'w', 'c', 'p', 'P')
@@ -278,6 +303,56 @@ end
 
 local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
 
+-- What a sliding window state (window sw, counts sc and sp) had used at
+-- now, in units, by its own period sP; the counts of a window Redis'
+-- clock stepped back across are kept whole. Needs sliding_helpers().
+local function window_use(sw, sc, sp, sP)
+  local ow = math.floor(now / sP)
+  local oleft = sP - (now - ow * sP)
+  if sw == ow then return sc + ceil_div(sp * weight(oleft, sP), D) end
+  if sw == ow - 1 then return ceil_div(sc * weight(oleft, sP), D) end
+  if sw > ow then return sc + sp end
+  return 0
+end
+
+-- A rule whose algorithm changed carries over what its record under the
+-- other one had used at now, in units, by the rule it was written under
+-- (rounded up, in the limiter's favour): into the current window of a
+-- sliding window, or out of a full token bucket. Started afresh instead,
+-- the key would get a whole limit more, and for as long as gateways of the
+-- old and the new configuration run side by side, each algorithm its own.
+for i = 1, n do
+  local o = other[i]
+  if o then
+    local kind, s, p = o[1], o[2], o[3]
+    local used
+    if kind == 2 then
+      if not weight then sliding_helpers() end
+      local sw, sc, sp, sP = struct.unpack(SW, s, p)
+      used = window_use(sw, sc, sp, sP)
+    else
+      local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
+      local ocapu = ((kind == 1 and c1 or l1) + 1) * MICRO
+      local rn, rd = reduce((l1 + 1) * MICRO, P)
+      local el = now - ts
+      if el < 0 then el = 0 end
+      local refill = muldiv_floor(el, rn, rd)
+      if refill > ocapu - tk then refill = ocapu - tk end
+      local tokens = tk + refill
+      if tokens > ocapu then tokens = ocapu end
+      used = ceil_div(ocapu - tokens, MICRO)
+    end
+    local r = R[i]
+    if r[2] % 4 == 2 then
+      st[i] = {math.floor(now / r[4]), used, 0, r[4]}
+    else
+      -- (overdrawn when a lowered limit's window had used more)
+      st[i] = {(r[5] - used) * MICRO, now, r[3], r[4], r[5]}
+    end
+    taken[i] = true
+  end
+end
+
 -- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
 -- before and after consuming this request.
 local V, writes, converts, counts = {}, {}, {}, {}
@@ -308,11 +383,12 @@ for i = 1, n do
       if elapsed < 0 then elapsed = 0 end
       local rn, rd = pd, pn
       if sl ~= limit or sP ~= period then rn, rd = reduce(sl * MICRO, sP) end
+      -- (refill capped at what fills the bucket, which for an overdrawn
+      -- one is more than its capacity)
       local refill = muldiv_floor(elapsed, rn, rd)
-      if refill > ocapu then refill = ocapu end
+      if refill > ocapu - s[1] then refill = ocapu - s[1] end
       tokens = s[1] + refill
-      if tokens > ocapu then tokens = ocapu end
-      if capu > ocapu and (math.floor(f / 8) % 2 == 0 or tokens >= ocapu) then tokens = tokens + capu - ocapu end
+      if math.floor(f / 8) % 2 == 0 or (capu > ocapu and tokens >= ocapu) then tokens = tokens + capu - ocapu end
       if tokens > capu then tokens = capu end
       if s[2] > ts then ts = s[2] end
       conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
@@ -328,6 +404,7 @@ for i = 1, n do
     -- before/after: the rule's state if nothing or this request is consumed
     local rest = tokens - need
     brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
+    if brem < 0 then brem = 0 end
     local fmt, c1 = PTB0, nil
     if kind == 1 then fmt, c1 = PTB1, cap - 1 end
     if cost > 0 then
@@ -353,15 +430,7 @@ for i = 1, n do
         cur = sc + sp
       elseif sP and sP ~= period then
         -- the period changed: carry what the old windows had used at now
-        local ow = math.floor(now / sP)
-        local oleft = sP - (now - ow * sP)
-        if sw == ow then
-          cur = sc + ceil_div(sp * weight(oleft, sP), D)
-        elseif sw == ow - 1 then
-          cur = ceil_div(sc * weight(oleft, sP), D)
-        elseif sw > ow then
-          cur = sc + sp
-        end
+        cur = window_use(sw, sc, sp, sP)
       elseif sw == w then
         cur, prev = sc, sp
       elseif sw == w - 1 then
@@ -464,6 +533,12 @@ for i = 1, n do
     local pc = parts[c]
     pc[#pc + 1] = rec
     if reset > need[c] then need[c] = reset end
+    local o = other[i]
+    if o and rec == raw[i] then
+      -- kept as it was, under the other algorithm: as long as it needs
+      local fn = foreign_need(o[1], o[2], o[3])
+      if fn and fn > need[c] then need[c] = fn end
+    end
   end
 end
 res[#res + 1] = now

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -131,4 +132,57 @@ func slotOf(t *testing.T, rdb *redis.ClusterClient, key string) int64 {
 		t.Fatal(err)
 	}
 	return slot
+}
+
+// TestClusterMigratingSlotSeveralContainers: a check of several
+// containers (the Envoy door's descriptors, a bucket each) in a slot being
+// migrated is decided once the slot has moved, not answered by its
+// failure policy. Redis answers TRYAGAIN to a command of several keys
+// there unless the node holds them all, which no resend can change: one
+// container is on the source and the other not yet written anywhere, so
+// every try fails until the migration ends. TRYAGAIN means the script did
+// not run, so the check waits and tries again within its context.
+func TestClusterMigratingSlotSeveralContainers(t *testing.T) {
+	rdb := mustCluster(t)
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	rules := []Rule{
+		{Name: "a", Bucket: "ba", Limit: 10, Period: time.Hour},
+		{Name: "b", Bucket: "bb", Limit: 10, Period: time.Hour},
+	}
+	key := uniqueKey(t)
+	// Only a's container exists when the migration starts.
+	if _, err := l.Allow(context.Background(), key, rules[:1], 1); err != nil {
+		t.Fatal(err)
+	}
+	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(key, rules)[0]))
+	// A check whose deadline ends first says the slot was moving, which
+	// callers must not take for a store outage (the gateway's breaker).
+	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	_, err := l.Allow(short, key, rules, 1)
+	cancel()
+	if !errors.Is(err, ErrMigrating) {
+		t.Fatalf("Allow(both rules) with a 30ms deadline while the slot moves = %v; want ErrMigrating", err)
+	}
+	type result struct {
+		d   Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		d, err := l.Allow(ctx, key, rules, 1)
+		done <- result{d, err}
+	}()
+	// The check has met TRYAGAIN (and been sent once more without the
+	// previous layout's keys) before the slot moves.
+	testenv.WaitFor(t, time.Minute, "the check to meet TRYAGAIN", func() bool { return l.Stats().Unstable > 0 })
+	m.Finish(t)
+	r := <-done
+	if r.err != nil || !r.d.Allowed || r.d.Rules[0].Remaining != 8 || r.d.Rules[1].Remaining != 9 {
+		t.Fatalf("Allow(both rules) across the migration = %+v, %v; want allowed, 8 and 9 remaining", r.d, r.err)
+	}
+	if st := l.Stats(); st.Migrating == 0 {
+		t.Errorf("Stats() = %+v: the check never waited for the migration", st)
+	}
 }

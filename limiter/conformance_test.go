@@ -61,6 +61,9 @@ func TestConformance(t *testing.T) {
 		{"rule costs all or nothing", testRuleCosts},
 		{"retry after is enough", testRetryAfterEnough},
 		{"shadow rule never denies", testShadow},
+		{"algorithm change carries what was used", testAlgorithmChange},
+		{"capacity flip carries what was used", testCapacityFlip},
+		{"overdrawn bucket refills", testOverdrawnRefills},
 	}
 	for name, mk := range storesUnderTest(t) {
 		t.Run(name, func(t *testing.T) {
@@ -319,5 +322,117 @@ func testRuleCosts(t *testing.T, s store) {
 	own[1].Cost = 101
 	if d := mustAllow(t, s, key, own, 1); d.Allowed || d.Reason == "" || !strings.Contains(d.Reason, "101") {
 		t.Errorf("rule cost 101 of capacity 100: Allow = %+v, want denied with a reason", d)
+	}
+}
+
+// testAlgorithmChange: a rule whose algorithm changes (a plan's, or the
+// Envoy door's grpc.algorithm) keeps what its key used, both ways. Its
+// state under the old algorithm was left aside and the new one started
+// full, so a key got its limit once more at every change, and for as long
+// as gateways of both configurations ran side by side, each its own
+// limit: here 18 admitted of 10 an hour, over three changes.
+func testAlgorithmChange(t *testing.T, s store) {
+	key := uniqueKey(t)
+	bucket := []Rule{{Name: "hour", Limit: 10, Period: time.Hour}}
+	window := []Rule{{Name: "hour", Limit: 10, Period: time.Hour, Algorithm: SlidingWindow}}
+	admitted := func(rules []Rule, n int) int {
+		got := 0
+		for range n {
+			if mustAllow(t, s, key, rules, 1).Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	for _, step := range []struct {
+		name  string
+		rules []Rule
+		tries int
+		want  int
+	}{
+		{"token bucket", bucket, 7, 7},
+		{"then a sliding window", window, 5, 3},
+		{"then the token bucket again", bucket, 3, 0},
+		{"and the sliding window again", window, 3, 0},
+	} {
+		if got := admitted(step.rules, step.tries); got != step.want {
+			t.Errorf("%s: %d of %d admitted, want %d (10 an hour in all)", step.name, got, step.tries, step.want)
+		}
+	}
+}
+
+// testCapacityFlip: a key checked alternately under a rule and the same
+// rule with a lower capacity (two gateways mid rolling reload, a plan
+// flip-flopped) is held to the higher capacity, as a key checked under it
+// alone: what was used carries over both ways. Before, a lowered token
+// bucket clamped the tokens left to its capacity, so little read as used
+// under it, and the raise back added the difference again: alternating 10
+// and 100 an hour admitted 300 of 300.
+func testCapacityFlip(t *testing.T, s store) {
+	for _, tc := range []struct {
+		name      string
+		low, high Rule
+	}{
+		{"token bucket", Rule{Name: "hour", Limit: 10, Period: time.Hour}, Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+		{"burst", Rule{Name: "hour", Limit: 100, Period: time.Hour, Burst: 10}, Rule{Name: "hour", Limit: 100, Period: time.Hour}},
+		{"sliding window", Rule{Name: "hour", Limit: 10, Period: time.Hour, Algorithm: SlidingWindow}, Rule{Name: "hour", Limit: 100, Period: time.Hour, Algorithm: SlidingWindow}},
+		// and the algorithm with it: the window's 100 used overdraw the
+		// bucket of 10, rather than leave it empty (90 forgotten)
+		{"algorithm", Rule{Name: "hour", Limit: 10, Period: time.Hour}, Rule{Name: "hour", Limit: 100, Period: time.Hour, Algorithm: SlidingWindow}},
+	} {
+		key := uniqueKey(t) + tc.name
+		admitted := int64(0)
+		for i := range 300 {
+			rule := tc.low
+			if i%2 == 1 {
+				rule = tc.high
+			}
+			if mustAllow(t, s, key, []Rule{rule}, 1).Allowed {
+				admitted++
+			}
+		}
+		// 100 an hour refills one unit every 36 s: the test's run refills
+		// at most one, and a sliding window none (alignment aside, its
+		// counts only decay across the hour's window boundary).
+		if c := tc.high.Capacity(); admitted < c || admitted > c+1 {
+			t.Errorf("%s: alternating capacity %d and %d: admitted %d of 300, want %d (at most one more refilled)", tc.name, tc.low.Capacity(), c, admitted, c)
+		}
+	}
+}
+
+// testOverdrawnRefills: a token bucket lowered below what it had used is
+// overdrawn: denied until it refills to the cost at its own rate, with a
+// RetryAfter that says when, and waiting it admits (never frozen, never
+// an error). The times are the ones the decisions report, so a slow run
+// only moves the numbers, never the verdicts expected.
+func testOverdrawnRefills(t *testing.T, s store) {
+	key := uniqueKey(t)
+	high := Rule{Name: "sec", Limit: 100, Period: time.Second} // a unit per 10 ms
+	low := high
+	low.Burst = 10
+	first := mustAllow(t, s, key, []Rule{high}, 100)
+	if !first.Allowed {
+		t.Fatalf("Allow(100 of 100/s) = %+v, want allowed", first)
+	}
+	d := mustAllow(t, s, key, []Rule{low}, 1)
+	// 100 used, 90 of them beyond the lowered capacity: the bucket holds
+	// the refill since, minus 90.
+	refill := d.Time.Sub(first.Time).Seconds() * 100
+	if missing := 91 - refill; missing > 1 {
+		if d.Allowed {
+			t.Fatalf("burst lowered 100 → 10 after using 100 (refilled %.1f): Allow = %+v, want denied", refill, d)
+		}
+		want := time.Duration(missing * float64(10*time.Millisecond))
+		if ra := d.RetryAfter(); ra < want-time.Millisecond || ra > want+time.Millisecond {
+			t.Errorf("overdrawn by %.1f: RetryAfter = %v, want about %v (its own refill rate)", missing-1, ra, want)
+		}
+		if r := d.Rules[0]; r.Remaining != 0 || r.ResetAfter < d.RetryAfter() {
+			t.Errorf("overdrawn: rule = %+v, want 0 remaining, reset no sooner than retry", r)
+		}
+		s.wait(d.RetryAfter())
+		d = mustAllow(t, s, key, []Rule{low}, 1)
+	}
+	if !d.Allowed {
+		t.Errorf("overdrawn bucket after waiting its RetryAfter: Allow = %+v, want allowed", d)
 	}
 }

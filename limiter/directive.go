@@ -114,12 +114,21 @@ const OtherGateways = "*"
 // applied at all: the shared bucket is exact, and a limit that small gains
 // nothing from a split. A reserve for the others below one unit gives them
 // one unit per MaxPeriod, all together.
+//
+// Rules with a Bucket of their own are never split, nor the rules checked
+// with them (a split moves every rule of the check under the split's key):
+// their state is named by the bucket, not by the key, and checked by the
+// callers of other keys too (the Envoy door's descriptors: every request
+// that carries one, whatever else it carries, and every value a
+// share_threshold wildcard matches), so a split of one key would fork it,
+// the limit admitted once in the split's buckets and once more through the
+// other keys.
 func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (string, []Rule, bool) {
 	if d == nil {
 		return key, rules, false
 	}
 	s, ok := d.Splits[key]
-	if !ok || !now.Before(s.Expires) {
+	if !ok || !now.Before(s.Expires) || slices.ContainsFunc(rules, func(r Rule) bool { return r.Bucket != "" }) {
 		return key, rules, false
 	}
 	if _, ok := s.Shares[gateway]; !ok {

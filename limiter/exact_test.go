@@ -26,9 +26,10 @@ func forEachStore(t *testing.T, run func(t *testing.T, s store)) {
 	}
 }
 
-// TestRaisedLimit (row 7): a raised limit adds its difference to what is
-// left, a lowered one clamps it. Before: 100/day → 10000/day after using
-// 100 admitted 0 of 200.
+// TestRaisedLimit (row 7): a changed limit carries what was used: a raised
+// one adds its difference to what is left, a lowered one takes it away
+// (testCapacityFlip: clamping it let a raise and a lowering mint units).
+// Before: 100/day → 10000/day after using 100 admitted 0 of 200.
 func TestRaisedLimit(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s store) {
 		key := uniqueKey(t)
@@ -47,12 +48,13 @@ func TestRaisedLimit(t *testing.T) {
 		if admitted != 200 {
 			t.Errorf("after raising 100/day to 10000/day: admitted %d of 200, want 200", admitted)
 		}
-		// 10000 - 100 - 200 left; lowering to 500 clamps to 500, not 9700.
+		// 10000 - 100 - 200 left; lowering to 500 keeps the 300 used:
+		// 200 left, not 9700 (nor 500, which forgot what was used).
 		lowered := day
 		lowered.Limit = 500
 		d := mustAllow(t, s, key, []Rule{lowered}, 1)
-		if !d.Allowed || d.Rules[0].Remaining != 499 {
-			t.Errorf("after lowering to 500/day: Allow = %+v, want allowed with 499 remaining", d.Rules[0])
+		if !d.Allowed || d.Rules[0].Remaining != 199 {
+			t.Errorf("after lowering to 500/day: Allow = %+v, want allowed with 199 remaining", d.Rules[0])
 		}
 	})
 }

@@ -178,10 +178,7 @@ func (m *Memory) Inspect(_ context.Context, key string, rules []Rule) (KeyState,
 	now := at.UnixMicro()
 	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules)), Time: at}
 	for i, rule := range rules {
-		st := m.state[ruleKey("mem", key, rule)]
-		if st != nil && st.expires <= now {
-			st = nil
-		}
+		st, _ := m.lookup(key, rule, now)
 		rs := RuleState{Rule: rule.bucket(), Algorithm: rule.algorithm(), Found: st != nil}
 		if rule.algorithm() == SlidingWindow {
 			e := slidingWindow(st, rule, 0, now)
@@ -207,8 +204,11 @@ func (m *Memory) Reset(_ context.Context, key string, rules []Rule) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, rule := range rules {
-		if st := m.state[ruleKey("mem", key, rule)]; st != nil {
-			m.drop(st)
+		// the rule's state under either algorithm, as allow.lua drops it
+		for _, sliding := range []bool{false, true} {
+			if st := m.state[legacyKey("mem", key, rule.bucket(), sliding)]; st != nil {
+				m.drop(st)
+			}
 		}
 	}
 	return nil

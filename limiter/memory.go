@@ -34,7 +34,8 @@ type Memory struct {
 // written under, so a changed rule converts it instead of misreading it.
 type memState struct {
 	limit, period, capacity int64 // period in µs
-	// token bucket: micro-tokens, last update in µs
+	// token bucket: micro-tokens (negative while a lowered capacity is
+	// overdrawn), last update in µs
 	tokens, ts int64
 	// sliding window: window index (in periods), counts in it and the one before
 	window, cur, prev int64
@@ -85,16 +86,22 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	now := at.UnixMicro()
 	m.dropExpired(now, sweepPerCall)
 	evals := make([]eval, len(rules))
+	others := make([]*memState, len(rules))
 	allowed := true
 	for i, rule := range rules {
-		st := m.state[keys[i]]
-		if st != nil && st.expires <= now {
-			st = nil
-		}
+		st, other := m.lookup(key, rule, now)
+		others[i] = other
+		c := rule.charge(cost)
 		if rule.algorithm() == SlidingWindow {
-			evals[i] = slidingWindow(st, rule, rule.charge(cost), now)
+			evals[i] = slidingWindow(st, rule, c, now)
+			if other != nil {
+				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
+			}
 		} else {
-			evals[i] = tokenBucket(st, rule, rule.charge(cost), now)
+			evals[i] = tokenBucket(st, rule, c, now)
+			if other != nil && c <= rule.Capacity() {
+				evals[i].converted, evals[i].convExpires = true, now+evals[i].before.reset+micro
+			}
 		}
 		if !evals[i].ok && !rule.Shadow {
 			allowed = false
@@ -115,9 +122,15 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
 			m.put(key, keys[i], evals[i].unconsumed(rules[i], rules[i].charge(cost)))
+		default:
+			// Nothing is written: a denied request consumes nothing, nor
+			// does a shadow rule that denied.
+			continue
 		}
-		// Otherwise nothing is written: a denied request consumes nothing,
-		// nor does a shadow rule that denied.
+		if others[i] != nil {
+			// replaced by the state converted from it
+			m.drop(others[i])
+		}
 	}
 	// Over capacity, forget the states closest to full: each reads as full
 	// once forgotten, so this mints the fewest tokens, and never those of a
@@ -128,6 +141,34 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		}
 	}
 	return d, nil
+}
+
+// lookup returns rule's state for key at now; nil when it has none. A
+// rule whose algorithm changed has its state under the other one
+// converted, as allow.lua does: what that state had used at now, in units
+// by the rule it was written under and rounded up, carries into the
+// current window of a sliding window, or out of a full token bucket.
+// other is then that state, to be dropped once the converted one is
+// written.
+func (m *Memory) lookup(key string, rule Rule, now int64) (st, other *memState) {
+	sliding := rule.algorithm() == SlidingWindow
+	if st = m.state[ruleKey("mem", key, rule)]; st != nil && st.expires > now {
+		return st, nil
+	}
+	o := m.state[legacyKey("mem", key, rule.bucket(), !sliding)]
+	if o == nil || o.expires <= now {
+		return nil, nil
+	}
+	var conv memState
+	if sliding {
+		period := rule.Period.Microseconds()
+		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: ceilDiv(o.capacity*micro-refilled(o, now), micro)}
+	} else {
+		// overdrawn when a lowered limit's window had used more
+		tokens := (rule.Capacity() - windowUse(o, now)) * micro
+		conv = memState{limit: rule.Limit, period: rule.Period.Microseconds(), capacity: rule.Capacity(), tokens: tokens, ts: now}
+	}
+	return &conv, o
 }
 
 func (m *Memory) put(id, key string, next memState) {
@@ -295,21 +336,34 @@ func mulDiv(a, b, c int64, up bool) int64 {
 // waitMicros is mulDiv rounded up and capped at maxWait.
 func waitMicros(a, b, c int64) int64 { return min(maxWait, mulDiv(a, b, c, true)) }
 
+// refilled is a token bucket state's micro-tokens at now, refilled at the
+// rate it was written under, at most its capacity. The refill is capped at
+// what fills the bucket (more than its capacity when it is overdrawn), so
+// the sum cannot overflow.
+func refilled(st *memState, now int64) int64 {
+	room := st.capacity*micro - st.tokens
+	return st.tokens + min(room, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false))
+}
+
 // tokenBucket mirrors allow.lua's token bucket. A state written under
 // another rule refills at that rule's rate up to now, then takes the new
-// capacity the way gubernator does: a raised capacity adds its difference
-// to the tokens, a lowered one clamps them. A split's share (Rule.Share)
+// capacity carrying what was used, as GCRA does: a raised capacity adds
+// its difference to the tokens, a lowered one takes it away, which may
+// leave the bucket overdrawn (negative tokens: denied until it refills to
+// the cost). Clamped instead, a key checked under both capacities
+// (gateways mid reload) was held to neither. A split's share (Rule.Share)
 // that grows adds nothing unless it reads as full (a full state is no
 // state: forgotten, it would start full at the new capacity): the units
-// moved from another gateway's share, whose bucket kept what it had.
+// moved from another gateway's share. A share that shrinks clamps: its
+// growth added nothing, so nothing is taken back.
 func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	capu := r.Capacity() * micro
 	tokens, ts := capu, now
 	if st != nil {
 		oldCap := st.capacity * micro
-		tokens = min(oldCap, st.tokens+min(oldCap, mulDiv(max(0, now-st.ts), st.limit*micro, st.period, false)))
-		if capu > oldCap && (!r.Share || tokens >= oldCap) {
+		tokens = refilled(st, now)
+		if !r.Share || (capu > oldCap && tokens >= oldCap) {
 			tokens += capu - oldCap
 		}
 		tokens = min(tokens, capu)
@@ -321,7 +375,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 	if cost > r.Capacity() {
 		// Only a shadow rule gets here (overCapacity answers the others);
 		// no wait helps, and cost × 10^6 might not fit.
-		e.before.remaining, e.before.reset = tokens/micro, waitMicros(capu-tokens, period, limit*micro)
+		e.before.remaining, e.before.reset = max(0, tokens)/micro, waitMicros(capu-tokens, period, limit*micro)
 		return e
 	}
 	need := cost * micro
@@ -332,7 +386,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		e.retry = waitMicros(need-tokens, period, rate)
 	}
 	rest := tokens - need
-	e.before.remaining = tokens / micro
+	e.before.remaining = max(0, tokens) / micro
 	e.before.reset = waitMicros(capu-tokens, period, rate)
 	e.after.remaining = max(0, rest) / micro
 	e.after.reset = waitMicros(capu-rest, period, rate)

@@ -59,9 +59,10 @@ import (
 // rule (it cannot know when the configuration changed), so the test
 // changes rules between phases, with every caller stopped, and the model
 // converts its state at the first decision of a new phase: a token bucket
-// refills at the old rate up to then, a raised capacity adds its
-// difference, a lowered one clamps; a sliding window whose period changed
-// carries what it had used.
+// refills at the old rate up to then, and a changed capacity carries what
+// was used (a lowered one may overdraw it; a share's growth adds nothing,
+// its shrinking clamps); a sliding window whose period changed carries
+// what it had used.
 //
 // EDGELIMIT_MODEL_SEED reproduces a run's rules and costs (the interleaving
 // of real goroutines and Redis' clock are not reproducible);

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -87,7 +88,7 @@ type Redis struct {
 	slots chan *sender
 	calls sync.Pool // *call, reused once its caller has read the result
 
-	checks, pipelines, cached, reloads, unstable atomic.Int64
+	checks, pipelines, cached, reloads, unstable, migrating atomic.Int64
 }
 
 // Stats counts what the limiter did since it started.
@@ -99,11 +100,15 @@ type Stats struct {
 	// Unstable counts checks sent again without the previous layout's
 	// keys after TRYAGAIN (their Cluster slot was being migrated).
 	Unstable int64
+	// Migrating counts checks tried again after waiting, because even so
+	// Redis answered TRYAGAIN: their containers were split between the
+	// two sides of a migrating slot, or not all written yet.
+	Migrating int64
 }
 
 // Stats returns the counters so far.
 func (r *Redis) Stats() Stats {
-	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load(), Unstable: r.unstable.Load()}
+	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load(), Unstable: r.unstable.Load(), Migrating: r.migrating.Load()}
 }
 
 // call is one check on its way through a pipeline. The sender that runs
@@ -275,19 +280,21 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		}
 	}
 	keys := r.Keys(key, rules)
-	c := r.newCall(ctx, keys, len(keys)-len(rules), scriptArgs(rules, cost))
-	if !r.submit(c) {
-		r.recycle(c)
-		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
+	args := scriptArgs(rules, cost)
+	var (
+		res  []any
+		sent time.Time
+		cerr error
+	)
+	for try, waited := 0, time.Duration(0); ; try++ {
+		res, sent, cerr = r.check(ctx, keys, len(keys)-len(rules), args)
+		if !isTryAgain(cerr) || !r.awaitMigration(ctx, try, &waited) {
+			break
+		}
 	}
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		// c stays the sender's: it is not recycled.
-		return Decision{}, fmt.Errorf("run limiter script: %w", ctx.Err())
+	if isTryAgain(cerr) {
+		return Decision{}, fmt.Errorf("run limiter script: %w: %w", ErrMigrating, cerr)
 	}
-	res, cerr, sent := c.res, c.err, c.sent
-	r.recycle(c)
 	if cerr != nil {
 		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
 	}
@@ -299,6 +306,70 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
 	}
 	return d, nil
+}
+
+// check runs the script once for Allow, through a pipeline: its reply,
+// when it was sent, and the error of the call or of ctx.
+func (r *Redis) check(ctx context.Context, keys []string, containers int, args []any) ([]any, time.Time, error) {
+	c := r.newCall(ctx, keys, containers, args)
+	if !r.submit(c) {
+		r.recycle(c)
+		return nil, time.Time{}, ctx.Err()
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		// c stays the sender's: it is not recycled.
+		return nil, time.Time{}, ctx.Err()
+	}
+	res, err, sent := c.res, c.err, c.sent
+	r.recycle(c)
+	return res, sent, err
+}
+
+// Waiting out a migrating slot (see awaitMigration): the first wait, the
+// longest one, and the most a caller without a deadline waits in all. A
+// slot of a few keys moves in milliseconds; one left migrating by a
+// reshard that died stays so until someone fixes it, which no caller
+// should wait for.
+const (
+	firstMigrationWait = time.Millisecond
+	maxMigrationWait   = 50 * time.Millisecond
+	maxMigrationWaits  = time.Second
+)
+
+// awaitMigration waits before try+1 of a check that met TRYAGAIN even
+// without the previous layout's keys: a check of several containers (the
+// Envoy door's descriptors) in a Cluster slot being migrated, which Redis
+// refuses until one node holds every one of them, i.e. until the slot has
+// moved (a container not written yet is on neither side). TRYAGAIN means
+// the script did not run, so trying again charges nothing twice. The wait
+// doubles from firstMigrationWait up to maxMigrationWait; it reports false
+// (answer the error: the caller's failure policy decides) when the wait
+// would not end before ctx's deadline, so that the policy still has time
+// to answer, or past maxMigrationWaits in all without a deadline.
+func (r *Redis) awaitMigration(ctx context.Context, try int, waited *time.Duration) bool {
+	wait := maxMigrationWait
+	if try < 16 {
+		wait = min(wait, firstMigrationWait<<try)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if time.Until(dl) <= wait {
+			return false
+		}
+	} else if *waited+wait > maxMigrationWaits {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	*waited += wait
+	r.migrating.Add(1)
+	return true
 }
 
 // CachedDenial answers from the local deny cache alone, without a store
@@ -511,6 +582,12 @@ func (sentOnce) NoRetry() bool { return true }
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
+
+// ErrMigrating is Allow's error for a check that Redis Cluster refused
+// with TRYAGAIN until the caller's deadline: its slot was being migrated.
+// The check did not run, and the store is not down: one slot is moving, so
+// a caller should not count it against the store's health.
+var ErrMigrating = errors.New("limiter: cluster slot migrating")
 
 func isTryAgain(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN")

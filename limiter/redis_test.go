@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -441,21 +440,7 @@ func TestBatchingOnlyUnderLoad(t *testing.T) {
 // error once its own context ends (within a generous margin), none waits
 // on the others.
 func TestHungStoreHonoursDeadlines(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // hold it open, say nothing
-		}
-	}()
-	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.Serve(t, nil), MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	l := mustLimiter(t, rdb, Config{Senders: 1, Batch: 1})
 	rules := []Rule{{Name: "r", Limit: 1, Period: time.Second}}

@@ -5,86 +5,45 @@
 package analyticstest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/edgelimit/edgelimit/gateway/event"
 )
 
-// Decision is one raw decision row (the columns analytics reads).
-type Decision struct {
-	Time          time.Time
-	Gateway       string
-	KeyID         string
-	KeyKind       string
-	ClientIP      string
-	UserAgentHash uint64
-	Route         string
-	Method        string
-	Plan          string
-	BindingRule   string
-	Allowed       bool
-	Limit         int64
-	Remaining     int64
-	Cost          int64
-	StoreStatus   string
-	Mode          string
-	LatencyUS     uint32
-	// KeyName is an API key's configured id ("" for none).
-	KeyName string
-}
+// WriteFunc writes decisions into the raw table as a batch of their own
+// and rolls them up (consumer.Backfill; the consumer owns the columns, and
+// this package may not import it).
+type WriteFunc func(ctx context.Context, conn driver.Conn, ds []event.Decision) error
 
-// insertSQL names its columns: clickhouse-go's native protocol needs that
-// on ClickHouse 18.16, and the rest take their defaults.
-const insertSQL = `INSERT INTO decisions (time, time_ms, gateway_id, key_id, key_kind, client_ip,
-    user_agent_hash, route, method, plan, binding_rule, allowed, rule_limit, remaining, cost,
-    store_status, mode, check_latency_us, schema_version, batch_id, key_name)`
-
-// RollUpFunc fills the rollups from the raw rows of one batch
-// (consumer.RollUp; this package may not import the consumer).
-type RollUpFunc func(ctx context.Context, conn driver.Conn, batch uint64) error
-
-// Insert writes rows to conn's decisions table in batches of 100,000, as
-// batches of their own, each rolled up by rollUp as the consumer would.
-func Insert(ctx context.Context, conn driver.Conn, rows []Decision, rollUp RollUpFunc) error {
+// Insert writes rows to conn in batches of 100,000 with write, as the
+// consumer would have stored them. A row's unset ID, StoreStatus, Mode and
+// Cost are written as a fresh id, ok, enforced and 1; rows is not changed.
+func Insert(ctx context.Context, conn driver.Conn, rows []event.Decision, write WriteFunc) error {
 	for start := 0; start < len(rows); start += 100000 {
-		batch := rand.Uint64() | 1
-		b, err := conn.PrepareBatch(ctx, insertSQL)
-		if err != nil {
-			return fmt.Errorf("prepare insert: %w", err)
-		}
-		for _, d := range rows[start:min(len(rows), start+100000)] {
-			allowed := uint8(0)
-			if d.Allowed {
-				allowed = 1
+		batch := slices.Clone(rows[start:min(len(rows), start+100000)])
+		for i := range batch {
+			d := &batch[i]
+			if d.ID == ([16]byte{}) {
+				d.ID = event.NewID(d.Time)
 			}
-			t := d.Time.UTC()
-			err := b.Append(t.Truncate(time.Second), uint16(t.Nanosecond()/1e6), d.Gateway, d.KeyID, d.KeyKind, d.ClientIP,
-				d.UserAgentHash, d.Route, d.Method, d.Plan, d.BindingRule, allowed, d.Limit, d.Remaining, max(1, d.Cost),
-				or(d.StoreStatus, "ok"), or(d.Mode, "enforced"), d.LatencyUS, uint8(1), batch, d.KeyName)
-			if err != nil {
-				return fmt.Errorf("append row: %w", err)
-			}
+			d.StoreStatus = cmp.Or(d.StoreStatus, event.StoreOK)
+			d.Mode = cmp.Or(d.Mode, event.ModeEnforced)
+			d.Cost = max(1, d.Cost)
 		}
-		if err := b.Send(); err != nil {
-			return fmt.Errorf("send batch: %w", err)
-		}
-		if err := rollUp(ctx, conn, batch); err != nil {
+		if err := write(ctx, conn, batch); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // Fleet describes synthetic traffic over the Window before Now.
@@ -132,13 +91,13 @@ type NATAddr struct {
 
 // Outage is a planted store outage: during [From, From+For) a Share of
 // Gateway's decisions find the store unavailable and fail Mode
-// (fail_open or fail_closed).
+// (event.ModeFailOpen or event.ModeFailClosed).
 type Outage struct {
 	Gateway string
 	From    time.Time
 	For     time.Duration
 	Share   float64
-	Mode    string
+	Mode    event.Mode
 }
 
 // Rules and plans the synthetic traffic uses.
@@ -150,10 +109,10 @@ var (
 
 // Rows generates the fleet's decisions. Ordinary keys are denied now and
 // then (more on the free plan), hot keys about half the time.
-func (f Fleet) Rows() []Decision {
+func (f Fleet) Rows() []event.Decision {
 	r := rand.New(rand.NewPCG(f.Seed, 7))
 	start := f.Now.Add(-f.Window)
-	var rows []Decision
+	var rows []event.Decision
 	at := func(from time.Time, span time.Duration) time.Time {
 		return from.Add(time.Duration(r.Int64N(int64(span))))
 	}
@@ -174,11 +133,12 @@ func (f Fleet) Rows() []Decision {
 	for _, gw := range f.Gateways {
 		even[gw] = 1
 	}
-	decision := func(t time.Time, gw, key, ip string, ua uint64, plan string, denyP float64) Decision {
-		d := Decision{
-			Time: t, Gateway: gw, KeyID: key, KeyKind: "api_key", ClientIP: ip, UserAgentHash: ua,
+	decision := func(t time.Time, gw, key, ip string, ua uint64, plan string, denyP float64) event.Decision {
+		d := event.Decision{
+			Time: t, GatewayID: gw, KeyID: key, KeyKind: event.KindAPIKey, ClientIP: ip, UserAgentHash: ua,
 			Route: Routes[r.IntN(len(Routes))], Method: "GET", Plan: plan, BindingRule: Rules[0],
-			Allowed: true, Limit: 100, Remaining: int64(r.IntN(100)), Cost: 1, LatencyUS: uint32(200 + r.IntN(800)),
+			Allowed: true, Limit: 100, Remaining: int64(r.IntN(100)), Cost: 1,
+			CheckLatency: time.Duration(200+r.IntN(800)) * time.Microsecond,
 		}
 		if r.Float64() < denyP {
 			d.Allowed, d.Remaining = false, 0
@@ -188,8 +148,8 @@ func (f Fleet) Rows() []Decision {
 		}
 		for _, o := range f.Outages {
 			if o.Gateway == gw && !t.Before(o.From) && t.Before(o.From.Add(o.For)) && r.Float64() < o.Share {
-				d.StoreStatus, d.Mode, d.Remaining = "unavailable", o.Mode, 0
-				d.Allowed = o.Mode == "fail_open"
+				d.StoreStatus, d.Mode, d.Remaining = event.StoreUnavailable, o.Mode, 0
+				d.Allowed = o.Mode == event.ModeFailOpen
 				d.BindingRule = ""
 			}
 		}

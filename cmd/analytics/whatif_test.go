@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/analytics/analyticstest"
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -81,10 +81,10 @@ func TestParseProposal(t *testing.T) {
 func TestWhatIfCommand(t *testing.T) {
 	conn, addr, db := database(t)
 	start := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
-	var rows []analyticstest.Decision
+	var rows []event.Decision
 	for i := range 10 {
-		rows = append(rows, analyticstest.Decision{Time: start.Add(time.Duration(i) * 100 * time.Millisecond), Gateway: "gw-a", KeyID: "k1",
-			KeyKind: "api_key", Route: "api", Method: "GET", Plan: "free", Allowed: true, Cost: 1})
+		rows = append(rows, event.Decision{Time: start.Add(time.Duration(i) * 100 * time.Millisecond), GatewayID: "gw-a", KeyID: "k1",
+			KeyKind: event.KindAPIKey, Route: "api", Method: "GET", Plan: "free", Allowed: true, Cost: 1})
 	}
 	mustInsert(t, conn, rows)
 	rules := writeFile(t, "plans:\n  free:\n    rules:\n      - {name: second, limit: 1, period: 1s, burst: 4}\n")

@@ -76,10 +76,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer ch.Close()
 	// Wrong credentials or an untrusted certificate end the start here,
 	// named; a server still coming up is retried below.
-	if err := boot.PingClickHouse(ctx, ch, fc.ClickHouse); boot.Fatal(err) {
+	checkClickHouse := func() error { return boot.PingClickHouse(ctx, ch, fc.ClickHouse) }
+	checkKafka := func() error { return fc.Kafka.Check(ctx, log) }
+	if err := checkClickHouse(); boot.Fatal(err) {
 		return err
+	} else if err != nil {
+		log.Warn("ClickHouse not reachable at start; the consumer keeps trying", "error", err.Error())
 	}
-	if err := fc.Kafka.Check(ctx, log); boot.Fatal(err) {
+	if err := checkKafka(); boot.Fatal(err) {
 		return err
 	} else if err != nil {
 		log.Warn("Kafka not reachable at start; the consumer keeps trying", "error", err.Error())
@@ -99,7 +103,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		cfg.Shards = append(cfg.Shards, sh)
 	}
 	if *fc.Migrate || *migrateOnly {
-		if err := retry(ctx, log, "migrate", func() error { return migrate(ctx, fc, ch, cfg) }); err != nil {
+		if err := retry(ctx, log, "migrate", checkClickHouse, func() error { return migrate(ctx, fc, ch, cfg) }); err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
 		log.Info("schema migrated", "database", fc.ClickHouse.Database, "shards", len(cfg.Shards))
@@ -108,12 +112,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return nil
 	}
 	if fc.Kafka.CreateTopics {
-		if err := retry(ctx, log, "create topics", func() error {
+		if err := retry(ctx, log, "create topics", checkKafka, func() error {
 			return createTopics(ctx, fc.Kafka, log)
 		}); err != nil {
 			return fmt.Errorf("create topics: %w", err)
 		}
-	} else if err := retry(ctx, log, "check topics", func() error {
+	} else if err := retry(ctx, log, "check topics", checkKafka, func() error {
 		// A misspelt topic would leave the consumer ready, idle and silent;
 		// a missing dead-letter topic would block the first partition that
 		// meets a poison record. Until both exist, say so and wait.
@@ -181,13 +185,20 @@ func migrate(ctx context.Context, fc fileConfig, ch driver.Conn, cfg consumer.Co
 
 // retry runs fn until it succeeds or ctx ends, backing off up to 10s: at
 // start, ClickHouse or Kafka may still be coming up. A schema newer than
-// this consumer does not get older by waiting: that error returns at once.
-func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
+// this consumer does not get older by waiting: that error returns at once;
+// and so does recheck's (the link's start check, run after each failure)
+// when it is a configuration problem: a server that was down at start
+// may come up refusing the credentials or the certificate, which no
+// retry fixes.
+func retry(ctx context.Context, log *slog.Logger, what string, recheck, fn func() error) error {
 	wait := 200 * time.Millisecond
 	for {
 		err := fn()
 		if err == nil || errors.Is(err, consumer.ErrSchemaNewer) {
 			return err
+		}
+		if cerr := recheck(); boot.Fatal(cerr) {
+			return cerr
 		}
 		log.Warn(what+" failed; retrying", "error", err.Error(), "retry_in_ms", wait.Milliseconds())
 		select {

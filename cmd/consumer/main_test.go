@@ -392,3 +392,72 @@ func TestVersion(t *testing.T) {
 		t.Errorf("run -version = %v, %q; want \"consumer dev (revision ...\"", err, out.String())
 	}
 }
+
+// TestRunStopsWhenCredentialsRefusedLater: a ClickHouse that is down at
+// start is waited for, but once it answers and refuses the password, the
+// consumer stops with the start check's line naming the link; it used to
+// retry the migration forever, logging the refusal every 10s.
+func TestRunStopsWhenCredentialsRefusedLater(t *testing.T) {
+	target, user := testenv.ClickHouseAddr(t), testenv.SecureClickHouse(t).User
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	addr := testenv.FreeAddr(t) // nothing there yet: ClickHouse is "down"
+	var out testenv.LogBuffer
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	go func() {
+		errc <- run(ctx, nil, env(map[string]string{
+			"EDGELIMIT_CLICKHOUSE_ADDR":       addr,
+			"EDGELIMIT_CLICKHOUSE_USER":       user,
+			"EDGELIMIT_CLICKHOUSE_PASSWORD":   "not-the-password",
+			"EDGELIMIT_KAFKA_BROKERS":         strings.Join(kc.ListenAddrs(), ","),
+			"EDGELIMIT_CONSUMER_ADMIN_LISTEN": testenv.FreeAddr(t),
+		}), &out)
+	}()
+	testenv.WaitFor(t, time.Minute, "the consumer retries the migration", func() bool {
+		return strings.Contains(out.String(), `"msg":"migrate failed; retrying"`)
+	})
+	if !strings.Contains(out.String(), `"msg":"ClickHouse not reachable at start; the consumer keeps trying"`) {
+		t.Errorf("no warning that ClickHouse was not reachable at start:\n%s", out.String())
+	}
+	// ClickHouse comes up: the port now leads to the real server.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				s, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go io.Copy(s, c)
+				io.Copy(c, s)
+			}()
+		}
+	}()
+	select {
+	case err := <-errc:
+		want := "clickhouse (" + addr + "): authentication failed: "
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run = %v, want an error with %q", err, want)
+		}
+		if err != nil && strings.Contains(err.Error()+out.String(), "not-the-password") {
+			t.Errorf("the password was shown: %v\n%s", err, out.String())
+		}
+	case <-ctx.Done():
+		t.Fatalf("run still retrying after ClickHouse refused the password:\n%s", out.String())
+	}
+}

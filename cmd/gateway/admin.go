@@ -123,6 +123,12 @@ func adminBase(addr string) (base, name string, err error) {
 	return strings.TrimSuffix(u.String(), "/"), name, nil
 }
 
+// adminClient follows no redirect: Go's client would send the bearer
+// token again to the same host on another port or over plain http, and
+// turn the POST of a reset or clear into a GET, which answers 200 with
+// the key's state as if it had been reset. The admin API never redirects.
+var adminClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 // adminCall sends one admin API request to the gateway at base (see
 // adminBase) and returns its JSON answer, or the problem it answered as an
 // error.
@@ -134,11 +140,18 @@ func adminCall(ctx context.Context, method, base, pathQuery string, token boot.S
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+string(token))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		to := "elsewhere"
+		if u, err := resp.Location(); err == nil {
+			to = u.Scheme + "://" + u.Host // its path or query may hold anything
+		}
+		return nil, fmt.Errorf("%s: redirected to %s, not followed (it would carry the admin token there, and turn a reset into a show): give -admin the address that answers", resp.Status, to)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
 		return nil, fmt.Errorf("read the answer: %w", err)

@@ -47,3 +47,38 @@ func TestAdminCLINeverPrintsAddressSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminCLIFollowsNoRedirect: an -admin address that redirects (a
+// proxy sending http to another port, or https to http) gets neither the
+// token nor the request: the CLI stops with the redirect's scheme and host,
+// rather than re-sending the token and reporting a reset that became a GET
+// of the key's state as done.
+func TestAdminCLIFollowsNoRedirect(t *testing.T) {
+	const token = "cli-admin-token-0123456789"
+	seen := make(chan string, 4)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Method + " " + r.Header.Get("Authorization")
+		_, _ = w.Write([]byte(`{"kind":"ip"}`))
+	}))
+	defer other.Close()
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect} {
+		redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+r.URL.Path+"?secret-path-token="+token[:4], code)
+		}))
+		var out strings.Builder
+		err := run(context.Background(), []string{"admin", "key", "reset", "-admin", redirecting.URL, "-ip", "127.0.0.1"},
+			env(map[string]string{"EDGELIMIT_ADMIN_TOKEN": token}), &out)
+		redirecting.Close()
+		if err == nil || !strings.Contains(err.Error(), "redirected to "+other.URL+", not followed") {
+			t.Errorf("reset through a %d: %v, want an error naming %s, not followed", code, err, other.URL)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret-path-token") {
+			t.Errorf("reset through a %d: the error shows the redirect's query: %v", code, err)
+		}
+		select {
+		case got := <-seen:
+			t.Errorf("reset through a %d: the redirect's target got %q, want nothing", code, got)
+		default:
+		}
+	}
+}

@@ -7,7 +7,10 @@
 // It is a thin door: a request's descriptors become the rules of one
 // gateway.Call, decided by gateway.Enforce with the same store deadline,
 // circuit breaker, failure policies, deny cache, directives, decision
-// event and metrics as proxied traffic and POST /v1/check. It lives in a
+// event and metrics as proxied traffic and POST /v1/check (split directives
+// aside: a descriptor's bucket is checked by every request that carries
+// it, so a split of one request's caller would fork it; see
+// limiter.Directives.Split). It lives in a
 // package of its own so gRPC and Envoy's API types stay out of the HTTP
 // gateway.
 //

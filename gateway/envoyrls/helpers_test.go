@@ -111,6 +111,13 @@ func startRLS(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Co
 // startRLSOn is startRLS on store (nil: the gateway's in-memory store).
 func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Config, store *limiter.Redis) *rls {
 	t.Helper()
+	return startRLSWith(t, files, cfg, gcfg, gatewayOptions(store))
+}
+
+// startRLSWith is startRLS with the gateway's options (its publisher is
+// the test's).
+func startRLSWith(t testing.TB, files map[string]string, cfg Config, gcfg gateway.Config, opts gateway.Options) *rls {
+	t.Helper()
 	_, bench := t.(*testing.B)
 	dir := t.TempDir()
 	for name, body := range files {
@@ -119,7 +126,6 @@ func startRLSOn(t testing.TB, files map[string]string, cfg Config, gcfg gateway.
 		}
 	}
 	ev := &events{discard: bench}
-	opts := gatewayOptions(store)
 	opts.Publisher = ev
 	gw, err := gateway.New(gcfg, opts)
 	if err != nil {

@@ -108,6 +108,54 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
+// TestEnvSecretFile: a secret read from a NAME_FILE is trimmed of the
+// newline editors and kubectl leave; a file that cannot give a secret (empty,
+// only whitespace, unreadable, far too large) is an error naming the
+// variable and the file, never the content, not a secret silently unset.
+func TestEnvSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name string, body []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	huge := bytes.Repeat([]byte("hunter2-"), 10<<10) // 80 KiB
+	for _, tt := range []struct {
+		name string
+		give string // the file
+		want string // the secret, or "" for an error
+		err  string
+	}{
+		{name: "trailing newline", give: file("nl", []byte("s3cret-value\n")), want: "s3cret-value"},
+		{name: "CRLF and spaces", give: file("crlf", []byte("  s3cret-value\r\n")), want: "s3cret-value"},
+		{name: "empty", give: file("empty", nil), err: "is empty"},
+		{name: "only a newline", give: file("blank", []byte("\n \n")), err: "is empty"},
+		{name: "missing", give: filepath.Join(dir, "none"), err: "no such file"},
+		{name: "a directory", give: dir, err: "is a directory"},
+		{name: "too large", give: file("huge", huge), err: "over 64 KiB"},
+	} {
+		var got Secret = "from-the-file-config"
+		e := NewEnv(env(map[string]string{"EDGELIMIT_X_PASSWORD_FILE": tt.give}))
+		e.Secret(&got, "EDGELIMIT_X_PASSWORD")
+		err := e.Err()
+		if tt.err == "" {
+			if err != nil || string(got) != tt.want {
+				t.Errorf("%s: Secret = %q, %v; want %q, nil", tt.name, string(got), err, tt.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "EDGELIMIT_X_PASSWORD_FILE: ") ||
+			!strings.Contains(err.Error(), tt.give) || !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("%s: Secret = %.20q (%d bytes), err %v; want an error naming EDGELIMIT_X_PASSWORD_FILE, %s and %q", tt.name, string(got), len(got), err, tt.give, tt.err)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: the error shows the file's content: %.100s", tt.name, err)
+		}
+	}
+}
+
 func TestSecretRedacted(t *testing.T) {
 	c := testConfig{Name: "n", Password: "hunter2", Redis: Redis{Password: "hunter3"}}
 	var logs bytes.Buffer

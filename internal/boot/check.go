@@ -17,8 +17,8 @@ import (
 // process that cannot start says so at once.
 const CheckTimeout = 5 * time.Second
 
-// The kinds of a failed start-up check (errors.Is). ErrAuth, ErrTLS and
-// ErrProtocol are configuration problems that waiting will not fix: the
+// The kinds of a failed start-up check (errors.Is). ErrAuth, ErrTLS,
+// ErrProtocol and ErrRedirect are configuration problems that waiting will not fix: the
 // processes refuse to start on them. ErrUnavailable (refused, timed out,
 // anything else) may be a server that is still coming up or down for a
 // while; each process decides (the gateway starts and lets its failure
@@ -28,6 +28,9 @@ var (
 	ErrTLS         = errors.New("TLS handshake")
 	ErrProtocol    = errors.New("the server dropped the connection (does it require TLS, or SASL?)")
 	ErrUnavailable = errors.New("unavailable")
+	// ErrRedirect: an HTTP link answered with a redirect, which is not
+	// followed; the URL to configure is the one it points to.
+	ErrRedirect = errors.New("redirected (not followed: configure the URL it points to)")
 )
 
 // LinkError is a failed start-up check of one link: which link, what kind
@@ -37,7 +40,8 @@ var (
 type LinkError struct {
 	// Link names the link and its address, such as "redis (127.0.0.1:6390)".
 	Link string
-	// Kind is one of ErrAuth, ErrTLS, ErrProtocol or ErrUnavailable.
+	// Kind is one of ErrAuth, ErrTLS, ErrProtocol, ErrRedirect or
+	// ErrUnavailable.
 	Kind error
 	// Err is the driver's error.
 	Err error
@@ -67,7 +71,9 @@ func linkError(link string, err error, isAuth func(error) bool) error {
 	}
 	kind := ErrUnavailable
 	switch {
-	case isTLSError(err):
+	case isTLSError(err),
+		// net/http's word for a TLS handshake answered in plain HTTP.
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
 		kind = ErrTLS
 	case isAuth(err):
 		kind = ErrAuth

@@ -92,7 +92,10 @@ func (e *Env) String(dst *string, name string) {
 
 // Secret sets *dst from name, or from the file named by name_FILE (a
 // mounted secret; surrounding whitespace trimmed). Setting both is an
-// error.
+// error, and so is a file that holds nothing (or only whitespace): naming
+// a file says the secret is in it, and an empty one is a mount gone wrong
+// that would otherwise leave the secret unset without a word (no
+// password, a random key_hash_secret, the admin API off).
 func (e *Env) Secret(dst *Secret, name string) {
 	v, file := e.getenv(name), e.getenv(name+"_FILE")
 	switch {
@@ -101,13 +104,40 @@ func (e *Env) Secret(dst *Secret, name string) {
 	case v != "":
 		*dst = Secret(v)
 	case file != "":
-		b, err := os.ReadFile(file)
+		s, err := readSecretFile(file)
 		if err != nil {
 			e.errs = append(e.errs, fmt.Errorf("%s_FILE: %w", name, err))
 			return
 		}
-		*dst = Secret(strings.TrimSpace(string(b)))
+		*dst = s
 	}
+}
+
+// maxSecretFile bounds what readSecretFile reads: a password, token or
+// URL is far shorter, and a path mistaken for a secret's (/dev/zero, a
+// log) must not be read whole into memory.
+const maxSecretFile = 64 << 10
+
+// readSecretFile is the secret in the file at path, trimmed. Its errors
+// name the file, never its content.
+func readSecretFile(path string) (Secret, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err != nil {
+		return "", err // a *PathError: "read PATH: is a directory"
+	}
+	if len(b) > maxSecretFile {
+		return "", fmt.Errorf("%s is over %d KiB: not a secret's file", path, maxSecretFile>>10)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return Secret(s), nil
 }
 
 // List sets *dst from name, a comma-separated list; items are trimmed and

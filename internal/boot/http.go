@@ -1,11 +1,14 @@
 package boot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -47,15 +50,19 @@ func (h HTTP) Validate(section string) error {
 }
 
 // NewHTTPClient returns one client for several links, keyed by a URL of
-// each: a request goes through the link of its scheme and host, so each
-// destination gets its own CA and sees its own credentials only. A request
-// to any other place gets neither. timeout bounds every request.
+// each: a request goes through the link whose scheme, host and path it is
+// under (the longest path, when two links share a host: Alertmanager and
+// a webhook behind one proxy), so each destination gets its own CA and
+// sees its own credentials only. A request to any other place gets
+// neither. timeout bounds every request.
 func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, error) {
-	rt := routes{other: http.DefaultTransport, by: map[string]http.RoundTripper{}}
+	rt := routes{other: http.DefaultTransport, by: map[string][]route{}}
 	for raw, h := range links {
 		u, err := url.Parse(raw)
 		if err != nil {
-			return nil, fmt.Errorf("url %q: %w", raw, err)
+			// Neither raw nor err (which quotes it): a webhook's path is
+			// often its token.
+			return nil, errors.New("an HTTP link's URL does not parse (not shown: it may hold a token)")
 		}
 		tc, err := h.TLS.Config()
 		if err != nil {
@@ -63,20 +70,39 @@ func NewHTTPClient(timeout time.Duration, links map[string]HTTP) (*http.Client, 
 		}
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.TLSClientConfig = tc
-		rt.by[u.Scheme+"://"+u.Host] = authTransport{h: h, next: t}
+		origin := u.Scheme + "://" + u.Host
+		rt.by[origin] = append(rt.by[origin], route{path: strings.TrimSuffix(u.Path, "/"), rt: authTransport{h: h, next: t}})
 	}
-	return &http.Client{Timeout: timeout, Transport: rt}, nil
+	for _, rs := range rt.by {
+		slices.SortFunc(rs, func(a, b route) int { return cmp.Compare(len(b.path), len(a.path)) })
+	}
+	// No redirect is followed: Go's client would re-send a POST of alerts
+	// as a GET (301, 302, 303), whose 200 would count as delivered, and
+	// could take the request over plain http. A redirect is an answer that
+	// the link is configured wrong (CheckHTTP says so at start).
+	return &http.Client{Timeout: timeout, Transport: rt, CheckRedirect: noRedirect}, nil
 }
 
-// routes picks a request's transport by its scheme and host.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// routes picks a request's transport by its scheme, host and path.
 type routes struct {
-	by    map[string]http.RoundTripper
+	by    map[string][]route // by scheme://host, longest path first
 	other http.RoundTripper
 }
 
+// route is one link's transport, for the requests under its path.
+type route struct {
+	path string // without a trailing slash; "" is the whole host
+	rt   http.RoundTripper
+}
+
 func (r routes) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t, ok := r.by[req.URL.Scheme+"://"+req.URL.Host]; ok {
-		return t.RoundTrip(req)
+	p := req.URL.Path
+	for _, t := range r.by[req.URL.Scheme+"://"+req.URL.Host] {
+		if p == t.path || strings.HasPrefix(p, t.path+"/") {
+			return t.rt.RoundTrip(req)
+		}
 	}
 	return r.other.RoundTrip(req)
 }
@@ -104,7 +130,8 @@ func (a authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // NewHTTPClient), within CheckTimeout, by sending method (GET for
 // Alertmanager's /api/v2/status; HEAD for a webhook, which must not be
 // posted to): a LinkError when the connection, its TLS, or the
-// credentials (401, 403) fail; nil for any other answer. A webhook that
+// credentials (401, 403) fail, or the answer is a redirect (never
+// followed, see NewHTTPClient); nil for any other answer. A webhook that
 // does not know HEAD still proves its certificate and its reachability.
 func CheckHTTP(ctx context.Context, client *http.Client, name, method, rawURL string) error {
 	ctx, cancel := checkContext(ctx)
@@ -131,6 +158,13 @@ func CheckHTTP(ctx context.Context, client *http.Client, name, method, rawURL st
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		return &LinkError{Link: link, Kind: ErrAuth, Err: errors.New(resp.Status)}
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		to := "elsewhere"
+		if l, err := resp.Location(); err == nil {
+			to = l.Scheme + "://" + l.Host // its path may carry a token
+		}
+		return &LinkError{Link: link, Kind: ErrRedirect, Err: fmt.Errorf("%s to %s", resp.Status, to)}
 	}
 	return nil
 }

@@ -32,8 +32,8 @@ type Kafka struct {
 }
 
 // SASL is Kafka's authentication: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
-// with a username and password. PLAIN sends the password as it is: use it
-// over TLS only.
+// with a username and password. PLAIN sends the password as it is, so
+// Validate refuses it without TLS.
 type SASL struct {
 	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: no SASL.
 	Mechanism string `yaml:"mechanism"`
@@ -63,6 +63,12 @@ func (k Kafka) Validate() error {
 	}
 	if _, err := k.SASL.mechanism(); err != nil {
 		errs = append(errs, err)
+	}
+	// PLAIN puts the password on the wire as it is: without TLS anyone on
+	// the path reads it. SCRAM proves the password without sending it.
+	if strings.EqualFold(k.SASL.Mechanism, "PLAIN") && !k.TLS.On() {
+		errs = append(errs, errors.New("kafka.sasl: PLAIN sends the password readable to anyone on the network without TLS: "+
+			"turn on kafka.tls (EDGELIMIT_KAFKA_TLS=true) or use SCRAM-SHA-256/SCRAM-SHA-512"))
 	}
 	errs = append(errs, k.TLS.validate("kafka.tls"))
 	return errors.Join(errs...)

@@ -279,6 +279,81 @@ func TestHTTPLink(t *testing.T) {
 		t.Errorf("the error shows the webhook's path: %v", err)
 	}
 
+	// An https URL whose server speaks plain HTTP: a TLS problem, which
+	// stops the start, not a server that is down.
+	plain := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer plain.Close()
+	plainTLS := "https://" + strings.TrimPrefix(plain.URL, "http://")
+	pc, err := NewHTTPClient(5*time.Second, map[string]HTTP{plainTLS: {TLS: TLS{CAFile: certs.CA}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLinkError(t, "https to plain HTTP", CheckHTTP(ctx, pc, "alertmanager", http.MethodGet, plainTLS+"/api/v2/status"), ErrTLS,
+		"alertmanager ("+plainTLS+"): TLS handshake: http: server gave HTTP response to HTTPS client")
+
+	// Alertmanager and a webhook behind one server (one proxy), each with
+	// its own token: each path gets its own, however the links' map is
+	// ordered (a client per try).
+	shared := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want := map[bool]string{true: "Bearer am-token", false: "Bearer hook-token"}[strings.HasPrefix(r.URL.Path, "/alertmanager/")]
+		if r.Header.Get("Authorization") != want {
+			http.Error(w, "no", http.StatusUnauthorized)
+		}
+	}))
+	shared.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	shared.StartTLS()
+	defer shared.Close()
+	for range 10 {
+		both, err := NewHTTPClient(5*time.Second, map[string]HTTP{
+			shared.URL + "/alertmanager/":  {TLS: TLS{CAFile: certs.CA}, BearerToken: "am-token"},
+			shared.URL + "/hooks/team-a-x": {TLS: TLS{CAFile: certs.CA}, BearerToken: "hook-token"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckHTTP(ctx, both, "alertmanager", http.MethodGet, shared.URL+"/alertmanager/api/v2/status"); err != nil {
+			t.Errorf("CheckHTTP(alertmanager beside a webhook on one host) = %v, want nil", err)
+		}
+		if err := CheckHTTP(ctx, both, "alert webhook", http.MethodHead, shared.URL+"/hooks/team-a-x"); err != nil {
+			t.Errorf("CheckHTTP(webhook beside alertmanager on one host) = %v, want nil", err)
+		}
+	}
+
+	// A destination that redirects (to another server here; as well to
+	// plain http): not followed. Go's client would post the alerts again
+	// as a GET, and its 200 would count as delivered.
+	moved := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, hook.URL+"/hook/elsewhere?token=t0ken", http.StatusFound)
+	}))
+	moved.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	moved.StartTLS()
+	defer moved.Close()
+	mc, err := NewHTTPClient(5*time.Second, map[string]HTTP{moved.URL: {TLS: TLS{CAFile: certs.CA}, BearerToken: "t0ken"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = CheckHTTP(ctx, mc, "alertmanager", http.MethodGet, moved.URL+"/api/v2/status")
+	wantLinkError(t, "redirect", err, ErrRedirect, "alertmanager ("+moved.URL+"): redirected (not followed", "302 Found to "+hook.URL)
+	if err != nil && strings.Contains(err.Error(), "t0ken") {
+		t.Errorf("the error shows the redirect's query: %v", err)
+	}
+	resp, err := mc.Post(moved.URL+"/api/v2/alerts", "application/json", strings.NewReader("[]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound {
+		t.Errorf("POST to a redirect = %s, want the 302 itself, not followed", resp.Status)
+	}
+	select {
+	case got := <-seen:
+		t.Errorf("the redirect's target got a request (Authorization %q), want none", got)
+	default:
+	}
+
+	if _, err := NewHTTPClient(time.Second, map[string]HTTP{"https://hooks.example/T0KEN-in-path\x7f": {}}); err == nil || strings.Contains(err.Error(), "T0KEN") {
+		t.Errorf("NewHTTPClient(an unparsable URL) = %v, want an error that does not show the URL", err)
+	}
 	if err := (HTTP{Username: "a", Password: "b", BearerToken: "c"}).Validate("alerts.webhook_client"); err == nil {
 		t.Error("Validate(basic and bearer) = nil, want an error")
 	}
@@ -305,6 +380,20 @@ func TestTLSValidate(t *testing.T) {
 	}
 	if err := (Kafka{SASL: SASL{Mechanism: "PLAIN", Username: "a"}}).Validate(); err == nil || !strings.Contains(err.Error(), "password") {
 		t.Errorf("Validate(PLAIN without password) = %v, want an error", err)
+	}
+	// PLAIN over plain TCP would show the password to the network.
+	for _, mech := range []string{"PLAIN", "plain"} {
+		k := Kafka{Brokers: []string{"b:9092"}, SASL: SASL{Mechanism: mech, Username: "a", Password: "b"}}
+		if err := k.Validate(); err == nil || !strings.Contains(err.Error(), "kafka.tls") {
+			t.Errorf("Validate(SASL %s without TLS) = %v, want it refused, naming kafka.tls", mech, err)
+		}
+		k.TLS.Enabled = true
+		if err := k.Validate(); err != nil {
+			t.Errorf("Validate(SASL %s over TLS) = %v, want nil", mech, err)
+		}
+	}
+	if err := (Kafka{Brokers: []string{"b:9092"}, SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "a", Password: "b"}}).Validate(); err != nil {
+		t.Errorf("Validate(SCRAM without TLS) = %v, want nil: SCRAM never sends the password", err)
 	}
 }
 

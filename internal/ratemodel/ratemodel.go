@@ -25,7 +25,7 @@ type Rule struct {
 	Sliding bool
 	// Share marks a split's share of a limit (the limiter's Rule.Share):
 	// a raised capacity keeps the tokens instead of adding the difference,
-	// unless the bucket is full.
+	// unless the bucket is full, and a lowered one clamps them.
 	Share bool
 }
 
@@ -66,13 +66,11 @@ func NewBucket(r Rule, now int64) *Bucket {
 }
 
 // At returns the tokens at now: tokens + elapsed × Limit/Period, at most
-// the capacity; time never runs backwards.
+// the capacity (tokens may be negative: overdrawn by a lowered capacity);
+// time never runs backwards.
 func (b *Bucket) At(now int64) *big.Rat {
 	elapsed := max(0, now-b.ts)
 	refill := new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(elapsed), big.NewInt(b.Rule.Limit)), big.NewInt(b.Rule.Period.Microseconds()))
-	if elapsed > 0 && refill.Cmp(Int(b.Rule.Capacity)) > 0 {
-		return Int(b.Rule.Capacity)
-	}
 	t := new(big.Rat).Add(b.tokens, refill)
 	if c := Int(b.Rule.Capacity); t.Cmp(c) > 0 {
 		return c
@@ -80,14 +78,18 @@ func (b *Bucket) At(now int64) *big.Rat {
 	return t
 }
 
-// Change refills at the old rate up to now; a raised capacity adds its
-// difference (but not to a share that is not full: its units moved from
-// another gateway's), a lowered one clamps.
+// Change refills at the old rate up to now, then carries what was used
+// into the new capacity: the tokens move by the capacity's difference,
+// either way, so a lowered capacity may leave them negative (overdrawn).
+// A share is the exception: one that grows keeps its tokens unless it is
+// full (its units moved from another gateway's), one that shrinks clamps.
 func (b *Bucket) Change(r Rule, now int64) {
 	t := b.At(now)
-	if d := r.Capacity - b.Rule.Capacity; d > 0 && (!r.Share || t.Cmp(Int(b.Rule.Capacity)) >= 0) {
+	d := r.Capacity - b.Rule.Capacity
+	if !r.Share || (d > 0 && t.Cmp(Int(b.Rule.Capacity)) >= 0) {
 		t.Add(t, Int(d))
-	} else if c := Int(r.Capacity); t.Cmp(c) > 0 {
+	}
+	if c := Int(r.Capacity); t.Cmp(c) > 0 {
 		t = c
 	}
 	b.Rule, b.tokens, b.ts = r, t, max(now, b.ts)

@@ -166,3 +166,51 @@ func ConfigEnv[C any](getenv func(string) string, loadConfig func(path string, g
 	_, _ = loadConfig("", rec.Getenv)
 	return rec.Names()
 }
+
+// Serve accepts connections on a loopback port until the test ends and
+// returns its address. Each connection goes to handle in a goroutine of its
+// own; with a nil handle it is held open and never answered (a server that
+// hangs). Every connection still open is closed when the test ends.
+func Serve(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if closed { // accepted as the test ended
+				mu.Unlock()
+				c.Close()
+				return
+			}
+			conns = append(conns, c)
+			if handle != nil {
+				wg.Go(func() { handle(c) })
+			}
+			mu.Unlock()
+		}
+	})
+	tb.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
