@@ -262,6 +262,12 @@ type Consumer struct {
 	// the next attempt, which takes a new id.
 	batch  uint64
 	failed bool
+	// limit is the most rows a batch inserts: BatchSize, halved after each
+	// insert timeout down to a floor, doubled again after growAfter full
+	// batches in a row fit (fits counts them; see shrink). more says the
+	// last batch committed left rows buffered past the limit.
+	limit, fits int
+	more        bool
 	// storedAt is the newest Kafka timestamp of a record stored, for the
 	// time-based lag; startedAt stands in before the first.
 	storedAt, startedAt time.Time
@@ -336,8 +342,11 @@ func New(cfg Config, ch driver.Conn, reg prometheus.Registerer, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
+	m.batchLimit.Set(float64(cfg.BatchSize))
 	return &Consumer{
-		cfg:        cfg.withDefaults(),
+		cfg:        cfg,
+		limit:      cfg.BatchSize,
 		ch:         ch,
 		log:        log,
 		m:          m,
@@ -706,11 +715,15 @@ func (d deadLetter) size() int {
 	return n
 }
 
-// flush stores everything buffered, retrying with backoff until it
-// succeeds or ctx ends.
+// flush stores everything buffered, in batches of at most the batch limit,
+// retrying with backoff until it succeeds or ctx ends.
 func (c *Consumer) flush(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		stage, err := c.flushOnce(ctx)
+		if err == nil && c.more && ctx.Err() == nil {
+			attempt = -1 // the next batch starts afresh
+			continue
+		}
 		if err == nil {
 			return nil
 		}
@@ -794,11 +807,16 @@ func (c *Consumer) flushableDeadBytes() int {
 //     every batch of that partition that has an intent and no commit (a
 //     crashed or fenced owner's), then resumes after the committed tail. An
 //     owner that sees a higher fence than its own stops writing.
-func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
+//
+// A batch holds at most c.limit rows; one whose rows cannot be staged and
+// inserted within InsertTimeout halves it (shrink), so a slow server gets
+// ever smaller batches instead of the same one for ever.
+func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.more = false
 	// Every step is bounded: while mu is held, a rebalance waits.
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	ctx, cancel := context.WithTimeout(parent, c.cfg.InsertTimeout)
 	defer cancel()
 
 	if c.failed {
@@ -822,7 +840,19 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	}
 	// Before anything is written: the rows dropped are gone from the
 	// buffer, so a retry of this batch neither stores nor counts them again.
-	rows := c.dropDuplicates(batch)
+	buffered := c.dropDuplicates(batch)
+	batch, rows, holds := c.cut(batch, buffered)
+	defer func() {
+		if err == nil {
+			return
+		}
+		restore(holds)
+		// The attempt's own deadline, not Run stopping: the batch was too
+		// big for the server as it is now.
+		if (stage == stageStage || stage == stageInsert) && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
+			c.shrink(rows)
+		}
+	}()
 	if c.beforeInsert != nil {
 		c.beforeInsert()
 	}
@@ -864,6 +894,7 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 	c.batch = newBatchID()
 	c.m.rowsInserted.Add(float64(rows))
 	c.remember(batch)
+	c.fitted(rows)
 	// The staged copy is not needed once the ledger holds the batch. A
 	// Memory table lives in ClickHouse's RAM until the server restarts, and
 	// a consumer killed before Run drops it would otherwise leave a whole
@@ -873,7 +904,14 @@ func (c *Consumer) flushOnce(ctx context.Context) (stage string, err error) {
 			c.log.Warn("empty staging table", "table", c.stage, "err", err)
 		}
 	}
+	c.keepRest(holds)
+	c.more = rows < buffered
 	for _, p := range batch {
+		if trimmed(holds, p) {
+			// Its set-aside rows wait for the next batch, and the newest
+			// timestamp it buffered is not stored yet.
+			continue
+		}
 		// Keep the buffer for the next batch (growing it row by row was a
 		// tenth of the consumer's CPU), not the rows' strings.
 		c.pending -= len(p.rows)

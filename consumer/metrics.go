@@ -25,6 +25,8 @@ type metrics struct {
 	timeClamped        prometheus.Counter
 	recordsLost        prometheus.Counter
 	duplicates         prometheus.Counter
+	batchesShrunk      prometheus.Counter
+	batchLimit         prometheus.Gauge
 }
 
 const ns = "edgelimit_consumer"
@@ -56,6 +58,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		timeClamped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "event_time_clamped_total", Help: "Events whose time was too far from their Kafka timestamp (or, when that cannot be stored, the consumer's clock) and was replaced by it."}),
 		recordsLost:        prometheus.NewCounter(prometheus.CounterOpts{Name: "records_lost_total", Help: "Records a partition no longer held when the consumer reached them (Kafka retention, an unclean leader election): decisions missing from ClickHouse."}),
 		duplicates:         prometheus.NewCounter(prometheus.CounterOpts{Name: "duplicates_total", Help: "Records of an event already stored (its id among the last 262,144 this consumer stored, or earlier in the same batch): not stored again."}),
+		batchesShrunk:      prometheus.NewCounter(prometheus.CounterOpts{Name: "batches_shrunk_total", Help: "Times an insert timeout halved the rows per batch (see batch_limit_rows)."}),
+		batchLimit:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "batch_limit_rows", Help: "Most rows the next batch may insert: the batch size, or less while inserts of it time out."}),
 		partitionsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "partitions_dropped_total", Help: "Day partitions dropped by retention (servers without TTL)."}),
 	}
 	for _, r := range []string{ReasonUnknownVersion, ReasonMalformed, ReasonExpired} {
@@ -70,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	reg = prometheus.WrapRegistererWithPrefix(ns+"_", reg) // no-op when nil
 	for _, c := range []prometheus.Collector{m.lag, m.lagSeconds, m.rowsInserted, m.batchSeconds, m.batchRows,
 		m.deadLetters, m.retries, m.partitionsDropped, m.batchesAborted, m.fenced, m.offsetsDistrusted,
-		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost, m.duplicates} {
+		m.deadLetterFailures, m.blockedPartitions, m.timeClamped, m.recordsLost, m.duplicates, m.batchesShrunk, m.batchLimit} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register consumer metrics: %w", err)
 		}
