@@ -21,7 +21,10 @@
 // else "key" (any value); the limit of the node the last entry reaches
 // applies. A limited descriptor becomes a limiter rule named by its
 // place in the configuration ("<domain>.<key>_<value>.<key2>", bounded by
-// the configuration, so safe as a metric label) and bucketed by a hash of
+// the configuration, so safe as a metric label; a configured value that
+// may be a credential, see below, is "-" and its place in its list, as in
+// "<domain>.api_key_-2", so a customer's own API key given a limit of its
+// own is never in a header, metric or event) and bucketed by a hash of
 // the domain and the request's entries, values included (every value of
 // an any-value or wildcard descriptor counts apart, as in ratelimit). All
 // buckets of a domain live under one limiter key, "rls:<domain>", so all
