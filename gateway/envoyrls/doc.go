@@ -71,7 +71,9 @@
 //     override shares the descriptor's bucket; a request holding the same
 //     entries under two limits (configured and override) counts the later
 //     in a bucket of its limit's own, so both limits hold. An override
-//     of 0 blocks, as a configured 0 does.
+//     of 0 blocks, as a configured 0 does, and so does one that cannot be
+//     counted as sent (unit UNKNOWN or none of ratelimit's, a period over
+//     400 days), where ratelimit answers an error Envoy lets through.
 //   - Store failure. ratelimit answers a gRPC error and leaves it to
 //     Envoy's failure_mode_deny. Here the rules' failure policy decides
 //     (grpc.failure_policy, default the gateway's): open answers OK,
