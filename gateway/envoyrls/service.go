@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -166,6 +167,15 @@ func (s *Service) Server() (*grpc.Server, error) {
 		// (see Listener) back soon. (Experimental in grpc-go, but there
 		// since 1.15.)
 		grpc.ConnectionTimeout(c.HandshakeTimeout),
+		// No call outlives CallTimeout, whatever deadline its client set
+		// (or none): one whose request never arrives whole is ended.
+		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+			ctx, cancel := context.WithTimeout(ctx, c.CallTimeout)
+			// ctx's parent is canceled when the stream ends, which ends
+			// ctx and its timer too; cancel is for vet.
+			context.AfterFunc(ctx, cancel)
+			return ctx, nil
+		}),
 	}
 	if c.TLS.CertFile != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
