@@ -86,6 +86,12 @@ type Config struct {
 	// the HTTP/2 preface by then; default 10s (grpc-go's own is 120s, for
 	// which an idle connection holds its slot). Restart.
 	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
+	// CallTimeout ends a call this long after its headers, if its own
+	// deadline (Envoy's grpc-timeout, 20ms by default) has not already:
+	// a client that never sends the rest of its request would otherwise
+	// hold the call's goroutine and what it sent for as long as it
+	// answers keepalive pings; default 10s. Restart.
+	CallTimeout time.Duration `yaml:"call_timeout"`
 }
 
 // TLS names the server's certificate and key (PEM files).
@@ -146,6 +152,9 @@ func (c Config) WithDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 10 * time.Second
 	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 10 * time.Second
+	}
 	if c.Keepalive.Time == 0 {
 		c.Keepalive.Time = 30 * time.Second
 	}
@@ -200,7 +209,7 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 1 {
 		bad("max_connections", "%d is below 1", c.MaxConnections)
 	}
-	for field, d := range map[string]time.Duration{"handshake_timeout": c.HandshakeTimeout, "keepalive.time": c.Keepalive.Time, "keepalive.timeout": c.Keepalive.Timeout,
+	for field, d := range map[string]time.Duration{"handshake_timeout": c.HandshakeTimeout, "call_timeout": c.CallTimeout, "keepalive.time": c.Keepalive.Time, "keepalive.timeout": c.Keepalive.Timeout,
 		"keepalive.min_time": c.Keepalive.MinTime, "keepalive.max_connection_idle": c.Keepalive.MaxConnectionIdle} {
 		if d < 0 {
 			bad(field, "%v is negative", d)

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -67,4 +70,64 @@ func TestConnectionCap(t *testing.T) {
 		_, err := r2.try("test", 0, desc("generic_key", "three"))
 		return err == nil
 	})
+}
+
+// TestStalledCallIsCut: a call that never sends the whole of its request
+// (a message header promising 1000 bytes, 3 of them sent, no deadline of
+// its own, every keepalive ping answered) is ended by the server after
+// grpc.call_timeout: otherwise its goroutine and what it sent are held
+// until the connection dies, which a client answering pings never lets
+// happen, and 1024 such streams per connection hold a GiB.
+func TestStalledCallIsCut(t *testing.T) {
+	r := startRLS(t, map[string]string{"test.yaml": features}, Config{CallTimeout: time.Second}, gatewayConfig(), "")
+	conn, err := net.Dial("tcp", r.conn.Target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	var hdr bytes.Buffer
+	enc := hpack.NewEncoder(&hdr)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "rls"},
+		{":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for _, err := range []error{
+		fr.WriteSettings(),
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hdr.Bytes(), EndHeaders: true}),
+		fr.WriteData(1, false, []byte{0, 0, 0, 0x03, 0xe8, 0x0a, 0x01, 't'}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the stalled call was not ended 30s on (call_timeout 1s): %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				_ = fr.WritePing(true, f.Data)
+			}
+		case *http2.HeadersFrame:
+			if f.StreamID == 1 && f.StreamEnded() {
+				return
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID == 1 {
+				return
+			}
+		}
+	}
 }

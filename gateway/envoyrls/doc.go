@@ -21,7 +21,10 @@
 // else "key" (any value); the limit of the node the last entry reaches
 // applies. A limited descriptor becomes a limiter rule named by its
 // place in the configuration ("<domain>.<key>_<value>.<key2>", bounded by
-// the configuration, so safe as a metric label) and bucketed by a hash of
+// the configuration, so safe as a metric label; a configured value that
+// may be a credential, see below, is "-" and its place in its list, as in
+// "<domain>.api_key_-2", so a customer's own API key given a limit of its
+// own is never in a header, metric or event) and bucketed by a hash of
 // the domain and the request's entries, values included (every value of
 // an any-value or wildcard descriptor counts apart, as in ratelimit). All
 // buckets of a domain live under one limiter key, "rls:<domain>", so all
@@ -68,7 +71,9 @@
 //     override shares the descriptor's bucket; a request holding the same
 //     entries under two limits (configured and override) counts the later
 //     in a bucket of its limit's own, so both limits hold. An override
-//     of 0 blocks, as a configured 0 does.
+//     of 0 blocks, as a configured 0 does, and so does one that cannot be
+//     counted as sent (unit UNKNOWN or none of ratelimit's, a period over
+//     400 days), where ratelimit answers an error Envoy lets through.
 //   - Store failure. ratelimit answers a gRPC error and leaves it to
 //     Envoy's failure_mode_deny. Here the rules' failure policy decides
 //     (grpc.failure_policy, default the gateway's): open answers OK,

@@ -132,3 +132,55 @@ func TestSecretValue(t *testing.T) {
 		}
 	}
 }
+
+// TestConfiguredSecretNamesNoRule: a credential configured as a
+// descriptor's value (one customer's API key given a limit of its own) is
+// never in what the door answers or publishes: the rule is named by the
+// descriptor's place in its list, not by the value, in the response's
+// statuses, headers and problem body, the decision event and the metrics.
+func TestConfiguredSecretNamesNoRule(t *testing.T) {
+	const secret = "sk_live_0123456789abcdef"
+	rules := `domain: edge
+descriptors:
+  - key: api_key
+    value: ` + secret + `
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    descriptors:
+      - key: session
+        value: sess_` + secret + `
+        rate_limit: {unit: hour, requests_per_unit: 1}
+`
+	r := startRLS(t, map[string]string{"edge.yaml": rules}, Config{}, gatewayConfig(), "")
+	var seen []string
+	for range 2 {
+		resp := r.ask(t, "edge", 0, desc("api_key", secret), desc("api_key", secret, "session", "sess_"+secret))
+		seen = append(seen, resp.String())
+	}
+	if !strings.Contains(seen[1], "OVER_LIMIT") {
+		t.Fatalf("second request: %s, want OVER_LIMIT (1 an hour)", seen[1])
+	}
+	for _, st := range []string{"edge.api_key_-1", "edge.api_key_-1.session_-1"} {
+		if !strings.Contains(seen[0], st) {
+			t.Errorf("response %s does not name rule %s", seen[0], st)
+		}
+	}
+	for _, e := range r.events.list() {
+		b, err := event.Encode(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = append(seen, string(b))
+	}
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		seen = append(seen, mf.String())
+	}
+	for _, s := range seen {
+		if strings.Contains(s, secret) {
+			t.Errorf("a configured secret is carried as sent in %.300q", s)
+		}
+	}
+}

@@ -96,7 +96,9 @@ type node struct {
 	wildcards []string
 	limit     *limit
 	// path is the node's place in the tree, ratelimit's stats key without
-	// the domain ("key_value.key2"), and names the rule.
+	// the domain ("key_value.key2"), and names the rule; a value that may
+	// be a credential (see secretValue) is "-" and its place in its list
+	// ("api_key_-2").
 	path string
 	// share: every value this wildcard node matches shares one bucket
 	// (share_threshold); value is the wildcard value ("files/*").
@@ -266,17 +268,25 @@ func checkKeys(n *yaml.Node) error {
 }
 
 func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
-	for _, d := range ds {
+	for i, d := range ds {
 		if d.Key == "" {
 			return errors.New("descriptor has empty key")
 		}
-		final := d.Key
+		final, named := d.Key, d.Key
 		if d.Value != "" {
 			final += "_" + d.Value
+			named += "_" + d.Value
+			if secretValue(d.Key, d.Value) {
+				// A value configured under a credential's key (a customer's
+				// own API key given its own limit) would otherwise be in
+				// the rule's name, and so in headers, metrics, events and
+				// the errors below; its place in the list names it instead.
+				named = fmt.Sprintf("%s_-%d", d.Key, i+1)
+			}
 		}
-		path := final
+		path := named
 		if parent != "" {
-			path = parent + "." + final
+			path = parent + "." + named
 		}
 		if _, dup := n.children[final]; dup {
 			return fmt.Errorf("duplicate descriptor composite key '%s.%s'", dom, path)

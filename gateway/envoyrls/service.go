@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -166,6 +167,15 @@ func (s *Service) Server() (*grpc.Server, error) {
 		// (see Listener) back soon. (Experimental in grpc-go, but there
 		// since 1.15.)
 		grpc.ConnectionTimeout(c.HandshakeTimeout),
+		// No call outlives CallTimeout, whatever deadline its client set
+		// (or none): one whose request never arrives whole is ended.
+		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+			ctx, cancel := context.WithTimeout(ctx, c.CallTimeout)
+			// ctx's parent is canceled when the stream ends, which ends
+			// ctx and its timer too; cancel is for vet.
+			context.AfterFunc(ctx, cancel)
+			return ctx, nil
+		}),
 	}
 	if c.TLS.CertFile != "" {
 		creds, err := credentials.NewServerTLSFromFile(c.TLS.CertFile, c.TLS.KeyFile)
@@ -319,11 +329,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			case OverridesReject:
 				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: limit overrides are refused by this rate limit service", i)
 			case OverridesHonor:
-				l, err := overrideLimit(dom.name, n, o)
-				if err != nil {
-					return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
-				}
-				f.lim, f.override = l, true
+				f.lim, f.override = overrideLimit(dom.name, n, o), true
 			}
 		}
 		if f.lim != nil && len(f.lim.replaces) > 0 {
@@ -534,28 +540,28 @@ func (l *limit) current() *rlsv3.RateLimitResponse_RateLimit {
 
 // overrideLimit is the limit a request sets for its descriptor; n is the
 // node the descriptor matched (nil: none), which names the rule. An
-// override of 0 blocks, as a configured 0 does (ratelimit's block list):
-// refusing it with an error would let Envoy, failing open by default,
-// pass the request uncounted.
-func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimitOverride) (*limit, error) {
-	unit := o.GetUnit().String()
-	period, ok := units[unit]
-	if !ok {
-		return nil, fmt.Errorf("limit override: invalid unit %s", unit)
-	}
-	mult := uint32(1)
-	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
-		mult = m.GetValue()
-	}
-	if time.Duration(mult) > limiter.MaxPeriod/period {
-		return nil, fmt.Errorf("limit override: a period of %d %s is too long", mult, strings.ToLower(unit))
-	}
+// override of 0 blocks, as a configured 0 does (ratelimit's block list),
+// and so does one that cannot be counted as sent (a unit that is none of
+// ratelimit's, such as the UNKNOWN Envoy parses from metadata, or a period
+// over limiter.MaxPeriod): refusing it with an error would let Envoy,
+// failing open by default, pass the request uncounted.
+func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimitOverride) *limit {
 	path := "override"
 	if n != nil {
 		path = n.path + ".override"
 	}
-	return &limit{requestsPerUnit: o.GetRequestsPerUnit(), unit: unit, period: period * time.Duration(mult), multiplier: mult,
-		ruleName: ruleName(dom, path)}, nil
+	unit := o.GetUnit().String()
+	l := &limit{requestsPerUnit: o.GetRequestsPerUnit(), unit: unit, multiplier: 1, ruleName: ruleName(dom, path)}
+	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
+		l.multiplier = m.GetValue()
+	}
+	period, ok := units[unit]
+	if !ok || time.Duration(l.multiplier) > limiter.MaxPeriod/period {
+		l.requestsPerUnit = 0
+		return l
+	}
+	l.period = period * time.Duration(l.multiplier)
+	return l
 }
 
 // identity names one request's descriptors in events: the domain and a

@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/event"
@@ -391,6 +392,22 @@ func TestLimitOverrides(t *testing.T) {
 	// error that Envoy (failure_mode_deny false) would let through.
 	if resp := r.ask(t, "test", 0, override(desc("generic_key", "three"), 0), desc("generic_key", "three")); resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != over {
 		t.Fatalf("override of 0: %v, want OVER_LIMIT on it", resp)
+	}
+
+	// An override this service cannot count as sent blocks too: a unit
+	// Envoy parses from metadata ("UNKNOWN") or none of its own, or a
+	// period over limiter.MaxPeriod. An error would be let through.
+	for _, lo := range []*commonv3.RateLimitDescriptor_RateLimitOverride{
+		{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit_UNKNOWN},
+		{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit(99)},
+		{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit_DAY, UnitMultiplier: wrapperspb.UInt32(1000)},
+	} {
+		d := desc("generic_key", "three")
+		d.Limit = lo
+		resp, err := r.try("test", 0, d)
+		if err != nil || resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != over {
+			t.Errorf("override %v: %v, %v; want OVER_LIMIT on it", lo, resp, err)
+		}
 	}
 
 	r = startRLS(t, map[string]string{"test.yaml": features}, Config{LimitOverrides: OverridesIgnore}, gatewayConfig(), "")
