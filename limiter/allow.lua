@@ -1,38 +1,55 @@
--- allow.lua: checks every rule of one identity at once, all-or-nothing.
+#!lua name=@LIBRARY@
+-- allow.lua: checks every rule of one identity at once, all-or-nothing. It
+-- is a Redis Functions library (FUNCTION LOAD once: compiled once, its
+-- helpers made once, replicated and persisted with the data), and the same
+-- source, without its first line, runs by EVALSHA where a server has no
+-- functions. Go names the library and its function after a hash of the
+-- source (@LIBRARY@, @FUNCTION@), so builds side by side never replace each
+-- other's.
 --
--- KEYS[1..m]   the containers: string keys holding packed rule states (one
+-- One call (FCALL @FUNCTION@, or EVALSHA) runs q checks, coalesced by the
+-- limiter from concurrent requests; each is atomic and all-or-nothing on its
+-- own, and all of them see one Redis time.
+--
+-- KEYS         every check's keys, one check after the other: its m
+--              containers, the string keys holding packed rule states (one
 --              for the identity's named rules, one per Rule.Bucket), all
---              under one {hash tag}; see layout in redis.go.
--- KEYS[m+i]    optional: rule i's key in the previous layout (a hash per
---              rule), read only while rule i has no state of its own here.
--- ARGV[1]      cost (integer > 0), charged to every rule without a cost
---              of its own; 0 inspects (computes, writes nothing); -1
---              resets the rules (drops their states and old keys); -2
---              lists the states of KEYS[1] and deletes it (no rules)
--- ARGV[2]      m, the number of containers
--- ARGV[3]      the rules, each struct-packed '<Bc0BI5I6I5I6I7I7', all in one
---              argument (Redis makes a Lua string of every argument):
---   name       the rule's bucket: its state's name in its container
---   flags      kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
+--              under one {hash tag} (see layout in redis.go), then,
+--              optionally, each rule's key in the previous layout (a hash
+--              per rule), read only while the rule has no state of its own.
+-- ARGV[1]      q, the number of checks; then four arguments per check:
+--   nkeys      how many of KEYS are this check's
+--   cost       integer > 0, charged to every rule without a cost of its
+--              own; 0 inspects (computes, writes nothing); -1 resets the
+--              rules (drops their states and old keys); -2 lists the states
+--              of its first key and deletes it (no rules)
+--   m          the number of containers
+--   rules      each struct-packed '<Bc0BI5I6I5I6I7i7', all in one string:
+--     name     the rule's bucket: its state's name in its container
+--     flags    kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
 --              token bucket with capacity = limit, 1 = token bucket, 2 =
 --              sliding window; share marks a split's share (see below)
---   limit      units per period
---   period     microseconds
---   capacity   token bucket capacity (burst); the limit for sliding window
---   pn, pd     token bucket: period / (limit × 10^6) in lowest terms, the
+--     limit    units per period
+--     period   microseconds
+--     capacity token bucket capacity (burst); the limit for sliding window
+--     pn, pd   token bucket: period / (limit × 10^6) in lowest terms, the
 --              microseconds per micro-token (reduced once, in Go)
---   rcost      what a check charges this rule instead of ARGV[1] when
---              > 0 (at most 2^53); 0 charges ARGV[1]. Only a check (cost
---              > 0) reads it: the modes stay ARGV[1]'s.
+--     rcost    what a check charges this rule instead of cost when non-zero
+--              (|rcost| at most 2^53); negative gives -rcost units back
+--              (never above capacity; a sliding window's current window
+--              count, never below zero) and always allows.
 --
--- Reply (cost > 0): { allowed, r1_allowed, r1_remaining, r1_retry_us,
--- r1_reset_us, ..., now_us } all integers; now_us is the Redis time the
--- rules were checked at. If any non-shadow rule denies, nothing is
--- consumed: the only write is of a state converted to a changed rule (or
--- taken over from the previous layout).
--- Reply (cost 0): { r1_found, r1_remaining, r1_count, r1_previous,
--- r1_reset_us, ..., ttl_ms, now_us }. (-1): { states dropped }. (-2): {
--- name1, kind1, ... } of the states KEYS[1] held.
+-- Reply: an array of q replies, each an error, or by the check's cost:
+--   > 0: one string, struct-packed '<B' then '<BI5I7I7' per rule then '<I7':
+--        allowed, then each rule's allowed, remaining, retry us, reset us,
+--        then now_us, the Redis time the rules were checked at. If any
+--        non-shadow rule denies, nothing is consumed: the only write is of
+--        a state converted to a changed rule (or taken over from the
+--        previous layout).
+--   0:   { r1_found, r1_remaining, r1_count, r1_previous, r1_reset_us, ...,
+--        ttl_ms, now_us }
+--   -1:  { states dropped }
+--   -2:  { name1, kind1, ... } of the states the key held.
 --
 -- A container is a string of records, each struct-packed as name length
 -- (1 byte), name, kind (1 byte), then by kind
@@ -41,11 +58,15 @@
 --   1: the same, then capacity-1 I4
 --   2: window index I6, count in it I5, count in the one before I5,
 --      period us I6
--- so a record remembers the rule it was written under. A record is matched
--- by name and algorithm, else by name alone (its algorithm changed: see
--- below); records of rules not in this call ride along untouched until
--- they read as full, then are dropped. A written container
--- expires when its last record would read as full anyway, plus a second.
+-- so a record remembers the rule it was written under. Most checks find
+-- exactly their own records, in their order, under the rules they were
+-- written with: the fast path reads them with one unpack and writes them
+-- back from pieces made once per rule set. Anything else takes the general
+-- path: a record is matched by name and algorithm, else by name alone (its
+-- algorithm changed: see below); records of rules not in this call ride
+-- along untouched until they read as full, then are dropped. A written
+-- container expires when its last record would read as full anyway, plus
+-- a second.
 --
 -- Time comes from Redis' clock; elapsed time is clamped at zero and a
 -- bucket's timestamp never moves back, so a clock step backwards never
@@ -68,42 +89,40 @@
 -- one adds its difference, a lowered one takes it away, which may leave
 -- the bucket overdrawn (negative tokens: denied until it refills to the
 -- cost, its retry from its own rate). Clamped instead, a key checked
--- under both capacities (gateways mid reload) was held to neither: each
--- raise added back what the lowering had forgotten. A split's share (flag
--- share) is the exception: one that grows keeps the tokens it had (its
--- units moved from another gateway's share, so adding them would mint
--- them on every resize), and one that shrinks clamps (its growth added
--- nothing, so nothing is taken back). From then on it refills at the new
--- rate. A share that reads as full starts full at its new capacity, as it
--- would with no state: a full record is dropped a second later anyway (and
--- the memory store forgets it at once), so the stores agree whatever they
--- kept. A sliding window whose period
--- changed carries what it had used into the current window of the new
--- period; a changed limit keeps its counts (in units). A changed algorithm
--- carries what the old state had used at now, in units, rounded up: into
--- the current window of a sliding window, or out of a full token bucket;
--- the converted record replaces the old one. States of the
--- previous layout without these fields (written by an older script still)
--- are read as written under the current rule.
+-- under both capacities (gateways mid reload) would be held to neither. A
+-- split's share (flag share) is the exception: one that grows keeps the
+-- tokens it had (its units moved from another gateway's share), and one
+-- that shrinks clamps. From then on it refills at the new rate. A share
+-- that reads as full starts full at its new capacity, as it would with no
+-- state: a full record is dropped a second later anyway (and the memory
+-- store forgets it at once), so the stores agree whatever they kept. A
+-- sliding window whose period changed carries what it had used into the
+-- current window of the new period; a changed limit keeps its counts (in
+-- units). A changed algorithm carries what the old state had used at now,
+-- in units, rounded up: into the current window of a sliding window, or
+-- out of a full token bucket; the converted record replaces the old one.
+-- States of the previous layout without these fields (written by an older
+-- script still) are read as written under the current rule.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local cost = tonumber(ARGV[1])
-local m = tonumber(ARGV[2])
-local blob = ARGV[3] or ''
 local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
--- Token bucket records keep micro-tokens signed (i7); one written before
--- was unsigned, but never reached the sign bit (at most 2^52), so it reads
--- the same.
 local TB0, TB1, SW = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6' -- records by kind
 local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
+local RULE = '<Bc0BI5I6I5I6I7i7'
+-- The standard libraries, read at the first call: a library's code runs
+-- at FUNCTION LOAD without them.
+local floor, ceil, fmod, pack, unpack_s, sub, rep, unpack_t, concat
+local function init()
+  floor, ceil, fmod = math.floor, math.ceil, math.fmod
+  pack, unpack_s, sub, rep = struct.pack, struct.unpack, string.sub, string.rep
+  unpack_t, concat = unpack, table.concat
+end
 
 -- floor(a*b/c) for b/c in lowest terms, never above the exact value
 local function muldiv_floor(a, b, c)
   local p = a * b
-  local q = math.floor(p / c)
+  local q = floor(p / c)
   if p > EXACT then q = q - 1 end
   if q < 0 then q = 0 end
   return q
@@ -113,7 +132,7 @@ end
 -- at 2^53 us
 local function wait(a, b, c)
   local p = a * b
-  local q = math.ceil(p / c)
+  local q = ceil(p / c)
   if p > EXACT then q = q + 2 end
   if q > EXACT then q = EXACT end
   return q
@@ -122,33 +141,78 @@ end
 -- b/c in lowest terms, for rules Go did not reduce (stored states)
 local function reduce(b, c)
   local x, y = b, c
-  while y > 0 do x, y = y, math.fmod(x, y) end
+  while y > 0 do x, y = y, fmod(x, y) end
   return b / x, c / x
 end
 
--- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost}.
-local R, byname, n = {}, {}, 0
-local pos = 1
-while pos <= #blob do
-  n = n + 1
-  local r = {struct.unpack('<Bc0BI5I6I5I6I7I7', blob, pos)}
-  pos = r[9]
-  R[n] = r
-  byname[r[1]] = n
+local function ceil_div(a, b) return floor((a + b - 1) / b) end
+
+-- the previous window's weight (in 1/D) when left us of the window remain
+local function weight(left, period)
+  local k = floor(left * D / period) + 1
+  if k > D then k = D end
+  return k
 end
-local legacy = #KEYS >= m + n
+
+-- the largest weight k with prev*k <= room*D
+local function max_weight(prev, room)
+  local k = floor(room * D / prev)
+  if k > D then k = D end
+  while k > 0 and prev * k > room * D do k = k - 1 end
+  while k < D and prev * (k + 1) <= room * D do k = k + 1 end
+  return k
+end
+
+-- the most us left in a window at which the weight is at most k (k >= 1)
+local function last_left(k, period)
+  local l = ceil(k * period / D) - 1
+  if l > period then l = period end
+  while l < period and weight(l + 1, period) <= k do l = l + 1 end
+  while l > 0 and weight(l, period) > k do l = l - 1 end
+  return l
+end
+
+-- How long a sliding window denial of rc units waits, with cur and prev
+-- units in the current and previous window, left us of the window to go.
+local function window_retry(cur, prev, limit, rc, left, period)
+  local room = limit - cur - rc
+  local kw = 0
+  if room >= 0 then kw = max_weight(prev, room) end
+  if kw >= 1 then
+    -- until the previous window has decayed enough
+    return left - last_left(kw, period)
+  elseif cur <= limit - rc then
+    -- the next window, where cur becomes prev at full weight
+    return left
+  end
+  kw = max_weight(cur, limit - rc)
+  if kw >= 1 then return left + period - last_left(kw, period) end
+  return left + period
+end
+
+-- What a sliding window state (window sw, counts sc and sp) had used at
+-- now, in units, by its own period sP; the counts of a window Redis'
+-- clock stepped back across are kept whole.
+local function window_use(now, sw, sc, sp, sP)
+  local ow = floor(now / sP)
+  local oleft = sP - (now - ow * sP)
+  if sw == ow then return sc + ceil_div(sp * weight(oleft, sP), D) end
+  if sw == ow - 1 then return ceil_div(sc * weight(oleft, sP), D) end
+  if sw > ow then return sc + sp end
+  return 0
+end
 
 -- How long (us) a record of a rule not in this call still needs to be
 -- kept, by the rule it was written under; nil once it reads as full.
-local function foreign_need(kind, s, p)
+local function foreign_need(now, kind, s, p)
   if kind == 2 then
-    local w, _, _, P = struct.unpack(SW, s, p)
-    local ow = math.floor(now / P)
+    local w, _, _, P = unpack_s(SW, s, p)
+    local ow = floor(now / P)
     if w >= ow then return (w + 2) * P - now end
     if w == ow - 1 then return (ow + 1) * P - now end
     return nil
   end
-  local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
+  local tk, ts, l1, P, c1 = unpack_s(kind == 1 and TB1 or TB0, s, p)
   local l = l1 + 1
   local ocapu = l * MICRO
   if kind == 1 then ocapu = (c1 + 1) * MICRO end
@@ -161,397 +225,607 @@ local function foreign_need(kind, s, p)
   return wait(ocapu - tokens, rd, rn)
 end
 
--- Read the containers: each rule's stored state st[i] (token bucket:
--- {tokens, ts, limit, period, capacity}; sliding window: {window, count,
--- previous, period}), raw[i] its bytes, and the records of other rules
--- still worth keeping.
-local st, raw, keep, kneed, names = {}, {}, {}, {}, {}
-local other, oraw = {}, {} -- a rule's record under its other algorithm
-for c = 1, m do
-  local s = redis.call('GET', KEYS[c])
-  keep[c], kneed[c] = {}, 0
-  if s then
-    local p0, len = 1, #s
-    while p0 <= len do
-      local name, kind, p = struct.unpack('Bc0B', s, p0)
-      local e
-      if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 else
-        return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. KEYS[c])
-      end
-      local i = byname[name]
-      local r = R[i]
-      if cost == -2 then
-        names[#names + 1] = name
-        names[#names + 1] = kind
-      elseif r and math.floor(r[2] / 16) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
-        if kind == 2 then
-          st[i] = {struct.unpack(SW, s, p)}
-        else
-          local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
-          st[i] = {tk, ts, l1 + 1, P, (kind == 1 and c1 or l1) + 1}
-        end
-        raw[i] = string.sub(s, p0, e - 1)
-      elseif r and math.floor(r[2] / 16) + 1 == c then
-        -- the rule's record under its other algorithm (the algorithm
-        -- changed): converted below, never kept beside the rule's own
-        other[i], oraw[i] = {kind, s, p}, string.sub(s, p0, e - 1)
-      else
-        local need = foreign_need(kind, s, p)
-        if need then
-          keep[c][#keep[c] + 1] = string.sub(s, p0, e - 1)
-          if need > kneed[c] then kneed[c] = need end
-        end
-      end
-      p0 = e
-    end
+-- A container's expiry: when its last record would read as full anyway
+-- (need us from now), plus a second; absolute, which Redis propagates as
+-- given (it rewrites PX).
+local function expiry(now, need) return ceil((now + need) / 1000) + 1000 end
+
+-- general checks one call's rules the long way (see the header); keys[k0 +
+-- 1 .. k0 + nk] are its keys, got (when the fast path already read them)
+-- its containers' values, false where absent.
+local function general(keys, k0, nk, cost, m, blob, now, got)
+  -- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost}.
+  local R, byname, n = {}, {}, 0
+  local pos = 1
+  while pos <= #blob do
+    n = n + 1
+    local r = {unpack_s(RULE, blob, pos)}
+    pos = r[9]
+    R[n] = r
+    byname[r[1]] = n
   end
-end
+  local legacy = nk >= m + n
 
-if cost == -2 then
-  redis.call('DEL', KEYS[1])
-  return names
-end
-
--- A record of the rule's other algorithm is its state when it has none of
--- its own (and is dropped with the next write when it has).
-for i = 1, n do
-  if other[i] and not st[i] then raw[i] = oraw[i] else other[i] = nil end
-end
-
-if cost == -1 then
-  local dropped = 0
+  -- Read the containers: each rule's stored state st[i] (token bucket:
+  -- {tokens, ts, limit, period, capacity}; sliding window: {window, count,
+  -- previous, period}), raw[i] its bytes, and the records of other rules
+  -- still worth keeping.
+  local st, raw, keep, kneed, names = {}, {}, {}, {}, {}
+  local other, oraw = {}, {} -- a rule's record under its other algorithm
   for c = 1, m do
-    local had = false
-    for i = 1, n do
-      if raw[i] and math.floor(R[i][2] / 16) + 1 == c then had = true end
-    end
-    if had then
-      if #keep[c] == 0 then
-        redis.call('DEL', KEYS[c])
-      else
-        redis.call('SET', KEYS[c], table.concat(keep[c]), 'KEEPTTL')
+    local s
+    if got then s = got[c] or nil else s = redis.call('GET', keys[k0 + c]) end
+    keep[c], kneed[c] = {}, 0
+    if s then
+      local p0, len = 1, #s
+      while p0 <= len do
+        local name, kind, p = unpack_s('Bc0B', s, p0)
+        local e
+        if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 else
+          return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. keys[k0 + c])
+        end
+        local i = byname[name]
+        local r = R[i]
+        if cost == -2 then
+          names[#names + 1] = name
+          names[#names + 1] = kind
+        elseif r and floor(r[2] / 16) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
+          if kind == 2 then
+            st[i] = {unpack_s(SW, s, p)}
+          else
+            local tk, ts, l1, P, c1 = unpack_s(kind == 1 and TB1 or TB0, s, p)
+            st[i] = {tk, ts, l1 + 1, P, (kind == 1 and c1 or l1) + 1}
+          end
+          raw[i] = sub(s, p0, e - 1)
+        elseif r and floor(r[2] / 16) + 1 == c then
+          -- the rule's record under its other algorithm (the algorithm
+          -- changed): converted below, never kept beside the rule's own
+          other[i], oraw[i] = {kind, s, p}, sub(s, p0, e - 1)
+        else
+          local need = foreign_need(now, kind, s, p)
+          if need then
+            keep[c][#keep[c] + 1] = sub(s, p0, e - 1)
+            if need > kneed[c] then kneed[c] = need end
+          end
+        end
+        p0 = e
       end
     end
   end
-  for i = 1, n do
-    if raw[i] then dropped = dropped + 1 end
-    if legacy then dropped = dropped + redis.call('DEL', KEYS[m + i]) end
-  end
-  return {dropped}
-end
 
--- Rules without a state here take over their state in the previous layout,
--- converted once: it is written back here whatever the verdict.
-local taken = {}
-if legacy then
-  -- One EXISTS for the rules without a record (a new identity: all of
-  -- them), and an HMGET only for an old key that is there.
-  local missing = {}
-  for i = 1, n do
-    if not st[i] and not other[i] then missing[#missing + 1] = KEYS[m + i] end
+  if cost == -2 then
+    redis.call('DEL', keys[k0 + 1])
+    return names
   end
-  if #missing == 0 or redis.call('EXISTS', unpack(missing)) == 0 then legacy = false end
-end
-if legacy then
+
+  -- A record of the rule's other algorithm is its state when it has none of
+  -- its own (and is dropped with the next write when it has).
   for i = 1, n do
-    if not st[i] and not other[i] then
+    if other[i] and not st[i] then raw[i] = oraw[i] else other[i] = nil end
+  end
+
+  if cost == -1 then
+    local dropped = 0
+    for c = 1, m do
+      local had = false
+      for i = 1, n do
+        if raw[i] and floor(R[i][2] / 16) + 1 == c then had = true end
+      end
+      if had then
+        if #keep[c] == 0 then
+          redis.call('DEL', keys[k0 + c])
+        else
+          redis.call('SET', keys[k0 + c], concat(keep[c]), 'KEEPTTL')
+        end
+      end
+    end
+    for i = 1, n do
+      if raw[i] then dropped = dropped + 1 end
+      if legacy then dropped = dropped + redis.call('DEL', keys[k0 + m + i]) end
+    end
+    return {dropped}
+  end
+
+  -- Rules without a state here take over their state in the previous layout,
+  -- converted once: it is written back here whatever the verdict.
+  local taken = {}
+  if legacy then
+    -- One EXISTS for the rules without a record (a new identity: all of
+    -- them), and an HMGET only for an old key that is there.
+    local missing = {}
+    for i = 1, n do
+      if not st[i] and not other[i] then missing[#missing + 1] = keys[k0 + m + i] end
+    end
+    if #missing == 0 or redis.call('EXISTS', unpack_t(missing)) == 0 then legacy = false end
+  end
+  if legacy then
+    for i = 1, n do
+      if not st[i] and not other[i] then
+        local r = R[i]
+        if r[2] % 4 == 2 then
+          local h = redis.call('HMGET', keys[k0 + m + i], 'w', 'c', 'p', 'P')
+          if h[1] then
+            -- no period: written by an older script still (see below)
+            st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or false}
+          end
+        else
+          local h = redis.call('HMGET', keys[k0 + m + i], 'tk', 'ts', 'l', 'P', 'c')
+          if h[1] then
+            st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or r[3], tonumber(h[4]) or r[4], tonumber(h[5]) or r[5]}
+          end
+        end
+        taken[i] = st[i] ~= nil
+      end
+    end
+  end
+
+  -- A rule whose algorithm changed carries over what its record under the
+  -- other one had used at now, in units, by the rule it was written under
+  -- (rounded up, in the limiter's favour): into the current window of a
+  -- sliding window, or out of a full token bucket. Started afresh instead,
+  -- the key would get a whole limit more, and for as long as gateways of the
+  -- old and the new configuration run side by side, each algorithm its own.
+  for i = 1, n do
+    local o = other[i]
+    if o then
+      local kind, s, p = o[1], o[2], o[3]
+      local used
+      if kind == 2 then
+        local sw, sc, sp, sP = unpack_s(SW, s, p)
+        used = window_use(now, sw, sc, sp, sP)
+      else
+        local tk, ts, l1, P, c1 = unpack_s(kind == 1 and TB1 or TB0, s, p)
+        local ocapu = ((kind == 1 and c1 or l1) + 1) * MICRO
+        local rn, rd = reduce((l1 + 1) * MICRO, P)
+        local el = now - ts
+        if el < 0 then el = 0 end
+        local refill = muldiv_floor(el, rn, rd)
+        if refill > ocapu - tk then refill = ocapu - tk end
+        local tokens = tk + refill
+        if tokens > ocapu then tokens = ocapu end
+        used = ceil_div(ocapu - tokens, MICRO)
+      end
       local r = R[i]
       if r[2] % 4 == 2 then
-        local h = redis.call('HMGET', KEYS[m + i], 'w', 'c', 'p', 'P')
-        if h[1] then
-          -- no period: written by an older script still (see below)
-          st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4]) or false}
-        end
+        st[i] = {floor(now / r[4]), used, 0, r[4]}
       else
-        local h = redis.call('HMGET', KEYS[m + i], 'tk', 'ts', 'l', 'P', 'c')
-        if h[1] then
-          st[i] = {tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or r[3], tonumber(h[4]) or r[4], tonumber(h[5]) or r[5]}
-        end
+        -- (overdrawn when a lowered limit's window had used more)
+        st[i] = {(r[5] - used) * MICRO, now, r[3], r[4], r[5]}
       end
-      taken[i] = st[i] ~= nil
+      taken[i] = true
     end
   end
-end
 
--- Sliding window helpers, made only when a sliding window is checked.
-local weight, max_weight, last_left
+  -- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
+  -- before and after consuming this request.
+  local V, writes, converts, counts = {}, {}, {}, {}
+  local all = 1
 
-local function sliding_helpers()
-  -- the previous window's weight (in 1/D) when left us of the window remain
-  weight = function(left, period)
-    local k = math.floor(left * D / period) + 1
-    if k > D then k = D end
-    return k
-  end
-  -- the largest weight k with prev*k <= room*D
-  max_weight = function(prev, room)
-    local k = math.floor(room * D / prev)
-    if k > D then k = D end
-    while k > 0 and prev * k > room * D do k = k - 1 end
-    while k < D and prev * (k + 1) <= room * D do k = k + 1 end
-    return k
-  end
-  -- the most us left in a window at which the weight is at most k (k >= 1)
-  last_left = function(k, period)
-    local l = math.ceil(k * period / D) - 1
-    if l > period then l = period end
-    while l < period and weight(l + 1, period) <= k do l = l + 1 end
-    while l > 0 and weight(l, period) > k do l = l - 1 end
-    return l
-  end
-end
-
-local function ceil_div(a, b) return math.floor((a + b - 1) / b) end
-
--- What a sliding window state (window sw, counts sc and sp) had used at
--- now, in units, by its own period sP; the counts of a window Redis'
--- clock stepped back across are kept whole. Needs sliding_helpers().
-local function window_use(sw, sc, sp, sP)
-  local ow = math.floor(now / sP)
-  local oleft = sP - (now - ow * sP)
-  if sw == ow then return sc + ceil_div(sp * weight(oleft, sP), D) end
-  if sw == ow - 1 then return ceil_div(sc * weight(oleft, sP), D) end
-  if sw > ow then return sc + sp end
-  return 0
-end
-
--- A rule whose algorithm changed carries over what its record under the
--- other one had used at now, in units, by the rule it was written under
--- (rounded up, in the limiter's favour): into the current window of a
--- sliding window, or out of a full token bucket. Started afresh instead,
--- the key would get a whole limit more, and for as long as gateways of the
--- old and the new configuration run side by side, each algorithm its own.
-for i = 1, n do
-  local o = other[i]
-  if o then
-    local kind, s, p = o[1], o[2], o[3]
-    local used
-    if kind == 2 then
-      if not weight then sliding_helpers() end
-      local sw, sc, sp, sP = struct.unpack(SW, s, p)
-      used = window_use(sw, sc, sp, sP)
-    else
-      local tk, ts, l1, P, c1 = struct.unpack(kind == 1 and TB1 or TB0, s, p)
-      local ocapu = ((kind == 1 and c1 or l1) + 1) * MICRO
-      local rn, rd = reduce((l1 + 1) * MICRO, P)
-      local el = now - ts
-      if el < 0 then el = 0 end
-      local refill = muldiv_floor(el, rn, rd)
-      if refill > ocapu - tk then refill = ocapu - tk end
-      local tokens = tk + refill
-      if tokens > ocapu then tokens = ocapu end
-      used = ceil_div(ocapu - tokens, MICRO)
-    end
+  for i = 1, n do
     local r = R[i]
-    if r[2] % 4 == 2 then
-      st[i] = {math.floor(now / r[4]), used, 0, r[4]}
-    else
-      -- (overdrawn when a lowered limit's window had used more)
-      st[i] = {(r[5] - used) * MICRO, now, r[3], r[4], r[5]}
-    end
-    taken[i] = true
-  end
-end
+    local name, f, limit, period, cap = r[1], r[2], r[3], r[4], r[5]
+    local kind = f % 4
+    -- what this rule is charged: its own cost in a check, else the call's;
+    -- either is above the capacity only for a shadow rule (Go answers the
+    -- others), so every exact product below stays under 2^53
+    local rc = cost
+    if cost > 0 and r[8] ~= 0 then rc = r[8] end
+    local s = st[i]
+    local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
 
--- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
--- before and after consuming this request.
-local V, writes, converts, counts = {}, {}, {}, {}
-local all = 1
-
-for i = 1, n do
-  local r = R[i]
-  local name, f, limit, period, cap = r[1], r[2], r[3], r[4], r[5]
-  local kind = f % 4
-  -- what this rule is charged: its own cost in a check, else the call's;
-  -- either is above the capacity only for a shadow rule (Go answers the
-  -- others), so every exact product below stays under 2^53
-  local rc = cost
-  if cost > 0 and r[8] > 0 then rc = r[8] end
-  local s = st[i]
-  local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
-
-  if kind ~= 2 then
-    -- token bucket
-    local capu = cap * MICRO
-    local pn, pd = r[6], r[7] -- us per micro-token
-    local tokens = capu
-    local ts = now
-    local conv = false
-    if s then
-      local sl, sP, ocapu = s[3], s[4], s[5] * MICRO
-      local elapsed = now - s[2]
-      if elapsed < 0 then elapsed = 0 end
-      local rn, rd = pd, pn
-      if sl ~= limit or sP ~= period then rn, rd = reduce(sl * MICRO, sP) end
-      -- (refill capped at what fills the bucket, which for an overdrawn
-      -- one is more than its capacity)
-      local refill = muldiv_floor(elapsed, rn, rd)
-      if refill > ocapu - s[1] then refill = ocapu - s[1] end
-      tokens = s[1] + refill
-      if math.floor(f / 8) % 2 == 0 or (capu > ocapu and tokens >= ocapu) then tokens = tokens + capu - ocapu end
-      if tokens > capu then tokens = capu end
-      if s[2] > ts then ts = s[2] end
-      conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
-    end
-    local need = rc * MICRO
-    if tokens >= need then
-      ok = 1
-    elseif rc <= cap then
-      retry = wait(need - tokens, pn, pd)
-    end
-    -- (a cost above the capacity reaches here only for a shadow rule: no
-    -- wait helps, retry stays 0, and nothing is written, as in memory.go)
-    -- before/after: the rule's state if nothing or this request is consumed
-    local rest = tokens - need
-    brem, breset = math.floor(tokens / MICRO), wait(capu - tokens, pn, pd)
-    if brem < 0 then brem = 0 end
-    local fmt, c1 = PTB0, nil
-    if kind == 1 then fmt, c1 = PTB1, cap - 1 end
-    if cost > 0 then
-      if ok == 1 then
-        arem, areset = math.floor(rest / MICRO), wait(capu - rest, pn, pd)
-        writes[i] = struct.pack(fmt, #name, name, kind, rest, ts, limit - 1, period, c1)
+    if kind ~= 2 then
+      -- token bucket
+      local capu = cap * MICRO
+      local pn, pd = r[6], r[7] -- us per micro-token
+      local tokens = capu
+      local ts = now
+      local conv = false
+      if s then
+        local sl, sP, ocapu = s[3], s[4], s[5] * MICRO
+        local elapsed = now - s[2]
+        if elapsed < 0 then elapsed = 0 end
+        local rn, rd = pd, pn
+        if sl ~= limit or sP ~= period then rn, rd = reduce(sl * MICRO, sP) end
+        -- (refill capped at what fills the bucket, which for an overdrawn
+        -- one is more than its capacity)
+        local refill = muldiv_floor(elapsed, rn, rd)
+        if refill > ocapu - s[1] then refill = ocapu - s[1] end
+        tokens = s[1] + refill
+        if floor(f / 8) % 2 == 0 or (capu > ocapu and tokens >= ocapu) then tokens = tokens + capu - ocapu end
+        if tokens > capu then tokens = capu end
+        if s[2] > ts then ts = s[2] end
+        conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
       end
-      if conv and rc <= cap then converts[i] = struct.pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
-    end
-  else
-    -- sliding window counter
-    if not weight then sliding_helpers() end
-    local w = math.floor(now / period)
-    local into = now - w * period
-    local cur, prev = 0, 0
-    local conv = false
-    if s then
-      local sw, sc, sp, sP = s[1], s[2], s[3], s[4]
-      conv = sP ~= period or taken[i]
-      if not sP and sw > w then
-        -- written by an older script, maybe under another period: carry
-        -- all of it rather than freeze the window
-        cur = sc + sp
-      elseif sP and sP ~= period then
-        -- the period changed: carry what the old windows had used at now
-        cur = window_use(sw, sc, sp, sP)
-      elseif sw == w then
-        cur, prev = sc, sp
-      elseif sw == w - 1 then
-        prev = sc
-      elseif sw > w then
-        -- Redis' clock stepped back across a window: keep the newer counts.
-        w = sw
-        into = 0
-        cur, prev = sc, sp
+      local need = rc * MICRO
+      if rc < 0 or tokens >= need then
+        ok = 1
+      elseif rc <= cap then
+        retry = wait(need - tokens, pn, pd)
       end
-    end
-    local left = period - into
-    local k = weight(left, period)
-    local pw = ceil_div(prev * k, D)
-    -- remaining and reset with c units in the current window
-    brem = limit - cur - pw
-    if brem < 0 then brem = 0 end
-    if cur > 0 then breset = left + period elseif prev > 0 then breset = left end
-    counts[i] = {cur, prev}
-    local room = limit - cur - rc
-    if room >= 0 and prev * k <= room * D then
-      ok = 1
+      -- (a cost above the capacity reaches here only for a shadow rule: no
+      -- wait helps, retry stays 0, and nothing is written, as in memory.go)
+      -- before/after: the rule's state if nothing or this request is consumed
+      local rest = tokens - need
+      if rest > capu then rest = capu end
+      brem, breset = floor(tokens / MICRO), wait(capu - tokens, pn, pd)
+      if brem < 0 then brem = 0 end
+      local fmt, c1 = PTB0, nil
+      if kind == 1 then fmt, c1 = PTB1, cap - 1 end
       if cost > 0 then
-        arem = limit - cur - rc - pw
-        if arem < 0 then arem = 0 end
-        areset = left + period
-        writes[i] = struct.pack(PSW, #name, name, 2, w, cur + rc, prev, period)
+        if ok == 1 then
+          arem, areset = floor(rest / MICRO), wait(capu - rest, pn, pd)
+          if arem < 0 then arem = 0 end
+          writes[i] = pack(fmt, #name, name, kind, rest, ts, limit - 1, period, c1)
+        end
+        if conv and rc <= cap then converts[i] = pack(fmt, #name, name, kind, tokens, ts, limit - 1, period, c1) end
       end
-    end
-    if conv and cost > 0 then converts[i] = struct.pack(PSW, #name, name, 2, w, cur, prev, period) end
-    if ok == 0 and rc <= limit then
-      -- (a cost above the limit reaches here only for a shadow rule: no
-      -- wait helps, retry stays 0)
-      local kw = 0
-      if room >= 0 then kw = max_weight(prev, room) end
-      if kw >= 1 then
-        -- wait until the previous window has decayed enough
-        retry = left - last_left(kw, period)
-      elseif cur <= limit - rc then
-        -- the next window, where cur becomes prev at full weight
-        retry = left
-      else
-        kw = max_weight(cur, limit - rc)
-        if kw >= 1 then
-          retry = left + period - last_left(kw, period)
-        else
-          retry = left + period
+    else
+      -- sliding window counter
+      local w = floor(now / period)
+      local into = now - w * period
+      local cur, prev = 0, 0
+      local conv = false
+      if s then
+        local sw, sc, sp, sP = s[1], s[2], s[3], s[4]
+        conv = sP ~= period or taken[i]
+        if not sP and sw > w then
+          -- written by an older script, maybe under another period: carry
+          -- all of it rather than freeze the window
+          cur = sc + sp
+        elseif sP and sP ~= period then
+          -- the period changed: carry what the old windows had used at now
+          cur = window_use(now, sw, sc, sp, sP)
+        elseif sw == w then
+          cur, prev = sc, sp
+        elseif sw == w - 1 then
+          prev = sc
+        elseif sw > w then
+          -- Redis' clock stepped back across a window: keep the newer counts.
+          w = sw
+          into = 0
+          cur, prev = sc, sp
         end
       end
+      local left = period - into
+      local k = weight(left, period)
+      local pw = ceil_div(prev * k, D)
+      -- remaining and reset with c units in the current window
+      brem = limit - cur - pw
+      if brem < 0 then brem = 0 end
+      if cur > 0 then breset = left + period elseif prev > 0 then breset = left end
+      counts[i] = {cur, prev}
+      local after = cur + rc
+      if rc < 0 then
+        ok = 1
+        if after < 0 then after = 0 end
+      else
+        local room = limit - after
+        if room >= 0 and prev * k <= room * D then ok = 1 end
+      end
+      if ok == 1 and cost > 0 then
+        arem = limit - after - pw
+        if arem < 0 then arem = 0 end
+        if after > 0 then areset = left + period elseif prev > 0 then areset = left end
+        writes[i] = pack(PSW, #name, name, 2, w, after, prev, period)
+      end
+      if conv and cost > 0 then converts[i] = pack(PSW, #name, name, 2, w, cur, prev, period) end
+      if ok == 0 and rc <= limit then
+        -- (a cost above the limit reaches here only for a shadow rule: no
+        -- wait helps, retry stays 0)
+        retry = window_retry(cur, prev, limit, rc, left, period)
+      end
     end
+
+    if ok == 0 and floor(f / 4) % 2 == 0 then all = 0 end
+    local b = 6 * i - 6
+    V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6] = ok, retry, brem, breset, arem, areset
   end
 
-  if ok == 0 and math.floor(f / 4) % 2 == 0 then all = 0 end
-  local b = 6 * i - 6
-  V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6] = ok, retry, brem, breset, arem, areset
-end
+  if cost == 0 then
+    local res = {}
+    for i = 1, n do
+      local b = 6 * i - 6
+      local cp = counts[i] or {0, 0}
+      res[#res + 1] = st[i] and 1 or 0
+      res[#res + 1] = V[b + 3]
+      res[#res + 1] = cp[1]
+      res[#res + 1] = cp[2]
+      res[#res + 1] = V[b + 4]
+    end
+    local ttl = 0
+    for c = 1, m do
+      local p = redis.call('PTTL', keys[k0 + c])
+      if p > ttl then ttl = p end
+    end
+    res[#res + 1] = ttl
+    res[#res + 1] = now
+    return res
+  end
 
-if cost == 0 then
-  local res = {}
+  -- Report each rule's state as it is after this call: consumed only if the
+  -- whole request was allowed and the rule itself admitted it.
+  local res = {all}
+  local parts, dirty, need = {}, {}, {}
+  for c = 1, m do parts[c], need[c] = {}, kneed[c] end
   for i = 1, n do
     local b = 6 * i - 6
-    local cp = counts[i] or {0, 0}
-    res[#res + 1] = st[i] and 1 or 0
-    res[#res + 1] = V[b + 3]
-    res[#res + 1] = cp[1]
-    res[#res + 1] = cp[2]
-    res[#res + 1] = V[b + 4]
-  end
-  local ttl = 0
-  for c = 1, m do
-    local p = redis.call('PTTL', KEYS[c])
-    if p > ttl then ttl = p end
-  end
-  res[#res + 1] = ttl
-  res[#res + 1] = now
-  return res
-end
-
--- Report each rule's state as it is after this call: consumed only if the
--- whole request was allowed and the rule itself admitted it.
-local res = {all}
-local parts, dirty, need = {}, {}, {}
-for c = 1, m do parts[c], need[c] = {}, kneed[c] end
-for i = 1, n do
-  local b = 6 * i - 6
-  local c = math.floor(R[i][2] / 16) + 1
-  local rem, reset, rec = V[b + 3], V[b + 4], raw[i]
-  if all == 1 and V[b + 1] == 1 then
-    rem, reset, rec, dirty[c] = V[b + 5], V[b + 6], writes[i], true
-  elseif converts[i] then
-    -- A state read under another rule is written back converted (nothing
-    -- consumed), so the change takes effect once and the retry given holds.
-    rec, dirty[c] = converts[i], true
-  end
-  res[#res + 1] = V[b + 1]
-  res[#res + 1] = rem
-  res[#res + 1] = V[b + 2]
-  res[#res + 1] = reset
-  if rec then
-    local pc = parts[c]
-    pc[#pc + 1] = rec
-    if reset > need[c] then need[c] = reset end
-    local o = other[i]
-    if o and rec == raw[i] then
-      -- kept as it was, under the other algorithm: as long as it needs
-      local fn = foreign_need(o[1], o[2], o[3])
-      if fn and fn > need[c] then need[c] = fn end
+    local c = floor(R[i][2] / 16) + 1
+    local rem, reset, rec = V[b + 3], V[b + 4], raw[i]
+    if all == 1 and V[b + 1] == 1 then
+      rem, reset, rec, dirty[c] = V[b + 5], V[b + 6], writes[i], true
+    elseif converts[i] then
+      -- A state read under another rule is written back converted (nothing
+      -- consumed), so the change takes effect once and the retry given holds.
+      rec, dirty[c] = converts[i], true
+    end
+    res[#res + 1] = V[b + 1]
+    res[#res + 1] = rem
+    res[#res + 1] = V[b + 2]
+    res[#res + 1] = reset
+    if rec then
+      local pc = parts[c]
+      pc[#pc + 1] = rec
+      if reset > need[c] then need[c] = reset end
+      local o = other[i]
+      if o and rec == raw[i] then
+        -- kept as it was, under the other algorithm: as long as it needs
+        local fn = foreign_need(now, o[1], o[2], o[3])
+        if fn and fn > need[c] then need[c] = fn end
+      end
     end
   end
-end
-res[#res + 1] = now
+  res[#res + 1] = now
 
-for c = 1, m do
-  if dirty[c] then
-    -- expiry: when the last record would read as full anyway, plus a
-    -- second; absolute, which Redis propagates as given (it rewrites PX)
-    local at = math.ceil((now + need[c]) / 1000) + 1000
-    local v = table.concat(parts[c])
-    if #keep[c] > 0 then v = v .. table.concat(keep[c]) end
-    redis.call('SET', KEYS[c], v, 'PXAT', at)
+  for c = 1, m do
+    if dirty[c] then
+      local v = concat(parts[c])
+      if #keep[c] > 0 then v = v .. concat(keep[c]) end
+      redis.call('SET', keys[k0 + c], v, 'PXAT', expiry(now, need[c]))
+    end
   end
+
+  return pack('<B' .. rep('BI5I7I7', n) .. 'I7', unpack_t(res))
 end
 
-return res
+-- Compiled rule sets, by their packed rules: what the fast path needs of
+-- each rule, and of each container the unpack format and length of
+-- exactly these rules' records, in call order. A library keeps them from
+-- call to call (a script by EVALSHA makes them anew each time); a few
+-- hundred rule sets are all a fleet's plans, and the table starts afresh
+-- past that.
+local plans, nplans = {}, 0
+
+local function compile(blob, m)
+  local P = {n = 0, m = m, rules = {}, cont = {}}
+  for c = 1, m do P.cont[c] = {fmt = {}, len = 0, nv = 0, rules = {}} end
+  local pos, n = 1, 0
+  while pos <= #blob do
+    n = n + 1
+    local name, f, limit, period, cap, pn, pd, rc, np = unpack_s(RULE, blob, pos)
+    pos = np
+    local kind, c = f % 4, floor(f / 16) + 1
+    local C = P.cont[c]
+    if not C then return nil end
+    local r = {name = name, kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
+      cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c,
+      pre = pack('Bc0B', #name, name, kind), off = C.nv + 1, boff = C.len + 1}
+    local size
+    if kind == 2 then
+      r.suf, size, C.nv = pack('<I6', period), 22, C.nv + 6
+      C.fmt[#C.fmt + 1] = PSW
+    elseif kind == 1 then
+      r.suf, size, C.nv = pack('<I4I6I4', limit - 1, period, cap - 1), 28, C.nv + 7
+      C.fmt[#C.fmt + 1] = PTB1
+    else
+      r.suf, size, C.nv = pack('<I4I6', limit - 1, period), 24, C.nv + 6
+      C.fmt[#C.fmt + 1] = PTB0
+    end
+    r.len = 2 + #name + size
+    C.len = C.len + r.len
+    C.rules[#C.rules + 1] = n
+    P.rules[n] = r
+  end
+  for c = 1, m do P.cont[c].fmt = concat(P.cont[c].fmt) end
+  P.n = n
+  P.reply = '<B' .. rep('BI5I7I7', n) .. 'I7'
+  return P
+end
+
+-- fast checks a call whose containers hold exactly its rules' records,
+-- in its order, each under the rule it is checked with (or are absent:
+-- a new identity): no conversion, nothing foreign to keep. It returns
+-- the reply, or nil and the containers it read for general.
+local function fast(P, keys, k0, nk, cost, now)
+  local m, n = P.m, P.n
+  local got, S = {}, {}
+  for c = 1, m do
+    local s = redis.call('GET', keys[k0 + c])
+    got[c] = s or false
+    if s then
+      local C = P.cont[c]
+      if #s ~= C.len then return nil, got end
+      local v = {unpack_s(C.fmt, s)}
+      local cr = C.rules
+      for j = 1, #cr do
+        local r = P.rules[cr[j]]
+        local o = r.off
+        if v[o] ~= r.name or v[o + 1] ~= r.kind then return nil, got end
+        if r.kind == 2 then
+          if v[o + 5] ~= r.period then return nil, got end
+        elseif v[o + 4] ~= r.limit - 1 or v[o + 5] ~= r.period or (r.kind == 1 and v[o + 6] ~= r.cap - 1) then
+          return nil, got
+        end
+      end
+      S[c] = v
+    elseif nk > m then
+      -- the previous layout's keys came along: general reads them
+      return nil, got
+    end
+  end
+
+  -- X[6i-5 .. 6i]: rule i's verdict, retry, and its state before and
+  -- after this request (token bucket: tokens, tokens after, timestamp;
+  -- sliding window: count, count after, and the window, previous count,
+  -- us left in the window and the previous window's weight, in Y)
+  local X, Y = {}, {}
+  local all = 1
+  for i = 1, n do
+    local r = P.rules[i]
+    local v = S[r.c]
+    local rc = cost
+    if r.rc ~= 0 then rc = r.rc end
+    local ok, retry = 0, 0
+    local b = 6 * i - 6
+    if r.kind ~= 2 then
+      local capu, pn, pd = r.capu, r.pn, r.pd
+      local tokens, ts = capu, now
+      if v then
+        local o = r.off
+        local tk, sts = v[o + 2], v[o + 3]
+        local el = now - sts
+        if el < 0 then el = 0 end
+        local refill = muldiv_floor(el, pd, pn)
+        if refill > capu - tk then refill = capu - tk end
+        tokens = tk + refill
+        if sts > ts then ts = sts end
+      end
+      local need = rc * MICRO
+      local rest = tokens - need
+      if rest > capu then rest = capu end
+      if rc < 0 or tokens >= need then
+        ok = 1
+      elseif rc <= r.cap then
+        retry = wait(need - tokens, pn, pd)
+      end
+      X[b + 3], X[b + 4], X[b + 5] = tokens, rest, ts
+    else
+      local period, limit = r.period, r.limit
+      local w = floor(now / period)
+      local into = now - w * period
+      local cur, prev = 0, 0
+      if v then
+        local o = r.off
+        local sw, sc, sp = v[o + 2], v[o + 3], v[o + 4]
+        if sw == w then
+          cur, prev = sc, sp
+        elseif sw == w - 1 then
+          prev = sc
+        elseif sw > w then
+          -- Redis' clock stepped back across a window: keep the newer counts.
+          w, into, cur, prev = sw, 0, sc, sp
+        end
+      end
+      local left = period - into
+      local k = weight(left, period)
+      local after = cur + rc
+      if rc < 0 then
+        ok = 1
+        if after < 0 then after = 0 end
+      elseif after <= limit and prev * k <= (limit - after) * D then
+        ok = 1
+      elseif rc <= limit then
+        retry = window_retry(cur, prev, limit, rc, left, period)
+      end
+      X[b + 3], X[b + 4], X[b + 5] = cur, after, w
+      Y[2 * i - 1], Y[2 * i] = prev, left
+    end
+    X[b + 1], X[b + 2] = ok, retry
+    if ok == 0 and r.enforced then all = 0 end
+  end
+
+  local res, parts, need, dirty = {all}, {}, {}, {}
+  for c = 1, m do parts[c], need[c] = {}, 0 end
+  for i = 1, n do
+    local r = P.rules[i]
+    local b = 6 * i - 6
+    local ok = X[b + 1]
+    local used = all == 1 and ok == 1
+    local c = r.c
+    local rem, reset, rec
+    if r.kind ~= 2 then
+      local st = X[b + 3]
+      if used then st = X[b + 4] end
+      rem = floor(st / MICRO)
+      if rem < 0 then rem = 0 end
+      reset = wait(r.capu - st, r.pn, r.pd)
+      if used then rec = r.pre .. pack('<i7I7', st, X[b + 5]) .. r.suf end
+    else
+      local cnt, prev, left = X[b + 3], Y[2 * i - 1], Y[2 * i]
+      if used then cnt = X[b + 4] end
+      local pw = ceil_div(prev * weight(left, r.period), D)
+      rem = r.limit - cnt - pw
+      if rem < 0 then rem = 0 end
+      reset = 0
+      if cnt > 0 then reset = left + r.period elseif prev > 0 then reset = left end
+      if used then rec = r.pre .. pack('<I6I5I5', X[b + 5], cnt, prev) .. r.suf end
+    end
+    if used then
+      dirty[c] = true
+    elseif got[c] then
+      -- not consumed (a shadow rule's denial): kept as it was
+      rec = sub(got[c], r.boff, r.boff + r.len - 1)
+    end
+    if rec then
+      local pc = parts[c]
+      pc[#pc + 1] = rec
+      if reset > need[c] then need[c] = reset end
+    end
+    res[#res + 1] = ok
+    res[#res + 1] = rem
+    res[#res + 1] = X[b + 2]
+    res[#res + 1] = reset
+  end
+  res[#res + 1] = now
+  for c = 1, m do
+    if dirty[c] then
+      redis.call('SET', keys[k0 + c], concat(parts[c]), 'PXAT', expiry(now, need[c]))
+    end
+  end
+  return pack(P.reply, unpack_t(res))
+end
+
+-- check runs one check of the call: fast when it can, else general.
+local function check(keys, k0, nk, cost, m, blob, now)
+  if cost > 0 then
+    local P = plans[blob]
+    if not P then
+      P = compile(blob, m)
+      if nplans >= 512 then plans, nplans = {}, 0 end
+      if P then plans[blob], nplans = P, nplans + 1 end
+    end
+    if P and P.m == m then
+      local res, got = fast(P, keys, k0, nk, cost, now)
+      if res then return res end
+      return general(keys, k0, nk, cost, m, blob, now, got)
+    end
+  end
+  return general(keys, k0, nk, cost, m, blob, now, nil)
+end
+
+-- allow runs the call's checks, each on its own: one that fails answers
+-- its error and leaves the others be. Check j is decided at the call's
+-- TIME plus j-1 us: the checks run one after the other, each for longer
+-- than a microsecond, so none is dated later than it ran, and each has a
+-- microsecond of its own, as checks by calls of their own would.
+local function allow(keys, args)
+  if not floor then init() end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * MICRO + tonumber(t[2])
+  local q = tonumber(args[1])
+  local out = {}
+  local k0, a = 0, 1
+  for j = 1, q do
+    local nk = tonumber(args[a + 1])
+    local ok, res = pcall(check, keys, k0, nk, tonumber(args[a + 2]), tonumber(args[a + 3]), args[a + 4] or '', now + j - 1)
+    if not ok and type(res) ~= 'table' then res = redis.error_reply(tostring(res)) end
+    out[j] = res
+    k0, a = k0 + nk, a + 4
+  end
+  return out
+end
+
+if redis.register_function then
+  redis.register_function('@FUNCTION@', allow)
+else
+  return allow(KEYS, ARGV)
+end

@@ -14,43 +14,91 @@ import (
 )
 
 // BenchmarkCeiling is what Redis itself can do with allow.lua: 64
-// connections each sending pipelines of 16 EVALSHA of benchRules over
-// 100k random keys, with no limiter in between (the ceiling beside
+// connections each sending pipelines of 16 checks of benchRules over 100k
+// random keys, with no limiter in between (the ceiling beside
 // BenchmarkAllow in `make bench`). It reports Redis' own CPU per check
 // (INFO cpu) and its memory per identity (INFO memory; run it on a Redis
-// nothing else writes to), with the old keys of the previous layout passed
-// ("one-key", as the gateway does) and without ("one-key-only"). Two
-// floors beside them say what any script costs Redis here, whatever it
-// computes: "floor-call" returns at once, "floor-read-write" only reads
-// TIME, GETs the key and SETs it with an expiry (a value of the rules'
-// size) and replies as allow.lua does; a check that reads and writes its
-// state in one script cannot cost less than the second. The rules
-// travel packed in one binary argument, which redis-benchmark cannot send
-// (it cuts arguments at NUL bytes).
+// nothing else writes to). The cases: "function" sends each check as an
+// FCALL of its own, "coalesced" the 16 as one FCALL (as the limiter does
+// with checks that share a pipeline), "script" each by EVALSHA (servers
+// without functions), "previous-layout" each with the previous layout's
+// keys (Config.PreviousLayout). Two floors beside them say what any script
+// costs Redis here, whatever it computes: "floor-call" returns at once,
+// "floor-read-write" only reads TIME, GETs the key and SETs it with an
+// expiry (a value of the rules' size) and replies as allow.lua does; a
+// check that reads and writes its state in one call of its own cannot
+// cost less than the second. The rules travel packed in one binary
+// argument, which redis-benchmark cannot send (it cuts arguments at NUL
+// bytes).
 func BenchmarkCeiling(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: mustRedis(b).Options().Addr, PoolSize: 64})
 	defer rdb.Close()
 	ctx := context.Background()
 	l := mustLimiter(b, rdb, Config{})
+	if err := l.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	old := mustLimiter(b, rdb, Config{PreviousLayout: true})
+	// checkArgs is one check's part of a call: its key count and ARGV.
+	checkArgs := func(keys []string, cost int64) []any {
+		return append([]any{len(keys)}, scriptArgs(benchRules, cost)...)
+	}
+	// queue sends checks of keys on pipe: one command, or one a check.
+	type queue func(pipe redis.Pipeliner, keys [][]string, cost int64)
+	each := func(name, body string) queue {
+		return func(pipe redis.Pipeliner, keys [][]string, cost int64) {
+			for _, k := range keys {
+				a := []any{name, body, len(k)}
+				for _, x := range k {
+					a = append(a, x)
+				}
+				a = append(a, 1)
+				pipe.Do(ctx, append(a, checkArgs(k, cost)...)...)
+			}
+		}
+	}
+	coalesced := func(pipe redis.Pipeliner, keys [][]string, cost int64) {
+		a := []any{"fcall", allowFunction, 0}
+		var args []any
+		for _, k := range keys {
+			for _, x := range k {
+				a = append(a, x)
+			}
+			args = append(args, checkArgs(k, cost)...)
+		}
+		a[2] = len(a) - 3
+		a = append(a, len(keys))
+		pipe.Do(ctx, append(a, args...)...)
+	}
+	floor := func(script *redis.Script) queue {
+		return func(pipe redis.Pipeliner, keys [][]string, cost int64) {
+			for _, k := range keys {
+				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost)...)
+			}
+		}
+	}
 	for _, tc := range []struct {
-		name   string
-		script *redis.Script
-		keys   func(key string) []string
-		args   func(cost int64) []any
+		name  string
+		keys  func(key string) []string
+		queue queue
+		load  *redis.Script
 	}{
-		{"one-key", allowScript, func(key string) []string { return l.Keys(key, benchRules) }, func(c int64) []any { return scriptArgs(benchRules, c) }},
-		{"one-key-only", allowScript, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
-		{"floor-call", redis.NewScript("return 1"), func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
-		{"floor-read-write", floorReadWrite, func(key string) []string { return l.Keys(key, benchRules)[:1] }, func(c int64) []any { return scriptArgs(benchRules, c) }},
+		{"function", func(key string) []string { return l.Keys(key, benchRules) }, each("fcall", allowFunction), nil},
+		{"coalesced", func(key string) []string { return l.Keys(key, benchRules) }, coalesced, nil},
+		{"script", func(key string) []string { return l.Keys(key, benchRules) }, each("evalsha", allowScript.Hash()), allowScript},
+		{"previous-layout", func(key string) []string { return old.Keys(key, benchRules) }, each("fcall", allowFunction), nil},
+		{"floor-call", func(key string) []string { return l.Keys(key, benchRules) }, floor(floorCall), floorCall},
+		{"floor-read-write", func(key string) []string { return l.Keys(key, benchRules) }, floor(floorReadWrite), floorReadWrite},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Fresh identities each run.
 			prefix := fmt.Sprintf("ceiling%x:", rand.Uint32())
-			if err := tc.script.Load(ctx, rdb).Err(); err != nil {
-				b.Fatal(err)
+			if tc.load != nil {
+				if err := tc.load.Load(ctx, rdb).Err(); err != nil {
+					b.Fatal(err)
+				}
 			}
 			cpu0, held := redisCPU(b, rdb), rdb.DBSize(ctx).Val()
-			args := tc.args(1)
 			const conns, depth = 64, 16
 			var next sync.WaitGroup
 			work := make(chan int, conns)
@@ -59,11 +107,14 @@ func BenchmarkCeiling(b *testing.B) {
 			for range conns {
 				next.Go(func() {
 					r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+					keys := make([][]string, 0, depth)
 					for n := range work {
-						pipe := rdb.Pipeline()
+						keys = keys[:0]
 						for range n {
-							tc.script.EvalSha(ctx, pipe, tc.keys(prefix+strconv.Itoa(r.IntN(100_000))), args...)
+							keys = append(keys, tc.keys(prefix+strconv.Itoa(r.IntN(100_000))))
 						}
+						pipe := rdb.Pipeline()
+						tc.queue(pipe, keys, 1)
 						if _, err := pipe.Exec(ctx); err != nil {
 							b.Error(err)
 							return
@@ -93,8 +144,12 @@ func BenchmarkCeiling(b *testing.B) {
 			mem0, keys0 := redisInfo(b, rdb, "memory", "used_memory"), rdb.DBSize(ctx).Val()
 			for i := 0; i < ids; i += 1000 {
 				pipe := rdb.Pipeline()
-				for j := i; j < i+1000; j++ {
-					tc.script.EvalSha(ctx, pipe, tc.keys(prefix+"m"+strconv.Itoa(j)), tc.args(50)...)
+				for j := i; j < i+1000; j += depth {
+					var keys [][]string
+					for k := j; k < j+depth; k++ {
+						keys = append(keys, tc.keys(prefix+"m"+strconv.Itoa(k)))
+					}
+					tc.queue(pipe, keys, 50)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)
@@ -116,6 +171,8 @@ func BenchmarkCeiling(b *testing.B) {
 		})
 	}
 }
+
+var floorCall = redis.NewScript("return 1")
 
 // floorReadWrite is the least a read-and-write check can do in a script:
 // allow.lua's Redis calls and reply shape (one verdict, four integers per

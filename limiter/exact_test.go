@@ -257,7 +257,7 @@ func TestDecisionTime(t *testing.T) {
 // freeze) recovers.
 func TestOlderScriptState(t *testing.T) {
 	rdb := mustRedis(t)
-	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	l := mustLimiter(t, rdb, Config{DenyCache: -1, PreviousLayout: true})
 	ctx := context.Background()
 	key := uniqueKey(t)
 	rules := []Rule{

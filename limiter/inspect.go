@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // RuleState is one rule's live state for an identity.
@@ -90,7 +88,7 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	res, err := r.script(ctx, []string{identityKey(r.cfg.Prefix, key)}, []any{-2, 1})
+	res, err := r.script(ctx, []string{identityKey(r.cfg.Prefix, key)}, []any{-2, 1, ""})
 	if err != nil {
 		return fmt.Errorf("clear limiter state: %w", err)
 	}
@@ -117,24 +115,6 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 	}
 	r.forget(key)
 	return nil
-}
-
-// script runs allow.lua once, by SHA and, when the server lacks it, in
-// full. Admin calls go around the check path's batching: they are rare,
-// and must not queue behind checks.
-func (r *Redis) script(ctx context.Context, keys []string, args []any) ([]any, error) {
-	run := func(full bool) *redis.Cmd {
-		pipe := r.rdb.Pipeline()
-		cmd := scriptCmd(ctx, pipe, full, keys, args)
-		_, _ = pipe.Exec(ctx) // the error is cmd's
-		return cmd
-	}
-	cmd := run(false)
-	if isNoScript(cmd.Err()) {
-		r.reloads.Add(1)
-		cmd = run(true)
-	}
-	return cmd.Slice()
 }
 
 // forget drops key's entries from the local deny cache, so a reset key is

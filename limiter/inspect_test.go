@@ -241,11 +241,16 @@ func TestPreviousLayoutTakenOver(t *testing.T) {
 	for name, rdb := range map[string]redis.UniversalClient{"standalone": mustRedis(t), "cluster": mustCluster(t)} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			l := mustLimiter(t, rdb, Config{DenyCache: -1})
+			l := mustLimiter(t, rdb, Config{DenyCache: -1, PreviousLayout: true})
 			key := uniqueKey(t)
 			tb := Rule{Name: "tb", Limit: 10, Period: time.Hour}
 			sw := Rule{Name: "sw", Limit: 5, Period: time.Hour, Algorithm: SlidingWindow}
 			writePreviousLayout(t, rdb, key, []Rule{tb, sw}, 4)
+			// Without the gate, the old keys are not read: full.
+			off := mustLimiter(t, rdb, Config{DenyCache: -1})
+			if ks, err := off.Inspect(ctx, key, []Rule{tb, sw}); err != nil || !cmp.Equal(remaining(ks), []int64{10, 5}) {
+				t.Fatalf("Inspect without PreviousLayout = %+v, %v; want the old keys unread, remaining [10 5]", ks, err)
+			}
 			ks, err := l.Inspect(ctx, key, []Rule{tb, sw})
 			if err != nil || !cmp.Equal(remaining(ks), []int64{6, 1}) || !ks.Rules[0].Found {
 				t.Fatalf("Inspect of the previous layout = %+v, %v; want found, remaining [6 1]", ks, err)

@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,20 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed allow.lua
-var allowSource string
-
-var allowScript = redis.NewScript(allowSource)
-
-// AllowScript returns the Lua source and its SHA1, for tools that call the
-// script directly (benchmarks, redis-cli).
-func AllowScript() (source, sha string) { return allowSource, allowScript.Hash() }
-
 // rediser is what Redis needs of a go-redis client: UniversalClient fits,
 // so standalone, Sentinel and Cluster all work.
 type rediser interface {
 	Pipeline() redis.Pipeliner
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+	Do(ctx context.Context, args ...any) *redis.Cmd
 }
 
 // Config tunes the Redis limiter.
@@ -47,6 +37,18 @@ type Config struct {
 	DenyCache int
 	// Now is the local clock, used only by the deny cache; default time.Now.
 	Now func() time.Time
+	// PreviousLayout makes every check also read the previous layout's
+	// keys (a hash per rule, written by releases before the identity's
+	// one key) for the rules that have no state of their own yet: turn it
+	// on while upgrading from such a release, for the longest period of
+	// any rule, then off. Off by default: it costs every new identity's
+	// check an EXISTS of its rules' old keys.
+	PreviousLayout bool
+	// Coalesce is the most checks carried by one script call; default 32.
+	// Checks already pipelined together (see Senders) run as one call per
+	// Cluster slot (on one server, all of them), so the call's own cost is
+	// paid once for many; 1 sends each check as a call of its own.
+	Coalesce int
 }
 
 func (c Config) withDefaults() Config {
@@ -58,6 +60,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Senders <= 0 {
 		c.Senders = 2
+	}
+	if c.Coalesce <= 0 {
+		c.Coalesce = 32
 	}
 	if c.DenyCache == 0 {
 		c.DenyCache = 65536
@@ -87,6 +92,9 @@ type Redis struct {
 	// pipeline, with the buffers it reuses.
 	slots chan *sender
 	calls sync.Pool // *call, reused once its caller has read the result
+	// cluster: only checks of one slot may share a script call.
+	cluster bool
+	via     atomic.Int32 // viaFunction or viaScript
 
 	checks, pipelines, cached, reloads, unstable, migrating atomic.Int64
 }
@@ -122,16 +130,18 @@ type call struct {
 	containers int
 	args       []any
 	sent       time.Time
-	res        []any
-	err        error
-	done       chan struct{}
+	// res is the call's reply: a packed string for a check, the mode's
+	// array for an inspection, reset or listing.
+	res  any
+	err  error
+	done chan struct{}
 }
 
 // sender is the state of one pipeline slot, reused by every pipeline that
 // slot runs: no pipeline allocates its batch or its command list.
 type sender struct {
-	batch []*call
-	cmds  []*redis.Cmd
+	batch  []*call
+	groups []group
 }
 
 // newCall returns a pooled call for ctx: keys, the first containers of
@@ -168,28 +178,36 @@ func New(rdb rediser, cfg Config) (*Redis, error) {
 		queue: make(chan *call, cfg.Batch*cfg.Senders),
 		slots: make(chan *sender, cfg.Senders),
 	}
+	_, r.cluster = rdb.(*redis.ClusterClient)
 	if cfg.DenyCache > 0 {
 		r.deny = newDenyCache(cfg.DenyCache)
 	}
 	for range cfg.Senders {
-		r.slots <- &sender{batch: make([]*call, 0, cfg.Batch), cmds: make([]*redis.Cmd, 0, cfg.Batch)}
+		r.slots <- &sender{batch: make([]*call, 0, cfg.Batch)}
 	}
 	return r, nil
 }
 
 // Keys returns the Redis keys a check of key against rules touches: the
-// containers holding the rules' states (see layout), then each rule's key
-// in the previous layout, read while the rule has no state of its own yet
-// (so a fleet upgrading mid-window forgets nothing). They share one hash
-// tag, so one Cluster slot.
+// containers holding the rules' states (see layout), then, with
+// Config.PreviousLayout, each rule's key in the previous layout, read
+// while the rule has no state of its own yet (so a fleet upgrading
+// mid-window forgets nothing). They share one hash tag, so one Cluster
+// slot.
 func (r *Redis) Keys(key string, rules []Rule) []string {
 	cont, m := layout(rules)
-	keys := make([]string, m, m+len(rules))
+	n := m
+	if r.cfg.PreviousLayout {
+		n += len(rules)
+	}
+	keys := make([]string, m, n)
 	for i, rule := range rules {
 		keys[cont[i]] = containerKey(r.cfg.Prefix, key, rule)
 	}
-	for _, rule := range rules {
-		keys = append(keys, ruleKey(r.cfg.Prefix, key, rule))
+	if r.cfg.PreviousLayout {
+		for _, rule := range rules {
+			keys = append(keys, ruleKey(r.cfg.Prefix, key, rule))
+		}
 	}
 	return keys
 }
@@ -280,14 +298,15 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		}
 	}
 	keys := r.Keys(key, rules)
+	_, m := layout(rules)
 	args := scriptArgs(rules, cost)
 	var (
-		res  []any
+		res  any
 		sent time.Time
 		cerr error
 	)
 	for try, waited := 0, time.Duration(0); ; try++ {
-		res, sent, cerr = r.check(ctx, keys, len(keys)-len(rules), args)
+		res, sent, cerr = r.check(ctx, keys, m, args)
 		if !isTryAgain(cerr) || !r.awaitMigration(ctx, try, &waited) {
 			break
 		}
@@ -310,7 +329,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 
 // check runs the script once for Allow, through a pipeline: its reply,
 // when it was sent, and the error of the call or of ctx.
-func (r *Redis) check(ctx context.Context, keys []string, containers int, args []any) ([]any, time.Time, error) {
+func (r *Redis) check(ctx context.Context, keys []string, containers int, args []any) (any, time.Time, error) {
 	c := r.newCall(ctx, keys, containers, args)
 	if !r.submit(c) {
 		r.recycle(c)
@@ -453,155 +472,6 @@ func (r *Redis) send(s *sender, first *call) {
 	}
 }
 
-// run executes one batch in a pipeline; NOSCRIPT replies are retried with
-// the full script, which also reloads it into the server's cache, and
-// TRYAGAIN replies without the previous layout's keys (see resend).
-func (r *Redis) run(s *sender, batch []*call) {
-	ctx := batch[0].ctx
-	if len(batch) > 1 {
-		// The pipeline serves many callers: bound it by the latest deadline
-		// among them, and let each caller give up on its own context.
-		ctx = context.WithoutCancel(ctx)
-		var latest time.Time
-		for _, c := range batch {
-			dl, ok := c.ctx.Deadline()
-			if !ok {
-				latest = time.Time{}
-				break
-			}
-			if dl.After(latest) {
-				latest = dl
-			}
-		}
-		if !latest.IsZero() {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, latest)
-			defer cancel()
-		}
-	}
-	cmds := r.exec(ctx, batch, false, s.cmds[:0])
-	r.reloads.Add(r.resend(ctx, batch, cmds, isNoScript, false))
-	r.unstable.Add(r.resend(ctx, batch, cmds, isTryAgain, true))
-	for i, c := range batch {
-		if cmds[i] == nil {
-			// Skipped because its caller's context ended: that is its
-			// error. The pipeline's own context may well be live.
-			c.err = c.ctx.Err()
-		} else {
-			c.res, c.err = cmds[i].Slice()
-		}
-		c.done <- struct{}{} // the last touch: c may be reused from here
-	}
-	clear(cmds)
-	s.cmds = cmds[:0]
-}
-
-// resend runs the calls of batch whose commands failed with an error that
-// is matches once more, in one pipeline with the full script, and puts
-// their new commands in cmds; it returns how many it sent. Either error
-// means the script did not run, so sending again consumes nothing twice.
-//
-// With containersOnly the previous layout's keys are left out: Redis
-// Cluster answers TRYAGAIN to a command of several keys in a slot being
-// migrated unless the node holds every one of them, and old keys are
-// almost always gone, so every check of the slot would fail (its failure
-// policy's answer, not a decision) until the migration ended. A check of
-// one container is then served wherever its key is (the target after
-// ASK); the rules whose state is still only in the previous layout are
-// checked from full this once.
-func (r *Redis) resend(ctx context.Context, batch []*call, cmds []*redis.Cmd, is func(error) bool, containersOnly bool) int64 {
-	var again []int
-	for i, cmd := range cmds {
-		if cmd != nil && is(cmd.Err()) {
-			again = append(again, i)
-		}
-	}
-	if len(again) == 0 {
-		return 0
-	}
-	sub := make([]*call, len(again))
-	for j, i := range again {
-		sub[j] = batch[i]
-		if containersOnly {
-			sub[j].keys = sub[j].keys[:sub[j].containers]
-		}
-	}
-	for j, cmd := range r.exec(ctx, sub, true, nil) {
-		cmds[again[j]] = cmd
-	}
-	return int64(len(again))
-}
-
-// exec runs batch as one pipeline and returns its commands, appended to
-// cmds: one per call, nil for a call whose caller had gone.
-func (r *Redis) exec(ctx context.Context, batch []*call, full bool, cmds []*redis.Cmd) []*redis.Cmd {
-	r.pipelines.Add(1)
-	r.checks.Add(int64(len(batch)))
-	pipe := r.rdb.Pipeline()
-	for _, c := range batch {
-		if c.ctx.Err() != nil {
-			cmds = append(cmds, nil) // its caller is gone; don't spend Redis time on it
-			continue
-		}
-		cmds = append(cmds, scriptCmd(ctx, pipe, full, c.keys, c.args))
-	}
-	// Per-command errors are read from each cmd; Exec's error repeats the first.
-	_, _ = pipe.Exec(ctx)
-	return cmds
-}
-
-// scriptCmd queues allow.lua on pipe, by SHA or in full, as a command
-// go-redis never sends twice: a Cluster pipeline resends a node's whole
-// batch when its first reply is an error it deems transient (TRYAGAIN,
-// LOADING, CLUSTERDOWN) or the connection fails while reading, whatever
-// MaxRetries says, so checks that had already run would consume again.
-// MOVED and ASK, which say the command did not run, are still followed.
-func scriptCmd(ctx context.Context, pipe redis.Pipeliner, full bool, keys []string, args []any) *redis.Cmd {
-	name, body := "evalsha", allowScript.Hash()
-	if full {
-		name, body = "eval", allowSource
-	}
-	a := make([]any, 3, 3+len(keys)+len(args))
-	a[0], a[1], a[2] = name, body, len(keys)
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
-	cmd := redis.NewCmd(ctx, a...)
-	cmd.SetFirstKeyPos(3)
-	_ = pipe.Process(ctx, sentOnce{cmd}) // the error is cmd's
-	return cmd
-}
-
-// sentOnce is a command go-redis must not replay (see scriptCmd).
-type sentOnce struct{ *redis.Cmd }
-
-// NoRetry tells go-redis not to send the command again.
-func (sentOnce) NoRetry() bool { return true }
-
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
-
-// ErrMigrating is Allow's error for a check that Redis Cluster refused
-// with TRYAGAIN until the caller's deadline: its slot was being migrated.
-// The check did not run, and the store is not down: one slot is moving, so
-// a caller should not count it against the store's health.
-var ErrMigrating = errors.New("limiter: cluster slot migrating")
-
-func isTryAgain(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN")
-}
-
-// Load puts the script into the server's script cache ahead of traffic.
-// It is optional: a missing script is reloaded on first use.
-func (r *Redis) Load(ctx context.Context) error {
-	if err := r.rdb.ScriptLoad(ctx, allowSource).Err(); err != nil {
-		return fmt.Errorf("load limiter script: %w", err)
-	}
-	return nil
-}
-
 // scriptArgs is allow.lua's ARGV for a check (cost > 0), an inspection
 // (0) or a reset (-1) of rules; see the script's header. A rule's own
 // Cost rides in its packed record; cost stays the mode switch. The rules go in
@@ -665,29 +535,45 @@ func gcd(a, b int64) int64 {
 	return a
 }
 
-// parseReply checks the script reply's shape before using it.
-func parseReply(res []any, rules []Rule) (Decision, error) {
-	ints, err := replyInts(res, 2+4*len(rules), len(rules))
-	if err != nil {
-		return Decision{}, err
+// parseReply checks a check's packed reply (see allow.lua) before using
+// it: the overall verdict, 20 bytes a rule, the Redis time.
+func parseReply(res any, rules []Rule) (Decision, error) {
+	s, ok := res.(string)
+	if !ok {
+		return Decision{}, fmt.Errorf("%w: reply is %T, want a packed string", ErrBadScriptData, res)
+	}
+	if want := 1 + 20*len(rules) + 7; len(s) != want {
+		return Decision{}, fmt.Errorf("%w: %d bytes for %d rules, want %d", ErrBadScriptData, len(s), len(rules), want)
 	}
 	rr := make([]RuleResult, len(rules))
 	for i, rule := range rules {
-		v := ints[1+4*i:]
+		v := s[1+20*i:]
+		if v[0] > 1 {
+			return Decision{}, fmt.Errorf("%w: rule %d verdict %d", ErrBadScriptData, i, v[0])
+		}
 		rr[i] = RuleResult{
 			Rule:       rule,
 			Allowed:    v[0] == 1,
-			Remaining:  v[1],
-			RetryAfter: time.Duration(v[2]) * time.Microsecond,
-			ResetAfter: time.Duration(v[3]) * time.Microsecond,
+			Remaining:  uintLE(v[1:6]),
+			RetryAfter: time.Duration(uintLE(v[6:13])) * time.Microsecond,
+			ResetAfter: time.Duration(uintLE(v[13:20])) * time.Microsecond,
 		}
 	}
 	d := decide(rr)
-	if d.Allowed != (ints[0] == 1) {
-		return Decision{}, fmt.Errorf("%w: overall %d disagrees with rules", ErrBadScriptData, ints[0])
+	if s[0] > 1 || d.Allowed != (s[0] == 1) {
+		return Decision{}, fmt.Errorf("%w: overall %d disagrees with rules", ErrBadScriptData, s[0])
 	}
-	d.Time = time.UnixMicro(ints[len(ints)-1])
+	d.Time = time.UnixMicro(uintLE(s[len(s)-7:]))
 	return d, nil
+}
+
+// uintLE reads a little-endian unsigned integer of up to 7 bytes.
+func uintLE(b string) int64 {
+	var v int64
+	for i := len(b) - 1; i >= 0; i-- {
+		v = v<<8 | int64(b[i])
+	}
+	return v
 }
 
 // replyInts checks that a script reply is want integers (for n rules).

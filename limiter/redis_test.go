@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -98,61 +99,66 @@ func TestAccuracy(t *testing.T) {
 	}
 }
 
-// TestScriptFlushUnderLoad: SCRIPT FLUSH in the middle of a concurrent run
-// causes no request errors, in single calls and in pipelines.
+// TestScriptFlushUnderLoad: SCRIPT FLUSH and FUNCTION FLUSH in the middle
+// of a concurrent run cause no request errors, in single calls and in
+// pipelines, whether the limiter calls the library (FCALL) or, as on a
+// server without functions, the script (EVALSHA).
 func TestScriptFlushUnderLoad(t *testing.T) {
 	for name, mk := range map[string]func(testing.TB) redis.UniversalClient{
 		"standalone": func(tb testing.TB) redis.UniversalClient { return mustRedis(tb) },
 		"cluster":    func(tb testing.TB) redis.UniversalClient { return mustCluster(tb) },
 	} {
-		t.Run(name, func(t *testing.T) {
-			rdb := mk(t)
-			// One sender forces concurrent checks into shared pipelines.
-			l := mustLimiter(t, rdb, Config{Senders: 1, DenyCache: -1})
-			rules := []Rule{{Name: "a", Limit: 1000, Period: time.Second}, {Name: "b", Limit: 10, Period: time.Minute, Algorithm: SlidingWindow}}
-			ctx := context.Background()
-			var ok, errs atomic.Int64
-			var firstErr atomic.Value
-			done := make(chan struct{})
-			var wg sync.WaitGroup
-			for g := range 16 {
-				wg.Go(func() {
-					for i := 0; ; i++ {
-						select {
-						case <-done:
-							return
-						default:
+		for _, via := range []int32{viaFunction, viaScript} {
+			t.Run(fmt.Sprintf("%s/via=%d", name, via), func(t *testing.T) {
+				rdb := mk(t)
+				// One sender forces concurrent checks into shared pipelines.
+				l := mustLimiter(t, rdb, Config{Senders: 1, DenyCache: -1})
+				l.via.Store(via)
+				rules := []Rule{{Name: "a", Limit: 1000, Period: time.Second}, {Name: "b", Limit: 10, Period: time.Minute, Algorithm: SlidingWindow}}
+				ctx := context.Background()
+				var ok, errs atomic.Int64
+				var firstErr atomic.Value
+				done := make(chan struct{})
+				var wg sync.WaitGroup
+				for g := range 16 {
+					wg.Go(func() {
+						for i := 0; ; i++ {
+							select {
+							case <-done:
+								return
+							default:
+							}
+							_, err := l.Allow(ctx, uniqueKey(t)+string(rune('a'+g)), rules, 1)
+							if err != nil {
+								errs.Add(1)
+								firstErr.CompareAndSwap(nil, err)
+							} else {
+								ok.Add(1)
+							}
 						}
-						_, err := l.Allow(ctx, uniqueKey(t)+string(rune('a'+g)), rules, 1)
-						if err != nil {
-							errs.Add(1)
-							firstErr.CompareAndSwap(nil, err)
-						} else {
-							ok.Add(1)
-						}
-					}
-				})
-			}
-			testenv.WaitFor(t, 20*time.Second, "checks before flush", func() bool { return ok.Load() > 200 })
-			for range 3 {
-				flushScripts(t, rdb)
-				before := ok.Load()
-				testenv.WaitFor(t, 20*time.Second, "checks after flush", func() bool { return ok.Load() > before+200 })
-			}
-			close(done)
-			wg.Wait()
-			if errs.Load() > 0 {
-				t.Fatalf("%d checks failed after SCRIPT FLUSH; first: %v", errs.Load(), firstErr.Load())
-			}
-			st := l.Stats()
-			if st.Reloads == 0 {
-				t.Errorf("Stats() = %+v: no NOSCRIPT reloads seen, flush did not hit", st)
-			}
-			if st.Pipelines >= st.Checks {
-				t.Errorf("Stats() = %+v: no check shared a pipeline", st)
-			}
-			t.Logf("%d checks, %+v", ok.Load(), st)
-		})
+					})
+				}
+				testenv.WaitFor(t, 20*time.Second, "checks before flush", func() bool { return ok.Load() > 200 })
+				for range 3 {
+					flushScripts(t, rdb)
+					before := ok.Load()
+					testenv.WaitFor(t, 20*time.Second, "checks after flush", func() bool { return ok.Load() > before+200 })
+				}
+				close(done)
+				wg.Wait()
+				if errs.Load() > 0 {
+					t.Fatalf("%d checks failed after SCRIPT FLUSH; first: %v", errs.Load(), firstErr.Load())
+				}
+				st := l.Stats()
+				if st.Reloads == 0 {
+					t.Errorf("Stats() = %+v: no NOSCRIPT reloads seen, flush did not hit", st)
+				}
+				if st.Pipelines >= st.Checks {
+					t.Errorf("Stats() = %+v: no check shared a pipeline", st)
+				}
+				t.Logf("%d checks, %+v", ok.Load(), st)
+			})
+		}
 	}
 }
 
@@ -161,13 +167,22 @@ func flushScripts(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	var err error
 	if c, ok := rdb.(*redis.ClusterClient); ok {
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.ScriptFlush(ctx).Err() })
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return flushNode(ctx, n) })
 	} else {
-		err = rdb.ScriptFlush(ctx).Err()
+		err = flushNode(ctx, rdb)
 	}
 	if err != nil {
-		t.Fatalf("SCRIPT FLUSH: %v", err)
+		t.Fatalf("SCRIPT FLUSH, FUNCTION FLUSH: %v", err)
 	}
+}
+
+// flushNode drops the server's scripts and functions, as a restart
+// without persistence or a FLUSHALL-happy operator would.
+func flushNode(ctx context.Context, rdb redis.Cmdable) error {
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		return err
+	}
+	return rdb.FunctionFlush(ctx).Err()
 }
 
 // TestExpiry: every key the script writes has a TTL, and is gone after it;
@@ -367,29 +382,42 @@ func TestStoreErrors(t *testing.T) {
 func TestParseReplies(t *testing.T) {
 	rules := []Rule{{Name: "a", Limit: 1, Period: time.Second}}
 	goodInspect := []any{int64(1), int64(0), int64(0), int64(0), int64(1000), int64(2000), int64(1_800_000_000_000_000)}
-	parsers := map[string]func(res []any) error{
-		"parseReply":   func(res []any) error { _, err := parseReply(res, rules); return err },
-		"parseInspect": func(res []any) error { _, err := parseInspect("k", res, rules); return err },
+	// packed: overall, then per rule allowed, remaining (5 bytes), retry
+	// and reset (7 each), then the time (7)
+	packed := func(overall, allowed byte, tail ...byte) string {
+		b := []byte{overall, allowed, 1, 0, 0, 0, 0}
+		b = append(b, make([]byte, 7)...)
+		b = append(b, 0xe8, 0x03, 0, 0, 0, 0, 0)
+		b = append(b, 0x00, 0x80, 0x98, 0x28, 0x17, 0x65, 0x06)
+		return string(append(b, tail...))
+	}
+	parsers := map[string]func(res any) error{
+		"parseReply":   func(res any) error { _, err := parseReply(res, rules); return err },
+		"parseInspect": func(res any) error { _, err := parseInspect("k", res.([]any), rules); return err },
 	}
 	tests := []struct {
 		name    string
 		parse   string
-		give    []any
+		give    any
 		wantErr bool
 	}{
-		{"good", "parseReply", []any{int64(1), int64(1), int64(0), int64(0), int64(1000), int64(1_800_000_000_000_000)}, false},
-		{"short", "parseReply", []any{int64(1), int64(1)}, true},
-		{"no time", "parseReply", []any{int64(1), int64(1), int64(0), int64(0), int64(1000)}, true},
-		{"string", "parseReply", []any{int64(1), "1", int64(0), int64(0), int64(1000), int64(0)}, true},
-		{"overall disagrees", "parseReply", []any{int64(0), int64(1), int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"good", "parseReply", packed(1, 1), false},
+		{"short", "parseReply", packed(1, 1)[:20], true},
+		{"long", "parseReply", packed(1, 1, 0), true},
+		{"array", "parseReply", []any{int64(1), int64(1), int64(0), int64(0), int64(1000), int64(0)}, true},
+		{"overall disagrees", "parseReply", packed(0, 1), true},
+		{"verdict not 0 or 1", "parseReply", packed(2, 2), true},
 		{"good", "parseInspect", goodInspect, false},
 		{"short", "parseInspect", []any{int64(1), int64(0)}, true},
 		{"string", "parseInspect", []any{int64(1), "0", int64(0), int64(0), int64(1000), int64(2000), int64(0)}, true},
 	}
 	for _, tt := range tests {
 		if err := parsers[tt.parse](tt.give); (err != nil) != tt.wantErr {
-			t.Errorf("%s: %s(%v) error = %v, want error %v", tt.name, tt.parse, tt.give, err, tt.wantErr)
+			t.Errorf("%s: %s(%q) error = %v, want error %v", tt.name, tt.parse, tt.give, err, tt.wantErr)
 		}
+	}
+	if d, err := parseReply(packed(1, 1), rules); err != nil || !d.Allowed || d.Rules[0].Remaining != 1 || d.Rules[0].ResetAfter != time.Millisecond || d.Time.UnixMicro() != 1_800_000_000_000_000 {
+		t.Errorf("parseReply(good) = %+v, %v, want allowed, 1 remaining, reset 1ms, time 1.8e15us", d, err)
 	}
 	if ks, err := parseInspect("k", goodInspect, rules); err != nil || ks.TTL != 2*time.Second || !ks.Rules[0].Found || ks.Rules[0].ResetAfter != time.Millisecond {
 		t.Errorf("parseInspect(%v) = %+v, %v, want found, TTL 2s, ResetAfter 1ms", goodInspect, ks, err)
