@@ -26,7 +26,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-BASE=${BASE:-9379a1c}
+BASE=${BASE:-22a4478}
 CASES=${CASES:-all}
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10s}
