@@ -68,9 +68,11 @@
 //   - Request limit overrides (RateLimitDescriptor.limit) are honoured as
 //     ratelimit does (grpc.limit_overrides: honor), or ignored (the
 //     configured limit applies) or refused with INVALID_ARGUMENT. An
-//     override shares the descriptor's bucket; a request holding the same
-//     entries under two limits (configured and override) counts the later
-//     in a bucket of its limit's own, so both limits hold. An override
+//     override of the configured limit's own numbers shares its bucket;
+//     one of another limit counts in a bucket of that limit (the entries
+//     and the limit), whether or not the request holds the entries under
+//     their configured limit too, so each limit is one bucket and both
+//     hold. An override
 //     of 0 blocks, as a configured 0 does, and so does one that cannot be
 //     counted as sent (unit UNKNOWN or none of ratelimit's, a period over
 //     400 days), where ratelimit answers an error Envoy lets through.

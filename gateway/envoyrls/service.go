@@ -243,6 +243,9 @@ type resolved struct {
 	entries  []entry
 	bucketed []entry // the entries the bucket is named by, if not entries
 	override bool
+	// configured is the limit the configuration gives the entries (nil:
+	// none), which an override replaced.
+	configured *limit
 }
 
 // sortHeaders orders headers by name, so answers are deterministic.
@@ -322,7 +325,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		n, ok, bucketed := dom.match(f.entries)
 		if ok {
-			f.lim, f.bucketed = n.limit, bucketed
+			f.lim, f.bucketed, f.configured = n.limit, bucketed, n.limit
 		}
 		if o := d.GetLimit(); o != nil {
 			switch cfg.LimitOverrides {
@@ -368,20 +371,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				p.blocked, blocked = true, i
 			}
 		default:
-			be := f.entries
-			if f.bucketed != nil && !f.override {
-				be = f.bucketed
-			}
-			rule := cfg.rule(f.lim, bucket(dom.name, be))
+			rule := cfg.bucketRule(dom.name, f)
 			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
-			if j >= 0 && !sameLimit(rules[j].Rule, rule.Rule) {
-				// The same entries under another limit (an override, or a
-				// shadow one): one rule would answer for both and the
-				// other's limit would never be enforced, so it counts in a
-				// bucket of that limit's own.
-				rule.Bucket = limitBucket(rule.Rule)
-				j = slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
-			}
 			if j < 0 {
 				j = len(rules)
 				rules = append(rules, rule)
@@ -512,6 +503,27 @@ func (c Config) rule(l *limit, bucket string) gateway.Rule {
 	return gateway.Rule{Rule: r, FailurePolicy: c.FailurePolicy}
 }
 
+// bucketRule is the rule of a limited descriptor, in its bucket. The
+// bucket depends on the descriptor alone, never on what else its request
+// holds, so that each limit of a caller counts in one bucket: the
+// configured limit's is named by the entries (bucketed ones under
+// share_threshold), and so is an override's equal to it, which shares
+// it; an override of another limit counts in a bucket of that limit
+// (limitBucket). Two rules of one request with one bucket thus always
+// have one limit, and are one rule.
+func (c Config) bucketRule(dom string, f resolved) gateway.Rule {
+	be := f.entries
+	if f.bucketed != nil {
+		be = f.bucketed
+	}
+	rule := c.rule(f.lim, bucket(dom, be))
+	if f.override && (f.configured == nil || !sameLimit(rule.Rule, c.rule(f.configured, rule.Bucket).Rule)) {
+		rule.Bucket = bucket(dom, f.entries)
+		rule.Bucket = limitBucket(rule.Rule)
+	}
+	return rule
+}
+
 // sameLimit reports whether a and b, rules of one bucket, decide alike:
 // everything but the name (which tells the descriptors apart) agrees.
 func sameLimit(a, b limiter.Rule) bool {
@@ -519,10 +531,10 @@ func sameLimit(a, b limiter.Rule) bool {
 	return a == b
 }
 
-// limitBucket is the bucket of r's entries under r's limit, for a request
-// holding the same entries under another limit too: a hash of r's bucket
-// and everything its state depends on, prefixed "l" so that it never
-// equals an entries bucket ("e…").
+// limitBucket is the bucket of r's entries under r's limit, for an
+// override of another limit than the configured one: a hash of r's
+// bucket and everything its state depends on, prefixed "l" so that it
+// never equals an entries bucket ("e…").
 func limitBucket(r limiter.Rule) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%d\x00%s\x00%t", r.Bucket, r.Limit, int64(r.Period), r.Burst, r.Algorithm, r.Shadow))
 	return "l" + hex.EncodeToString(sum[:16])
