@@ -11,7 +11,9 @@ import (
 
 // Call is one question an entry point outside this package (the Envoy rate
 // limit service, gateway/envoyrls) asks the enforcement step: the rules to
-// check, all-or-nothing, in one limiter call under one key. It goes through
+// check, all-or-nothing, under one key, in one limiter call when they are
+// at most limiter.MaxRules, else in several, an earlier one's charge
+// given back when a later one refuses (see decideParts). It goes through
 // the same step as proxied traffic and POST /v1/check: directives, the
 // store deadline and circuit breaker, the failure policies, the deny
 // cache, the decision event and the decision metrics.
@@ -29,7 +31,9 @@ type Call struct {
 	// Plan names the rules in events.
 	Plan string
 	// Rules are checked together; a rule without a failure policy takes the
-	// configuration's default.
+	// configuration's default. Rules that give back (negative Cost) go
+	// last: of more than limiter.MaxRules, only the charges are given
+	// back when a later call refuses.
 	Rules []Rule
 	// Cost is how many units the call uses; at least 1.
 	Cost int64
