@@ -700,3 +700,36 @@ func identity(d *domain, all []resolved) string {
 	var sum [sha256.Size]byte
 	return d.tag + "|" + hex.EncodeToString(h.Sum(sum[:0])[:16])
 }
+
+// DoorBucket is where the service counts a descriptor of domain with
+// entries, under its configured limit, for the gateway's admin API
+// (gateway.Admin.SetDoor): its limiter key and rule, and how a request of
+// it alone is named in events. An override's bucket, named by its limit,
+// is not reached this way. The error says why there is no bucket,
+// without naming a value.
+func (s *Service) DoorBucket(domain string, entries []gateway.DescriptorEntry) (gateway.DoorBucket, error) {
+	snap := s.snap.Load()
+	dom := snap.rules.domains[domain]
+	if dom == nil {
+		return gateway.DoorBucket{}, fmt.Errorf("no domain of grpc.config_dir is named %q", domain)
+	}
+	f := resolved{entries: make([]entry, len(entries))}
+	desc := make([]gateway.DescriptorEntry, len(entries))
+	for i, e := range entries {
+		f.entries[i] = entry{e.Key, e.Value}
+		desc[i] = gateway.DescriptorEntry{Key: e.Key, Value: e.Value, Secret: secretValue(e.Key, e.Value)}
+	}
+	n, ok, bucketed := dom.match(f.entries)
+	switch {
+	case !ok:
+		return gateway.DoorBucket{}, fmt.Errorf("no descriptor of domain %q limits these entries", domain)
+	case n.limit.unlimited:
+		return gateway.DoorBucket{}, fmt.Errorf("the entries' descriptor (%s) is unlimited", n.limit.ruleName)
+	case n.limit.requestsPerUnit == 0:
+		return gateway.DoorBucket{}, fmt.Errorf("the entries' descriptor (%s) blocks every request (requests_per_unit: 0)", n.limit.ruleName)
+	}
+	f.lim, f.configured, f.bucketed = n.limit, n.limit, bucketed
+	rule := snap.cfg.bucketRule(dom.name, f)
+	return gateway.DoorBucket{Key: dom.tag, Rules: []limiter.Rule{rule.Rule}, Identity: identity(dom, []resolved{f}),
+		Domain: dom.name, Descriptor: desc}, nil
+}
