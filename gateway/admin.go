@@ -67,6 +67,8 @@ type Admin struct {
 	g      *Gateway
 	tokens []adminToken
 	log    *slog.Logger
+	// door finds the Envoy door's descriptor buckets; nil: none served.
+	door doorBuckets
 }
 
 type adminToken struct {
@@ -97,6 +99,7 @@ const AdminPath = "/admin/v1/keys"
 //	GET  /admin/v1/keys?api_key=ID|user=ID|ip=ADDR[&route=NAME|&plan=NAME]  the key's state
 //	POST /admin/v1/keys/reset?...                                            refill to full
 //	POST /admin/v1/keys/clear?...                                            delete its state
+//	... ?domain=NAME&entry=KEY=VALUE[&entry=KEY=VALUE...]                    an Envoy descriptor's buckets (SetDoor)
 //
 // An API key is named by its configured id, never the key itself. Without
 // route, every rule set the caller can hit (its plan's, each route's own
@@ -435,6 +438,10 @@ type ruleView struct {
 const adminTimeout = 5 * time.Second
 
 func (a *Admin) show(w http.ResponseWriter, r *http.Request, _ string) {
+	if r.URL.Query().Has("domain") {
+		a.showDoor(w, r)
+		return
+	}
 	st := a.g.st.Load()
 	t, p := a.resolve(r, st)
 	if p != nil {
@@ -449,6 +456,10 @@ func (a *Admin) show(w http.ResponseWriter, r *http.Request, _ string) {
 // change resets or clears every bucket of t's rule sets, in the shared
 // store and in this gateway's local fallback memory, and audits it.
 func (a *Admin) change(w http.ResponseWriter, r *http.Request, actor, action string) {
+	if r.URL.Query().Has("domain") {
+		a.changeDoor(w, r, actor, action)
+		return
+	}
 	st := a.g.st.Load()
 	t, p := a.resolve(r, st)
 	if p != nil {
@@ -590,7 +601,9 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 	return v
 }
 
-func (a *Admin) writeView(w http.ResponseWriter, v keyView) {
+func (a *Admin) writeView(w http.ResponseWriter, v keyView) { a.writeJSON(w, v) }
+
+func (a *Admin) writeJSON(w http.ResponseWriter, v any) {
 	body, _ := json.MarshalIndent(v, "", "  ")
 	w.Header()["Content-Type"] = []string{"application/json"}
 	w.Header()["Cache-Control"] = []string{"no-store"}

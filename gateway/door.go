@@ -11,7 +11,9 @@ import (
 
 // Call is one question an entry point outside this package (the Envoy rate
 // limit service, gateway/envoyrls) asks the enforcement step: the rules to
-// check, all-or-nothing, in one limiter call under one key. It goes through
+// check, all-or-nothing, under one key, in one limiter call when they are
+// at most limiter.MaxRules, else in several, an earlier one's charge
+// given back when a later one refuses (see decideParts). It goes through
 // the same step as proxied traffic and POST /v1/check: directives, the
 // store deadline and circuit breaker, the failure policies, the deny
 // cache, the decision event and the decision metrics.
@@ -29,7 +31,9 @@ type Call struct {
 	// Plan names the rules in events.
 	Plan string
 	// Rules are checked together; a rule without a failure policy takes the
-	// configuration's default.
+	// configuration's default. Rules that give back (negative Cost) go
+	// last: of more than limiter.MaxRules, only the charges are given
+	// back when a later call refuses.
 	Rules []Rule
 	// Cost is how many units the call uses; at least 1.
 	Cost int64
@@ -78,17 +82,7 @@ type Verdict struct {
 // rate-limit headers, and Retry-After on a refusal).
 func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
 	st := g.st.Load()
-	p := compilePlan(c.Plan, c.Rules, st.cfg)
-	id := c.Identity
-	if id == "" {
-		id = c.Key
-	}
-	q := call{
-		id:     identity{kind: c.Kind, key: id, plan: p, clientIP: c.ClientIP},
-		limits: limits{key: c.Key, plan: p, rules: p.rules},
-		cost:   max(1, c.Cost), route: c.Route, method: c.Method, userAgent: c.UserAgent,
-		domain: c.Domain, descriptor: c.Descriptor,
-	}
+	q := c.call(st)
 	v := g.enforce(ctx, st, &q)
 	a := answerFor(h, v, st)
 	out := Verdict{Status: a.status, Allowed: v.allowed && !v.canceled && v.err == nil, Decision: v.d, Known: v.known,
@@ -102,4 +96,37 @@ func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
 		out.Problem, _ = json.Marshal(p)
 	}
 	return out
+}
+
+// call is c as the enforcement step takes it.
+func (c Call) call(st *state) call {
+	p := compilePlan(c.Plan, c.Rules, st.cfg)
+	id := c.Identity
+	if id == "" {
+		id = c.Key
+	}
+	return call{
+		id:     identity{kind: c.Kind, key: id, plan: p, clientIP: c.ClientIP},
+		limits: limits{key: c.Key, plan: p, rules: p.rules},
+		cost:   max(1, c.Cost), route: c.Route, method: c.Method, userAgent: c.UserAgent,
+		domain: c.Domain, descriptor: c.Descriptor,
+	}
+}
+
+// Refuse answers c over the limit without asking the store: for a request
+// an entry point cannot decide as sent (the Envoy door's: more
+// descriptors or entries than it checks, a message over its size), which
+// an error would hand to a caller that may let it through. The refusal
+// is a decision like any: a decision event (mode enforced, store status
+// unknown, no store having been asked, no binding rule) and a denial in
+// decisions_total (rule "none"). detail says why; there is no
+// Retry-After, since waiting does not help. c's Rules may be empty.
+func (g *Gateway) Refuse(c Call, detail string) Verdict {
+	q := c.call(g.st.Load())
+	v := verdict{mode: event.ModeEnforced, store: event.StoreUnknown}
+	g.publish(&q, v)
+	g.count(v)
+	p := problem{Type: probUndecidable, Status: http.StatusTooManyRequests, Title: http.StatusText(http.StatusTooManyRequests), Detail: detail}
+	body, _ := json.Marshal(p)
+	return Verdict{Status: p.Status, Mode: v.mode, Store: v.store, Detail: detail, Problem: body}
 }

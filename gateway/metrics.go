@@ -13,6 +13,7 @@ type metrics struct {
 	decisions        *prometheus.CounterVec   // result, rule, mode
 	storeUnavailable *prometheus.CounterVec   // reason
 	failOpen         prometheus.Counter       //
+	giveBackFailed   prometheus.Counter       //
 	failClosed       prometheus.Counter       //
 	checkLatency     *prometheus.HistogramVec // store, status
 	sharedOK         prometheus.Observer      // checkLatency of successful shared calls, resolved once
@@ -37,6 +38,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		storeUnavailable: f.NewCounterVec(prometheus.CounterOpts{Name: "store_unavailable_total", Help: "Decisions the shared store could not make, by reason (error, timeout, caller_deadline, migrating, circuit_open)."}, []string{"reason"}),
 		failOpen:         f.NewCounter(prometheus.CounterOpts{Name: "fail_open_total", Help: "Requests allowed unchecked because the store was unavailable."}),
 		failClosed:       f.NewCounter(prometheus.CounterOpts{Name: "fail_closed_total", Help: "Requests refused with 503 because the store was unavailable."}),
+		giveBackFailed: f.NewCounter(prometheus.CounterOpts{Name: "give_back_failed_total",
+			Help: "Refused requests of more rules than one limiter call takes whose earlier calls' charge could not be given back (the store failed): those units stay spent until they refill."}),
 		checkLatency: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "check_duration_seconds",
 			Help:    "Latency of one limiter call, by store (shared, local) and status (ok, error, timeout).",

@@ -179,6 +179,7 @@ type violation struct {
 const (
 	probRateLimited   = "urn:edgelimit:problem:rate-limited"
 	probOverCapacity  = "urn:edgelimit:problem:cost-exceeds-capacity"
+	probUndecidable   = "urn:edgelimit:problem:undecidable-request"
 	probUnavailable   = "urn:edgelimit:problem:limiter-unavailable"
 	probUnknownKey    = "urn:edgelimit:problem:unknown-api-key"
 	probKeyRequired   = "urn:edgelimit:problem:api-key-required"

@@ -121,7 +121,7 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			// A state read under another rule is written back converted
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
-			m.put(key, keys[i], evals[i].unconsumed(rules[i], rules[i].charge(cost)))
+			m.put(key, keys[i], evals[i].unconsumed(rules[i]))
 		default:
 			// Nothing is written: a denied request consumes nothing, nor
 			// does a shadow rule that denied.
@@ -285,16 +285,19 @@ type eval struct {
 	// rule; convExpires is when it reads as full, nothing consumed.
 	converted   bool
 	convExpires int64
+	// used is what next took: micro-tokens, or units of a sliding
+	// window's current count; negative for a give-back.
+	used int64
 }
 
-// unconsumed is the state converted to the current rule, without the
-// request's cost.
-func (e eval) unconsumed(r Rule, cost int64) memState {
+// unconsumed is the state converted to the current rule, without what the
+// request took or gave back.
+func (e eval) unconsumed(r Rule) memState {
 	st := e.next
 	if r.algorithm() == SlidingWindow {
-		st.cur -= cost
+		st.cur -= e.used
 	} else {
-		st.tokens += cost * micro
+		st.tokens += e.used
 	}
 	st.expires = e.convExpires
 	return st
@@ -379,6 +382,12 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		return e
 	}
 	need := cost * micro
+	if cost < 0 {
+		// A give-back fills up to the capacity, never past it, and so
+		// never needs more than the capacity's worth (-cost × 10^6 might
+		// not fit).
+		need = max(tokens-capu, min(-cost, r.Capacity())*-micro)
+	}
 	rate := limit * micro
 	if tokens >= need {
 		e.ok = true
@@ -386,6 +395,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		e.retry = waitMicros(need-tokens, period, rate)
 	}
 	rest := tokens - need
+	e.used = need
 	e.before.remaining = max(0, tokens) / micro
 	e.before.reset = waitMicros(capu-tokens, period, rate)
 	e.after.remaining = max(0, rest) / micro
@@ -489,8 +499,18 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	}
 	var e eval
 	e.before.remaining, e.before.reset = state(cur)
+	giveBack := cost < 0
+	if giveBack {
+		// A give-back lowers the current window's count, not below 0; the
+		// previous window's is history.
+		cost = -min(-cost, cur)
+	}
+	e.used = cost
 	room := limit - cur - cost
 	switch {
+	case giveBack:
+		e.ok = true
+		e.after.remaining, e.after.reset = state(cur + cost)
 	case room >= 0 && prev*k <= room*swDenom:
 		e.ok = true
 		e.after.remaining, e.after.reset = state(cur + cost)

@@ -49,7 +49,8 @@ const (
 	// MaxPeriod is the longest period accepted: it keeps period×limit
 	// products exact in doubles.
 	MaxPeriod = 400 * 24 * time.Hour
-	// MaxCost is the largest Rule.Cost accepted (2^53): integers stay
+	// MaxCost is the largest Rule.Cost accepted (2^53), and -MaxCost the
+	// largest give-back: integers stay
 	// exact in Lua's doubles up to there, and any cost above 2^32 already
 	// exceeds every rule's capacity.
 	MaxCost = 1 << 53
@@ -107,13 +108,19 @@ type Rule struct {
 	// call's cost; zero charges the call's. It lets one atomic check
 	// charge rules differently (the Envoy door's per-descriptor
 	// hits_addend: tokens on one descriptor, requests on another), still
-	// all-or-nothing. At most MaxCost. Not configurable.
+	// all-or-nothing. A negative Cost gives -Cost units back instead (the
+	// door's is_negative_hits, or what a check that a later one denied
+	// had charged): a token bucket's tokens up to its capacity, a sliding
+	// window's current count down to 0. Such a rule always admits; like
+	// any rule it changes nothing when another rule of the check denies.
+	// From -MaxCost to MaxCost. Not configurable.
 	Cost int64 `yaml:"-"`
 }
 
-// charge is what the rule is charged in a check of cost: Cost when set.
+// charge is what the rule is charged in a check of cost: Cost when set,
+// negative for a give-back.
 func (r Rule) charge(cost int64) int64 {
-	if r.Cost > 0 {
+	if r.Cost != 0 {
 		return r.Cost
 	}
 	return cost
@@ -175,8 +182,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: burst %d is negative", ErrInvalidRule, r.Name, r.Burst)
 	case r.Capacity() > maxCapacity || r.Limit > maxCapacity:
 		return fmt.Errorf("%w %q: limit or burst above %d", ErrInvalidRule, r.Name, int64(maxCapacity))
-	case r.Cost < 0 || r.Cost > MaxCost:
-		return fmt.Errorf("%w %q: cost %d outside 0 (the call's) to %d", ErrInvalidRule, r.Name, r.Cost, int64(MaxCost))
+	case r.Cost < -MaxCost || r.Cost > MaxCost:
+		return fmt.Errorf("%w %q: cost %d outside %d to %d", ErrInvalidRule, r.Name, r.Cost, -int64(MaxCost), int64(MaxCost))
 	}
 	switch r.Algorithm {
 	case "", TokenBucket, SlidingWindow:

@@ -34,7 +34,8 @@ func TestValidate(t *testing.T) {
 		{"duplicate names", "k", []Rule{ok, ok}, 1, ErrInvalidRule},
 		{"huge limit", "k", []Rule{{Name: "a", Limit: 1 << 40, Period: time.Second}}, 1, ErrInvalidRule},
 		{"rule cost", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: MaxCost}}, 1, nil},
-		{"negative rule cost", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: -1}}, 1, ErrInvalidRule},
+		{"give-back", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: -MaxCost}}, 1, nil},
+		{"give-back above 2^53", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: -MaxCost - 1}}, 1, ErrInvalidRule},
 		{"rule cost above 2^53", "k", []Rule{{Name: "a", Limit: 1, Period: time.Second, Cost: MaxCost + 1}}, 1, ErrInvalidRule},
 	}
 	stores := map[string]allower{"memory": NewMemory(nil, 0)}

@@ -17,11 +17,16 @@ import (
 )
 
 const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key ID | -user ID | -ip ADDR) [-route NAME | -plan NAME]
+       gateway admin key show|reset|clear [flags] -domain NAME -entry KEY=VALUE [-entry KEY=VALUE ...]
 
   show    the key's live limiter state for every rule set it can hit (or
           -route's), with the split and NAT directives in force for it
   reset   refill those rule sets to full (audited: log line and event)
   clear   delete the key's limiter state (audited)
+
+With -domain and -entry (one Envoy descriptor's entries, in order), the
+same for the bucket the gateway's Envoy rate limit service counts that
+descriptor in under its configured limit; reset and clear both refill it.
 
 With -admin listing every gateway of a fleet, each is asked in turn and
 prints its answer (one JSON document each): a reset is stored in Redis
@@ -58,6 +63,12 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	ip := fs.String("ip", "", "a client address")
 	route := fs.String("route", "", "only the rule set this route checks; default every rule set")
 	plan := fs.String("plan", "", "only the bucket POST /v1/check keeps for this plan (its \"plan\" field)")
+	domain := fs.String("domain", "", "an Envoy rate limit domain: the bucket of one descriptor of it (with -entry)")
+	var entries []string
+	fs.Func("entry", "KEY=VALUE, an entry of the -domain descriptor; repeat, in order", func(v string) error {
+		entries = append(entries, v)
+		return nil
+	})
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each gateway")
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
@@ -75,10 +86,13 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		return errors.New("gateway admin: set EDGELIMIT_ADMIN_TOKEN (or its _FILE variable) to the gateway's admin token")
 	}
 	q := url.Values{}
-	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route, "plan": *plan} {
+	for name, v := range map[string]string{"api_key": *apiKey, "user": *user, "ip": *ip, "route": *route, "plan": *plan, "domain": *domain} {
 		if v != "" {
 			q.Set(name, v)
 		}
+	}
+	for _, e := range entries {
+		q.Add("entry", e)
 	}
 	// Every gateway asked, in order, each answer printed as it comes: a
 	// reset is in Redis once, but each gateway's deny cache and local

@@ -8,6 +8,7 @@
 //	gateway -hash-key [-key-id ID] [-key-plan PLAN] < key
 //	                                      print the api_keys entry of the API key on stdin, exit
 //	gateway admin key show|reset|clear -api-key ID|-user ID|-ip ADDR [-route NAME] [-admin URL]
+//	gateway admin key show|reset|clear -domain NAME -entry KEY=VALUE... [-admin URL]
 //	                                      a running gateway's key admin API (token: EDGELIMIT_ADMIN_TOKEN)
 //
 // Environment overrides (addresses and secrets, so files hold none; a
@@ -188,6 +189,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 		// Stopped beside the traffic listener, before events are flushed.
 		actors = append(actors, grpcActor)
+		keys.SetDoor(rls)
 	}
 	actors = append(actors, boot.Func("reload", func(ctx context.Context) error {
 		cur := fc

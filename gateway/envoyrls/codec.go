@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -33,7 +34,21 @@ func (codec) Marshal(v any) ([]byte, error) {
 	return proto.Marshal(m)
 }
 
-func (codec) Unmarshal(data []byte, v any) error {
+// sizedRequest is what the ShouldRateLimit handler decodes into: the
+// request, unless its message is over max, whose size it then only notes.
+type sizedRequest struct {
+	req  *rlsv3.RateLimitRequest
+	size int
+	max  int
+}
+
+func (c codec) Unmarshal(data []byte, v any) error {
+	if r, ok := v.(*sizedRequest); ok {
+		if r.size = len(data); r.size > r.max {
+			return nil
+		}
+		v = r.req
+	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("grpc codec: %T is not a proto message", v)

@@ -28,6 +28,22 @@ const (
 	OverridesReject Overrides = "reject"
 )
 
+// Undecidable says what a request the service cannot decide as sent gets.
+type Undecidable string
+
+// Answers to an undecidable request.
+const (
+	// UndecidableOverLimit answers OVER_LIMIT, counted in the metrics and
+	// a decision event, so Envoy refuses it whatever its
+	// failure_mode_deny.
+	UndecidableOverLimit Undecidable = "over_limit"
+	// UndecidableError answers a gRPC error (INVALID_ARGUMENT,
+	// RESOURCE_EXHAUSTED, INTERNAL) with the reason, as earlier versions
+	// did; Envoy's default failure_mode_deny: false lets the request
+	// through uncounted.
+	UndecidableError Undecidable = "error"
+)
+
 // Config is the gRPC rate limit service's configuration (the `grpc:`
 // section of cmd/gateway's file).
 type Config struct {
@@ -57,6 +73,11 @@ type Config struct {
 	// LimitOverrides is what becomes of RateLimitDescriptor.limit; default
 	// honor.
 	LimitOverrides Overrides `yaml:"limit_overrides"`
+	// Undecidable is what a request gets that the service cannot decide
+	// as sent: more than MaxDescriptors descriptors, more than MaxEntries
+	// entries in one, a message over MaxMessageBytes, or rules the
+	// limiter refuses; default over_limit (or error).
+	Undecidable Undecidable `yaml:"undecidable"`
 	// ResponseHeaders: false leaves response_headers_to_add empty; default
 	// true (the gateway's rate-limit headers, and Retry-After over the
 	// limit).
@@ -70,8 +91,18 @@ type Config struct {
 	ShadowMode bool `yaml:"shadow_mode"`
 	// TLS serves gRPC over TLS when CertFile and KeyFile are set. Restart.
 	TLS TLS `yaml:"tls"`
-	// MaxMessageBytes bounds a request message; default 1 MiB. Restart.
+	// MaxMessageBytes bounds a request message the service decides as
+	// sent; a larger one is undecidable (see Undecidable); default 1 MiB.
+	// Restart.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// MaxReceiveBytes bounds a request message the server reads at all,
+	// at least MaxMessageBytes: one over it gets RESOURCE_EXHAUSTED from
+	// the transport, which Envoy (failure_mode_deny: false) lets through,
+	// so keep it above the largest request your Envoy can build (its
+	// max_request_headers_kb times the descriptors of a route); default
+	// 16 MiB, or MaxMessageBytes if larger. Each stream may hold one
+	// message of this size until it is answered. Restart.
+	MaxReceiveBytes int `yaml:"max_receive_bytes"`
 	// MaxConcurrentStreams bounds streams per connection; default 1024.
 	// Restart.
 	MaxConcurrentStreams uint32 `yaml:"max_concurrent_streams"`
@@ -133,6 +164,9 @@ func (c Config) WithDefaults() Config {
 	if c.LimitOverrides == "" {
 		c.LimitOverrides = OverridesHonor
 	}
+	if c.Undecidable == "" {
+		c.Undecidable = UndecidableOverLimit
+	}
 	t := true
 	if c.ResponseHeaders == nil {
 		c.ResponseHeaders = &t
@@ -142,6 +176,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 1 << 20
+	}
+	if c.MaxReceiveBytes == 0 {
+		c.MaxReceiveBytes = max(16<<20, c.MaxMessageBytes)
 	}
 	if c.MaxConcurrentStreams == 0 {
 		c.MaxConcurrentStreams = 1024
@@ -200,11 +237,19 @@ func (c Config) Validate() error {
 	default:
 		bad("limit_overrides", "%q is not %q, %q or %q", c.LimitOverrides, OverridesHonor, OverridesIgnore, OverridesReject)
 	}
+	switch c.Undecidable {
+	case UndecidableOverLimit, UndecidableError:
+	default:
+		bad("undecidable", "%q is not %q or %q", c.Undecidable, UndecidableOverLimit, UndecidableError)
+	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		bad("tls", "cert_file and key_file go together")
 	}
 	if c.MaxMessageBytes < 1024 {
 		bad("max_message_bytes", "%d is below 1024", c.MaxMessageBytes)
+	}
+	if c.MaxReceiveBytes < c.MaxMessageBytes {
+		bad("max_receive_bytes", "%d is below max_message_bytes (%d)", c.MaxReceiveBytes, c.MaxMessageBytes)
 	}
 	if c.MaxConnections < 1 {
 		bad("max_connections", "%d is below 1", c.MaxConnections)

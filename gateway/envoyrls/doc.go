@@ -60,7 +60,19 @@
 //     still decided in the one atomic call, all-or-nothing: a descriptor
 //     whose cost does not fit denies the request and none is charged. Two
 //     descriptors of one bucket are one rule, charged once, at the higher
-//     of their costs. is_negative_hits gets INVALID_ARGUMENT.
+//     of their costs.
+//   - is_negative_hits (newer ratelimit) gives back what the descriptor's
+//     hits_addend (else the request's, 0 counting as 1) names, exactly: a
+//     token bucket up to its capacity, a sliding window's current count
+//     down to 0, never more; its status is OK, with the remaining count
+//     after it. Two give-backs of one bucket give back once, the larger;
+//     a request that charges a bucket and gives back to it is charged the
+//     difference. All-or-nothing holds: in a request that another
+//     descriptor's limit refuses, nothing is given back (ratelimit's
+//     descriptors count apart, so it gives back there); send refunds in
+//     a request of their own (Envoy's apply_on_stream_done actions do). A
+//     descriptor whose limit is 0 has nothing to give back and answers
+//     OK.
 //   - Limits over requests_per_unit (burst) are "cost exceeds capacity":
 //     OVER_LIMIT without a store call, no Retry-After.
 //   - requests_per_unit: 0 (ratelimit's block list, README example 3)
@@ -68,9 +80,11 @@
 //   - Request limit overrides (RateLimitDescriptor.limit) are honoured as
 //     ratelimit does (grpc.limit_overrides: honor), or ignored (the
 //     configured limit applies) or refused with INVALID_ARGUMENT. An
-//     override shares the descriptor's bucket; a request holding the same
-//     entries under two limits (configured and override) counts the later
-//     in a bucket of its limit's own, so both limits hold. An override
+//     override of the configured limit's own numbers shares its bucket;
+//     one of another limit counts in a bucket of that limit (the entries
+//     and the limit), whether or not the request holds the entries under
+//     their configured limit too, so each limit is one bucket and both
+//     hold. An override
 //     of 0 blocks, as a configured 0 does, and so does one that cannot be
 //     counted as sent (unit UNKNOWN or none of ratelimit's, a period over
 //     400 days), where ratelimit answers an error Envoy lets through.
@@ -114,8 +128,31 @@
 //     raw_body is the HTTP door's application/problem+json body naming the
 //     violated descriptors (grpc.problem_body), which Envoy sends as the
 //     429's body; ratelimit sends none.
-//   - At most 64 descriptors of 32 entries per request, and 16 distinct
-//     limited descriptors (one limiter call's rules).
+//   - More than 16 distinct limited descriptors (one limiter call's
+//     rules) are decided exactly, in limiter calls of 16 in order, each
+//     all-or-nothing; when a later one refuses, what the earlier ones
+//     charged is given back before the answer, so no limit ever admits
+//     more than it allows and a refused request keeps nothing. The price
+//     is a round trip per 16 descriptors, and a concurrent request may be
+//     refused by units held for the moment between a charge and its
+//     give-back (under a sliding window, a give-back that comes after
+//     the window turned takes from the new window). The refused request's
+//     descriptors of later calls, never checked, say OK without a
+//     remaining count.
+//   - Nothing Envoy sends passes uncounted. A request the service cannot
+//     decide as sent (over 64 descriptors, a descriptor over 32 entries, a
+//     message over grpc.max_message_bytes, rules the limiter refuses) is
+//     answered OVER_LIMIT, counted in grpc_ratelimit_requests_total
+//     {code="over_limit"} and in decisions_total and a decision event
+//     (denied, no binding rule), with a problem raw_body saying why and no
+//     Retry-After (waiting does not help); ratelimit answers an error,
+//     which Envoy's default failure_mode_deny: false lets through.
+//     grpc.undecidable: error answers the error instead (INVALID_ARGUMENT,
+//     RESOURCE_EXHAUSTED or INTERNAL). A message over
+//     grpc.max_receive_bytes (default 16 MiB) is not read at all and gets
+//     RESOURCE_EXHAUSTED from the transport. A request without a domain
+//     or without a descriptor, which Envoy never sends, is
+//     INVALID_ARGUMENT.
 //   - A descriptor value that is not UTF-8 (header bytes 0x80-0xFF, which
 //     Envoy forwards as they came) is read as Latin-1 and counted like any
 //     other; ratelimit's gRPC server refuses the whole request, which

@@ -44,9 +44,11 @@ const (
 	MaxEntries = 32
 )
 
-// enforcer is the gateway's one enforcement step (*gateway.Gateway).
+// enforcer is the gateway's one enforcement step (*gateway.Gateway), and
+// its refusal of what cannot be decided.
 type enforcer interface {
 	Enforce(ctx context.Context, c gateway.Call, h http.Header) gateway.Verdict
+	Refuse(c gateway.Call, detail string) gateway.Verdict
 }
 
 // Service answers envoy.service.ratelimit.v3.RateLimitService: it maps
@@ -154,7 +156,7 @@ func (s *Service) Drain() { s.health.Shutdown() }
 func (s *Service) Server() (*grpc.Server, error) {
 	c := s.boot
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(c.MaxMessageBytes),
+		grpc.MaxRecvMsgSize(c.MaxReceiveBytes),
 		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: c.Keepalive.Time, Timeout: c.Keepalive.Timeout, MaxConnectionIdle: c.Keepalive.MaxConnectionIdle,
@@ -185,7 +187,13 @@ func (s *Service) Server() (*grpc.Server, error) {
 		opts = append(opts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(opts...)
-	rlsv3.RegisterRateLimitServiceServer(srv, s)
+	// grpc-go refuses a message over its receive limit with
+	// RESOURCE_EXHAUSTED before any handler runs, which Envoy lets
+	// through; so the transport takes up to MaxReceiveBytes and this
+	// handler decides one over MaxMessageBytes, without decoding it.
+	desc := rlsv3.RateLimitService_ServiceDesc
+	desc.Methods = []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: s.handle}}
+	srv.RegisterService(&desc, s)
 	healthpb.RegisterHealthServer(srv, s.health)
 	reflection.Register(srv)
 	return srv, nil
@@ -243,6 +251,9 @@ type resolved struct {
 	entries  []entry
 	bucketed []entry // the entries the bucket is named by, if not entries
 	override bool
+	// configured is the limit the configuration gives the entries (nil:
+	// none), which an override replaced.
+	configured *limit
 }
 
 // sortHeaders orders headers by name, so answers are deterministic.
@@ -258,11 +269,42 @@ type pick struct {
 	current   *rlsv3.RateLimitResponse_RateLimit
 }
 
-// ShouldRateLimit decides every descriptor of req in one call of the
-// enforcement step, all-or-nothing: OVER_LIMIT when any enforced
-// descriptor is over its limit (and then none consumes), OK otherwise.
+// handle is the server's ShouldRateLimit handler (see Server): the
+// generated one, except that a request over MaxMessageBytes is
+// undecidable.
+func (s *Service) handle(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := &sizedRequest{req: new(rlsv3.RateLimitRequest), max: s.boot.MaxMessageBytes}
+	if err := dec(in); err != nil {
+		s.count(nil, err)
+		return nil, err
+	}
+	if in.size > in.max {
+		resp, err := s.undecidable(s.snap.Load(), nil, 0, codes.ResourceExhausted,
+			fmt.Sprintf("the request's %d bytes are over grpc.max_message_bytes (%d)", in.size, in.max))
+		s.count(resp, err)
+		return resp, err
+	}
+	if interceptor == nil {
+		return s.ShouldRateLimit(ctx, in.req)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, in.req, info, func(ctx context.Context, req any) (any, error) {
+		return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+	})
+}
+
+// ShouldRateLimit decides every descriptor of req through the enforcement
+// step, all-or-nothing: OVER_LIMIT when any enforced descriptor is over
+// its limit (and then none consumes), OK otherwise. A request it cannot
+// decide as sent is answered as Config.Undecidable says.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.shouldRateLimit(ctx, req)
+	s.count(resp, err)
+	return resp, err
+}
+
+// count records one call's answer in grpc_ratelimit_requests_total.
+func (s *Service) count(resp *rlsv3.RateLimitResponse, err error) {
 	code := "ok"
 	switch {
 	case err != nil:
@@ -274,20 +316,48 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		code = "over_limit"
 	}
 	s.calls.WithLabelValues(code).Inc()
-	return resp, err
+}
+
+// undecidable answers a request the service cannot decide as sent, of n
+// descriptors in dom (nil: not known), as cfg.Undecidable says: with the
+// gRPC error code and why, or (the default) OVER_LIMIT on every
+// descriptor, refused through the gateway so that it is a decision event
+// and a denial in the metrics like any other. Envoy's failure_mode_deny:
+// false would let an error through uncounted.
+func (s *Service) undecidable(snap *snapshot, dom *domain, n int, code codes.Code, why string) (*rlsv3.RateLimitResponse, error) {
+	cfg := snap.cfg
+	if cfg.Undecidable == UndecidableError {
+		return nil, status.Error(code, why)
+	}
+	c := gateway.Call{Key: "rls#undecidable", Route: "envoy:", Method: "ShouldRateLimit", Cost: 1}
+	if dom != nil {
+		c.Key, c.Plan, c.Route, c.Domain = dom.tag, dom.name, "envoy:"+dom.name, dom.name
+	}
+	c.Identity = c.Key + "|undecidable"
+	v := s.g.Refuse(c, "This rate limit service cannot decide the request as sent: "+why+".")
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
+	}
+	if *cfg.ProblemBody {
+		resp.RawBody = v.Problem
+		if *cfg.ResponseHeaders {
+			resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "content-type", Value: "application/problem+json"}}
+		}
+	}
+	return resp, nil
 }
 
 func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	snap := s.snap.Load()
 	cfg := snap.cfg
 	descs := req.GetDescriptors()
+	// Envoy always sends a domain and at least one descriptor.
 	switch {
 	case req.GetDomain() == "":
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
 	case len(descs) == 0:
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
-	case len(descs) > MaxDescriptors:
-		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, at most %d", len(descs), MaxDescriptors)
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
 	dom := snap.rules.domains[req.GetDomain()]
@@ -298,6 +368,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		return resp, nil
 	}
+	if len(descs) > MaxDescriptors {
+		return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("%d descriptors, at most %d", len(descs), MaxDescriptors))
+	}
 
 	// Resolve each descriptor to its limit, as ratelimit's GetLimit does.
 	all := make([]resolved, len(descs))
@@ -306,10 +379,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	for i, d := range descs {
 		es := d.GetEntries()
 		if len(es) > MaxEntries {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %d entries, at most %d", i, len(es), MaxEntries)
-		}
-		if d.GetIsNegativeHits() {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: is_negative_hits is not supported: a bucket is never refilled by a request", i)
+			return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("descriptor %d: %d entries, at most %d", i, len(es), MaxEntries))
 		}
 		f := resolved{entries: make([]entry, len(es))}
 		for j, e := range es {
@@ -322,7 +392,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		n, ok, bucketed := dom.match(f.entries)
 		if ok {
-			f.lim, f.bucketed = n.limit, bucketed
+			f.lim, f.bucketed, f.configured = n.limit, bucketed, n.limit
 		}
 		if o := d.GetLimit(); o != nil {
 			switch cfg.LimitOverrides {
@@ -351,8 +421,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// count it); a descriptor's own hits_addend is its rule's cost, all
 	// decided in the one atomic check.
 	cost := int64(max(1, req.GetHitsAddend()))
-	var charges []int64 // rules[j] is charged charges[j]
-	blocked := -1       // a descriptor whose limit is 0
+	// rules[j] is charged charges[j] and given back gives[j] (is_negative_hits).
+	var charges, gives []int64
+	blocked := -1 // a descriptor whose limit is 0
 	for i, f := range all {
 		p := pick{rule: -1}
 		switch {
@@ -360,6 +431,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case f.lim.name != "" && replacing[f.lim.name] && !f.override:
 		case f.lim.unlimited:
 			p.unlimited = true
+		case f.lim.requestsPerUnit == 0 && descs[i].GetIsNegativeHits():
+			p.current = f.lim.current() // nothing to give back to a block list
 		case f.lim.requestsPerUnit == 0:
 			// In shadow mode it is reported (OK, nothing remaining) and
 			// never blocks.
@@ -368,20 +441,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				p.blocked, blocked = true, i
 			}
 		default:
-			be := f.entries
-			if f.bucketed != nil && !f.override {
-				be = f.bucketed
-			}
-			rule := cfg.rule(f.lim, bucket(dom.name, be))
+			rule := cfg.bucketRule(dom.name, f)
 			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
-			if j >= 0 && !sameLimit(rules[j].Rule, rule.Rule) {
-				// The same entries under another limit (an override, or a
-				// shadow one): one rule would answer for both and the
-				// other's limit would never be enforced, so it counts in a
-				// bucket of that limit's own.
-				rule.Bucket = limitBucket(rule.Rule)
-				j = slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
-			}
 			if j < 0 {
 				j = len(rules)
 				rules = append(rules, rule)
@@ -396,11 +457,17 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				c = int64(min(max(1, h.GetValue()), limiter.MaxCost))
 			}
 			// Two descriptors of one bucket are one rule, charged once: at
-			// the higher cost, so neither is charged less than it asked.
+			// the higher cost, so neither is charged less than it asked;
+			// likewise given back once, the most any asked; and charged
+			// the difference when one charges it and another gives back.
 			if j == len(charges) {
-				charges = append(charges, c)
+				charges, gives = append(charges, 0), append(gives, 0)
 			}
-			charges[j] = max(charges[j], c)
+			if descs[i].GetIsNegativeHits() {
+				gives[j] = max(gives[j], c)
+			} else {
+				charges[j] = max(charges[j], c)
+			}
 		}
 		picks[i] = p
 	}
@@ -417,14 +484,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		return resp, nil
 	}
-	for j, c := range charges {
-		if c != cost {
-			rules[j].Cost = c
-		}
-	}
-	if len(rules) > limiter.MaxRules {
-		return nil, status.Errorf(codes.InvalidArgument, "%d distinct limited descriptors, at most %d", len(rules), limiter.MaxRules)
-	}
+	rules = charged(rules, charges, gives, cost, picks)
 	if len(rules) == 0 {
 		for i, p := range picks {
 			resp.Statuses[i] = unchecked(p)
@@ -443,7 +503,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	case 499:
 		return nil, status.Error(codes.Canceled, "the caller went away before a decision")
 	case http.StatusInternalServerError:
-		return nil, status.Error(codes.Internal, "the limiter refused its input")
+		return s.undecidable(snap, dom, len(descs), codes.Internal, "the limiter refused its input")
 	}
 	if !v.Allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -491,6 +551,40 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, nil
 }
 
+// charged sets each rule's cost: what rules[j] is charged (charges[j]) less
+// what it is given back (gives[j]), a negative Cost when it gives back
+// more; Cost stays 0 (the call's) when that is cost. A rule charged what
+// it is given back changes nothing and is left out (its descriptors'
+// picks then have none). Rules that give back go last, in order, so that
+// a request of more rules than one limiter call takes gives back only
+// once every charge is admitted (gateway.Call).
+func charged(rules []gateway.Rule, charges, gives []int64, cost int64, picks []pick) []gateway.Rule {
+	at := make([]int, len(rules)) // rules[j]'s place in out; -1: left out
+	for j := range at {
+		at[j] = -1
+	}
+	out := make([]gateway.Rule, 0, len(rules))
+	for _, giving := range []bool{false, true} {
+		for j, r := range rules {
+			net := charges[j] - gives[j]
+			if net == 0 || (net < 0) != giving {
+				continue
+			}
+			if net != cost {
+				r.Cost = net
+			}
+			at[j] = len(out)
+			out = append(out, r)
+		}
+	}
+	for i := range picks {
+		if picks[i].rule >= 0 {
+			picks[i].rule = at[picks[i].rule]
+		}
+	}
+	return out
+}
+
 // unchecked is the status of a descriptor without a rule to check:
 // ratelimit's answer, OK with no current limit; an unlimited one has all
 // of its (unbounded) limit remaining.
@@ -512,6 +606,27 @@ func (c Config) rule(l *limit, bucket string) gateway.Rule {
 	return gateway.Rule{Rule: r, FailurePolicy: c.FailurePolicy}
 }
 
+// bucketRule is the rule of a limited descriptor, in its bucket. The
+// bucket depends on the descriptor alone, never on what else its request
+// holds, so that each limit of a caller counts in one bucket: the
+// configured limit's is named by the entries (bucketed ones under
+// share_threshold), and so is an override's equal to it, which shares
+// it; an override of another limit counts in a bucket of that limit
+// (limitBucket). Two rules of one request with one bucket thus always
+// have one limit, and are one rule.
+func (c Config) bucketRule(dom string, f resolved) gateway.Rule {
+	be := f.entries
+	if f.bucketed != nil {
+		be = f.bucketed
+	}
+	rule := c.rule(f.lim, bucket(dom, be))
+	if f.override && (f.configured == nil || !sameLimit(rule.Rule, c.rule(f.configured, rule.Bucket).Rule)) {
+		rule.Bucket = bucket(dom, f.entries)
+		rule.Bucket = limitBucket(rule.Rule)
+	}
+	return rule
+}
+
 // sameLimit reports whether a and b, rules of one bucket, decide alike:
 // everything but the name (which tells the descriptors apart) agrees.
 func sameLimit(a, b limiter.Rule) bool {
@@ -519,10 +634,10 @@ func sameLimit(a, b limiter.Rule) bool {
 	return a == b
 }
 
-// limitBucket is the bucket of r's entries under r's limit, for a request
-// holding the same entries under another limit too: a hash of r's bucket
-// and everything its state depends on, prefixed "l" so that it never
-// equals an entries bucket ("e…").
+// limitBucket is the bucket of r's entries under r's limit, for an
+// override of another limit than the configured one: a hash of r's
+// bucket and everything its state depends on, prefixed "l" so that it
+// never equals an entries bucket ("e…").
 func limitBucket(r limiter.Rule) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%d\x00%s\x00%t", r.Bucket, r.Limit, int64(r.Period), r.Burst, r.Algorithm, r.Shadow))
 	return "l" + hex.EncodeToString(sum[:16])
@@ -584,4 +699,37 @@ func identity(d *domain, all []resolved) string {
 	}
 	var sum [sha256.Size]byte
 	return d.tag + "|" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+}
+
+// DoorBucket is where the service counts a descriptor of domain with
+// entries, under its configured limit, for the gateway's admin API
+// (gateway.Admin.SetDoor): its limiter key and rule, and how a request of
+// it alone is named in events. An override's bucket, named by its limit,
+// is not reached this way. The error says why there is no bucket,
+// without naming a value.
+func (s *Service) DoorBucket(domain string, entries []gateway.DescriptorEntry) (gateway.DoorBucket, error) {
+	snap := s.snap.Load()
+	dom := snap.rules.domains[domain]
+	if dom == nil {
+		return gateway.DoorBucket{}, fmt.Errorf("no domain of grpc.config_dir is named %q", domain)
+	}
+	f := resolved{entries: make([]entry, len(entries))}
+	desc := make([]gateway.DescriptorEntry, len(entries))
+	for i, e := range entries {
+		f.entries[i] = entry{e.Key, e.Value}
+		desc[i] = gateway.DescriptorEntry{Key: e.Key, Value: e.Value, Secret: secretValue(e.Key, e.Value)}
+	}
+	n, ok, bucketed := dom.match(f.entries)
+	switch {
+	case !ok:
+		return gateway.DoorBucket{}, fmt.Errorf("no descriptor of domain %q limits these entries", domain)
+	case n.limit.unlimited:
+		return gateway.DoorBucket{}, fmt.Errorf("the entries' descriptor (%s) is unlimited", n.limit.ruleName)
+	case n.limit.requestsPerUnit == 0:
+		return gateway.DoorBucket{}, fmt.Errorf("the entries' descriptor (%s) blocks every request (requests_per_unit: 0)", n.limit.ruleName)
+	}
+	f.lim, f.configured, f.bucketed = n.limit, n.limit, bucketed
+	rule := snap.cfg.bucketRule(dom.name, f)
+	return gateway.DoorBucket{Key: dom.tag, Rules: []limiter.Rule{rule.Rule}, Identity: identity(dom, []resolved{f}),
+		Domain: dom.name, Descriptor: desc}, nil
 }

@@ -587,14 +587,11 @@ func TestHealthAndReflection(t *testing.T) {
 	}
 }
 
+// TestBadRequests: what Envoy never sends (its filter requires a domain,
+// and sends no request without a descriptor) is an error; everything it
+// can send is decided (TestUndecidableIsOverLimit).
 func TestBadRequests(t *testing.T) {
 	r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "")
-	neg := desc("generic_key", "three")
-	neg.IsNegativeHits = true
-	many := make([]*commonv3.RateLimitDescriptor, MaxDescriptors+1)
-	for i := range many {
-		many[i] = desc("k", "v")
-	}
 	for _, tc := range []struct {
 		name   string
 		domain string
@@ -602,8 +599,6 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"no domain", "", []*commonv3.RateLimitDescriptor{desc("a", "b")}},
 		{"no descriptors", "test", nil},
-		{"negative hits", "test", []*commonv3.RateLimitDescriptor{neg}},
-		{"too many", "test", many},
 	} {
 		if _, err := r.try(tc.domain, 0, tc.ds...); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
@@ -728,5 +723,47 @@ func TestOnRedisCluster(t *testing.T) {
 	}
 	if evs := r.events.list(); evs[len(evs)-1].StoreStatus != event.StoreOK {
 		t.Errorf("store status %v, want ok (Redis decided, no CROSSSLOT)", evs[len(evs)-1].StoreStatus)
+	}
+}
+
+// TestOverrideCountsInOneBucketWithOrWithoutItsPair: a caller that sends
+// a descriptor under a stricter override (1 an hour) sometimes alone and
+// sometimes beside the same entries under their configured limit (3 a
+// minute), in either order, counts each limit in one bucket: the
+// override's one an hour is spent by the first request, whichever shape
+// the next one has.
+func TestOverrideCountsInOneBucketWithOrWithoutItsPair(t *testing.T) {
+	strict := func() *commonv3.RateLimitDescriptor {
+		d := desc("generic_key", "three")
+		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+		return d
+	}
+	for _, tc := range []struct {
+		name          string
+		first, second []*commonv3.RateLimitDescriptor
+		strictAt      int // the override's index in second
+	}{
+		{"alone then pair", descs(strict()), descs(desc("generic_key", "three"), strict()), 1},
+		{"alone then pair, override first", descs(strict()), descs(strict(), desc("generic_key", "three")), 0},
+		{"pair then alone", descs(desc("generic_key", "three"), strict()), descs(strict()), 0},
+		{"pair then pair reversed", descs(desc("generic_key", "three"), strict()), descs(strict(), desc("generic_key", "three")), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "memory")
+			if resp := r.ask(t, "test", 0, tc.first...); resp.GetOverallCode() != ok {
+				t.Fatalf("first request: %v, want OK", resp)
+			}
+			resp := r.ask(t, "test", 0, tc.second...)
+			if resp.GetOverallCode() != over || resp.GetStatuses()[tc.strictAt].GetCode() != over {
+				t.Fatalf("second request: %v, want OVER_LIMIT on the override's 1 an hour, spent by the first", resp)
+			}
+		})
+	}
+	// The configured limit, too, is one bucket in every shape: 3 a minute.
+	r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "memory")
+	r.ask(t, "test", 0, desc("generic_key", "three"))
+	r.ask(t, "test", 0, strict(), desc("generic_key", "three"))
+	if st := r.ask(t, "test", 0, desc("generic_key", "three")).GetStatuses()[0]; st.GetCode() != ok || st.GetLimitRemaining() != 0 {
+		t.Errorf("third of 3 a minute, the second beside an override: %v, want OK with 0 remaining", st)
 	}
 }
