@@ -353,3 +353,73 @@ func TestFullShareGrows(t *testing.T) {
 		}
 	})
 }
+
+// TestGiveBack: a rule with a negative Cost gives back exactly what
+// it names, never past the capacity (token bucket) or below an empty
+// current window (sliding window), always admits, and like every rule
+// changes nothing when another rule of the check denies.
+func TestGiveBack(t *testing.T) {
+	ctx := context.Background()
+	forEachStore(t, func(t *testing.T, s store) {
+		for _, algo := range []Algorithm{TokenBucket, SlidingWindow} {
+			t.Run(string(algo), func(t *testing.T) {
+				m := s.a.(interface {
+					allower
+					Inspect(context.Context, string, []Rule) (KeyState, error)
+				})
+				k := uniqueKey(t)
+				rule := Rule{Name: "r", Limit: 10, Period: time.Hour, Algorithm: algo}
+				give := func(n int64) Rule { r := rule; r.Cost = -n; return r }
+				remaining := func() int64 {
+					t.Helper()
+					ks, err := m.Inspect(ctx, k, []Rule{rule})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ks.Rules[0].Remaining
+				}
+				if d, _ := m.Allow(ctx, k, []Rule{rule}, 7); !d.Allowed {
+					t.Fatalf("Allow(7) = %+v, want allowed", d)
+				}
+				d, err := m.Allow(ctx, k, []Rule{give(3)}, 1)
+				if err != nil || !d.Allowed || d.Rules[0].Remaining != 6 {
+					t.Fatalf("give back 3 = %+v, %v; want allowed with 6 remaining", d, err)
+				}
+				if got := remaining(); got != 6 {
+					t.Errorf("after giving back 3 of 7: %d remaining, want 6", got)
+				}
+				// More than was used: full, never above.
+				if d, _ := m.Allow(ctx, k, []Rule{give(MaxCost)}, 1); !d.Allowed || d.Rules[0].Remaining != 10 {
+					t.Errorf("give back 2^53 = %+v, want allowed with 10 (the capacity) remaining", d)
+				}
+				if got := remaining(); got != 10 {
+					t.Errorf("after giving back 2^53: %d remaining, want 10", got)
+				}
+				if d, _ := m.Allow(ctx, k, []Rule{rule}, 10); !d.Allowed {
+					t.Errorf("Allow(10) when full = %+v, want allowed", d)
+				}
+				if d, _ := m.Allow(ctx, k, []Rule{rule}, 1); d.Allowed {
+					t.Errorf("Allow(1) after 10 = %+v, want denied: the give-back added nothing above the capacity", d)
+				}
+				m.Allow(ctx, k, []Rule{give(5)}, 1)
+
+				// All-or-nothing: a give-back beside a denying rule gives nothing.
+				other := Rule{Name: "other", Limit: 1, Period: time.Hour, Algorithm: algo}
+				d, _ = m.Allow(ctx, k, []Rule{give(2), other}, 2)
+				if d.Allowed || !d.Rules[0].Allowed {
+					t.Fatalf("give-back beside a denial = %+v, want denied, the give-back's own rule admitting", d)
+				}
+				if got := remaining(); got != 5 {
+					t.Errorf("after a denied check with a give-back: %d remaining, want 5 (unchanged)", got)
+				}
+				// Beside a rule that admits, both apply in the one check.
+				if d, _ := m.Allow(ctx, k, []Rule{give(2), other}, 1); !d.Allowed {
+					t.Fatalf("give-back beside an admitting rule = %+v, want allowed", d)
+				}
+				if got := remaining(); got != 7 {
+					t.Errorf("after giving back 2 beside another rule: %d remaining, want 7", got)
+				}
+			})
+		}
+	})
+}

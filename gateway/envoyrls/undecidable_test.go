@@ -69,21 +69,23 @@ func TestManyLimitedDescriptorsAreDecided(t *testing.T) {
 // last is spent is refused, and the 16 before it, charged by the first
 // limiter call, are given back before the answer.
 func TestRefusalByALaterCallGivesBack(t *testing.T) {
-	// The in-memory store: Redis gives back (a negative limiter.Rule.Cost)
-	// once allow.lua does.
-	r := startRLS(t, map[string]string{"many.yaml": many}, Config{}, gatewayConfig(), "memory")
-	r.ask(t, "many", 2, desc("k", "16"))
-	for range 3 {
-		resp := r.ask(t, "many", 0, manyDescs(0, 17)...)
-		if resp.GetOverallCode() != over || resp.GetStatuses()[16].GetCode() != over {
-			t.Fatalf("17 descriptors, the last spent: %v, want OVER_LIMIT by the last", resp)
-		}
-		if st := resp.GetStatuses()[0]; st.GetCode() != ok || st.GetLimitRemaining() != 2 {
-			t.Errorf("the first descriptor of the refused request: %v, want OK with 2 remaining (its charge given back)", st)
-		}
-	}
-	if st := r.ask(t, "many", 0, desc("k", "0")).GetStatuses()[0]; st.GetLimitRemaining() != 1 {
-		t.Errorf("k=0 after three refused requests: %v, want 1 of 2 remaining: they kept nothing", st)
+	for _, store := range []string{"", "memory"} { // Redis, then the in-memory store
+		t.Run(map[string]string{"": "redis", "memory": "memory"}[store], func(t *testing.T) {
+			r := startRLS(t, map[string]string{"many.yaml": many}, Config{}, gatewayConfig(), store)
+			r.ask(t, "many", 2, desc("k", "16"))
+			for range 3 {
+				resp := r.ask(t, "many", 0, manyDescs(0, 17)...)
+				if resp.GetOverallCode() != over || resp.GetStatuses()[16].GetCode() != over {
+					t.Fatalf("17 descriptors, the last spent: %v, want OVER_LIMIT by the last", resp)
+				}
+				if st := resp.GetStatuses()[0]; st.GetCode() != ok || st.GetLimitRemaining() != 2 {
+					t.Errorf("the first descriptor of the refused request: %v, want OK with 2 remaining (its charge given back)", st)
+				}
+			}
+			if st := r.ask(t, "many", 0, desc("k", "0")).GetStatuses()[0]; st.GetLimitRemaining() != 1 {
+				t.Errorf("k=0 after three refused requests: %v, want 1 of 2 remaining: they kept nothing", st)
+			}
+		})
 	}
 }
 
@@ -152,39 +154,42 @@ func TestUndecidableIsOverLimit(t *testing.T) {
 // that another descriptor's limit refuses, it changes nothing, like
 // every descriptor of a refused request.
 func TestNegativeHitsGiveBack(t *testing.T) {
-	// The in-memory store: Redis gives back once allow.lua does.
-	r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), "memory")
-	back := func(n uint64) *commonv3.RateLimitDescriptor {
-		d := desc("generic_key", "three")
-		d.IsNegativeHits, d.HitsAddend = true, wrap(n)
-		return d
-	}
-	r.ask(t, "test", 3, desc("generic_key", "three"))
-	for _, tc := range []struct {
-		give uint64
-		want uint32
-	}{{2, 2}, {1 << 60, 3}} {
-		resp, err := r.try("test", 0, back(tc.give))
-		if err != nil || resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != tc.want {
-			t.Fatalf("give back %d: %v, %v; want OK with %d of 3 remaining", tc.give, resp, err, tc.want)
-		}
-	}
-	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, over} {
-		if got := r.ask(t, "test", 0, desc("generic_key", "three")).GetOverallCode(); got != want {
-			t.Fatalf("request %d after the give-backs: %v, want %v (3 of 3, never more)", i+1, got, want)
-		}
-	}
-	// Beside a descriptor over its limit: refused, nothing given back.
-	one := desc("generic_key", "one")
-	r.ask(t, "test", 0, one)
-	if resp := r.ask(t, "test", 0, one, back(3)); resp.GetOverallCode() != over || resp.GetStatuses()[1].GetCode() != ok {
-		t.Fatalf("give-back beside a spent limit: %v, want OVER_LIMIT by the spent one", resp)
-	}
-	if st := r.ask(t, "test", 0, back(0)).GetStatuses()[0]; st.GetLimitRemaining() != 1 {
-		t.Errorf("give back 1 (hits_addend 0 counts as 1) after the refused request: %v, want 1 remaining: the refused one gave nothing", st)
-	}
-	// Charged and given back in one request: charged the difference.
-	if st := r.ask(t, "test", 2, desc("generic_key", "three"), back(1)).GetStatuses()[0]; st.GetLimitRemaining() != 0 {
-		t.Errorf("charge 2 and give back 1: %v, want 0 remaining", st)
+	for _, store := range []string{"", "memory"} { // Redis, then the in-memory store
+		t.Run(map[string]string{"": "redis", "memory": "memory"}[store], func(t *testing.T) {
+			r := startRLS(t, map[string]string{"test.yaml": features}, Config{}, gatewayConfig(), store)
+			back := func(n uint64) *commonv3.RateLimitDescriptor {
+				d := desc("generic_key", "three")
+				d.IsNegativeHits, d.HitsAddend = true, wrap(n)
+				return d
+			}
+			r.ask(t, "test", 3, desc("generic_key", "three"))
+			for _, tc := range []struct {
+				give uint64
+				want uint32
+			}{{2, 2}, {1 << 60, 3}} {
+				resp, err := r.try("test", 0, back(tc.give))
+				if err != nil || resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != tc.want {
+					t.Fatalf("give back %d: %v, %v; want OK with %d of 3 remaining", tc.give, resp, err, tc.want)
+				}
+			}
+			for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, over} {
+				if got := r.ask(t, "test", 0, desc("generic_key", "three")).GetOverallCode(); got != want {
+					t.Fatalf("request %d after the give-backs: %v, want %v (3 of 3, never more)", i+1, got, want)
+				}
+			}
+			// Beside a descriptor over its limit: refused, nothing given back.
+			one := desc("generic_key", "one")
+			r.ask(t, "test", 0, one)
+			if resp := r.ask(t, "test", 0, one, back(3)); resp.GetOverallCode() != over || resp.GetStatuses()[1].GetCode() != ok {
+				t.Fatalf("give-back beside a spent limit: %v, want OVER_LIMIT by the spent one", resp)
+			}
+			if st := r.ask(t, "test", 0, back(0)).GetStatuses()[0]; st.GetLimitRemaining() != 1 {
+				t.Errorf("give back 1 (hits_addend 0 counts as 1) after the refused request: %v, want 1 remaining: the refused one gave nothing", st)
+			}
+			// Charged and given back in one request: charged the difference.
+			if st := r.ask(t, "test", 2, desc("generic_key", "three"), back(1)).GetStatuses()[0]; st.GetLimitRemaining() != 0 {
+				t.Errorf("charge 2 and give back 1: %v, want 0 remaining", st)
+			}
+		})
 	}
 }
