@@ -17,15 +17,16 @@
 --              under one {hash tag} (see layout in redis.go), then,
 --              optionally, each rule's key in the previous layout (a hash
 --              per rule), read only while the rule has no state of its own.
--- ARGV[1]      q, the number of checks; then four arguments per check:
+-- ARGV[1]      q, the number of checks; then per check:
 --   nkeys      how many of KEYS are this check's
 --   cost       integer > 0, charged to every rule without a cost of its
 --              own; 0 inspects (computes, writes nothing); -1 resets the
 --              rules (drops their states and old keys); -2 lists the states
 --              of its first key and deletes it (no rules)
 --   m          the number of containers
---   rules      each struct-packed '<Bc0BI5I6I5I6I7i7', all in one string:
---     name     the rule's bucket: its state's name in its container
+--   rules      the n rules' fields, each struct-packed '<BI5I6I5I6I7i7'
+--              (37 bytes), all in one string. They name no state, so one
+--              compiled plan serves every identity with the same rules:
 --     flags    kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
 --              token bucket with capacity = limit, 1 = token bucket, 2 =
 --              sliding window; share marks a split's share (see below)
@@ -38,6 +39,9 @@
 --              (|rcost| at most 2^53); negative gives -rcost units back
 --              (never above capacity; a sliding window's current window
 --              count, never below zero) and always allows.
+--   prefix     n arguments: each rule's record prefix, its bucket's name
+--              length (1 byte), the name, its kind (1 byte), as its
+--              record in a container starts (see below).
 --
 -- Reply: an array of q replies, each an error, or by the check's cost:
 --   > 0: one string, struct-packed '<B' then '<BI5I7I7' per rule then '<I7':
@@ -109,7 +113,7 @@ local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
 local TB0, TB1, SW = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6' -- records by kind
 local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
-local RULE = '<Bc0BI5I6I5I6I7i7'
+local RULE, RULESIZE = '<BI5I6I5I6I7i7', 37
 -- The standard libraries, read at the first call: a library's code runs
 -- at FUNCTION LOAD without them.
 local floor, ceil, fmod, pack, unpack_s, sub, rep, unpack_t, concat
@@ -233,16 +237,15 @@ local function expiry(now, need) return ceil((now + need) / 1000) + 1000 end
 -- general checks one call's rules the long way (see the header); keys[k0 +
 -- 1 .. k0 + nk] are its keys, got (when the fast path already read them)
 -- its containers' values, false where absent.
-local function general(keys, k0, nk, cost, m, blob, now, got)
+local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
   -- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost}.
-  local R, byname, n = {}, {}, 0
-  local pos = 1
-  while pos <= #blob do
-    n = n + 1
-    local r = {unpack_s(RULE, blob, pos)}
-    pos = r[9]
-    R[n] = r
-    byname[r[1]] = n
+  local R, byname, n = {}, {}, #blob / RULESIZE
+  for i = 1, n do
+    local pre = args[a + i]
+    local name = sub(pre, 2, #pre - 1)
+    local r = {name, unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)}
+    R[i] = r
+    byname[name] = i
   end
   local legacy = nk >= m + n
 
@@ -587,76 +590,60 @@ local function general(keys, k0, nk, cost, m, blob, now, got)
   return pack('<B' .. rep('BI5I7I7', n) .. 'I7', unpack_t(res))
 end
 
--- Compiled rule sets, by their packed rules: what the fast path needs of
--- each rule, and of each container the unpack format and length of
--- exactly these rules' records, in call order. A library keeps them from
--- call to call (a script by EVALSHA makes them anew each time); a few
--- hundred rule sets are all a fleet's plans, and the table starts afresh
--- past that.
+-- Compiled rule sets, by their packed rules (which hold no names, so one
+-- plan serves every identity and every descriptor value): what the fast
+-- path needs of each rule. A library keeps them from call to call (a
+-- script by EVALSHA makes them anew each time); a few hundred rule sets
+-- are all a fleet's plans, and the table starts afresh past that.
 local plans, nplans = {}, 0
 
 local function compile(blob, m)
-  local P = {n = 0, m = m, rules = {}, cont = {}}
-  for c = 1, m do P.cont[c] = {fmt = {}, len = 0, nv = 0, rules = {}} end
-  local pos, n = 1, 0
-  while pos <= #blob do
-    n = n + 1
-    local name, f, limit, period, cap, pn, pd, rc, np = unpack_s(RULE, blob, pos)
-    pos = np
+  local n = #blob / RULESIZE
+  local P = {n = n, m = m, rules = {}}
+  for i = 1, n do
+    local f, limit, period, cap, pn, pd, rc = unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)
     local kind, c = f % 4, floor(f / 16) + 1
-    local C = P.cont[c]
-    if not C then return nil end
-    local r = {name = name, kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
-      cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c,
-      pre = pack('Bc0B', #name, name, kind), off = C.nv + 1, boff = C.len + 1}
-    local size
+    if c > m then return nil end
+    local r = {kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
+      cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c}
+    -- size: the record after its name and kind; suf: its rule fields
     if kind == 2 then
-      r.suf, size, C.nv = pack('<I6', period), 22, C.nv + 6
-      C.fmt[#C.fmt + 1] = PSW
+      r.fmt, r.suf, r.size = SW, pack('<I6', period), 22
     elseif kind == 1 then
-      r.suf, size, C.nv = pack('<I4I6I4', limit - 1, period, cap - 1), 28, C.nv + 7
-      C.fmt[#C.fmt + 1] = PTB1
+      r.fmt, r.suf, r.size = TB1, pack('<I4I6I4', limit - 1, period, cap - 1), 28
     else
-      r.suf, size, C.nv = pack('<I4I6', limit - 1, period), 24, C.nv + 6
-      C.fmt[#C.fmt + 1] = PTB0
+      r.fmt, r.suf, r.size = TB0, pack('<I4I6', limit - 1, period), 24
     end
-    r.len = 2 + #name + size
-    C.len = C.len + r.len
-    C.rules[#C.rules + 1] = n
-    P.rules[n] = r
+    P.rules[i] = r
   end
-  for c = 1, m do P.cont[c].fmt = concat(P.cont[c].fmt) end
-  P.n = n
   P.reply = '<B' .. rep('BI5I7I7', n) .. 'I7'
   return P
 end
 
 -- fast checks a call whose containers hold exactly its rules' records,
 -- in its order, each under the rule it is checked with (or are absent:
--- a new identity): no conversion, nothing foreign to keep. It returns
--- the reply, or nil and the containers it read for general.
-local function fast(P, keys, k0, nk, cost, now)
-  local m, n = P.m, P.n
-  local got, S = {}, {}
+-- a new identity): no conversion, nothing foreign to keep. args[a + i] is
+-- rule i's record prefix (name length, name, kind). It returns the reply,
+-- or nil and the containers it read for general.
+local function fast(P, keys, k0, nk, cost, args, a, now)
+  local m, n, rules = P.m, P.n, P.rules
+  local got, len, off = {}, {}, {}
+  for c = 1, m do len[c] = 0 end
+  for i = 1, n do
+    local r = rules[i]
+    local c = r.c
+    off[i] = len[c] + 1
+    len[c] = len[c] + #args[a + i] + r.size
+  end
+  if m == 1 then
+    got[1] = redis.call('GET', keys[k0 + 1])
+  else
+    got = redis.call('MGET', unpack_t(keys, k0 + 1, k0 + m))
+  end
   for c = 1, m do
-    local s = redis.call('GET', keys[k0 + c])
-    got[c] = s or false
+    local s = got[c]
     if s then
-      local C = P.cont[c]
-      if #s ~= C.len then return nil, got end
-      local v = {unpack_s(C.fmt, s)}
-      local cr = C.rules
-      for j = 1, #cr do
-        local r = P.rules[cr[j]]
-        local o = r.off
-        if v[o] ~= r.name or v[o + 1] ~= r.kind then return nil, got end
-        if r.kind == 2 then
-          if v[o + 5] ~= r.period then return nil, got end
-        elseif v[o + 4] ~= r.limit - 1 or v[o + 5] ~= r.period or (r.kind == 1 and v[o + 6] ~= r.cap - 1) then
-          return nil, got
-        end
-      end
-      S[c] = v
+      if #s ~= len[c] then return nil, got end
     elseif nk > m then
       -- the previous layout's keys came along: general reads them
       return nil, got
@@ -665,13 +652,24 @@ local function fast(P, keys, k0, nk, cost, now)
 
   -- X[6i-5 .. 6i]: rule i's verdict, retry, and its state before and
   -- after this request (token bucket: tokens, tokens after, timestamp;
-  -- sliding window: count, count after, and the window, previous count,
-  -- us left in the window and the previous window's weight, in Y)
+  -- sliding window: count, count after, window; its previous count and
+  -- us left in the window in Y)
   local X, Y = {}, {}
   local all = 1
   for i = 1, n do
-    local r = P.rules[i]
-    local v = S[r.c]
+    local r = rules[i]
+    local s = got[r.c]
+    local x1, x2, x3, x4, x5
+    if s then
+      local pre, p = args[a + i], off[i]
+      if sub(s, p, p + #pre - 1) ~= pre then return nil, got end
+      x1, x2, x3, x4, x5 = unpack_s(r.fmt, s, p + #pre)
+      if r.kind == 2 then
+        if x4 ~= r.period then return nil, got end
+      elseif x3 ~= r.limit - 1 or x4 ~= r.period or (r.kind == 1 and x5 ~= r.cap - 1) then
+        return nil, got
+      end
+    end
     local rc = cost
     if r.rc ~= 0 then rc = r.rc end
     local ok, retry = 0, 0
@@ -679,15 +677,13 @@ local function fast(P, keys, k0, nk, cost, now)
     if r.kind ~= 2 then
       local capu, pn, pd = r.capu, r.pn, r.pd
       local tokens, ts = capu, now
-      if v then
-        local o = r.off
-        local tk, sts = v[o + 2], v[o + 3]
-        local el = now - sts
+      if s then
+        local el = now - x2
         if el < 0 then el = 0 end
         local refill = muldiv_floor(el, pd, pn)
-        if refill > capu - tk then refill = capu - tk end
-        tokens = tk + refill
-        if sts > ts then ts = sts end
+        if refill > capu - x1 then refill = capu - x1 end
+        tokens = x1 + refill
+        if x2 > ts then ts = x2 end
       end
       local need = rc * MICRO
       local rest = tokens - need
@@ -703,16 +699,14 @@ local function fast(P, keys, k0, nk, cost, now)
       local w = floor(now / period)
       local into = now - w * period
       local cur, prev = 0, 0
-      if v then
-        local o = r.off
-        local sw, sc, sp = v[o + 2], v[o + 3], v[o + 4]
-        if sw == w then
-          cur, prev = sc, sp
-        elseif sw == w - 1 then
-          prev = sc
-        elseif sw > w then
+      if s then
+        if x1 == w then
+          cur, prev = x2, x3
+        elseif x1 == w - 1 then
+          prev = x2
+        elseif x1 > w then
           -- Redis' clock stepped back across a window: keep the newer counts.
-          w, into, cur, prev = sw, 0, sc, sp
+          w, into, cur, prev = x1, 0, x2, x3
         end
       end
       local left = period - into
@@ -734,9 +728,9 @@ local function fast(P, keys, k0, nk, cost, now)
   end
 
   local res, parts, need, dirty = {all}, {}, {}, {}
-  for c = 1, m do parts[c], need[c] = {}, 0 end
+  for c = 1, m do need[c] = 0 end
   for i = 1, n do
-    local r = P.rules[i]
+    local r = rules[i]
     local b = 6 * i - 6
     local ok = X[b + 1]
     local used = all == 1 and ok == 1
@@ -748,7 +742,7 @@ local function fast(P, keys, k0, nk, cost, now)
       rem = floor(st / MICRO)
       if rem < 0 then rem = 0 end
       reset = wait(r.capu - st, r.pn, r.pd)
-      if used then rec = r.pre .. pack('<i7I7', st, X[b + 5]) .. r.suf end
+      if used then rec = args[a + i] .. pack('<i7I7', st, X[b + 5]) .. r.suf end
     else
       local cnt, prev, left = X[b + 3], Y[2 * i - 1], Y[2 * i]
       if used then cnt = X[b + 4] end
@@ -757,35 +751,34 @@ local function fast(P, keys, k0, nk, cost, now)
       if rem < 0 then rem = 0 end
       reset = 0
       if cnt > 0 then reset = left + r.period elseif prev > 0 then reset = left end
-      if used then rec = r.pre .. pack('<I6I5I5', X[b + 5], cnt, prev) .. r.suf end
+      if used then rec = args[a + i] .. pack('<I6I5I5', X[b + 5], cnt, prev) .. r.suf end
     end
     if used then
       dirty[c] = true
     elseif got[c] then
       -- not consumed (a shadow rule's denial): kept as it was
-      rec = sub(got[c], r.boff, r.boff + r.len - 1)
+      local p = off[i]
+      rec = sub(got[c], p, p + #args[a + i] + r.size - 1)
     end
     if rec then
       local pc = parts[c]
-      pc[#pc + 1] = rec
+      if pc then parts[c] = pc .. rec else parts[c] = rec end
       if reset > need[c] then need[c] = reset end
     end
-    res[#res + 1] = ok
-    res[#res + 1] = rem
-    res[#res + 1] = X[b + 2]
-    res[#res + 1] = reset
+    local q = 4 * i - 2
+    res[q], res[q + 1], res[q + 2], res[q + 3] = ok, rem, X[b + 2], reset
   end
-  res[#res + 1] = now
+  res[4 * n + 2] = now
   for c = 1, m do
     if dirty[c] then
-      redis.call('SET', keys[k0 + c], concat(parts[c]), 'PXAT', expiry(now, need[c]))
+      redis.call('SET', keys[k0 + c], parts[c], 'PXAT', expiry(now, need[c]))
     end
   end
   return pack(P.reply, unpack_t(res))
 end
 
 -- check runs one check of the call: fast when it can, else general.
-local function check(keys, k0, nk, cost, m, blob, now)
+local function check(keys, k0, nk, cost, m, blob, args, a, now)
   if cost > 0 then
     local P = plans[blob]
     if not P then
@@ -794,12 +787,12 @@ local function check(keys, k0, nk, cost, m, blob, now)
       if P then plans[blob], nplans = P, nplans + 1 end
     end
     if P and P.m == m then
-      local res, got = fast(P, keys, k0, nk, cost, now)
+      local res, got = fast(P, keys, k0, nk, cost, args, a, now)
       if res then return res end
-      return general(keys, k0, nk, cost, m, blob, now, got)
+      return general(keys, k0, nk, cost, m, blob, args, a, now, got)
     end
   end
-  return general(keys, k0, nk, cost, m, blob, now, nil)
+  return general(keys, k0, nk, cost, m, blob, args, a, now, nil)
 end
 
 -- allow runs the call's checks, each on its own: one that fails answers
@@ -815,11 +808,11 @@ local function allow(keys, args)
   local out = {}
   local k0, a = 0, 1
   for j = 1, q do
-    local nk = tonumber(args[a + 1])
-    local ok, res = pcall(check, keys, k0, nk, tonumber(args[a + 2]), tonumber(args[a + 3]), args[a + 4] or '', now + j - 1)
+    local nk, blob = tonumber(args[a + 1]), args[a + 4] or ''
+    local ok, res = pcall(check, keys, k0, nk, tonumber(args[a + 2]), tonumber(args[a + 3]), blob, args, a + 4, now + j - 1)
     if not ok and type(res) ~= 'table' then res = redis.error_reply(tostring(res)) end
     out[j] = res
-    k0, a = k0 + nk, a + 4
+    k0, a = k0 + nk, a + 4 + #blob / RULESIZE
   end
   return out
 end
