@@ -472,18 +472,18 @@ func (r *Redis) send(s *sender, first *call) {
 	}
 }
 
-// scriptArgs is allow.lua's ARGV for a check (cost > 0), an inspection
-// (0) or a reset (-1) of rules; see the script's header. A rule's own
-// Cost rides in its packed record; cost stays the mode switch. The rules go in
-// one packed argument, and the token bucket's rate is reduced here, once,
-// rather than by a gcd in Lua.
+// scriptArgs is one check's part of allow.lua's ARGV, for a check (cost
+// > 0), an inspection (0) or a reset (-1) of rules; see the script's
+// header. A rule's own Cost rides in its packed fields; cost stays the
+// mode switch. The rules' fields go in one packed argument that names no
+// state (so the script's plan of it serves every identity), and the
+// token bucket's rate is reduced here, once, rather than by a gcd in Lua;
+// each rule's record prefix (its bucket's name and kind) follows as an
+// argument of its own.
 func scriptArgs(rules []Rule, cost int64) []any {
 	cont, m := layout(rules)
-	n := 0
-	for _, rule := range rules {
-		n += 1 + len(rule.bucket()) + 1 + 5 + 6 + 5 + 6 + 7 + 7
-	}
-	b := make([]byte, 0, n)
+	b := make([]byte, 0, ruleSize*len(rules))
+	args := make([]any, 3, 3+len(rules))
 	for i, rule := range rules {
 		kind, pn, pd := 0, int64(0), int64(0)
 		period := rule.Period.Microseconds()
@@ -497,28 +497,35 @@ func scriptArgs(rules []Rule, cost int64) []any {
 			g := gcd(period, rate)
 			pn, pd = period/g, rate/g
 		}
+		name := rule.bucket()
+		prefix := make([]byte, 0, len(name)+2)
+		prefix = append(prefix, byte(len(name)))
+		prefix = append(prefix, name...)
+		args = append(args, append(prefix, byte(kind)))
+		flags := kind
 		if rule.Shadow {
-			kind += 4
+			flags += 4
 		}
 		if rule.Share {
-			kind += 8
+			flags += 8
 		}
-		name := rule.bucket()
-		b = append(b, byte(len(name)))
-		b = append(b, name...)
 		// MaxRules containers at most, so the flags fit in a byte.
-		b = append(b, byte(kind+16*cont[i]))
+		b = append(b, byte(flags+16*cont[i]))
 		b = le(b, rule.Limit, 5)
 		b = le(b, period, 6)
 		b = le(b, rule.Capacity(), 5)
 		b = le(b, pn, 6)
 		b = le(b, pd, 7)
-		// 0 when the rule is charged the call's cost; ≤ MaxCost (2^53)
-		// fits 7 bytes.
+		// 0 when the rule is charged the call's cost; |Cost| ≤ MaxCost
+		// (2^53) fits 7 bytes, signed.
 		b = le(b, rule.Cost, 7)
 	}
-	return []any{cost, m, b}
+	args[0], args[1], args[2] = cost, m, b
+	return args
 }
+
+// ruleSize is the bytes of one rule's fields in scriptArgs.
+const ruleSize = 1 + 5 + 6 + 5 + 6 + 7 + 7
 
 // le appends the low size bytes of v, little-endian (struct's '<I<size>').
 func le(b []byte, v int64, size int) []byte {

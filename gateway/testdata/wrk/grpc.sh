@@ -67,12 +67,16 @@ hz=$(getconf CLK_TCK)
 # server's and Redis's CPU per request.
 per_process() {
 	local s0 r0 out n
+	rcli CONFIG RESETSTAT >/dev/null
 	s0=$(ticks "$2") r0=$(ticks "$rpid")
 	out=$(EDGELIMIT_RLS_BENCH_ADDR=$3 "$tmp/rls.test" -test.run '^$' -test.bench '^BenchmarkShouldRateLimit$/^conns=4$' -test.benchtime "$BENCHTIME" | grep '^Benchmark')
 	n=$(awk '{ print $2 }' <<<"$out")
 	awk -v name="$1" -v s="$(($(ticks "$2") - s0))" -v r="$(($(ticks "$rpid") - r0))" -v n="$n" -v hz="$hz" -v line="$out" 'BEGIN {
 		for (i = 1; i <= split(line, f, /[ \t]+/); i++) if (f[i] == "req/s") rps = f[i - 1]
 		printf "   %-22s %8s req/s  server %6.1f us/request  redis %5.1f us/request\n", name, rps, s * 1e6 / hz / n, r * 1e6 / hz / n }'
+	# Redis commandstats over the run: calls and usec per request, by command.
+	rcli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v n="$n" '/^cmdstat_/ && $3 > 0 {
+		sub(/^cmdstat_/, "", $1); printf "      %-14s %6.3f calls/request %7.2f us/call\n", $1, $3 / n, $5 / $3 }'
 }
 for r in $(seq "$ROUNDS"); do
 	echo "== grpc round $r of $ROUNDS: edgelimit"
