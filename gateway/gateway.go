@@ -314,6 +314,12 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	defer func() { g.m.countResponse(rt.Name, w.Status) }()
+	if isTrace(r.Method) && !rt.allowsMethod(r.Method) {
+		w.Header()["Allow"] = []string{allowedMethods}
+		g.refuse(w, r, st, "method_not_allowed", rt.Name, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed, Route: rt.Name,
+			Detail: r.Method + " is not served here: it would echo the request, credentials and all, back to the client. A route that lists it in its methods passes it on."})
+		return nil
+	}
 	if st.overridden(r, p, rt) {
 		g.refuse(w, r, st, "method_override", rt.Name, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
 			Detail: "The query's _method (or X-HTTP-Method-Override) names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
