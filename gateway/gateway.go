@@ -343,6 +343,18 @@ func (g *Gateway) handle(c echo.Context) error {
 			Detail: fmt.Sprintf("This route does not upgrade to %q.", up)})
 		return nil
 	}
+	idle := g.boot.Timeouts.Read
+	if rt.ReadIdle > 0 {
+		idle = rt.ReadIdle
+	}
+	if p := prefetch(w, r, st.cfg.MaxBodyBytes, idle); p != nil {
+		p.Route = rt.Name
+		if p.Status == http.StatusBadRequest {
+			w.Header()["Connection"] = []string{"close"}
+		}
+		g.refuse(w, r, st, prefetchReasons[p.Status], rt.Name, *p)
+		return nil
+	}
 	if rt.Exempt {
 		g.proxy(w, r, p, rt, st, st.peerTrusted(r))
 		return nil
