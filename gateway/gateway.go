@@ -397,7 +397,10 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
-		body, err := st.scanBody(r, http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), p, rt)
+		// A scan holds bytes back, so the client's progress is marked as
+		// it is read, not only as the upstream gets it.
+		in := &progressBody{ReadCloser: r.Body, dl: dl}
+		body, err := st.scanBody(r, http.MaxBytesReader(w.Writer, in, st.cfg.MaxBodyBytes), p, rt)
 		if err != nil {
 			refuseBody(w, g.m, rt.Name, err)
 			return
