@@ -334,6 +334,8 @@ func TestBodyScan(t *testing.T) {
 		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},
 		{"form key beside another", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + other, 400, "ambiguous_key"},
 		{"form key as decided", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + "&a=1", 200, ""},
+		{"form key twice, the second another", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + "&api_key=" + other, 400, "ambiguous_key"},
+		{"json key twice, the last another (php)", "POST", "/v1/other", "application/json", nil, "X-API-Key: " + key, `{"api_key":"` + key + `","api_key":"` + other + `"}`, 400, "ambiguous_key"},
 		{"form key as the query's", "POST", "/v1/other?apikey=" + key, form, nil, "", "apikey=" + key, 200, ""},
 		{"form key php spelling", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api%5Fkey[]=" + other, 400, "ambiguous_key"},
 		{"form bearer token", "POST", "/v1/other", form, nil, "Authorization: Bearer " + key, "access_token=" + other, 400, "ambiguous_key"},
