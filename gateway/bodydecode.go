@@ -35,8 +35,12 @@ var (
 	// one the request was charged to (or one, where it was charged to
 	// the address): Laravel's input(), PHP's $_REQUEST and Rails' params
 	// read it, so the upstream could serve the request as that key.
-	errBodyKey = &bodyRefusal{"ambiguous_key", problem{Type: probBadRequest, Status: http.StatusBadRequest,
+	errBodyKey = &bodyRefusal{"ambiguous_key", problem{Type: probBodyKey, Status: http.StatusBadRequest,
 		Detail: "The body carries an API key (api_key, access_token, …) other than the one this request was charged to; send one key, in X-API-Key, Authorization: Bearer or the query."}}
+	// errBodyKeyOnly: a body names an API key where the request carried
+	// none, and was charged to its address or user.
+	errBodyKeyOnly = &bodyRefusal{"ambiguous_key", problem{Type: probBodyKey, Status: http.StatusBadRequest,
+		Detail: "The body carries an API key (api_key, access_token, …), which this gateway does not identify callers by: the request was charged to its address, not to that key. Send the key in X-API-Key, Authorization: Bearer or the query."}}
 	// errDecodedTooLarge: the body inflates past max_body_bytes, past
 	// which the gateway would no longer read what the upstream inflates.
 	errDecodedTooLarge = &bodyRefusal{"body_too_large", problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge,
@@ -109,6 +113,10 @@ func asciiSuperset(charset string) bool {
 
 // The types of a 415 for a body the gateway cannot decode where it must
 // read it.
+// probBodyKey is the type of the 400 for a body naming an API key the
+// request was not charged to.
+const probBodyKey = "urn:edgelimit:problem:api-key-in-body"
+
 const (
 	probUnsupportedEncoding = "urn:edgelimit:problem:unsupported-content-encoding"
 	probUnsupportedCharset  = "urn:edgelimit:problem:unsupported-charset"

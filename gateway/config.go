@@ -242,7 +242,8 @@ type Route struct {
 	// "/v1/users" and "/v1/users/7" but not "/v1/users2"; a prefix ending
 	// in "/" matches anything below it.
 	PathPrefix string `yaml:"path_prefix"`
-	// Methods restricts the route; default any method.
+	// Methods restricts the route; default any method but TRACE and
+	// TRACK, which get 405 unless the route lists them.
 	Methods []string `yaml:"methods"`
 	// Upstream names an entry of Config.Upstreams.
 	Upstream string `yaml:"upstream"`

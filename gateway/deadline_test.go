@@ -7,8 +7,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // streamConfig has listener timeouts of 400ms and 600ms: far shorter than
@@ -237,5 +241,78 @@ func TestRouteIdleBounds(t *testing.T) {
 	bad.Routes = append(bad.Routes, Route{Name: "slow", PathPrefix: "/slow", Upstream: "app", WriteIdle: 100 * time.Millisecond})
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "routes[1].write_idle") {
 		t.Errorf("write_idle below the upstream's timeout: Validate = %v, want an error naming routes[1].write_idle", err)
+	}
+}
+
+// TestMalformedChunkedNotCharged: a chunked body that turns out malformed
+// within its first prefetchBytes is refused (400, the connection closed)
+// before the request is decided: the upstream never sees its head and the
+// caller's key is not charged (only its address's auth failure bucket, as
+// for every refusal before a decision). A well-formed one goes upstream
+// whole. Before, the head was forwarded and the key charged,
+// then the 400 came.
+func TestMalformedChunkedNotCharged(t *testing.T) {
+	var heads atomic.Int64
+	var mu sync.Mutex
+	var bodies []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		heads.Add(1)
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+	}))
+	t.Cleanup(up.Close)
+	const key = "chunked-key"
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 5, Period: time.Minute}}}}
+		cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha(key), Plan: "free"}}
+	})
+	head := "POST /x HTTP/1.1\r\nHost: gw\r\nX-API-Key: " + key + "\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
+	tests := []struct {
+		name, body string
+	}{
+		{"chunk longer than said", "3\r\nabcdef\r\n0\r\n\r\n"},
+		{"bad chunk size", "zz\r\nabc\r\n0\r\n\r\n"},
+		{"bad size after a good chunk", "3\r\nabc\r\nq\r\nabc\r\n0\r\n\r\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rejected := counter(t, gw.m.rejected.WithLabelValues("malformed_body"))
+			_, br := rawConn(t, gw.URL, head+"\r\n"+tt.body)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("malformed chunked body = %d %s, want 400 problem+json", resp.StatusCode, b)
+			}
+			if _, err := br.ReadByte(); err == nil {
+				t.Errorf("connection still open after a framing error")
+			}
+			if n := counter(t, gw.m.rejected.WithLabelValues("malformed_body")) - rejected; n != 1 {
+				t.Errorf("rejected_total{reason=\"malformed_body\"} rose by %v, want 1", n)
+			}
+		})
+	}
+	// The key's bucket is untouched: its first charged request leaves 4
+	// of 5, and it is the first request the upstream sees.
+	r := rawDo(t, gw.URL, head+"Connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+	if r.status != http.StatusOK {
+		t.Fatalf("well-formed chunked body = %d %s, want 200", r.status, r.body)
+	}
+	if got := r.header.Get(hRemaining); got != "4" {
+		t.Errorf("after %d malformed chunked bodies the key has %s of 5 left, want 4: they were charged", len(tests), got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := heads.Load(); n != 1 || len(bodies) != 1 || bodies[0] != "abcde" {
+		t.Errorf("the upstream saw %d heads and bodies %q, want one, \"abcde\"", n, bodies)
 	}
 }

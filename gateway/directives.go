@@ -17,6 +17,12 @@ type directiveSource interface {
 	Current() *limiter.Directives
 }
 
+// denialForgetter is a store whose deny cache can drop one denial
+// (*limiter.Redis).
+type denialForgetter interface {
+	ForgetDenial(key string, rules []limiter.Rule)
+}
+
 // applyDirectives adjusts the limits of one request to the directives in
 // force: a NAT-shared IP gets its IP-keyed limit raised; a hot key under a
 // split is checked in this gateway's own bucket with this gateway's share
@@ -30,7 +36,14 @@ func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 	if d == nil || (len(d.Splits) == 0 && len(d.NATs) == 0) {
 		return // without reading the clock: the usual case
 	}
+	key, rules := l.key, l.rules
 	nat, split := g.directed(st, id, l, d, g.now())
+	if f, ok := g.store.(denialForgetter); ok && (nat || split) {
+		// The store's cached denial of the undirected check would
+		// outlive the directive: the key refills at the directed rate
+		// (a NAT raise) or in its shares (a split) meanwhile.
+		f.ForgetDenial(key, rules)
+	}
 	if nat {
 		g.directivesApplied.WithLabelValues("nat").Inc()
 	}

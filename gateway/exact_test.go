@@ -186,6 +186,55 @@ func TestDenyCacheFollowsDirectives(t *testing.T) {
 	}
 }
 
+// TestDenyCacheAfterNATLapse: a denial cached before a NAT raise does not
+// answer once the raise has lapsed. Under the raise the address refilled
+// at the raised rate, so Redis admits what the cached denial, made for
+// the plan's rules, would still refuse. Before, that denial answered
+// until its own retry time (a minute here); now the first directed check
+// drops it.
+func TestDenyCacheAfterNATLapse(t *testing.T) {
+	ctx := context.Background()
+	lim, _ := redisStore(t)
+	up := newTestUpstream(t)
+	cfg := testConfig(up.URL)
+	base := limiter.Rule{Name: "minute", Limit: 1, Period: time.Minute}
+	cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: base}}}
+	dirs := &modelDirectives{}
+	gw := startGateway(t, cfg, Options{Store: lim, Directives: dirs})
+	key := ipKey("127.0.0.1")
+	nat := func(expires time.Time) {
+		dirs.p.Store(&limiter.Directives{NATs: map[string]limiter.NATDirective{key: {Key: key, Factor: 1000, Clients: 100, Expires: expires}}})
+	}
+
+	if got := admitted(t, gw.URL+"/", 2); got != 1 {
+		t.Fatalf("1/min: admitted %d of 2", got)
+	}
+	nat(time.Now().Add(time.Hour)) // 1000/min
+	if got := admitted(t, gw.URL+"/", 1); got != 1 {
+		t.Fatalf("NAT raise to 1000/min: admitted %d of 1", got)
+	}
+	// Await the raised bucket's refill to full: 1000 tokens, of which the
+	// plan's 1/min keeps one when the raise lapses.
+	raised, _ := dirs.Current().NAT(key, []limiter.Rule{base}, time.Now())
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		s, err := lim.Inspect(ctx, key, raised)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Rules[0].Remaining == raised[0].Limit {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("raised bucket at %d of %d after 5s", s.Rules[0].Remaining, raised[0].Limit)
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis for the refill
+	}
+	nat(time.Now().Add(-time.Second)) // lapsed
+	if got := admitted(t, gw.URL+"/", 3); got != 1 {
+		t.Errorf("NAT raise lapsed with the raised bucket full: admitted %d of 3, want 1 (what Redis admits)", got)
+	}
+}
+
 // splitFleet is a fleet of gateways ids, each expecting the fleet's size
 // and checking store, that read their split directives from dirs (nil
 // until the test sets them): the acme key's limit, shared as the test's

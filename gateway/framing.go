@@ -198,7 +198,8 @@ func hasPrefixFold(b, prefix []byte) bool {
 
 // Problem types of the answers the listener and guard give.
 const (
-	// probMethodNotAllowed is CONNECT's.
+	// probMethodNotAllowed is CONNECT's, and TRACE's where no route
+	// lists it.
 	probMethodNotAllowed = "urn:edgelimit:problem:method-not-allowed"
 	// probHeadersTooLarge is a head over max_header_bytes.
 	probHeadersTooLarge = "urn:edgelimit:problem:headers-too-large"
@@ -217,7 +218,7 @@ func (g *Gateway) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodConnect:
-			w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
+			w.Header()["Allow"] = []string{allowedMethods}
 			g.refuse(w, r, g.st.Load(), "", "", problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed,
 				Detail: "This gateway is not a forward proxy: CONNECT is not served."})
 		case r.Method == http.MethodOptions && r.RequestURI == "*":
@@ -259,9 +260,22 @@ func (g *Gateway) serverOptions(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, *d)
 		return
 	}
-	w.Header()["Allow"] = []string{"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"}
+	w.Header()["Allow"] = []string{allowedMethods}
 	w.Header()["Content-Length"] = []string{"0"}
 	w.WriteHeader(http.StatusOK)
+}
+
+// allowedMethods are the methods the gateway serves on any route: the
+// Allow header of its 405s and of "OPTIONS *".
+const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+// isTrace says method is TRACE, or IIS's TRACK, in any case (an upstream
+// may upper-case it, see allowsMethod): a server that answers either
+// echoes the request back, its Cookie and Authorization included, which
+// cross-site tracing turns against the caller. The gateway passes them
+// on only on a route that lists them.
+func isTrace(method string) bool {
+	return strings.EqualFold(method, http.MethodTrace) || strings.EqualFold(method, "TRACK")
 }
 
 type framingConnKey struct{}

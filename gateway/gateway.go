@@ -314,6 +314,12 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	defer func() { g.m.countResponse(rt.Name, w.Status) }()
+	if isTrace(r.Method) && !rt.allowsMethod(r.Method) {
+		w.Header()["Allow"] = []string{allowedMethods}
+		g.refuse(w, r, st, "method_not_allowed", rt.Name, problem{Type: probMethodNotAllowed, Status: http.StatusMethodNotAllowed, Route: rt.Name,
+			Detail: r.Method + " is not served here: it would echo the request, credentials and all, back to the client. A route that lists it in its methods passes it on."})
+		return nil
+	}
 	if st.overridden(r, p, rt) {
 		g.refuse(w, r, st, "method_override", rt.Name, problem{Type: probBadRequest, Status: http.StatusBadRequest, Route: rt.Name,
 			Detail: "The query's _method (or X-HTTP-Method-Override) names a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."})
@@ -335,6 +341,18 @@ func (g *Gateway) handle(c echo.Context) error {
 	if up != "" && !rt.allowsUpgrade(up) {
 		g.refuse(w, r, st, "upgrade_not_allowed", rt.Name, problem{Type: probUpgrade, Status: http.StatusBadRequest, Route: rt.Name,
 			Detail: fmt.Sprintf("This route does not upgrade to %q.", up)})
+		return nil
+	}
+	idle := g.boot.Timeouts.Read
+	if rt.ReadIdle > 0 {
+		idle = rt.ReadIdle
+	}
+	if p := prefetch(w, r, st.cfg.MaxBodyBytes, idle); p != nil {
+		p.Route = rt.Name
+		if p.Status == http.StatusBadRequest {
+			w.Header()["Connection"] = []string{"close"}
+		}
+		g.refuse(w, r, st, prefetchReasons[p.Status], rt.Name, *p)
 		return nil
 	}
 	if rt.Exempt {
@@ -379,7 +397,10 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 	}
 	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
 	if r.Body != nil && r.Body != http.NoBody {
-		body, err := st.scanBody(r, http.MaxBytesReader(w.Writer, r.Body, st.cfg.MaxBodyBytes), p, rt)
+		// A scan holds bytes back, so the client's progress is marked as
+		// it is read, not only as the upstream gets it.
+		in := &progressBody{ReadCloser: r.Body, dl: dl}
+		body, err := st.scanBody(r, http.MaxBytesReader(w.Writer, in, st.cfg.MaxBodyBytes), p, rt)
 		if err != nil {
 			refuseBody(w, g.m, rt.Name, err)
 			return

@@ -680,3 +680,59 @@ func TestRedisCluster(t *testing.T) {
 		t.Errorf("%v requests failed open on the cluster", n)
 	}
 }
+
+// TestTraceRefused: TRACE (and IIS's TRACK, in any case) gets 405 with
+// Allow and a problem body, charged like the other refusals before a
+// decision, unless the route lists it; the upstream never sees it.
+// Before, it was proxied on every route that takes any method.
+func TestTraceRefused(t *testing.T) {
+	up := newPathUpstream(t)
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+		cfg.Routes = []Route{
+			{Name: "all", PathPrefix: "/", Upstream: "app"},
+			{Name: "health", PathPrefix: "/health", Upstream: "app", Exempt: true},
+			{Name: "debug", PathPrefix: "/debug", Methods: []string{"GET", "TRACE"}, Upstream: "app"},
+		}
+	})
+	tests := []struct {
+		method, path string
+		want         int
+	}{
+		{"TRACE", "/v1/items", http.StatusMethodNotAllowed},
+		{"trace", "/v1/items", http.StatusMethodNotAllowed},
+		{"TRACK", "/v1/items", http.StatusMethodNotAllowed},
+		{"TRACE", "/health", http.StatusMethodNotAllowed},
+		{"TRACE", "/debug/x", http.StatusOK},
+		{"GET", "/v1/items", http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			up.takeRequests()
+			rejected := counter(t, gw.m.rejected.WithLabelValues("method_not_allowed"))
+			r := rawDo(t, gw.URL, tt.method+" "+tt.path+" HTTP/1.1\r\nHost: gw\r\nCookie: session=secret\r\nConnection: close\r\n\r\n")
+			if r.status != tt.want {
+				t.Fatalf("%s %s = %d (%s), want %d", tt.method, tt.path, r.status, r.body, tt.want)
+			}
+			got := up.takeRequests()
+			if tt.want == http.StatusOK {
+				if len(got) != 1 || got[0].method != tt.method {
+					t.Errorf("%s %s: the upstream received %v, want the request", tt.method, tt.path, got)
+				}
+				return
+			}
+			if len(got) != 0 {
+				t.Errorf("%s %s: the upstream received %d requests, want none", tt.method, tt.path, len(got))
+			}
+			if !bytes.Contains(r.body, []byte("method-not-allowed")) || r.header.Get("Allow") == "" || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%s %s answer %s (Allow %q), want a method-not-allowed problem and Allow", tt.method, tt.path, r.body, r.header.Get("Allow"))
+			}
+			if r.header.Get(hLimit) == "" {
+				t.Errorf("%s %s: refusal without rate-limit headers (%v), want the auth failure bucket's", tt.method, tt.path, r.header)
+			}
+			if n := counter(t, gw.m.rejected.WithLabelValues("method_not_allowed")) - rejected; n != 1 {
+				t.Errorf("rejected_total{reason=\"method_not_allowed\"} rose by %v, want 1", n)
+			}
+		})
+	}
+}

@@ -127,6 +127,9 @@ func (st *state) scanBody(r *http.Request, body io.ReadCloser, p string, rt *rou
 			// As oneValue compares keys; a value cut at maxValue is no
 			// key the request was charged to.
 			if v := trimCredential(value); v != "" && (v != key || len(value) > maxValue) {
+				if key == "" {
+					return errBodyKeyOnly
+				}
 				return errBodyKey
 			}
 		}
@@ -798,25 +801,33 @@ func jsonSkip(br *bufio.Reader, c byte) bool {
 }
 
 // bodyScanner passes a body through while a scan reads it, and holds
-// its last byte back until the scan is done: frameworks read a form only
-// once the whole body is in, so an upstream that never gets the last byte
-// never runs the request. The scan runs in a goroutine reading a pipe the
-// scanner writes each chunk to, so memory stays bounded whatever the
-// body's size; it ends when the body ends or is closed. Its error, a
-// *bodyRefusal, takes the last byte's place.
+// its last scanHold bytes back until the scan is done: the whole of a
+// short body, and for a longer one what follows its last fields. PHP and
+// Rails read a form only once the whole body is in, but Go's json.Decoder
+// and multipart reader, and Jackson, stop at the end of the value or the
+// closing delimiter: holding back only the last byte (a trailing newline,
+// an epilogue, a gzip trailer) let such an upstream run the request with
+// a key the scan then refused. The scan runs in a goroutine reading a
+// pipe the scanner writes each chunk to, so memory stays bounded whatever
+// the body's size; it ends when the body ends or is closed. Its error, a
+// *bodyRefusal, takes the held bytes' place.
 type bodyScanner struct {
 	body    io.ReadCloser
 	pw      *io.PipeWriter
-	done    chan error // the scan's verdict
-	pending []byte     // the held-back byte, when there is one
-	one     [1]byte    // where the next byte goes when p holds only the held one
-	eof     bool       // the body ended and the scan found nothing
+	done    chan error   // the scan's verdict
+	pending bytes.Buffer // the held-back bytes
+	eof     bool         // the body ended and the scan found nothing
 	err     error
 }
 
+// scanHold is how much of a scanned body's end is held back until the
+// scan's verdict: far more than follows the fields of any body a client
+// sends, little beside the connection's own buffers.
+const scanHold = 64 << 10
+
 func newBodyScanner(body io.ReadCloser, scan func(io.Reader) error) *bodyScanner {
 	pr, pw := io.Pipe()
-	s := &bodyScanner{body: body, pw: pw, done: make(chan error, 1), pending: make([]byte, 0, 1)}
+	s := &bodyScanner{body: body, pw: pw, done: make(chan error, 1)}
 	go func() {
 		err := scan(pr)
 		// Drain what the scan left, so that writes never block.
@@ -827,56 +838,45 @@ func newBodyScanner(body io.ReadCloser, scan func(io.Reader) error) *bodyScanner
 }
 
 func (s *bodyScanner) Read(p []byte) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
-	if len(p) == 0 {
+	if len(p) == 0 && s.err == nil {
 		return 0, nil
 	}
-	if s.eof {
-		// The verdict is in and clean: the held-back byte goes out.
-		n := copy(p, s.pending)
-		s.pending, s.err = s.pending[:0], io.EOF
-		return n, io.EOF
-	}
-	held := copy(p, s.pending)
-	buf := p[held:]
-	if len(buf) == 0 {
-		// A one-byte p holds just the held byte: reading the body into
-		// p[1:] read nothing, and a reader of one byte at a time never
-		// got one (io.ReadAll looped for ever).
-		buf = s.one[:]
-	}
-	m, err := s.body.Read(buf)
-	n := 0
-	if m > 0 {
-		_, _ = s.pw.Write(buf[:m])
-		// Out go the byte held before and all new ones but the last.
-		n = held + m - 1
-		s.pending = append(s.pending[:0], buf[m-1])
-	}
-	switch {
-	case err == io.EOF:
-		_ = s.pw.Close()
-		if verdict := <-s.done; verdict != nil {
-			var refused *bodyRefusal
-			if !errors.As(verdict, &refused) {
-				refused = errBodyMalformed // what the scan could not read, the upstream may
+	for s.err == nil {
+		if s.eof {
+			// The verdict is in and clean: the held bytes go out.
+			n, _ := s.pending.Read(p)
+			if s.pending.Len() == 0 {
+				s.err = io.EOF
 			}
-			s.err = refused
 			return n, s.err
 		}
-		s.eof = true
-		if n < len(p) {
-			n += copy(p[n:], s.pending)
-			s.pending, s.err = s.pending[:0], io.EOF
-			return n, io.EOF
+		if over := s.pending.Len() - scanHold; over > 0 {
+			return s.pending.Read(p[:min(len(p), over)])
 		}
-	case err != nil:
-		s.err = err
-		_ = s.pw.CloseWithError(err)
+		// p is free: the body's next chunk is read into it, then held.
+		m, err := s.body.Read(p)
+		if m > 0 {
+			_, _ = s.pw.Write(p[:m])
+			_, _ = s.pending.Write(p[:m])
+		}
+		switch {
+		case err == io.EOF:
+			_ = s.pw.Close()
+			if verdict := <-s.done; verdict != nil {
+				var refused *bodyRefusal
+				if !errors.As(verdict, &refused) {
+					refused = errBodyMalformed // what the scan could not read, the upstream may
+				}
+				s.err = refused
+				break
+			}
+			s.eof = true
+		case err != nil:
+			s.err = err
+			_ = s.pw.CloseWithError(err)
+		}
 	}
-	return n, err
+	return 0, s.err
 }
 
 func (s *bodyScanner) Close() error {

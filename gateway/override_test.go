@@ -5,11 +5,13 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -332,6 +334,8 @@ func TestBodyScan(t *testing.T) {
 		{"form key, charged to the address", "POST", "/v1/other", form, nil, "", "a=1&api_key=" + key, 400, "ambiguous_key"},
 		{"form key beside another", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + other, 400, "ambiguous_key"},
 		{"form key as decided", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + "&a=1", 200, ""},
+		{"form key twice, the second another", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api_key=" + key + "&api_key=" + other, 400, "ambiguous_key"},
+		{"json key twice, the last another (php)", "POST", "/v1/other", "application/json", nil, "X-API-Key: " + key, `{"api_key":"` + key + `","api_key":"` + other + `"}`, 400, "ambiguous_key"},
 		{"form key as the query's", "POST", "/v1/other?apikey=" + key, form, nil, "", "apikey=" + key, 200, ""},
 		{"form key php spelling", "POST", "/v1/other", form, nil, "X-API-Key: " + key, "api%5Fkey[]=" + other, 400, "ambiguous_key"},
 		{"form bearer token", "POST", "/v1/other", form, nil, "Authorization: Bearer " + key, "access_token=" + other, 400, "ambiguous_key"},
@@ -400,6 +404,114 @@ func TestBodyScan(t *testing.T) {
 			}
 			if n := counter(t, gw.m.rejected.WithLabelValues(tt.wantReason)) - rejected; n != 1 {
 				t.Errorf("rejected_total{reason=%q} rose by %v, want 1", tt.wantReason, n)
+			}
+		})
+	}
+}
+
+// TestBodyKeyStreamingUpstream: an upstream that acts on a body before
+// its end (Go's json.Decoder and multipart reader, Jackson: they stop at
+// the end of the value or the closing delimiter) never serves a body key
+// other than the one charged. Before, the scanner held back only the
+// body's last byte: a trailing newline after the JSON, a multipart
+// epilogue or a gzip trailer, so such an upstream had the whole key and
+// served it while the gateway refused.
+func TestBodyKeyStreamingUpstream(t *testing.T) {
+	var mu sync.Mutex
+	var served []string
+	handled := map[string]chan struct{}{} // by X-Case: closed once the upstream handled it
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		done := handled[r.Header.Get("X-Case")]
+		mu.Unlock()
+		if done != nil {
+			defer close(done)
+		}
+		var key string
+		switch {
+		case strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/"):
+			key = r.FormValue("api_key")
+		default:
+			var body io.Reader = r.Body
+			if r.Header.Get("Content-Encoding") == "gzip" {
+				zr, err := gzip.NewReader(r.Body)
+				if err != nil {
+					return
+				}
+				body = zr
+			}
+			var v struct {
+				APIKey string `json:"api_key"`
+			}
+			if json.NewDecoder(body).Decode(&v) != nil {
+				return
+			}
+			key = v.APIKey
+		}
+		if key != "" {
+			mu.Lock()
+			served = append(served, key)
+			mu.Unlock()
+		}
+		_, _ = io.WriteString(w, "served\n")
+	}))
+	t.Cleanup(up.Close)
+	const key, other = "stream-key-1", "stream-key-2"
+	gw := redisGateway(t, func(cfg *Config) {
+		cfg.Plans["free"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 1000, Period: time.Minute}}}}
+		cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha(key), Plan: "free"}, {ID: "other", SHA256: sha(other), Plan: "free"}}
+		cfg.Upstreams = map[string]Upstream{"app": {URL: up.URL}}
+	})
+	tests := []struct {
+		name, contentType, encoding, body string
+		noKey                             bool // no X-API-Key: charged to the address
+	}{
+		{"json, the key charged", "application/json", "", `{"api_key":"` + key + `"}` + "\n", false},
+		{"json, charged to the address", "application/json", "", `{"api_key":"` + other + `"}` + "\n", true},
+		{"json and a newline", "application/json", "", `{"api_key":"` + other + `"}` + "\n", false},
+		{"json and spaces", "application/json", "", `{"api_key":"` + other + `"}` + strings.Repeat(" ", 1000), false},
+		{"gzip json", "application/json", "gzip", encode(`{"api_key":"`+other+`"}`, "gzip"), false},
+		{"multipart epilogue", "multipart/form-data; boundary=B", "",
+			"--B\r\nContent-Disposition: form-data; name=\"api_key\"\r\n\r\n" + other + "\r\n--B--\r\nepilogue", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			done := make(chan struct{})
+			mu.Lock()
+			handled[tt.name] = done
+			mu.Unlock()
+			req := "POST /v1/x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nX-Case: " + tt.name + "\r\nContent-Type: " + tt.contentType + "\r\n"
+			if !tt.noKey {
+				req += "X-API-Key: " + key + "\r\n"
+			}
+			if tt.encoding != "" {
+				req += "Content-Encoding: " + tt.encoding + "\r\n"
+			}
+			r := rawDo(t, gw.URL, req+fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(tt.body), tt.body))
+			select {
+			case <-done: // its head went upstream: await what the upstream made of it
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream did not finish the request in 5s")
+			}
+			mu.Lock()
+			got := served
+			served = nil
+			mu.Unlock()
+			if strings.Contains(tt.body, key) {
+				if r.status != http.StatusOK || len(got) != 1 || got[0] != key {
+					t.Errorf("charged to acme, body key acme: %d %s, the upstream served %q; want 200 served as acme", r.status, r.body, got)
+				}
+				return
+			}
+			if r.status != http.StatusBadRequest || len(got) != 0 {
+				t.Errorf("body key other: %d %s, the upstream served %q; want 400 and nothing served", r.status, r.body, got)
+			}
+			want := "other than the one this request was charged to"
+			if tt.noKey {
+				want = "charged to its address"
+			}
+			if !bytes.Contains(r.body, []byte(probBodyKey)) || !bytes.Contains(r.body, []byte(want)) || bytes.Contains(r.body, []byte(other)) {
+				t.Errorf("body key other: problem %s, want type %s saying %q, without the key", r.body, probBodyKey, want)
 			}
 		})
 	}

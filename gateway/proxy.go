@@ -255,3 +255,18 @@ func (b *bodyReader) error() error {
 	defer b.mu.Unlock()
 	return b.err
 }
+
+// progressBody pushes the read deadline out on every read of the client's
+// body that makes progress.
+type progressBody struct {
+	io.ReadCloser
+	dl *deadlines
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.dl.readProgress(false)
+	}
+	return n, err
+}

@@ -62,6 +62,34 @@ func (c *denyCache) get(fp uint64, key string, cost int64, now time.Time) (Decis
 	return d, true
 }
 
+// ForgetDenial drops the denial cached for key under rules, if any. A
+// caller that starts checking key under other rules (a directive raised
+// them) calls it with the rules it no longer uses: Redis converts key's
+// state to the new rules and refills it at their rate, so should the old
+// rules return (the directive lapses), their cached denial could refuse
+// what Redis admits. It costs a fingerprint and a map lookup.
+func (r *Redis) ForgetDenial(key string, rules []Rule) {
+	if r.deny == nil {
+		return
+	}
+	r.deny.drop(fingerprint(key, rules), key)
+}
+
+func (c *denyCache) drop(fp uint64, key string) {
+	s := &c.shards[fp%denyShards]
+	s.mu.RLock()
+	e, ok := s.m[fp]
+	s.mu.RUnlock()
+	if !ok || e.key != key {
+		return
+	}
+	s.mu.Lock()
+	if e, ok := s.m[fp]; ok && e.key == key {
+		delete(s.m, fp)
+	}
+	s.mu.Unlock()
+}
+
 // put caches d, which Redis gave a call sent at sent and answered at recv.
 func (c *denyCache) put(fp uint64, key string, cost int64, sent, recv time.Time, d Decision) {
 	until := sent.Add(d.RetryAfter())
