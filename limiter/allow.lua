@@ -497,19 +497,28 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
       if brem < 0 then brem = 0 end
       if cur > 0 then breset = left + period elseif prev > 0 then breset = left end
       counts[i] = {cur, prev}
-      local after = cur + rc
+      local after, pafter = cur + rc, prev
       if rc < 0 then
         ok = 1
+        -- a give-back naming the window it was charged in (pn, see
+        -- giveBackArgs) comes off that window, or off none once it is
+        -- history
+        local gw = r[6]
+        if gw > 0 and gw ~= w then
+          after = cur
+          if gw == w - 1 then pafter = prev + rc end
+          if pafter < 0 then pafter = 0 end
+        end
         if after < 0 then after = 0 end
       else
         local room = limit - after
         if room >= 0 and prev * k <= room * D then ok = 1 end
       end
       if ok == 1 and cost > 0 then
-        arem = limit - after - pw
+        arem = limit - after - ceil_div(pafter * k, D)
         if arem < 0 then arem = 0 end
-        if after > 0 then areset = left + period elseif prev > 0 then areset = left end
-        writes[i] = pack(PSW, #name, name, 2, w, after, prev, period)
+        if after > 0 then areset = left + period elseif pafter > 0 then areset = left end
+        writes[i] = pack(PSW, #name, name, 2, w, after, pafter, period)
       end
       if conv and cost > 0 then converts[i] = pack(PSW, #name, name, 2, w, cur, prev, period) end
       if ok == 0 and rc <= limit then
@@ -603,7 +612,8 @@ local function compile(blob, m)
   for i = 1, n do
     local f, limit, period, cap, pn, pd, rc = unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)
     local kind, c = f % 4, floor(f / 16) + 1
-    if c > m then return nil end
+    -- (a give-back into a named window is general's)
+    if c > m or (kind == 2 and rc < 0 and pn > 0) then return nil end
     local r = {kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
       cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c}
     -- size: the record after its name and kind; suf: its rule fields

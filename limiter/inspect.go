@@ -38,11 +38,38 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 	if err := validate(key, rules, 1); err != nil {
 		return KeyState{}, err
 	}
-	res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0))
-	if err != nil {
-		return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
+	groups := [][]int{nil}
+	if r.cluster {
+		groups = r.slotGroups(key, rules)
 	}
-	return parseInspect(key, res, rules)
+	if len(groups) == 1 {
+		res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0))
+		if err != nil {
+			return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
+		}
+		return parseInspect(key, res, rules)
+	}
+	// Rules in several Cluster slots: one inspection a slot.
+	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules))}
+	for _, idx := range groups {
+		part := rulesAt(rules, idx)
+		res, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, 0))
+		if err != nil {
+			return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
+		}
+		p, err := parseInspect(key, res, part)
+		if err != nil {
+			return KeyState{}, err
+		}
+		for j, i := range idx {
+			ks.Rules[i] = p.Rules[j]
+		}
+		ks.TTL = max(ks.TTL, p.TTL)
+		if p.Time.After(ks.Time) {
+			ks.Time = p.Time
+		}
+	}
+	return ks, nil
 }
 
 // parseInspect checks the shape of allow.lua's cost-0 reply before using it.
@@ -72,8 +99,18 @@ func (r *Redis) Reset(ctx context.Context, key string, rules []Rule) error {
 	if err := validate(key, rules, 1); err != nil {
 		return err
 	}
-	if _, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, -1)); err != nil {
-		return fmt.Errorf("reset limiter state: %w", err)
+	groups := [][]int{nil}
+	if r.cluster {
+		groups = r.slotGroups(key, rules)
+	}
+	for _, idx := range groups {
+		part := rules
+		if len(groups) > 1 {
+			part = rulesAt(rules, idx) // one reset a Cluster slot
+		}
+		if _, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, -1)); err != nil {
+			return fmt.Errorf("reset limiter state: %w", err)
+		}
 	}
 	r.forget(key)
 	return nil

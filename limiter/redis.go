@@ -97,6 +97,7 @@ type Redis struct {
 	via     atomic.Int32 // viaFunction or viaScript
 
 	checks, pipelines, cached, reloads, unstable, migrating atomic.Int64
+	across, givenBack, giveBackFailed                         atomic.Int64
 }
 
 // Stats counts what the limiter did since it started.
@@ -112,11 +113,18 @@ type Stats struct {
 	// Redis answered TRYAGAIN: their containers were split between the
 	// two sides of a migrating slot, or not all written yet.
 	Migrating int64
+	// Across counts checks whose rules lay in several Cluster slots (see
+	// Allow); GivenBack those of them denied in one slot after another
+	// had charged, and given back; GiveBackFailed the give-backs that
+	// failed, leaving a charge for a denied request (never an admission
+	// over a limit).
+	Across, GivenBack, GiveBackFailed int64
 }
 
 // Stats returns the counters so far.
 func (r *Redis) Stats() Stats {
-	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load(), Unstable: r.unstable.Load(), Migrating: r.migrating.Load()}
+	return Stats{Checks: r.checks.Load(), Pipelines: r.pipelines.Load(), Cached: r.cached.Load(), Reloads: r.reloads.Load(), Unstable: r.unstable.Load(), Migrating: r.migrating.Load(),
+		Across: r.across.Load(), GivenBack: r.givenBack.Load(), GiveBackFailed: r.giveBackFailed.Load()}
 }
 
 // call is one check on its way through a pipeline. The sender that runs
@@ -257,6 +265,11 @@ var braceEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // containerKey is the container rule's state lives in.
 func containerKey(prefix, key string, rule Rule) string {
+	if rule.Tag != "" {
+		// "::" never follows a tag otherwise (a bucket holds no colon);
+		// the bucket, after the last colon, ends it, so no two collide.
+		return identityKey(prefix, rule.Tag) + "::" + key + ":" + rule.Bucket
+	}
 	if rule.Bucket != "" {
 		return identityKey(prefix, key) + ":" + rule.Bucket
 	}
@@ -295,6 +308,15 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		if d, ok := r.deny.get(fp, key, cost, r.cfg.Now()); ok {
 			r.cached.Add(1)
 			return d, nil
+		}
+	}
+	if r.cluster {
+		if groups := r.slotGroups(key, rules); len(groups) > 1 {
+			d, sent, err := r.allowAcross(ctx, key, rules, cost, groups)
+			if err == nil && r.deny != nil && !d.Allowed {
+				r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
+			}
+			return d, err
 		}
 	}
 	keys := r.Keys(key, rules)
@@ -607,6 +629,7 @@ func fingerprint(key string, rules []Rule) uint64 {
 	for _, r := range rules {
 		h.str(r.Name)
 		h.str(r.Bucket)
+		h.str(r.Tag)
 		h.str(string(r.algorithm()))
 		h.int(r.Limit)
 		h.int(int64(r.Period))

@@ -95,6 +95,14 @@ type Rule struct {
 	// at most MaxBucketLen bytes. Two rules of one check may share a Name
 	// but not a bucket.
 	Bucket string `yaml:"-"`
+	// Tag, set beside a Bucket, is the Redis Cluster hash tag its state
+	// lives under instead of the key's, so that a key's buckets (the Envoy
+	// door's: its key is the domain, shared by every caller) spread over
+	// the Cluster. Buckets of one check under one tag share a slot and one
+	// atomic call; a check whose buckets land in several slots is decided
+	// across them (see Redis.Allow). Not configurable; the same characters
+	// as Bucket.
+	Tag string `yaml:"-"`
 	// Share marks a rule a split made (Directives.Split): its limit and
 	// burst are this gateway's part of one rule's, and the parts of all
 	// gateways sum to it. A share that grows took its units from another
@@ -172,6 +180,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: name may not contain braces, colons or spaces", ErrInvalidRule, r.Name)
 	case len(r.Bucket) > MaxBucketLen || strings.ContainsAny(r.Bucket, "{}: \t\r\n"):
 		return fmt.Errorf("%w %q: bucket longer than %d bytes or holding braces, colons or spaces", ErrInvalidRule, r.Name, MaxBucketLen)
+	case len(r.Tag) > MaxBucketLen || strings.ContainsAny(r.Tag, "{}: \t\r\n") || (r.Tag != "" && r.Bucket == ""):
+		return fmt.Errorf("%w %q: tag longer than %d bytes, holding braces, colons or spaces, or without a bucket", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Limit <= 0:
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
 	case r.Period < time.Millisecond:

@@ -428,6 +428,35 @@ func plain(s string) bool {
 // its counters by them, so every value of a wildcard or any-value
 // descriptor counts apart and the same entries share one bucket whichever
 // request carries them.
+// slotTag is the Redis Cluster hash tag of a descriptor's bucket
+// (limiter.Rule.Tag): a hash of its domain and its first entry that is
+// not a generic_key (the entry naming the caller: an address, a user, an
+// API key; generic_key names a rule), or of all its entries when each is
+// a generic_key. So the descriptors of one caller share a slot and are
+// decided in one atomic call, while a domain's callers spread over the
+// Cluster, and a descriptor every caller shares has a slot of its own.
+func slotTag(dom string, entries []entry) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	field := func(s string) {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	field(dom)
+	i := slices.IndexFunc(entries, func(e entry) bool { return e.key != "generic_key" })
+	if i < 0 {
+		for _, e := range entries {
+			field(e.key)
+			field(e.value)
+		}
+	} else {
+		field(entries[i].key)
+		field(entries[i].value)
+	}
+	var sum [sha256.Size]byte
+	return "t" + hex.EncodeToString(h.Sum(sum[:0])[:8])
+}
+
 func bucket(dom string, entries []entry) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte

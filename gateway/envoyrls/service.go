@@ -624,6 +624,7 @@ func (c Config) bucketRule(dom string, f resolved) gateway.Rule {
 		rule.Bucket = bucket(dom, f.entries)
 		rule.Bucket = limitBucket(rule.Rule)
 	}
+	rule.Tag = slotTag(dom, be)
 	return rule
 }
 
