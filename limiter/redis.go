@@ -97,7 +97,7 @@ type Redis struct {
 	via     atomic.Int32 // viaFunction or viaScript
 
 	checks, pipelines, cached, reloads, unstable, migrating atomic.Int64
-	across, givenBack, giveBackFailed                         atomic.Int64
+	across, givenBack, giveBackFailed                       atomic.Int64
 }
 
 // Stats counts what the limiter did since it started.
