@@ -494,3 +494,31 @@ func TestHungStoreHonoursDeadlines(t *testing.T) {
 		t.Errorf("%d of 20 callers waited more than a second past their deadline", n)
 	}
 }
+
+// TestScriptWhenFunctionsRefused: a user whose ACL was written for
+// EVALSHA (no FCALL, no FUNCTION LOAD) still gets decisions: the limiter
+// falls back to the script for good.
+func TestScriptWhenFunctionsRefused(t *testing.T) {
+	admin := mustRedis(t)
+	ctx := context.Background()
+	user := fmt.Sprintf("nofcall%x", time.Now().UnixNano())
+	if err := admin.Do(ctx, "acl", "setuser", user, "on", ">pw", "resetchannels", "~*", "-@all",
+		"+ping", "+evalsha", "+eval", "+script|load", "+time", "+get", "+mget", "+set", "+del", "+exists", "+pttl", "+hmget").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+	rdb := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: user, Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	rules := []Rule{{Name: "r", Limit: 3, Period: time.Hour}}
+	key := uniqueKey(t)
+	for i := range 4 {
+		d, err := l.Allow(ctx, key, rules, 1)
+		if err != nil || d.Allowed != (i < 3) {
+			t.Fatalf("Allow %d = %+v, %v; want allowed %t", i, d, err, i < 3)
+		}
+	}
+	if l.via.Load() != viaScript {
+		t.Errorf("via = %d, want the script (%d)", l.via.Load(), viaScript)
+	}
+}

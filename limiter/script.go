@@ -186,7 +186,7 @@ func (r *Redis) resend(ctx context.Context, groups []group) []group {
 	keep := groups[:0]
 	for _, g := range groups {
 		switch err := g.cmd.Err(); {
-		case isNoScript(err) || isNoFunction(err) || isUnknownCommand(err):
+		case isNoScript(err) || isNoFunction(err) || isUnknownCommand(err) || (isNoPerm(err) && r.via.Load() == viaFunction):
 			missing = append(missing, g)
 		case isTryAgain(err):
 			for _, c := range g.calls {
@@ -284,6 +284,10 @@ func isUnknownCommand(err error) bool {
 // a caller should not count it against the store's health.
 var ErrMigrating = errors.New("limiter: cluster slot migrating")
 
+func isNoPerm(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOPERM")
+}
+
 func isTryAgain(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN")
 }
@@ -327,7 +331,9 @@ func (r *Redis) loadLibrary(ctx context.Context) error {
 			err = nil
 		}
 	}
-	if isUnknownCommand(err) {
+	if isUnknownCommand(err) || isNoPerm(err) {
+		// No functions on this server, or none for this user (an ACL
+		// written for EVALSHA): the script does the same.
 		r.via.Store(viaScript)
 		return errNoFunctions
 	}
