@@ -6,8 +6,9 @@
 --                   (the limited route; the gateway reads the body for keys)
 --   check [KEY]     POST /v1/check for one of the 100k IPs, or for the raw
 --                   API key KEY (the hot keys of gateway.yaml)
---   peer            POST /json to envoyproxy/ratelimit: the same 3 limits
---                   (peer.yaml) for one of the 100k IPs
+--   peer [IP]       POST /json to envoyproxy/ratelimit: the same 3 limits
+--                   (peer.yaml) for one of the 100k IPs, or for IP alone
+--                   (over its limit: the peer's local cache answers)
 -- Each wrk thread seeds its own generator: threads seeded alike would send
 -- the same keys in the same order.
 local threads = 0
@@ -36,7 +37,7 @@ request = function()
     end
     return wrk.format("POST", "/v1/check", json, '{"ip":"' .. ip() .. '"}')
   elseif mode == "peer" then
-    local v = ip()
+    local v = arg ~= "" and arg or ip()
     return wrk.format("POST", "/json", json, string.format(
       '{"domain":"bench","descriptors":[{"entries":[{"key":"ip_minute","value":"%s"}]},' ..
       '{"entries":[{"key":"ip_hour","value":"%s"}]},{"entries":[{"key":"ip_day","value":"%s"}]}]}', v, v, v))

@@ -20,9 +20,9 @@ if [ ! -x "$peer" ]; then
 	GOBIN=$cache/bin go install github.com/envoyproxy/ratelimit/src/service_cmd@latest
 fi
 tmp=$(mktemp -d)
-pid= door=
+pid= door= old_door=
 cleanup() {
-	for p in $pid $door; do kill "$p" 2>/dev/null || true; done
+	for p in $pid $door $old_door; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$tmp"
 }
@@ -46,19 +46,35 @@ bench() { "$tmp/rls.test" -test.run '^$' -test.bench 'BenchmarkShouldRateLimit$'
 
 # The door as a process of its own too (the gateway binary with a gRPC
 # listener on the same rules), so that each side's server and Redis CPU per
-# request can be read from /proc, under the same external load client.
+# request can be read from /proc, under the same external load client;
+# beside it the door of the old gateway (BASE, as run.sh builds it).
+BASE=${BASE:-22a4478}
+base_sha=$(git -C "$root" rev-parse --verify "$BASE^{commit}")
+old=$cache/gateway-$base_sha
+if [ ! -x "$old" ]; then
+	echo "== building the old gateway at $BASE ($base_sha)"
+	mkdir "$tmp/base"
+	git -C "$root" archive "$base_sha" | tar -x -C "$tmp/base"
+	(cd "$tmp/base" && go build -buildvcs=false -o "$old.tmp" ./cmd/gateway) && mv "$old.tmp" "$old"
+fi
 mkdir -p "$tmp/rules"
 cp "$root/gateway/envoyrls/testdata/bench.yaml" "$tmp/rules/"
-eport=$(free_port)
-env -i PATH="$PATH" HOME="$HOME" EDGELIMIT_LISTEN="127.0.0.1:$(free_port)" EDGELIMIT_ADMIN_LISTEN="127.0.0.1:$(free_port)" \
-	EDGELIMIT_UPSTREAM_APP=http://127.0.0.1:1 EDGELIMIT_REDIS_ADDR="$EDGELIMIT_REDIS_ADDR" \
-	EDGELIMIT_GRPC_LISTEN="127.0.0.1:$eport" EDGELIMIT_GRPC_CONFIG_DIR="$tmp/rules" \
-	"$tmp/gateway" -config "$here/gateway.yaml" >"$tmp/door.log" 2>&1 &
-door=$!
-for _ in $(seq 100); do
-	(exec 3<>"/dev/tcp/127.0.0.1/$eport") 2>/dev/null && break
-	sleep 0.1
-done
+# start_door BINARY: a door on a free port; sets door (its pid) and eport.
+start_door() {
+	eport=$(free_port)
+	env -i PATH="$PATH" HOME="$HOME" EDGELIMIT_LISTEN="127.0.0.1:$(free_port)" EDGELIMIT_ADMIN_LISTEN="127.0.0.1:$(free_port)" \
+		EDGELIMIT_UPSTREAM_APP=http://127.0.0.1:1 EDGELIMIT_REDIS_ADDR="$EDGELIMIT_REDIS_ADDR" \
+		EDGELIMIT_GRPC_LISTEN="127.0.0.1:$eport" EDGELIMIT_GRPC_CONFIG_DIR="$tmp/rules" \
+		"$1" -config "$here/gateway.yaml" >"$tmp/door.log" 2>&1 &
+	door=$!
+	for _ in $(seq 100); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$eport") 2>/dev/null && break
+		sleep 0.1
+	done
+}
+start_door "$old"
+old_door=$door old_port=$eport
+start_door "$tmp/gateway"
 rcli() { redis-cli -h "${EDGELIMIT_REDIS_ADDR%:*}" -p "${EDGELIMIT_REDIS_ADDR##*:}" "$@"; }
 rpid=$(rcli INFO server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -71,9 +87,10 @@ per_process() {
 	s0=$(ticks "$2") r0=$(ticks "$rpid")
 	out=$(EDGELIMIT_RLS_BENCH_ADDR=$3 "$tmp/rls.test" -test.run '^$' -test.bench '^BenchmarkShouldRateLimit$/^conns=4$' -test.benchtime "$BENCHTIME" | grep '^Benchmark')
 	n=$(awk '{ print $2 }' <<<"$out")
-	awk -v name="$1" -v s="$(($(ticks "$2") - s0))" -v r="$(($(ticks "$rpid") - r0))" -v n="$n" -v hz="$hz" -v line="$out" 'BEGIN {
+	awk -v results="$tmp/results" -v name="$1" -v s="$(($(ticks "$2") - s0))" -v r="$(($(ticks "$rpid") - r0))" -v n="$n" -v hz="$hz" -v line="$out" 'BEGIN {
 		for (i = 1; i <= split(line, f, /[ \t]+/); i++) if (f[i] == "req/s") rps = f[i - 1]
-		printf "   %-22s %8s req/s  server %6.1f us/request  redis %5.1f us/request\n", name, rps, s * 1e6 / hz / n, r * 1e6 / hz / n }'
+		printf "   %-22s %8s req/s  server %6.1f us/request  redis %5.1f us/request\n", name, rps, s * 1e6 / hz / n, r * 1e6 / hz / n
+		printf "%s %s %.2f\n", (name ~ /door/ ? "door" : name ~ /^edgelimit/ ? "old" : "peer"), rps, r * 1e6 / hz / n >> results }'
 	# Redis commandstats over the run: calls and usec per request, by command.
 	rcli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v n="$n" '/^cmdstat_/ && $3 > 0 {
 		sub(/^cmdstat_/, "", $1); printf "      %-14s %6.3f calls/request %7.2f us/call\n", $1, $3 / n, $5 / $3 }'
@@ -84,6 +101,23 @@ for r in $(seq "$ROUNDS"); do
 	echo "== grpc round $r of $ROUNDS: envoyproxy/ratelimit"
 	EDGELIMIT_RLS_BENCH_ADDR=127.0.0.1:$gport bench
 	echo "== grpc round $r of $ROUNDS: CPU per request, each server a process, one external client (4 connections)"
-	per_process "edgelimit (door)" "$door" "127.0.0.1:$eport"
-	per_process "envoyproxy/ratelimit" "$pid" "127.0.0.1:$gport"
+	if [ $((r % 2)) = 1 ]; then
+		per_process "edgelimit (door)" "$door" "127.0.0.1:$eport"
+		per_process "edgelimit $BASE" "$old_door" "127.0.0.1:$old_port"
+		per_process "envoyproxy/ratelimit" "$pid" "127.0.0.1:$gport"
+	else
+		per_process "envoyproxy/ratelimit" "$pid" "127.0.0.1:$gport"
+		per_process "edgelimit $BASE" "$old_door" "127.0.0.1:$old_port"
+		per_process "edgelimit (door)" "$door" "127.0.0.1:$eport"
+	fi
 done
+# The targets, on the means over the rounds of the per-process runs.
+awk '{ rps[$1] += $2; redis[$1] += $3; n[$1]++ }
+	END {
+		if (!n["door"] || !n["peer"]) exit
+		d = rps["door"] / n["door"]; p = rps["peer"] / n["peer"]; dr = redis["door"] / n["door"]; pr = redis["peer"] / n["peer"]
+		o = n["old"] ? rps["old"] / n["old"] : 0; or = n["old"] ? redis["old"] / n["old"] : 0
+		printf "\n%-40s %10s %10s %10s %8s  %s\n", "gRPC, each a process (mean of rounds)", "old", "door", "peer", "door/peer", "target"
+		printf "%-40s %10.0f %10.0f %10.0f %7.2fx  >= 1.3x %s\n", "decisions/s", o, d, p, d / p, d >= 1.3 * p ? "yes" : "NO"
+		printf "%-40s %10.1f %10.1f %10.1f %7.2fx  <= 1.0x %s\n", "Redis CPU per decision (us)", or, dr, pr, dr / pr, dr <= pr ? "yes" : "NO"
+	}' "$tmp/results"
