@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// TestImportGraph pins the data flow of DESIGN.md as a statement of
+// TestImportGraph pins the one-way data flow (gateway → Kafka →
+// consumer → ClickHouse → analytics → Redis → gateway) as a statement of
 // policy: packages import only what the table allows, and only cmd/*
 // imports everything.
 func TestImportGraph(t *testing.T) {

@@ -239,7 +239,8 @@ func TestGrafanaDashboard(t *testing.T) {
 	if queries < 20 {
 		t.Errorf("only %d queries on the dashboard", queries)
 	}
-	// What the dashboard is for: the metrics of DESIGN.md and issue 16.
+	// What the dashboard is for: the decision, store, event, ingestion,
+	// analytics and directive metrics on-call reads first.
 	for _, want := range []string{
 		"edgelimit_gateway_decisions_total", "edgelimit_gateway_store_unavailable_total", "edgelimit_gateway_fail_open_total",
 		"edgelimit_gateway_fail_closed_total", "edgelimit_gateway_circuit_state", "edgelimit_gateway_check_duration_seconds",

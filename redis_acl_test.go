@@ -21,9 +21,9 @@ import (
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
-// TestRedisLeastPrivilege: the README's ACL users are enough. On the test
-// stack's standalone Redis and on its Cluster, it creates the two users
-// exactly as the README writes them (a fresh name, password and prefix
+// TestRedisLeastPrivilege: the ACL users of docs/security.md are enough.
+// On the test stack's standalone Redis and on its Cluster, it creates the
+// two users exactly as the page writes them (a fresh name, password and prefix
 // each run), runs the gateway binary as one (checks, the key admin API's
 // inspect, reset and clear, /readyz, the directive watcher) and analytics'
 // Redis work as the other (the start check, directive writes and reads),
@@ -35,7 +35,7 @@ func TestRedisLeastPrivilege(t *testing.T) {
 		t.Skip("builds and runs the gateway")
 	}
 	t.Parallel()
-	acls := readmeACLs(t)
+	acls := docACLs(t)
 	bin := buildBinaries(t, "gateway")
 	t.Run("standalone", func(t *testing.T) {
 		addr := testenv.RedisAddr(t)
@@ -48,7 +48,7 @@ func TestRedisLeastPrivilege(t *testing.T) {
 		addr := testenv.RedisAddr(t)
 		admin := redis.NewClient(&redis.Options{Addr: addr})
 		t.Cleanup(func() { admin.Close() })
-		// The Sentinels get a user of their own, from the README too.
+		// The Sentinels get a user of their own, from docs/security.md too.
 		sentinel := redis.NewClient(&redis.Options{Addr: sentinels[0]})
 		t.Cleanup(func() { sentinel.Close() })
 		user, password := fmt.Sprintf("se-%d", time.Now().UnixNano()), fmt.Sprintf("se-pw-%d", time.Now().UnixNano())
@@ -69,10 +69,10 @@ func TestRedisLeastPrivilege(t *testing.T) {
 	})
 }
 
-// readmeACLs are the README's ACL SETUSER lines, by user name.
-func readmeACLs(t *testing.T) map[string][]string {
+// docACLs are the ACL SETUSER lines of docs/security.md, by user name.
+func docACLs(t *testing.T) map[string][]string {
 	t.Helper()
-	f, err := os.Open("README.md")
+	f, err := os.Open("docs/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func readmeACLs(t *testing.T) map[string][]string {
 	}
 	for _, u := range []string{"edgelimit-gateway", "edgelimit-analytics", "edgelimit-sentinel"} {
 		if len(acls[u]) == 0 {
-			t.Fatalf("README.md has no ACL SETUSER %s line", u)
+			t.Fatalf("docs/security.md has no ACL SETUSER %s line", u)
 		}
 	}
 	return acls
@@ -108,7 +108,7 @@ func forEachNode(t *testing.T, admin redis.UniversalClient, f func(c *redis.Clie
 	}
 }
 
-// setUser creates user with the README's rules for a role, its password
+// setUser creates user with the documented rules for a role, its password
 // and its keys under prefix instead of rl; it is deleted with the test.
 func setUser(t *testing.T, c *redis.Client, user, password, prefix string, rules []string) {
 	t.Helper()

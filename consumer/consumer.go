@@ -370,7 +370,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	} else if err != nil {
 		// ClickHouse may still be coming up: every batch checks again.
-		c.log.Warn("schema version not checked at start", "err", err)
+		c.log.Warn("schema version not checked at start", "error", err)
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
@@ -413,11 +413,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if fatal == nil {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
 		if err := c.flush(fctx); err != nil {
-			c.log.Warn("shutdown flush incomplete; the group's next owner reads the rest again", "err", err)
+			c.log.Warn("shutdown flush incomplete; the group's next owner reads the rest again", "error", err)
 		}
 		cancel()
 	} else {
-		c.log.Error("stopping: a newer consumer migrated the schema; nothing more is written", "err", fatal)
+		c.log.Error("stopping: a newer consumer migrated the schema; nothing more is written", "error", fatal)
 	}
 	cl.Close()
 	stopBG()
@@ -426,7 +426,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer dcancel()
 	if c.stage != "" {
 		if err := c.ch.Exec(dctx, c.stageSQL(qDropStage)); err != nil {
-			c.log.Warn("drop staging table", "table", c.stage, "err", err)
+			c.log.Warn("drop staging table", "table", c.stage, "error", err)
 		}
 	}
 	return fatal
@@ -470,7 +470,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 			}
 			fetches.EachError(func(topic string, p int32, err error) {
 				if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-					c.log.Warn("fetch failed", "topic", topic, "partition", p, "err", err)
+					c.log.Warn("fetch failed", "topic", topic, "partition", p, "error", err)
 				}
 			})
 			c.buffer(fetches)
@@ -488,7 +488,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 			if err := c.flush(ctx); errors.Is(err, ErrSchemaNewer) {
 				return err
 			} else if err != nil && ctx.Err() == nil {
-				c.log.Error("flush", "err", err)
+				c.log.Error("flush", "error", err)
 			}
 		}
 	}
@@ -732,7 +732,7 @@ func (c *Consumer) flush(ctx context.Context) error {
 		}
 		c.m.retries.WithLabelValues(stage).Inc()
 		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
-		c.log.Warn("flush failed; retrying", "stage", stage, "attempt", attempt+1, "retry_in", wait, "err", err)
+		c.log.Warn("flush failed; retrying", "stage", stage, "attempt", attempt+1, "retry_in", wait, "error", err)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s: %w", stage, err)
@@ -901,7 +901,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	// batch there. A failure here is harmless: the next batch truncates it.
 	if rows > 0 {
 		if err := c.ch.Exec(ctx, c.stageSQL(qTruncateStage)); err != nil {
-			c.log.Warn("empty staging table", "table", c.stage, "err", err)
+			c.log.Warn("empty staging table", "table", c.stage, "error", err)
 		}
 	}
 	c.keepRest(holds)
@@ -934,7 +934,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		// Not fatal: the ledger holds the batch, so a restart resumes past
 		// it anyway; the next flush or the revocation commits again.
 		c.m.retries.WithLabelValues(stageCommit).Inc()
-		c.log.Warn("commit offsets", "err", err)
+		c.log.Warn("commit offsets", "error", err)
 	}
 	return "", nil
 }
@@ -967,7 +967,7 @@ func (c *Consumer) produceDeadLetters(ctx context.Context) {
 				c.cl.PauseFetchPartitions(map[string][]int32{c.cfg.Topic: {p.id}})
 			}
 			c.log.Error("dead-letter topic refuses this partition's poison records; partition blocked, others go on",
-				"partition", p.id, "records", len(recs), "attempt", p.failures, "err", err)
+				"partition", p.id, "records", len(recs), "attempt", p.failures, "error", err)
 			continue
 		}
 		for _, d := range p.dead {
@@ -1188,7 +1188,7 @@ func (c *Consumer) revoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 	ids := revoked[c.cfg.Topic]
 	if err := c.commit(ctx, ids); err != nil {
 		c.m.retries.WithLabelValues(stageCommit).Inc()
-		c.log.Warn("commit on revoke", "err", err)
+		c.log.Warn("commit on revoke", "error", err)
 	}
 	c.forget(ids)
 }
@@ -1244,7 +1244,7 @@ func (c *Consumer) measureLag(ctx context.Context, adm *kadm.Client) {
 			// nothing fetched, committed or inserted while Kafka is out
 			// of reach, this is the one failure that shows.
 			c.m.retries.WithLabelValues(stageLag).Inc()
-			c.log.Warn("measure lag", "group", c.cfg.Group, "err", err)
+			c.log.Warn("measure lag", "group", c.cfg.Group, "error", err)
 			continue
 		}
 		behind := lag.Lag.TotalByTopic()[c.cfg.Topic].Lag
@@ -1271,7 +1271,7 @@ func (c *Consumer) measureLag(ctx context.Context, adm *kadm.Client) {
 func (c *Consumer) dropExpired(ctx context.Context) {
 	ttl, err := SupportsTTL(c.ch)
 	if err != nil {
-		c.log.Warn("retention disabled: cannot read the server version", "err", err)
+		c.log.Warn("retention disabled: cannot read the server version", "error", err)
 		return
 	}
 	if ttl {
@@ -1282,7 +1282,7 @@ func (c *Consumer) dropExpired(ctx context.Context) {
 	for {
 		dropped, err := DropExpired(ctx, c.ch, c.cfg.Retention, c.now())
 		if err != nil && ctx.Err() == nil {
-			c.log.Warn("drop expired partitions", "err", err)
+			c.log.Warn("drop expired partitions", "error", err)
 		}
 		c.m.partitionsDropped.Add(float64(len(dropped)))
 		if len(dropped) > 0 {

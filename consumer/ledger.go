@@ -235,7 +235,7 @@ func (c *Consumer) resumeOffsets(ctx context.Context, offsets map[string]map[int
 		}
 		c.m.retries.WithLabelValues(stageResume).Inc()
 		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
-		c.log.Warn("resume partitions; retrying", "attempt", attempt+1, "retry_in", wait, "err", err)
+		c.log.Warn("resume partitions; retrying", "attempt", attempt+1, "retry_in", wait, "error", err)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -302,7 +302,7 @@ func (c *Consumer) resume(ctx context.Context, parts map[int32]kgo.Offset) (next
 	// one's departure too. Not worth retrying the resume for: the next
 	// assignment sweeps again.
 	if n, err := c.sweepStages(ctx, adm); err != nil {
-		c.log.Warn("drop staging tables of consumers gone", "err", err)
+		c.log.Warn("drop staging tables of consumers gone", "error", err)
 	} else if n > 0 {
 		c.log.Info("dropped staging tables of consumers gone", "tables", n)
 	}

@@ -45,7 +45,7 @@ func (c *Consumer) useStage(ctx context.Context) {
 		return
 	}
 	if err := c.ch.Exec(ctx, c.stageSQL(qDropStage)); err != nil {
-		c.log.Warn("drop staging table", "table", c.stage, "err", err)
+		c.log.Warn("drop staging table", "table", c.stage, "error", err)
 	}
 	c.stage = name
 }

@@ -84,7 +84,7 @@ import (
 //     (+1 with a sub-unit reserve); a check holding a rule longer than
 //     split_max_period never splits, so +0 for it;
 //   - the start of a local outage: +n·max(1, ⌊C/n⌋), which is C for C ≥ n
-//     and n for C < n (the README's "up to n units when capacity < n" is
+//     and n for C < n (docs/operations.md's "up to n units when capacity < n" is
 //     this bound at a fresh start; after the shared bucket was drained the
 //     local buckets add their whole capacity, as a split switch does);
 //   - the end of a local outage: +0 for the shared bucket itself (it is

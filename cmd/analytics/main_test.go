@@ -26,7 +26,7 @@ import (
 	"github.com/edgelimit/edgelimit/analytics/analyticstest"
 	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway/event"
-	"github.com/edgelimit/edgelimit/internal/readme"
+	"github.com/edgelimit/edgelimit/internal/envdoc"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -43,11 +43,11 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-// TestEnvDocumented: README.md's environment table lists exactly the
-// variables the analytics reads (serve and the analyst commands alike).
+// TestEnvDocumented: docs/configuration.md's environment table lists
+// exactly the variables the analytics reads (serve and the analyst commands alike).
 func TestEnvDocumented(t *testing.T) {
 	names, secrets := testenv.ConfigEnv(env(nil), loadConfig)
-	readme.CheckEnv(t, "analytics", names, secrets)
+	envdoc.CheckEnv(t, "analytics", names, secrets)
 }
 
 func TestConfig(t *testing.T) {

@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
-	"github.com/edgelimit/edgelimit/internal/readme"
+	"github.com/edgelimit/edgelimit/internal/envdoc"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -31,11 +31,11 @@ func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
-// TestEnvDocumented: README.md's environment table lists exactly the
-// variables the consumer reads.
+// TestEnvDocumented: docs/configuration.md's environment table lists
+// exactly the variables the consumer reads.
 func TestEnvDocumented(t *testing.T) {
 	names, secrets := testenv.ConfigEnv(env(nil), loadConfig)
-	readme.CheckEnv(t, "consumer", names, secrets)
+	envdoc.CheckEnv(t, "consumer", names, secrets)
 }
 
 func TestCheckRedactsAndDefaults(t *testing.T) {

@@ -117,12 +117,34 @@ var demoKeys = []string{"demo-key-1", "demo-key-2", "demo-key-3", "demo-key-4", 
 
 const demoHotKey = "demo-key-hot"
 
-// trafficConns bounds traffic's requests in flight: at its default 200 a
-// second, a gateway answering within 150ms needs no more.
+// The demo traffic's make-up: percent of all requests for the hot key, the
+// ordinary keyed clients and the NAT-shared IPs (the rest are ordinary
+// anonymous clients), and how many user agents and addresses each kind
+// spreads over. TestDemoThresholds holds deploy/demo's plans and analytics
+// thresholds to these, so the dashboard shows what the README promises.
+const (
+	hotPercent   = 40
+	keyedPercent = 30
+	natPercent   = 15
+
+	natUserAgents = 200 // per NAT-shared IP
+	anonIPs       = 250
+	anonAgents    = 500 // over anonIPs, so two per address
+)
+
+// natIPs are the NAT-shared addresses of the demo traffic.
+var natIPs = []string{"198.51.100.10", "198.51.100.11", "203.0.113.50"}
+
+// defaultTrafficRate is traffic's -rate: requests per second, all clients
+// together.
+const defaultTrafficRate = 200
+
+// trafficConns bounds traffic's requests in flight: at its default rate a
+// gateway answering within 150ms needs no more.
 const trafficConns = 32
 
 // traffic sends a mix through the gateway: ordinary keyed clients at a
-// gentle pace, one hot key far above its limit, and a few IPs (set via
+// gentle pace, one hot key above its limit, and a few IPs (set via
 // X-Forwarded-For; the demo gateway trusts loopback as a proxy) each
 // carrying many user agents, as NATs do.
 func traffic(ctx context.Context, args []string, stdout io.Writer) error {
@@ -130,7 +152,7 @@ func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 	gws := fs.String("gateway", "http://127.0.0.1:8080", "gateway base URLs, comma separated")
 	weights := fs.String("weights", "", "relative traffic per gateway, comma separated (default even), e.g. 3,1 for uneven load balancing")
 	duration := fs.Duration("duration", 2*time.Minute, "how long to send")
-	rate := fs.Int("rate", 200, "requests per second, all clients together")
+	rate := fs.Int("rate", defaultTrafficRate, "requests per second, all clients together")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,20 +194,19 @@ func traffic(ctx context.Context, args []string, stdout io.Writer) error {
 		return targets[0]
 	}
 	client := &http.Client{Timeout: 5 * time.Second}
-	natIPs := []string{"198.51.100.10", "198.51.100.11", "203.0.113.50"}
 	pick := func(ctx context.Context, r *rand.Rand) *http.Request {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateway(r)+"/api/items", nil)
 		switch x := r.IntN(100); {
-		case x < 40: // the hot key
+		case x < hotPercent: // the hot key
 			req.Header.Set("X-API-Key", demoHotKey)
-		case x < 70: // ordinary keyed clients
+		case x < hotPercent+keyedPercent: // ordinary keyed clients
 			req.Header.Set("X-API-Key", demoKeys[r.IntN(len(demoKeys))])
-		case x < 85: // NAT-shared IPs: many user agents behind one address
+		case x < hotPercent+keyedPercent+natPercent: // NAT-shared IPs: many user agents behind one address
 			req.Header.Set("X-Forwarded-For", natIPs[r.IntN(len(natIPs))])
-			req.Header.Set("User-Agent", fmt.Sprintf("device-%d", r.IntN(200)))
-		default: // ordinary anonymous clients, one agent each
-			n := r.IntN(500)
-			req.Header.Set("X-Forwarded-For", fmt.Sprintf("192.0.2.%d", n%250+1))
+			req.Header.Set("User-Agent", fmt.Sprintf("device-%d", r.IntN(natUserAgents)))
+		default: // ordinary anonymous clients, a couple of agents each
+			n := r.IntN(anonAgents)
+			req.Header.Set("X-Forwarded-For", fmt.Sprintf("192.0.2.%d", n%anonIPs+1))
 			req.Header.Set("User-Agent", fmt.Sprintf("browser-%d", n))
 		}
 		return req

@@ -40,6 +40,16 @@ type redisConfig struct {
 	// DenyCache is how many denied keys are remembered locally; default
 	// 65536 (limiter.Config), negative disables.
 	DenyCache int `yaml:"deny_cache"`
+	// PreviousLayout makes checks also read the per-rule keys of releases
+	// before the one-key layout (limiter.Config.PreviousLayout): on while
+	// upgrading from such a release, for the longest rule period, then
+	// off. Default false. Restart.
+	PreviousLayout bool `yaml:"previous_layout"`
+}
+
+// limiterConfig is the limiter's configuration from the redis section.
+func (rc redisConfig) limiterConfig() limiter.Config {
+	return limiter.Config{Prefix: rc.Prefix, DenyCache: rc.DenyCache, PreviousLayout: rc.PreviousLayout}
 }
 
 // kafkaConfig says where decision events go.
@@ -141,8 +151,12 @@ func (fc *fileConfig) applyEnv(e *boot.Env) error {
 // Validate joins every problem with the file.
 func (fc fileConfig) Validate() error {
 	errs := []error{fc.Config.Validate(), fc.Redis.Validate(), fc.Kafka.Validate(), fc.AdminAPI.Validate()}
-	if err := (limiter.Config{Prefix: fc.Redis.Prefix}).Validate(); err != nil {
+	if err := fc.Redis.limiterConfig().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
+	}
+	if fc.Redis.PreviousLayout && !fc.Redis.Set() {
+		// The in-memory store never had the previous layout.
+		errs = append(errs, errors.New("redis.previous_layout: set without a Redis (addr, cluster_addrs or sentinel_addrs)"))
 	}
 	if _, err := boot.ParseLevel(fc.LogLevel); err != nil {
 		errs = append(errs, err)

@@ -6,15 +6,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgelimit/edgelimit/internal/readme"
+	"github.com/edgelimit/edgelimit/internal/envdoc"
 )
 
-// TestEnvDocumented: README.md's environment table lists exactly the
-// variables the gateway reads.
+// TestEnvDocumented: docs/configuration.md's environment table lists
+// exactly the variables the gateway reads.
 func TestEnvDocumented(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gw.yaml")
 	writeConfig(t, path, 1, "http://127.0.0.1:1", true) // one upstream, "app"
-	rec := readme.NewRecorder(env(nil))
+	rec := envdoc.NewRecorder(env(nil))
 	if _, err := loadConfig(path, rec.Getenv); err != nil {
 		t.Fatal(err)
 	}
@@ -27,5 +27,5 @@ func TestEnvDocumented(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(names), "EDGELIMIT_UPSTREAM_<NAME>") {
 		t.Fatalf("the gateway did not read EDGELIMIT_UPSTREAM_APP for upstream app: %v", names)
 	}
-	readme.CheckEnv(t, "gateway", names, secrets)
+	envdoc.CheckEnv(t, "gateway", names, secrets)
 }

@@ -21,8 +21,8 @@
 // EDGELIMIT_KAFKA_EMBEDDED, EDGELIMIT_KEY_HASH_SECRET,
 // EDGELIMIT_GRPC_LISTEN, EDGELIMIT_GRPC_CONFIG_DIR, EDGELIMIT_ADMIN_TOKEN,
 // EDGELIMIT_REDIS_SENTINEL_USERNAME, EDGELIMIT_REDIS_SENTINEL_PASSWORD,
-// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{REDIS,KAFKA}_TLS_* (see the README's
-// Security section),
+// EDGELIMIT_KAFKA_SASL_* and EDGELIMIT_{REDIS,KAFKA}_TLS_* (see
+// docs/security.md),
 // EDGELIMIT_UPSTREAM_<NAME>, EDGELIMIT_UPSTREAM, EDGELIMIT_LOG_LEVEL.
 //
 // SIGHUP reloads the file, and so does a change of its content, looked for
@@ -383,7 +383,7 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	if err != nil {
 		return store{}, fmt.Errorf("%w: %w", errConfig, err)
 	}
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: rc.Prefix, DenyCache: rc.DenyCache})
+	lim, err := limiter.New(rdb, rc.limiterConfig())
 	if err != nil {
 		rdb.Close()
 		return store{}, fmt.Errorf("%w: redis: %w", errConfig, err)

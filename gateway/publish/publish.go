@@ -311,7 +311,7 @@ func (p *Publisher) maybeLog(msg string, err error) {
 	if now-last < int64(logEvery) || !p.lastLog.CompareAndSwap(last, now) {
 		return
 	}
-	p.log.Warn(msg, "err", err, "topic", p.topic)
+	p.log.Warn(msg, "error", err, "topic", p.topic)
 }
 
 // Attempted returns how many events Publish was given.

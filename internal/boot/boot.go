@@ -7,7 +7,7 @@
 // place for every process.
 //
 // It is internal: only cmd/* imports it, and it imports no edgelimit
-// package, so the data flow of DESIGN.md is untouched.
+// package, so the one-way data flow that deps_test.go pins is untouched.
 package boot
 
 import (

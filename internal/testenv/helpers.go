@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgelimit/edgelimit/internal/readme"
+	"github.com/edgelimit/edgelimit/internal/envdoc"
 )
 
 // Seed is a randomized test's seed: the variable name's value when set,
@@ -157,12 +157,13 @@ func Load(tb testing.TB, n int, every time.Duration, f func(context.Context)) (s
 }
 
 // ConfigEnv returns the EDGELIMIT_* variables that a process's loadConfig
-// asks getenv for when it has no config file, as readme.Recorder.Names
-// gives them: what the process's test compares with README's environment
-// table (readme.CheckEnv). loadConfig's error is not the point: without
-// addresses the configuration is invalid, but the environment was read.
+// asks getenv for when it has no config file, as envdoc.Recorder.Names
+// gives them: what the process's test compares with the environment table
+// of docs/configuration.md (envdoc.CheckEnv). loadConfig's error is not the
+// point: without addresses the configuration is invalid, but the
+// environment was read.
 func ConfigEnv[C any](getenv func(string) string, loadConfig func(path string, getenv func(string) string) (C, error)) (names, secrets []string) {
-	rec := readme.NewRecorder(getenv)
+	rec := envdoc.NewRecorder(getenv)
 	_, _ = loadConfig("", rec.Getenv)
 	return rec.Names()
 }

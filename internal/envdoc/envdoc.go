@@ -1,7 +1,8 @@
-// Package readme reads what README.md promises about the code, for the
-// tests that hold the code to it: the environment-variable table, which
-// cmd/* tests compare with the variables each process really reads.
-package readme
+// Package envdoc reads what docs/configuration.md promises about the
+// code, for the tests that hold the code to it: the environment-variable
+// table, which cmd/* tests compare with the variables each process really
+// reads.
+package envdoc
 
 import (
 	"fmt"
@@ -14,7 +15,7 @@ import (
 	"testing"
 )
 
-// Var is one row of README's environment table.
+// Var is one row of the environment table.
 type Var struct {
 	// Name is the variable, e.g. EDGELIMIT_REDIS_ADDR or
 	// EDGELIMIT_UPSTREAM_<NAME>.
@@ -27,18 +28,26 @@ type Var struct {
 
 var rowRE = regexp.MustCompile("^\\| `(EDGELIMIT_[A-Z0-9_<>]+)` \\|")
 
-// EnvTable parses the table under the heading "### Environment variables"
-// of the README at path: a header row naming the processes, then one row a
+// Doc is the page that holds the environment table, relative to the
+// module's root.
+const Doc = "docs/configuration.md"
+
+// headingRE finds the table's heading, at any level.
+var headingRE = regexp.MustCompile(`(?m)^#+ Environment variables\n`)
+
+// EnvTable parses the table under the heading "Environment variables" of
+// the page at path: a header row naming the processes, then one row a
 // variable with ✓ under each process that reads it.
 func EnvTable(path string) ([]Var, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	_, after, ok := strings.Cut(string(b), "\n### Environment variables\n")
-	if !ok {
-		return nil, fmt.Errorf("%s: no \"### Environment variables\" section", path)
+	loc := headingRE.FindIndex(b)
+	if loc == nil {
+		return nil, fmt.Errorf("%s: no \"Environment variables\" section", path)
 	}
+	after := string(b[loc[1]:])
 	var header []string
 	var out []Var
 	for _, line := range strings.Split(after, "\n") {
@@ -88,8 +97,8 @@ func For(vars []Var, process string) []string {
 	return out
 }
 
-// Path is README.md at the module's root, found from the working
-// directory up.
+// Path is Doc in the module's root, found from the working directory
+// up.
 func Path() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -97,7 +106,7 @@ func Path() (string, error) {
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "README.md"), nil
+			return filepath.Join(dir, filepath.FromSlash(Doc)), nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
@@ -148,7 +157,7 @@ func (r *Recorder) Names() (names, secrets []string) {
 	return names, secrets
 }
 
-// CheckEnv fails t unless README's environment table ticks process for
+// CheckEnv fails t unless the environment table ticks process for
 // exactly the variables in names (what the process read, from a
 // Recorder), and the row of every secret says it can be read from a file
 // (X_FILE).
@@ -165,17 +174,17 @@ func CheckEnv(t testing.TB, process string, names, secrets []string) {
 	documented := For(vars, process)
 	for _, n := range names {
 		if !slices.Contains(documented, n) {
-			t.Errorf("%s reads %s, but README.md's environment table does not tick %s for it: add it", process, n, process)
+			t.Errorf("%s reads %s, but %s's environment table does not tick %s for it: add it", process, n, Doc, process)
 		}
 	}
 	for _, n := range documented {
 		if !slices.Contains(names, n) {
-			t.Errorf("README.md's environment table says %s reads %s, but it does not", process, n)
+			t.Errorf("%s's environment table says %s reads %s, but it does not", Doc, process, n)
 		}
 	}
 	for _, v := range vars {
 		if slices.Contains(secrets, v.Name) && !strings.Contains(v.Text, "_FILE") {
-			t.Errorf("README.md: %s is a secret (%s_FILE works too), but its row does not say so", v.Name, v.Name)
+			t.Errorf("%s: %s is a secret (%s_FILE works too), but its row does not say so", Doc, v.Name, v.Name)
 		}
 	}
 	if len(names) < 3 {
