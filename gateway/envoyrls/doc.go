@@ -50,9 +50,14 @@
 //     Statuses of the descriptors that would have admitted it say OK with
 //     their unchanged remaining count.
 //   - Time is Redis's (TIME inside the script), never a gateway's clock.
-//   - One Redis Cluster slot per domain: the price of deciding a request's
-//     descriptors atomically. Spread large deployments over several
-//     domains; ratelimit spreads each counter on its own.
+//   - A domain spreads over the Redis Cluster: a descriptor's bucket lives
+//     under the hash tag of its first entry that is not a generic_key (the
+//     entry naming the caller), so one caller's descriptors share a slot
+//     and one atomic call, and a request whose descriptors land in several
+//     slots is decided across them (limiter.Redis.Allow): each slot's part
+//     atomically, all at once, and a denial gives back what the others
+//     charged before the answer. On one Redis server every request is one
+//     call whatever its slots.
 //   - hits_addend: a descriptor's own is what its limit is charged (as
 //     ratelimit does; limiter.Rule.Cost), the request's is charged to the
 //     others and is the decision event's cost. 0 counts as 1; a value
