@@ -118,6 +118,6 @@ awk '{ rps[$1] += $2; redis[$1] += $3; n[$1]++ }
 		d = rps["door"] / n["door"]; p = rps["peer"] / n["peer"]; dr = redis["door"] / n["door"]; pr = redis["peer"] / n["peer"]
 		od = n["old"] ? rps["old"] / n["old"] : 0; ored = n["old"] ? redis["old"] / n["old"] : 0
 		printf "\n%-40s %10s %10s %10s %8s  %s\n", "gRPC, each a process (mean of rounds)", "old", "door", "peer", "door/peer", "target"
-		printf "%-40s %10.0f %10.0f %10.0f %7.2fx  >= 1.3x %s\n", "decisions/s", od, d, p, d / p, d >= 1.3 * p ? "yes" : "NO"
-		printf "%-40s %10.1f %10.1f %10.1f %7.2fx  <= 1.0x %s\n", "Redis CPU per decision (us)", ored, dr, pr, dr / pr, dr <= pr ? "yes" : "NO"
+		printf "%-40s %10.0f %10.0f %10.0f %7.2fx  >= 1.3x %s\n", "decisions/s", od, d, p, d / p, (d >= 1.3 * p ? "yes" : "NO")
+		printf "%-40s %10.1f %10.1f %10.1f %7.2fx  <= 1.0x %s\n", "Redis CPU per decision (us)", ored, dr, pr, dr / pr, (dr <= pr ? "yes" : "NO")
 	}' "$tmp/results"
