@@ -635,9 +635,14 @@ end
 -- a new identity): no conversion, nothing foreign to keep. args[a + i] is
 -- rule i's record prefix (name length, name, kind). It returns the reply,
 -- or nil and the containers it read for general.
+-- The fast path's scratch tables, kept by a library from call to call
+-- (each fast call writes every entry it reads), so a check makes no
+-- table of its own but the MGET's.
+local GOT, LEN, OFF, X, Y, RES, PARTS, NEED, DIRTY = {}, {}, {}, {}, {}, {}, {}, {}, {}
+
 local function fast(P, keys, k0, nk, cost, args, a, now)
   local m, n, rules = P.m, P.n, P.rules
-  local got, len, off = {}, {}, {}
+  local got, len, off = GOT, LEN, OFF
   for c = 1, m do len[c] = 0 end
   for i = 1, n do
     local r = rules[i]
@@ -664,7 +669,7 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
   -- after this request (token bucket: tokens, tokens after, timestamp;
   -- sliding window: count, count after, window; its previous count and
   -- us left in the window in Y)
-  local X, Y = {}, {}
+  local X, Y = X, Y
   local all = 1
   for i = 1, n do
     local r = rules[i]
@@ -737,8 +742,9 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
     if ok == 0 and r.enforced then all = 0 end
   end
 
-  local res, parts, need, dirty = {all}, {}, {}, {}
-  for c = 1, m do need[c] = 0 end
+  local res, parts, need, dirty = RES, PARTS, NEED, DIRTY
+  res[1] = all
+  for c = 1, m do parts[c], need[c], dirty[c] = false, 0, false end
   for i = 1, n do
     local r = rules[i]
     local b = 6 * i - 6
@@ -784,7 +790,7 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
       redis.call('SET', keys[k0 + c], parts[c], 'PXAT', expiry(now, need[c]))
     end
   end
-  return pack(P.reply, unpack_t(res))
+  return pack(P.reply, unpack_t(res, 1, 4 * n + 2))
 end
 
 -- check runs one check of the call: fast when it can, else general.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,7 +23,8 @@ import (
 // FCALL of its own, "coalesced" the 16 as one FCALL (as the limiter does
 // with checks that share a pipeline), "script" each by EVALSHA (servers
 // without functions), "previous-layout" each with the previous layout's
-// keys (Config.PreviousLayout). Two floors beside them say what any script
+// keys (Config.PreviousLayout), "door" and "door-coalesced" the Envoy
+// door's shape (three buckets of a request, each its own key). Two floors beside them say what any script
 // costs Redis here, whatever it computes: "floor-call" returns at once,
 // "floor-read-write" only reads TIME, GETs the key and SETs it with an
 // expiry (a value of the rules' size) and replies as allow.lua does; a
@@ -40,55 +42,69 @@ func BenchmarkCeiling(b *testing.B) {
 	}
 	old := mustLimiter(b, rdb, Config{PreviousLayout: true})
 	// checkArgs is one check's part of a call: its key count and ARGV.
-	checkArgs := func(keys []string, cost int64) []any {
-		return append([]any{len(keys)}, scriptArgs(benchRules, cost)...)
+	checkArgs := func(keys []string, rules []Rule, cost int64) []any {
+		return append([]any{len(keys)}, scriptArgs(rules, cost)...)
 	}
 	// queue sends checks of keys on pipe: one command, or one a check.
-	type queue func(pipe redis.Pipeliner, keys [][]string, cost int64)
+	type queue func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64)
 	each := func(name, body string) queue {
-		return func(pipe redis.Pipeliner, keys [][]string, cost int64) {
-			for _, k := range keys {
+		return func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
+			for i, k := range keys {
 				a := []any{name, body, len(k)}
 				for _, x := range k {
 					a = append(a, x)
 				}
 				a = append(a, 1)
-				pipe.Do(ctx, append(a, checkArgs(k, cost)...)...)
+				pipe.Do(ctx, append(a, checkArgs(k, rules[i], cost)...)...)
 			}
 		}
 	}
-	coalesced := func(pipe redis.Pipeliner, keys [][]string, cost int64) {
+	coalesced := func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
 		a := []any{"fcall", allowFunction, 0}
 		var args []any
-		for _, k := range keys {
+		for i, k := range keys {
 			for _, x := range k {
 				a = append(a, x)
 			}
-			args = append(args, checkArgs(k, cost)...)
+			args = append(args, checkArgs(k, rules[i], cost)...)
 		}
 		a[2] = len(a) - 3
 		a = append(a, len(keys))
 		pipe.Do(ctx, append(a, args...)...)
 	}
 	floor := func(script *redis.Script) queue {
-		return func(pipe redis.Pipeliner, keys [][]string, cost int64) {
+		return func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
 			for _, k := range keys {
 				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost)...)
 			}
 		}
 	}
+	// door is the Envoy door's shape: three descriptors of one request,
+	// each a bucket of its own (two per caller, one shared by a hundred),
+	// under the domain's key.
+	door := func(k int) []Rule {
+		rules := slices.Clone(benchRules)
+		for i, v := range []int{k, k + 1<<20, k%1000 + 1<<30} {
+			rules[i].Bucket = fmt.Sprintf("e%032x", v)
+		}
+		return rules
+	}
+	plan := func(int) []Rule { return benchRules }
 	for _, tc := range []struct {
 		name  string
-		keys  func(key string) []string
+		lim   *Redis
+		rules func(k int) []Rule
 		queue queue
 		load  *redis.Script
 	}{
-		{"function", func(key string) []string { return l.Keys(key, benchRules) }, each("fcall", allowFunction), nil},
-		{"coalesced", func(key string) []string { return l.Keys(key, benchRules) }, coalesced, nil},
-		{"script", func(key string) []string { return l.Keys(key, benchRules) }, each("evalsha", allowScript.Hash()), allowScript},
-		{"previous-layout", func(key string) []string { return old.Keys(key, benchRules) }, each("fcall", allowFunction), nil},
-		{"floor-call", func(key string) []string { return l.Keys(key, benchRules) }, floor(floorCall), floorCall},
-		{"floor-read-write", func(key string) []string { return l.Keys(key, benchRules) }, floor(floorReadWrite), floorReadWrite},
+		{"function", l, plan, each("fcall", allowFunction), nil},
+		{"coalesced", l, plan, coalesced, nil},
+		{"script", l, plan, each("evalsha", allowScript.Hash()), allowScript},
+		{"previous-layout", old, plan, each("fcall", allowFunction), nil},
+		{"door", l, door, each("fcall", allowFunction), nil},
+		{"door-coalesced", l, door, coalesced, nil},
+		{"floor-call", l, plan, floor(floorCall), floorCall},
+		{"floor-read-write", l, plan, floor(floorReadWrite), floorReadWrite},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Fresh identities each run.
@@ -108,13 +124,17 @@ func BenchmarkCeiling(b *testing.B) {
 				next.Go(func() {
 					r := rand.New(rand.NewPCG(rand.Uint64(), 1))
 					keys := make([][]string, 0, depth)
+					rules := make([][]Rule, 0, depth)
 					for n := range work {
-						keys = keys[:0]
+						keys, rules = keys[:0], rules[:0]
 						for range n {
-							keys = append(keys, tc.keys(prefix+strconv.Itoa(r.IntN(100_000))))
+							k := r.IntN(100_000)
+							rs := tc.rules(k)
+							keys = append(keys, tc.lim.Keys(prefix+strconv.Itoa(k), rs))
+							rules = append(rules, rs)
 						}
 						pipe := rdb.Pipeline()
-						tc.queue(pipe, keys, 1)
+						tc.queue(pipe, keys, rules, 1)
 						if _, err := pipe.Exec(ctx); err != nil {
 							b.Error(err)
 							return
@@ -146,10 +166,13 @@ func BenchmarkCeiling(b *testing.B) {
 				pipe := rdb.Pipeline()
 				for j := i; j < i+1000; j += depth {
 					var keys [][]string
+					var rules [][]Rule
 					for k := j; k < j+depth; k++ {
-						keys = append(keys, tc.keys(prefix+"m"+strconv.Itoa(k)))
+						rs := tc.rules(k)
+						keys = append(keys, tc.lim.Keys(prefix+"m"+strconv.Itoa(k), rs))
+						rules = append(rules, rs)
 					}
-					tc.queue(pipe, keys, 50)
+					tc.queue(pipe, keys, rules, 50)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)
@@ -162,7 +185,7 @@ func BenchmarkCeiling(b *testing.B) {
 			for i := 0; i < ids; i += 1000 {
 				pipe := rdb.Pipeline()
 				for j := i; j < i+1000; j++ {
-					pipe.Unlink(ctx, tc.keys(prefix+"m"+strconv.Itoa(j))...)
+					pipe.Unlink(ctx, tc.lim.Keys(prefix+"m"+strconv.Itoa(j), tc.rules(j))...)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)
