@@ -41,7 +41,7 @@ func BenchmarkCeiling(b *testing.B) {
 	old := mustLimiter(b, rdb, Config{PreviousLayout: true})
 	// checkArgs is one check's part of a call: its key count and ARGV.
 	checkArgs := func(keys []string, cost int64) []any {
-		return append([]any{len(keys)}, scriptArgs(benchRules, cost)...)
+		return append([]any{len(keys)}, scriptArgs(benchRules, cost, time.Now())...)
 	}
 	// queue sends checks of keys on pipe: one command, or one a check.
 	type queue func(pipe redis.Pipeliner, keys [][]string, cost int64)
@@ -73,7 +73,7 @@ func BenchmarkCeiling(b *testing.B) {
 	floor := func(script *redis.Script) queue {
 		return func(pipe redis.Pipeliner, keys [][]string, cost int64) {
 			for _, k := range keys {
-				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost)...)
+				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost, time.Now())...)
 			}
 		}
 	}
