@@ -583,7 +583,7 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 			bv.TTLMS = ks.TTL.Milliseconds()
 			for i, rule := range b.rules {
 				rv := ruleView{Name: rule.Name, Algorithm: string(rule.Algorithm), Limit: rule.Limit,
-					WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
+					WindowSeconds: windowSeconds(rule), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
 				if rv.Algorithm == "" {
 					rv.Algorithm = string(limiter.TokenBucket)
 				}

@@ -1,0 +1,170 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// TestCalendarPlanConfig: a plan as sold, a rate beside a monthly quota,
+// loads from YAML; what cannot work is refused at load, naming the rule.
+func TestCalendarPlanConfig(t *testing.T) {
+	const base = `
+plans:
+  pro:
+    rules:
+      - {name: per-second, limit: 5, period: 1s}
+      - {name: monthly, limit: 100000, %s}
+upstreams: {app: {url: "http://127.0.0.1:9000"}}
+routes: [{path_prefix: /, upstream: app}]
+anonymous_plan: pro
+`
+	tests := []struct {
+		name, give string
+		want       string // "" for valid
+	}{
+		{"unit alone", `calendar: month`, ""},
+		{"billing day in a zone", `calendar: {every: month, zone: America/New_York, start: "15 00:00"}`, ""},
+		{"ISO week", `calendar: {every: week, zone: Europe/Berlin}`, ""},
+		{"the 31st or last", `calendar: {every: month, start: "31 or last"}`, ""},
+		{"unknown zone", `calendar: {every: month, zone: America/New_Yrok}`,
+			`plans.pro.rules[1]: limiter: invalid rule "monthly": calendar month in America/New_Yrok: unknown time zone "America/New_Yrok"`},
+		{"the 31st", `calendar: {every: month, start: "31"}`, `not every month has a 31st: write "31 or last"`},
+		{"burst", `calendar: month, burst: 200000`, `plans.pro.rules[1]: limiter: invalid rule "monthly": a calendar rule has no burst`},
+		{"sliding window of a month", `calendar: month, algorithm: sliding_window`, `no sliding window of a calendar month`},
+		{"period too", `calendar: month, period: 720h`, `a calendar rule has no period`},
+		{"unknown field", `calendar: {every: month, zon: UTC}`, `field zon not found`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c Config
+			dec := yaml.NewDecoder(bytes.NewReader([]byte(strings.Replace(base, "%s", tt.give, 1))))
+			dec.KnownFields(true)
+			err := dec.Decode(&c)
+			if err == nil {
+				err = c.WithDefaults().Validate()
+			}
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("load(%s) = %v, want valid", tt.give, err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("load(%s) = %v, want an error saying %q", tt.give, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestCalendarFleetAcrossMonthEnd: three gateways on one Redis, their
+// limiters' clocks 1.5s behind, right and 1.2s ahead, serve a plan of a
+// rate beside a monthly quota whose month (January, New York) ends 400ms
+// after Redis' now (the calendar Shifted, since Redis' clock cannot be
+// set). The quota holds once across the fleet in each month, the full
+// quota comes back at the boundary, and the headers count down to it:
+// RateLimit's t for the quota is under a second before the boundary and
+// February's 28 days after it.
+func TestCalendarFleetAcrossMonthEnd(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	rdb := newRedisClient(addr)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rnow, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	boundary := time.Date(2026, 2, 1, 0, 0, 0, 0, ny)
+	shift := boundary.Sub(rnow.Add(400 * time.Millisecond))
+	const quota = 30
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.Plans["pro"] = Plan{Rules: []Rule{
+		{Rule: limiter.Rule{Name: "per-second", Limit: 500, Period: time.Second, Burst: 20}},
+		{Rule: limiter.Rule{Name: "monthly", Limit: quota, Calendar: limiter.MustCalendar(limiter.Month, "America/New_York", "").Shifted(shift)}},
+	}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("acme-key"), Plan: "pro"}}
+	cfg.StoreDeadline = 2 * time.Second
+	prefix := "gwcal" + randHex(6)
+	var gws []*testGateway
+	for i, skew := range []time.Duration{-1500 * time.Millisecond, 0, 1200 * time.Millisecond} {
+		lim, err := limiter.New(newRedisClient(addr), limiter.Config{Prefix: prefix, Now: func() time.Time { return time.Now().Add(skew) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.GatewayID = fmt.Sprintf("gw%d", i)
+		gws = append(gws, startGateway(t, cfg, Options{Store: lim}))
+	}
+	const feb = 28 * 24 * 3600 // February 2026's length, s
+	var mu sync.Mutex
+	admitted := map[string]int{} // "january" or "february"
+	var bad []string
+	var wg sync.WaitGroup
+	stop := boundary.Add(-shift).Add(500 * time.Millisecond)
+	for w := range 6 {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				r := get(t, gws[w%3].URL+"/", "X-API-Key", "acme-key")
+				mt, ok := rateLimitT(r.header.Get("RateLimit"), "monthly")
+				month := "february"
+				switch {
+				case !ok:
+					mu.Lock()
+					bad = append(bad, "no monthly item in RateLimit: "+r.header.Get("RateLimit"))
+					mu.Unlock()
+					continue
+				case mt <= 1:
+					month = "january"
+				case mt != feb:
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("monthly t=%d: neither under a second to the boundary nor February's %d", mt, feb))
+					mu.Unlock()
+				}
+				if want := `"per-second";q=20;w=1, "monthly";q=30;w=2682000`; r.header.Get("RateLimit-Policy") != want {
+					mu.Lock()
+					bad = append(bad, "RateLimit-Policy "+r.header.Get("RateLimit-Policy")+", want "+want)
+					mu.Unlock()
+				}
+				mu.Lock()
+				if r.status == http.StatusOK {
+					admitted[month]++
+				} else if r.status == http.StatusTooManyRequests && month == "january" && r.retryAfter(t) < 1 {
+					bad = append(bad, fmt.Sprintf("429 in January with Retry-After %d", r.retryAfter(t)))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("admitted %v", admitted)
+	for _, b := range bad[:min(len(bad), 5)] {
+		t.Error(b)
+	}
+	if admitted["january"] != quota || admitted["february"] != quota {
+		t.Errorf("admitted %v, want the quota, %d, in each month", admitted, quota)
+	}
+}
+
+// rateLimitT is the t parameter of the named item of a RateLimit header.
+func rateLimitT(h, name string) (int64, bool) {
+	for item := range strings.SplitSeq(h, ",") {
+		item = strings.TrimSpace(item)
+		if !strings.HasPrefix(item, `"`+name+`";`) {
+			continue
+		}
+		_, t, ok := strings.Cut(item, ";t=")
+		n, err := strconv.ParseInt(t, 10, 64)
+		return n, ok && err == nil
+	}
+	return 0, false
+}
