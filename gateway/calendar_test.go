@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -167,4 +168,89 @@ func rateLimitT(h, name string) (int64, bool) {
 		return n, ok && err == nil
 	}
 	return 0, false
+}
+
+// TestAdminGrant: on-call grants a key more of its monthly quota through
+// the admin API, takes some back, and it is audited as resets are; on
+// Redis, Cluster and the in-memory store.
+func TestAdminGrant(t *testing.T) {
+	for name, mk := range map[string]func(t *testing.T) Options{
+		"redis": func(t *testing.T) Options {
+			lim, _ := redisStore(t)
+			return Options{Store: lim}
+		},
+		"cluster": func(t *testing.T) Options { return Options{Store: clusterStore(t)} },
+		"memory":  func(*testing.T) Options { return Options{} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := adminConfig(newTestUpstream(t).URL)
+			cfg.Plans["pro"] = Plan{Rules: []Rule{
+				{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}},
+				{Rule: limiter.Rule{Name: "monthly", Limit: 2, Calendar: limiter.MustCalendar(limiter.Month, "America/New_York", "15")}},
+			}}
+			rig := startAdminOn(t, cfg, mk(t), map[string]Secret{"oncall": testAdminToken})
+			auth := []string{"Authorization", "Bearer " + testAdminToken}
+			send := func() int { return get(t, rig.gw.URL+"/", "X-API-Key", rawAPIKey).status }
+			for i, want := range []int{200, 200, 429} {
+				if got := send(); got != want {
+					t.Fatalf("request %d = %d, want %d", i, got, want)
+				}
+			}
+			grant := func(units string) grantView {
+				t.Helper()
+				resp := rig.call(t, http.MethodPost, "grant?api_key=alice&rule=monthly&units="+units, auth...)
+				if resp.status != http.StatusOK {
+					t.Fatalf("grant %s = %d %s", units, resp.status, resp.body)
+				}
+				var v grantView
+				resp.json(t, &v)
+				return v
+			}
+			v := grant("3")
+			if len(v.Grants) != 1 || v.Grants[0].Granted != 3 || v.Grants[0].Remaining != 3 || v.Grants[0].Count != 2 {
+				t.Fatalf("grant 3 = %+v, want 3 granted, 2 counted, 3 remaining", v)
+			}
+			// (JSON keeps the zone's offset, not its name)
+			if g := v.Grants[0]; g.WindowStart.Day() != 15 || g.WindowEnd.Day() != 15 || g.WindowStart.Hour() != 0 || !g.WindowEnd.After(time.Now()) {
+				t.Errorf("grant window [%v, %v), want from the 15th to the 15th, midnight in New York, holding now", g.WindowStart, g.WindowEnd)
+			}
+			if v := grant("-1"); v.Grants[0].Granted != 2 || v.Grants[0].Remaining != 2 {
+				t.Errorf("take back 1 = %+v, want 2 granted, 2 remaining", v.Grants[0])
+			}
+			// Waiting for the cached denial is not needed: the grant's own
+			// gateway forgot it.
+			for i, want := range []int{200, 200, 429} {
+				if got := send(); got != want {
+					t.Errorf("after the grant, request %d = %d, want %d", i, got, want)
+				}
+			}
+			sv := rig.show(t, "api_key=alice")
+			if rv := rulesOf(t, sv, "plan", "")[1]; rv.Granted != 2 || rv.Count != 4 || rv.Remaining != 0 || rv.WindowEnd == nil {
+				t.Errorf("show monthly = %+v, want 2 granted, 4 counted, 0 remaining, a window", rv)
+			}
+			for _, give := range []string{"grant?api_key=alice&rule=minute&units=5", "grant?api_key=alice&rule=monthly&units=0", "grant?api_key=alice&rule=monthly", "reset?api_key=alice&rule=monthly"} {
+				if resp := rig.call(t, http.MethodPost, give, auth...); resp.status != http.StatusBadRequest {
+					t.Errorf("POST %s = %d %s, want 400", give, resp.status, resp.body)
+				}
+			}
+			logs := rig.log.String()
+			for _, want := range []string{`"msg":"admin key grant"`, `"actor":"oncall"`, `"rule":"monthly"`, `"units":3`, `"units":-1`, `"granted":2`} {
+				if !strings.Contains(logs, want) {
+					t.Errorf("log lacks %s:\n%s", want, logs)
+				}
+			}
+			rig.pub.mu.Lock()
+			defer rig.pub.mu.Unlock()
+			var audits []event.Decision
+			for _, e := range rig.pub.events {
+				if e.Mode == event.ModeAdmin {
+					audits = append(audits, e)
+				}
+			}
+			if len(audits) != 2 || audits[0].Admin != (event.AdminAction{Action: "grant", Actor: "oncall"}) ||
+				audits[0].BindingRule != "monthly" || audits[0].Limit != 5 || audits[1].Limit != 4 || audits[0].Cost != 0 {
+				t.Errorf("admin records %+v, want two grants of monthly, limit 5 then 4, costing nothing", audits)
+			}
+		})
+	}
 }
