@@ -254,3 +254,62 @@ func TestAdminGrant(t *testing.T) {
 		})
 	}
 }
+
+// TestCalendarHeadersNearBoundary: the headers docs/configuration.md
+// shows for a monthly quota near January's end in New York.
+func TestCalendarHeadersNearBoundary(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 31, 23, 59, 58, 0, ny)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	set := func(t time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		now = t
+	}
+	store := limiter.NewMemory(clock, 0)
+	monthly := limiter.Rule{Name: "monthly", Limit: 100000, Calendar: limiter.MustCalendar(limiter.Month, "America/New_York", "")}
+	cfg := testConfig(newTestUpstream(t).URL)
+	cfg.Plans["pro"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "per-second", Limit: 5, Period: time.Second}}, {Rule: monthly}}}
+	cfg.APIKeys = []APIKey{{ID: "acme", SHA256: sha("acme-key"), Plan: "pro"}}
+	gw := startGateway(t, cfg, Options{Store: store, Now: clock})
+	key := gw.st.Load().keyByID("acme").identity().key
+	if d, err := store.Allow(context.Background(), key, []limiter.Rule{monthly}, 99998); err != nil || !d.Allowed {
+		t.Fatalf("using 99,998 of January: %+v, %v", d, err)
+	}
+	check := func(at time.Time, status int, want map[string]string) {
+		t.Helper()
+		set(at)
+		r := get(t, gw.URL+"/", "X-API-Key", "acme-key")
+		if r.status != status {
+			t.Errorf("%v: status %d, want %d", at, r.status, status)
+		}
+		for h, v := range want {
+			if got := r.header.Get(h); got != v {
+				t.Errorf("%v: %s: %s, want %s", at, h, got, v)
+			}
+		}
+	}
+	check(time.Date(2026, 1, 31, 23, 59, 58, 0, ny), 200, map[string]string{
+		"RateLimit-Policy":      `"per-second";q=5;w=1, "monthly";q=100000;w=2682000`,
+		"RateLimit":             `"per-second";r=4;t=1, "monthly";r=1;t=2`,
+		"X-RateLimit-Limit":     "100000",
+		"X-RateLimit-Remaining": "1",
+		"X-RateLimit-Reset":     "2",
+	})
+	check(time.Date(2026, 1, 31, 23, 59, 59, 0, ny), 200, nil)
+	check(time.Date(2026, 1, 31, 23, 59, 59, 5e8, ny), 429, map[string]string{"Retry-After": "1"})
+	check(time.Date(2026, 2, 1, 0, 0, 0, 2e8, ny), 200, map[string]string{
+		"RateLimit":             `"per-second";r=4;t=1, "monthly";r=99999;t=2419200`,
+		"X-RateLimit-Limit":     "5",
+		"X-RateLimit-Remaining": "4",
+		"X-RateLimit-Reset":     "1",
+	})
+}
