@@ -30,6 +30,14 @@ type keyAdmin interface {
 	Clear(ctx context.Context, key string) error
 }
 
+// keyGranter is what a grant needs of a limiter store: *limiter.Redis and
+// *limiter.Memory both fit.
+type keyGranter interface {
+	// Grant adds units to (negative: takes back from) the allowance of a
+	// calendar rule's current window under key.
+	Grant(ctx context.Context, key string, rule limiter.Rule, units int64) (limiter.GrantResult, error)
+}
+
 // MinAdminTokenLen is the shortest admin token accepted.
 const MinAdminTokenLen = 16
 
@@ -99,6 +107,7 @@ const AdminPath = "/admin/v1/keys"
 //	GET  /admin/v1/keys?api_key=ID|user=ID|ip=ADDR[&route=NAME|&plan=NAME]  the key's state
 //	POST /admin/v1/keys/reset?...                                            refill to full
 //	POST /admin/v1/keys/clear?...                                            delete its state
+//	POST /admin/v1/keys/grant?...&rule=NAME&units=N                          N more (or, negative, fewer) units of a calendar rule's current window
 //	... ?domain=NAME&entry=KEY=VALUE[&entry=KEY=VALUE...]                    an Envoy descriptor's buckets (SetDoor)
 //
 // An API key is named by its configured id, never the key itself. Without
@@ -113,6 +122,7 @@ func (a *Admin) Register(mux *http.ServeMux) {
 	mux.Handle("POST "+AdminPath+"/clear", a.guard(func(w http.ResponseWriter, r *http.Request, actor string) {
 		a.change(w, r, actor, "clear")
 	}))
+	mux.Handle("POST "+AdminPath+"/grant", a.guard(a.grant))
 	// Everything else under /admin/ answers as the API does, in a problem
 	// body, rather than with the mux's text/plain 404 and 405.
 	mux.HandleFunc("/admin/", adminElse)
@@ -123,6 +133,7 @@ var adminMethods = map[string]string{
 	AdminPath:            http.MethodGet,
 	AdminPath + "/reset": http.MethodPost,
 	AdminPath + "/clear": http.MethodPost,
+	AdminPath + "/grant": http.MethodPost,
 }
 
 // adminElse answers a request under /admin/ that no endpoint took: a
@@ -139,7 +150,7 @@ func adminElse(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeProblem(w, problem{Type: probNoRoute, Status: http.StatusNotFound,
-		Detail: "No admin endpoint has this path: " + AdminPath + " (GET), " + AdminPath + "/reset and " + AdminPath + "/clear (POST)."})
+		Detail: "No admin endpoint has this path: " + AdminPath + " (GET), " + AdminPath + "/reset, " + AdminPath + "/clear and " + AdminPath + "/grant (POST)."})
 }
 
 // guard answers for a disabled API, then checks the bearer token: the
@@ -217,6 +228,10 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 	for name := range q {
 		switch name {
 		case "api_key", "user", "ip", "route", "plan":
+		case "rule", "units":
+			if r.URL.Path != AdminPath+"/grant" {
+				return bad(http.StatusBadRequest, probBadRequest, "Parameter "+strconv.Quote(name)+" is a grant's: POST "+AdminPath+"/grant.")
+			}
 		default:
 			return bad(http.StatusBadRequest, probBadRequest, "Unknown parameter "+strconv.Quote(name)+": give one of api_key (its configured id), user or ip, and optionally route or plan.")
 		}
@@ -431,6 +446,12 @@ type ruleView struct {
 	Count        int64 `json:"count,omitempty"`
 	Previous     int64 `json:"previous,omitempty"`
 	ResetAfterMS int64 `json:"reset_after_ms"`
+	// A calendar rule's: its calendar, the window at the store's clock,
+	// and what was granted in it (its window admits limit + granted).
+	Calendar    string     `json:"calendar,omitempty"`
+	WindowStart *time.Time `json:"window_start,omitempty"`
+	WindowEnd   *time.Time `json:"window_end,omitempty"`
+	Granted     int64      `json:"granted,omitempty"`
 }
 
 // adminTimeout bounds one admin request's store calls: an operator waits,
@@ -583,7 +604,7 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 			bv.TTLMS = ks.TTL.Milliseconds()
 			for i, rule := range b.rules {
 				rv := ruleView{Name: rule.Name, Algorithm: string(rule.Algorithm), Limit: rule.Limit,
-					WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
+					WindowSeconds: windowSeconds(rule), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
 				if rv.Algorithm == "" {
 					rv.Algorithm = string(limiter.TokenBucket)
 				}
@@ -591,6 +612,16 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 					rs := ks.Rules[i]
 					rv.Found, rv.Remaining, rv.Count, rv.Previous = rs.Found, rs.Remaining, rs.Count, rs.Previous
 					rv.ResetAfterMS = rs.ResetAfter.Milliseconds()
+					rv.Granted = rs.Granted
+				}
+				if c := rule.Calendar; c != nil {
+					rv.Calendar = c.String()
+					at := now
+					if err == nil {
+						at = ks.Time // the store's clock picks the window
+					}
+					start, end := c.Bounds(at)
+					rv.WindowStart, rv.WindowEnd = &start, &end
 				}
 				bv.Rules = append(bv.Rules, rv)
 			}
@@ -608,4 +639,132 @@ func (a *Admin) writeJSON(w http.ResponseWriter, v any) {
 	w.Header()["Content-Type"] = []string{"application/json"}
 	w.Header()["Cache-Control"] = []string{"no-store"}
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// grantView is the body of a grant's answer.
+type grantView struct {
+	Action    string `json:"action"`
+	Kind      string `json:"kind"`
+	APIKeyID  string `json:"api_key_id,omitempty"`
+	KeyID     string `json:"key_id"`
+	GatewayID string `json:"gateway_id"`
+	// Store is "shared" (Redis: one grant serves the fleet) or "memory".
+	Store  string         `json:"store"`
+	Rule   string         `json:"rule"`
+	Units  int64          `json:"units"`
+	Grants []grantSetView `json:"grants"`
+}
+
+type grantSetView struct {
+	Scope string `json:"scope"` // as rule_sets name them: "plan:pro", "route:export"
+	// Granted is the window's grants in all, now; its window admits
+	// limit + granted, until window_end.
+	Limit       int64     `json:"limit"`
+	Granted     int64     `json:"granted"`
+	Count       int64     `json:"count"`
+	Remaining   int64     `json:"remaining"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
+}
+
+// grant gives the caller units more of a calendar rule's current window
+// (negative: takes them back, never below none), in the shared bucket of
+// every rule set of t that has the rule, and audits it as a reset is: a
+// log line and a decision-stream record (mode admin, action "grant", the
+// rule as binding_rule, the window's allowance after it as limit and
+// what is left as remaining). The grant ends with the window. A split
+// never applies to a calendar rule, so the shared bucket is the one.
+func (a *Admin) grant(w http.ResponseWriter, r *http.Request, actor string) {
+	st := a.g.st.Load()
+	t, p := a.resolve(r, st)
+	if p != nil {
+		writeProblem(w, *p)
+		return
+	}
+	q := r.URL.Query()
+	name := q.Get("rule")
+	units, err := strconv.ParseInt(q.Get("units"), 10, 64)
+	if name == "" || err != nil || units == 0 {
+		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "A grant needs rule (a calendar rule's name) and units (a non-zero integer; negative takes back what was granted)."})
+		return
+	}
+	kg, ok := a.g.store.(keyGranter)
+	if !ok {
+		writeProblem(w, problem{Type: probAdminStore, Status: http.StatusNotImplemented, Detail: "This gateway's limiter store cannot grant units."})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	now := a.g.now()
+	var d *limiter.Directives
+	if a.g.directives != nil {
+		d = a.g.directives.Current()
+	}
+	v := grantView{Action: "grant", Kind: t.id.kind.String(), APIKeyID: t.apiKeyID, KeyID: a.g.keyID(&t.id),
+		GatewayID: a.g.gatewayID, Store: "memory", Rule: name, Units: units}
+	if a.g.shared {
+		v.Store = "shared"
+	}
+	attrs := []any{"action", "grant", "actor", actor, "remote_addr", r.RemoteAddr, "kind", t.id.kind.String(),
+		"key_id", v.KeyID, "rule", name, "units", units}
+	if t.apiKeyID != "" {
+		attrs = append(attrs, "api_key_id", t.apiKeyID) // a name from the config, not a secret
+	}
+	var failed error
+	for _, s := range t.sets {
+		bs, _ := a.buckets(st, t, s, d, now)
+		shared := bs[0] // the shared bucket comes first
+		i := slices.IndexFunc(shared.rules, func(rule limiter.Rule) bool { return rule.Name == name && rule.Calendar != nil })
+		if i < 0 {
+			continue
+		}
+		rule := shared.rules[i]
+		g, err := kg.Grant(ctx, shared.key, rule, units)
+		if err != nil {
+			failed = errors.Join(failed, fmt.Errorf("%s: %w", scopeName(s), err))
+			continue
+		}
+		gv := grantSetView{Scope: scopeName(s), Limit: rule.Limit, Granted: g.Granted, Count: g.Count, Remaining: g.Remaining,
+			WindowStart: g.Start.In(rule.Calendar.Location()), WindowEnd: g.End.In(rule.Calendar.Location())}
+		v.Grants = append(v.Grants, gv)
+		a.auditGrant(t, s, actor, rule, gv)
+		a.log.Info("admin key grant", append(attrs, "rule_set", gv.Scope, "granted", g.Granted, "remaining", g.Remaining,
+			"window_start", g.Start, "window_end", g.End)...)
+	}
+	if failed != nil {
+		a.log.Error("admin key grant failed", append(attrs, "error", failed.Error())...)
+		writeProblem(w, problem{Type: probAdminStore, Status: http.StatusServiceUnavailable,
+			Detail: "The limiter store failed to grant (" + strconv.Itoa(len(v.Grants)) + " rule sets done); see the gateway log, and check with show before you retry: a grant that failed late may have been stored."})
+		return
+	}
+	if len(v.Grants) == 0 {
+		writeProblem(w, problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "No calendar rule named " + strconv.Quote(name) + " applies to this caller: only a calendar rule's window takes a grant."})
+		return
+	}
+	a.writeJSON(w, v)
+}
+
+// auditGrant publishes a grant's decision-stream record: mode admin,
+// action "grant", the rule as the binding rule, the window's allowance
+// after it (limit + granted) as limit and what it still admits as
+// remaining; cost 0, so no reader counts it as usage.
+func (a *Admin) auditGrant(t target, s ruleSet, actor string, rule limiter.Rule, g grantSetView) {
+	if a.g.pub == nil {
+		return
+	}
+	now := a.g.now()
+	store := event.StoreOK
+	if !a.g.shared {
+		store = event.StoreUnknown
+	}
+	a.g.pub.Publish(event.Decision{
+		ID: event.NewID(now), Time: now, GatewayID: a.g.gatewayID,
+		KeyID: a.g.keyID(&t.id), KeyKind: t.id.kind, KeyName: t.id.name, ClientIP: t.id.clientIP,
+		Route: s.route, Method: http.MethodPost, Plan: s.l.plan.name,
+		BindingRule: rule.Name, Limit: rule.Limit + g.Granted, Remaining: g.Remaining,
+		Allowed: true, StoreStatus: store, Mode: event.ModeAdmin,
+		Admin: event.AdminAction{Action: "grant", Actor: actor},
+	})
 }

@@ -162,7 +162,7 @@ func (a *Admin) doorView(ctx context.Context, b DoorBucket, action string) doorV
 			ks, err = ka.Inspect(ctx, b.Key, []limiter.Rule{rule})
 		}
 		rv := ruleView{Name: rule.Name, Algorithm: string(rule.Algorithm), Limit: rule.Limit,
-			WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
+			WindowSeconds: windowSeconds(rule), Capacity: rule.Capacity(), Shadow: rule.Shadow, Remaining: rule.Capacity()}
 		if rv.Algorithm == "" {
 			rv.Algorithm = string(limiter.TokenBucket)
 		}

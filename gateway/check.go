@@ -423,7 +423,7 @@ func checkBody(c call, rt *route, v verdict, a answer) checkResponse {
 		}
 		for i, rule := range v.rules {
 			cr := &resp.Rules[i]
-			*cr = checkRule{Name: rule.Name, Limit: rule.Limit, WindowSeconds: seconds(rule.Period), Capacity: rule.Capacity(), Shadow: rule.Shadow}
+			*cr = checkRule{Name: rule.Name, Limit: rule.Limit, WindowSeconds: windowSeconds(rule), Capacity: rule.Capacity(), Shadow: rule.Shadow}
 			if v.known && i < len(v.d.Rules) {
 				rr := &v.d.Rules[i]
 				reset, retry := &nums[2*i], &nums[2*i+1]

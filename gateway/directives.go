@@ -89,10 +89,15 @@ func newDirectivesApplied(reg prometheus.Registerer) *prometheus.CounterVec {
 	return c
 }
 
-// longestPeriod is the longest period among rules.
+// longestPeriod is the longest period among rules; a calendar rule's is
+// the longest limiter.MaxPeriod, so that a split never shares out a
+// calendar quota (its windows are counted in the shared bucket only).
 func longestPeriod(rules []limiter.Rule) time.Duration {
 	var p time.Duration
 	for _, r := range rules {
+		if r.Calendar != nil {
+			return limiter.MaxPeriod
+		}
 		p = max(p, r.Period)
 	}
 	return p

@@ -194,6 +194,12 @@ func localShare(r limiter.Rule, n int64) limiter.Rule {
 		return r
 	}
 	capacity := max(1, r.Capacity()/n)
+	if r.Calendar != nil {
+		// Each counts its share of the window's quota from the outage on;
+		// the window itself cannot be stretched.
+		r.Limit = max(1, r.Limit/n)
+		return r
+	}
 	if r.Algorithm == limiter.SlidingWindow {
 		// k per period·k·n/limit each: the fleet admits limit per period.
 		// It is compared in nanoseconds as a float: over hundreds of

@@ -129,6 +129,15 @@ func appendItem(b []byte, name, k1 string, v1 int64, k2 string, v2 int64) []byte
 }
 
 // seconds rounds d up to whole seconds.
+// windowSeconds is a rule's window as the JSON bodies show it: its
+// period, or for a calendar rule its longest window (Rule.Window).
+func windowSeconds(r limiter.Rule) int64 {
+	if r.Calendar != nil {
+		return seconds(r.Window())
+	}
+	return seconds(r.Period)
+}
+
 func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
@@ -245,7 +254,7 @@ func violationOf(rr limiter.RuleResult, withRetry bool) violation {
 	v := violation{
 		Name:          rr.Rule.Name,
 		Limit:         rr.Rule.Limit,
-		WindowSeconds: seconds(rr.Rule.Period),
+		WindowSeconds: windowSeconds(rr.Rule),
 		Capacity:      rr.Rule.Capacity(),
 		Remaining:     rr.Remaining,
 	}
@@ -258,7 +267,11 @@ func violationOf(rr limiter.RuleResult, withRetry bool) violation {
 func describe(rr []limiter.RuleResult) string {
 	parts := make([]string, len(rr))
 	for i, r := range rr {
-		parts[i] = fmt.Sprintf("rule %q allows %d per %v", r.Rule.Name, r.Rule.Limit, r.Rule.Period)
+		per := r.Rule.Period.String()
+		if r.Rule.Calendar != nil {
+			per = r.Rule.Calendar.String()
+		}
+		parts[i] = fmt.Sprintf("rule %q allows %d per %s", r.Rule.Name, r.Rule.Limit, per)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -48,7 +48,7 @@ func (r *Redis) allowAcross(ctx context.Context, key string, rules []Rule, cost 
 		for _, i := range idx {
 			parts[g] = append(parts[g], rules[i])
 		}
-		calls[g] = r.slotCall(ctx, key, parts[g], scriptArgs(parts[g], cost))
+		calls[g] = r.slotCall(ctx, key, parts[g], scriptArgs(parts[g], cost, r.cfg.Now()))
 	}
 	sent := r.cfg.Now()
 	r.await(ctx, calls)
@@ -193,9 +193,10 @@ func (r *Redis) await(ctx context.Context, calls []*call) {
 // giveBackArgs is scriptArgs for rules that give back (negative Cost)
 // what a check charged at: a sliding window's give-back names the window
 // it was charged in (in the pn field, which a window does not use), so
-// that one charged before its window turned comes off the previous one.
+// that one charged before its window turned comes off the previous one;
+// a calendar rule's names it by the windows around at (see allow.lua).
 func giveBackArgs(rules []Rule, at time.Time) []any {
-	args := scriptArgs(rules, 1)
+	args := scriptArgs(rules, 1, at)
 	b := args[2].([]byte)
 	for i, rule := range rules {
 		if rule.algorithm() == SlidingWindow {

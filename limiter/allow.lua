@@ -22,14 +22,17 @@
 --   cost       integer > 0, charged to every rule without a cost of its
 --              own; 0 inspects (computes, writes nothing); -1 resets the
 --              rules (drops their states and old keys); -2 lists the states
---              of its first key and deletes it (no rules)
+--              of its first key and deletes it (no rules); -3 grants each
+--              rule (all calendar rules) rcost more units in the window
+--              now holds (negative takes back, never below no grant)
 --   m          the number of containers
 --   rules      the n rules' fields, each struct-packed '<BI5I6I5I6I7i7'
 --              (37 bytes), all in one string. They name no state, so one
 --              compiled plan serves every identity with the same rules:
 --     flags    kind + 4*shadow + 8*share + 16*(container - 1); kind 0 =
 --              token bucket with capacity = limit, 1 = token bucket, 2 =
---              sliding window; share marks a split's share (see below)
+--              sliding window, 3 = calendar (fixed window); share marks a
+--              split's share (see below)
 --     limit    units per period
 --     period   microseconds
 --     capacity token bucket capacity (burst); the limit for sliding window
@@ -37,8 +40,19 @@
 --              microseconds per micro-token (reduced once, in Go)
 --     rcost    what a check charges this rule instead of cost when non-zero
 --              (|rcost| at most 2^53); negative gives -rcost units back
---              (never above capacity; a sliding window's current window
---              count, never below zero) and always allows.
+--              (never above capacity; a sliding window's or a calendar
+--              window's current count, never below zero) and always allows.
+--              A calendar rule (kind 3) has no rate, and reads period,
+--              capacity, pn and pd as the windows Go computed from its own
+--              clock in the rule's zone (Lua has no zone database): the
+--              current window's length in us (period), the previous one's
+--              in ms (capacity), the next one's in us (pn), and the current
+--              one's start, us since the epoch (pd). The window holding
+--              Redis' time among those three is the one counted, so the
+--              boundary falls on Redis' clock and gateways whose clocks
+--              differ by seconds agree; a Redis time outside all three is
+--              an error. A calendar rule's give-back comes off the window
+--              Go named current, or off none once that has ended.
 --   prefix     n arguments: each rule's record prefix, its bucket's name
 --              length (1 byte), the name, its kind (1 byte), as its
 --              record in a container starts (see below).
@@ -51,7 +65,9 @@
 --        a state converted to a changed rule (or taken over from the
 --        previous layout).
 --   0:   { r1_found, r1_remaining, r1_count, r1_previous, r1_reset_us, ...,
---        ttl_ms, now_us }
+--        ttl_ms, now_us }; a calendar rule's previous is its grant
+--   -3:  { r1_granted, r1_count, r1_remaining, r1_start_us, r1_end_us, ...,
+--        now_us }
 --   -1:  { states dropped }
 --   -2:  { name1, kind1, ... } of the states the key held.
 --
@@ -62,6 +78,8 @@
 --   1: the same, then capacity-1 I4
 --   2: window index I6, count in it I5, count in the one before I5,
 --      period us I6
+--   3: window start us I7, window length us I6, count in it I5, units
+--      granted in it I5
 -- so a record remembers the rule it was written under. Most checks find
 -- exactly their own records, in their order, under the rules they were
 -- written with: the fast path reads them with one unpack and writes them
@@ -103,16 +121,23 @@
 -- sliding window whose period changed carries what it had used into the
 -- current window of the new period; a changed limit keeps its counts (in
 -- units). A changed algorithm carries what the old state had used at now,
--- in units, rounded up: into the current window of a sliding window, or
--- out of a full token bucket; the converted record replaces the old one.
+-- in units, rounded up: into the current window of a sliding window or a
+-- calendar rule, or out of a full token bucket; the converted record
+-- replaces the old one. A calendar window is keyed by its start: a record
+-- of an earlier window that has ended is no state; one of a later window
+-- (Redis' clock stepped back across the boundary) is kept as the window;
+-- one of an earlier window still running by its own length (the rule's
+-- calendar changed: zone, start or unit) carries its count and grant into
+-- the window that holds now.
 -- States of the previous layout without these fields (written by an older
 -- script still) are read as written under the current rule.
 
 local MICRO = 1000000
 local EXACT = 9007199254740992 -- 2^53
 local D = 1048576 -- 2^20, the sliding window's weight resolution
-local TB0, TB1, SW = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6' -- records by kind
-local PTB0, PTB1, PSW = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW -- with name and kind
+local TB0, TB1, SW, CAL = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6', '<I7I6I5I5' -- records by kind
+local PTB0, PTB1, PSW, PCAL = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW, 'Bc0B' .. CAL -- with name and kind
+local GRANTMAX = 4294967296 -- 2^32, the most units a window's grant holds
 local RULE, RULESIZE = '<BI5I6I5I6I7i7', 37
 -- The standard libraries, read at the first call: a library's code runs
 -- at FUNCTION LOAD without them.
@@ -209,6 +234,11 @@ end
 -- How long (us) a record of a rule not in this call still needs to be
 -- kept, by the rule it was written under; nil once it reads as full.
 local function foreign_need(now, kind, s, p)
+  if kind == 3 then
+    local ws, wl = unpack_s(CAL, s, p)
+    if ws + wl > now then return ws + wl - now end
+    return nil
+  end
   if kind == 2 then
     local w, _, _, P = unpack_s(SW, s, p)
     local ow = floor(now / P)
@@ -234,6 +264,40 @@ end
 -- given (it rewrites PX).
 local function expiry(now, need) return ceil((now + need) / 1000) + 1000 end
 
+-- algorithm families: a record of another family is the rule's state under
+-- its other algorithm
+local function family(kind)
+  if kind == 1 then return 0 end
+  return kind
+end
+
+-- The calendar window holding now, from the windows in rule r's fields
+-- (see the header): its start and length; nil when now is in none of them.
+local function calendar_window(r, now)
+  local s, len = r[7], r[4]
+  if now < s then
+    local pl = r[5] * 1000
+    if now < s - pl then return nil end
+    return s - pl, pl
+  end
+  if now < s + len then return s, len end
+  if now < s + len + r[6] then return s + len, r[6] end
+  return nil
+end
+
+-- A calendar rule's state in window ws (wl long) at now, from its record
+-- st ({start, length, count, grant}; nil: none): the window counted (a
+-- later one when Redis' clock stepped back across a boundary), its count
+-- and grant, and whether the record must be rewritten for this window.
+local function calendar_state(st, ws, wl, now)
+  if not st then return ws, wl, 0, 0, false end
+  local ss, sl, sc, sg = st[1], st[2], st[3], st[4]
+  if ss == ws then return ws, wl, sc, sg, sl ~= wl end
+  if ss > ws then return ss, sl, sc, sg, false end
+  if ss + sl > now then return ws, wl, sc, sg, true end
+  return ws, wl, 0, 0, false
+end
+
 -- general checks one call's rules the long way (see the header); keys[k0 +
 -- 1 .. k0 + nk] are its keys, got (when the fast path already read them)
 -- its containers' values, false where absent.
@@ -248,6 +312,22 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
     byname[name] = i
   end
   local legacy = nk >= m + n
+
+  -- Each calendar rule's window at Redis' time: CW[i] = {start, length}.
+  local CW = {}
+  if cost >= 0 or cost == -3 then
+    for i = 1, n do
+      local r = R[i]
+      if r[2] % 4 == 3 then
+        local ws, wl = calendar_window(r, now)
+        if not ws then
+          return redis.error_reply('limiter: calendar rule ' .. r[1] .. ': Redis time ' .. now ..
+            ' us is in none of the windows the gateway sent (is its clock a day off?)')
+        end
+        CW[i] = {ws, wl}
+      end
+    end
+  end
 
   -- Read the containers: each rule's stored state st[i] (token bucket:
   -- {tokens, ts, limit, period, capacity}; sliding window: {window, count,
@@ -264,7 +344,7 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
       while p0 <= len do
         local name, kind, p = unpack_s('Bc0B', s, p0)
         local e
-        if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 else
+        if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 elseif kind == 3 then e = p + 23 else
           return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. keys[k0 + c])
         end
         local i = byname[name]
@@ -272,8 +352,10 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         if cost == -2 then
           names[#names + 1] = name
           names[#names + 1] = kind
-        elseif r and floor(r[2] / 16) + 1 == c and (kind == 2) == (r[2] % 4 == 2) then
-          if kind == 2 then
+        elseif r and floor(r[2] / 16) + 1 == c and family(kind) == family(r[2] % 4) then
+          if kind == 3 then
+            st[i] = {unpack_s(CAL, s, p)}
+          elseif kind == 2 then
             st[i] = {unpack_s(SW, s, p)}
           else
             local tk, ts, l1, P, c1 = unpack_s(kind == 1 and TB1 or TB0, s, p)
@@ -337,13 +419,13 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
     -- them), and an HMGET only for an old key that is there.
     local missing = {}
     for i = 1, n do
-      if not st[i] and not other[i] then missing[#missing + 1] = keys[k0 + m + i] end
+      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 then missing[#missing + 1] = keys[k0 + m + i] end
     end
     if #missing == 0 or redis.call('EXISTS', unpack_t(missing)) == 0 then legacy = false end
   end
   if legacy then
     for i = 1, n do
-      if not st[i] and not other[i] then
+      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 then
         local r = R[i]
         if r[2] % 4 == 2 then
           local h = redis.call('HMGET', keys[k0 + m + i], 'w', 'c', 'p', 'P')
@@ -373,7 +455,11 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
     if o then
       local kind, s, p = o[1], o[2], o[3]
       local used
-      if kind == 2 then
+      if kind == 3 then
+        local ws, wl, cnt = unpack_s(CAL, s, p)
+        used = 0
+        if ws + wl > now then used = cnt end
+      elseif kind == 2 then
         local sw, sc, sp, sP = unpack_s(SW, s, p)
         used = window_use(now, sw, sc, sp, sP)
       else
@@ -389,7 +475,9 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         used = ceil_div(ocapu - tokens, MICRO)
       end
       local r = R[i]
-      if r[2] % 4 == 2 then
+      if r[2] % 4 == 3 then
+        st[i] = {CW[i][1], CW[i][2], used, 0}
+      elseif r[2] % 4 == 2 then
         st[i] = {floor(now / r[4]), used, 0, r[4]}
       else
         -- (overdrawn when a lowered limit's window had used more)
@@ -399,9 +487,42 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
     end
   end
 
+  if cost == -3 then
+    -- A grant: rcost more units (or fewer, never below none) for the
+    -- window now holds; it ends with the window, whose record it rides in.
+    local res, parts, need = {}, {}, {}
+    for c = 1, m do parts[c], need[c] = {}, kneed[c] end
+    for i = 1, n do
+      local r = R[i]
+      if r[2] % 4 ~= 3 then
+        return redis.error_reply('limiter: rule ' .. r[1] .. ' is not a calendar rule: only a calendar window takes a grant')
+      end
+      local ws, wl, cur, grant = calendar_state(st[i], CW[i][1], CW[i][2], now)
+      grant = grant + r[8]
+      if grant < 0 then grant = 0 elseif grant > GRANTMAX then grant = GRANTMAX end
+      local rem = r[3] + grant - cur
+      if rem < 0 then rem = 0 end
+      local c = floor(r[2] / 16) + 1
+      local pc = parts[c]
+      pc[#pc + 1] = pack(PCAL, #r[1], r[1], 3, ws, wl, cur, grant)
+      if ws + wl - now > need[c] then need[c] = ws + wl - now end
+      local q = #res
+      res[q + 1], res[q + 2], res[q + 3], res[q + 4], res[q + 5] = grant, cur, rem, ws, ws + wl
+    end
+    res[#res + 1] = now
+    for c = 1, m do
+      if #parts[c] > 0 then
+        local v = concat(parts[c])
+        if #keep[c] > 0 then v = v .. concat(keep[c]) end
+        redis.call('SET', keys[k0 + c], v, 'PXAT', expiry(now, need[c]))
+      end
+    end
+    return res
+  end
+
   -- V[6i-5 .. 6i]: rule i's verdict, retry, and its remaining and reset
   -- before and after consuming this request.
-  local V, writes, converts, counts = {}, {}, {}, {}
+  local V, writes, converts, counts, life = {}, {}, {}, {}, {}
   local all = 1
 
   for i = 1, n do
@@ -416,7 +537,38 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
     local s = st[i]
     local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
 
-    if kind ~= 2 then
+    if kind == 3 then
+      -- calendar: a fixed window, limit plus its grant
+      local ws, wl, cur, grant, conv = calendar_state(s, CW[i][1], CW[i][2], now)
+      conv = conv or taken[i]
+      local room = limit + grant
+      local left = ws + wl - now
+      life[i] = left
+      brem = room - cur
+      if brem < 0 then brem = 0 end
+      if cur > 0 then breset = left end
+      counts[i] = {cur, grant}
+      local after = cur + rc
+      if rc < 0 then
+        ok = 1
+        -- a give-back comes off the window Go named (pd: see giveBackArgs),
+        -- or off none once that is history
+        if ws ~= r[7] then after = cur end
+        if after < 0 then after = 0 end
+      elseif after <= room then
+        ok = 1
+      elseif rc <= limit then
+        -- the next window admits a cost up to the limit
+        retry = left
+      end
+      if ok == 1 and cost > 0 then
+        arem = room - after
+        if arem < 0 then arem = 0 end
+        if after > 0 then areset = left end
+        writes[i] = pack(PCAL, #name, name, 3, ws, wl, after, grant)
+      end
+      if conv and cost > 0 then converts[i] = pack(PCAL, #name, name, 3, ws, wl, cur, grant) end
+    elseif kind ~= 2 then
       -- token bucket
       local capu = cap * MICRO
       local pn, pd = r[6], r[7] -- us per micro-token
@@ -578,6 +730,8 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
       local pc = parts[c]
       pc[#pc + 1] = rec
       if reset > need[c] then need[c] = reset end
+      -- a calendar record holds its window's grant until the window ends
+      if life[i] and life[i] > need[c] then need[c] = life[i] end
       local o = other[i]
       if o and rec == raw[i] then
         -- kept as it was, under the other algorithm: as long as it needs
@@ -612,8 +766,8 @@ local function compile(blob, m)
   for i = 1, n do
     local f, limit, period, cap, pn, pd, rc = unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)
     local kind, c = f % 4, floor(f / 16) + 1
-    -- (a give-back into a named window is general's)
-    if c > m or (kind == 2 and rc < 0 and pn > 0) then return nil end
+    -- (a give-back into a named window, and a calendar rule, are general's)
+    if c > m or kind == 3 or (kind == 2 and rc < 0 and pn > 0) then return nil end
     local r = {kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
       cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c}
     -- size: the record after its name and kind; suf: its rule fields

@@ -43,7 +43,7 @@ func BenchmarkCeiling(b *testing.B) {
 	old := mustLimiter(b, rdb, Config{PreviousLayout: true})
 	// checkArgs is one check's part of a call: its key count and ARGV.
 	checkArgs := func(keys []string, rules []Rule, cost int64) []any {
-		return append([]any{len(keys)}, scriptArgs(rules, cost)...)
+		return append([]any{len(keys)}, scriptArgs(rules, cost, time.Now())...)
 	}
 	// queue sends checks of keys on pipe: one command, or one a check.
 	type queue func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64)
@@ -75,7 +75,7 @@ func BenchmarkCeiling(b *testing.B) {
 	floor := func(script *redis.Script) queue {
 		return func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
 			for _, k := range keys {
-				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost)...)
+				script.EvalSha(ctx, pipe, k, scriptArgs(benchRules, cost, time.Now())...)
 			}
 		}
 	}

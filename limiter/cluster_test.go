@@ -102,11 +102,11 @@ func TestClusterPipelineRunsOnce(t *testing.T) {
 	m := testenv.MigrateSlot(t, rdb, slotOf(t, rdb, l.Keys(first, rules)[0]))
 	// Checks of other slots on the same node, behind the first in one
 	// pipeline.
-	batch := []*call{l.newCall(ctx, l.Keys(first, rules), 1, scriptArgs(rules, 1))}
+	batch := []*call{l.newCall(ctx, l.Keys(first, rules), 1, scriptArgs(rules, 1, time.Now()))}
 	for i := 0; len(batch) < 6; i++ {
 		k := fmt.Sprintf("%s-%d", first, i)
 		if sameNode(t, rdb, l.Keys(k, rules)[0], m) {
-			batch = append(batch, l.newCall(ctx, l.Keys(k, rules), 1, scriptArgs(rules, 1)))
+			batch = append(batch, l.newCall(ctx, l.Keys(k, rules), 1, scriptArgs(rules, 1, time.Now())))
 		}
 	}
 	l.run(<-l.slots, batch)

@@ -90,9 +90,28 @@ func (c *denyCache) drop(fp uint64, key string) {
 	s.mu.Unlock()
 }
 
-// put caches d, which Redis gave a call sent at sent and answered at recv.
-func (c *denyCache) put(fp uint64, key string, cost int64, sent, recv time.Time, d Decision) {
-	until := sent.Add(d.RetryAfter())
+// calendarDenyHold is the longest a denial by a calendar rule is cached.
+// Such a denial lasts until the window ends (days), but a grant (Grant)
+// or a reset on any gateway lifts it in Redis: every gateway's cache then
+// follows within this.
+const calendarDenyHold = time.Second
+
+// denyHold is how long d may be cached at most: its retry, or
+// calendarDenyHold when a calendar rule denied.
+func denyHold(d Decision) time.Duration {
+	hold := d.RetryAfter()
+	for _, rr := range d.Rules {
+		if !rr.Allowed && rr.Rule.Calendar != nil {
+			hold = min(hold, calendarDenyHold)
+		}
+	}
+	return hold
+}
+
+// put caches d, which Redis gave a call sent at sent and answered at recv,
+// for hold at most (see denyHold).
+func (c *denyCache) put(fp uint64, key string, cost int64, sent, recv time.Time, d Decision, hold time.Duration) {
+	until := sent.Add(hold)
 	if !until.After(recv) {
 		return
 	}

@@ -15,9 +15,13 @@ type RuleState struct {
 	// minus the weighted window count.
 	Remaining int64
 	// Count and Previous are a sliding window's units in the current and
-	// the previous window (0 for token buckets).
+	// the previous window (0 for token buckets); Count is a calendar
+	// rule's units in its current window.
 	Count, Previous int64
-	ResetAfter      time.Duration // until the rule is full again
+	// Granted is what Grant added to a calendar rule's current window:
+	// the window admits Limit + Granted.
+	Granted    int64
+	ResetAfter time.Duration // until the rule is full again
 }
 
 // KeyState is an identity's live state for a set of rules.
@@ -43,7 +47,7 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 		groups = r.slotGroups(key, rules)
 	}
 	if len(groups) == 1 {
-		res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0))
+		res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0, r.cfg.Now()))
 		if err != nil {
 			return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
 		}
@@ -53,7 +57,7 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 	ks := KeyState{Key: key, Rules: make([]RuleState, len(rules))}
 	for _, idx := range groups {
 		part := rulesAt(rules, idx)
-		res, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, 0))
+		res, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, 0, r.cfg.Now()))
 		if err != nil {
 			return KeyState{}, fmt.Errorf("inspect limiter state: %w", err)
 		}
@@ -86,6 +90,10 @@ func parseInspect(key string, res []any, rules []Rule) (KeyState, error) {
 			Remaining: v[1], Count: v[2], Previous: v[3],
 			ResetAfter: time.Duration(v[4]) * time.Microsecond,
 		}
+		if rule.Calendar != nil {
+			// the script's previous count is a calendar rule's grant
+			ks.Rules[i].Previous, ks.Rules[i].Granted = 0, v[3]
+		}
 	}
 	ks.TTL = time.Duration(max(0, ints[len(ints)-2])) * time.Millisecond
 	ks.Time = time.UnixMicro(ints[len(ints)-1])
@@ -108,7 +116,7 @@ func (r *Redis) Reset(ctx context.Context, key string, rules []Rule) error {
 		if len(groups) > 1 {
 			part = rulesAt(rules, idx) // one reset a Cluster slot
 		}
-		if _, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, -1)); err != nil {
+		if _, err := r.script(ctx, r.Keys(key, part), scriptArgs(part, -1, r.cfg.Now())); err != nil {
 			return fmt.Errorf("reset limiter state: %w", err)
 		}
 	}
@@ -139,7 +147,14 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 		if !ok || !ok2 {
 			return fmt.Errorf("%w: state %d is %T, %T, want name and kind", ErrBadScriptData, i/2, res[i], res[i+1])
 		}
-		old = append(old, legacyKey(r.cfg.Prefix, key, name, kind == 2))
+		algo := TokenBucket
+		if kind == 2 {
+			algo = SlidingWindow
+		}
+		if kind != 3 {
+			// (the previous layout had no calendar rules)
+			old = append(old, legacyKey(r.cfg.Prefix, key, name, algo))
+		}
 	}
 	if len(old) > 0 {
 		// A second call: the script's own keys are declared up front, and
@@ -197,11 +212,16 @@ func (m *Memory) Inspect(_ context.Context, key string, rules []Rule) (KeyState,
 	for i, rule := range rules {
 		st, _ := m.lookup(key, rule, now)
 		rs := RuleState{Rule: rule.bucket(), Algorithm: rule.algorithm(), Found: st != nil}
-		if rule.algorithm() == SlidingWindow {
+		switch rule.algorithm() {
+		case FixedWindow:
+			e := fixedWindow(st, rule, 0, now)
+			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
+			rs.Count, rs.Granted = e.next.cur, e.next.granted
+		case SlidingWindow:
 			e := slidingWindow(st, rule, 0, now)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 			rs.Count, rs.Previous = e.next.cur, e.next.prev
-		} else {
+		default:
 			e := tokenBucket(st, rule, 0, now)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 		}
@@ -221,9 +241,9 @@ func (m *Memory) Reset(_ context.Context, key string, rules []Rule) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, rule := range rules {
-		// the rule's state under either algorithm, as allow.lua drops it
-		for _, sliding := range []bool{false, true} {
-			if st := m.state[legacyKey("mem", key, rule.bucket(), sliding)]; st != nil {
+		// the rule's state under any algorithm, as allow.lua drops it
+		for _, algo := range families {
+			if st := m.state[legacyKey("mem", key, rule.bucket(), algo)]; st != nil {
 				m.drop(st)
 			}
 		}
@@ -242,4 +262,84 @@ func (m *Memory) Clear(_ context.Context, key string) error {
 		m.drop(m.ids[key][0])
 	}
 	return nil
+}
+
+// GrantResult is a calendar rule's window after a grant.
+type GrantResult struct {
+	Rule string // the rule's bucket name
+	// Granted is what the window's grants add up to now: the window
+	// admits the rule's Limit plus Granted.
+	Granted int64
+	// Count is what the window has admitted, Remaining what it still may.
+	Count, Remaining int64
+	// Start and End bound the window the grant went to; it ends there.
+	Start, End time.Time
+	// Time is the store's clock the grant was made at.
+	Time time.Time
+}
+
+// maxGrant is the most units a window's grant holds (allow.lua's
+// GRANTMAX), and the largest change one grant asks for.
+const maxGrant = 1 << 32
+
+// checkGrant checks a grant's input; its errors wrap ErrInput.
+func checkGrant(key string, rule Rule, units int64) error {
+	if err := validate(key, []Rule{rule}, 1); err != nil {
+		return err
+	}
+	switch {
+	case rule.Calendar == nil:
+		return fmt.Errorf("%w: %w %q: only a calendar rule's window takes a grant", ErrInput, ErrInvalidRule, rule.Name)
+	case units == 0 || units > maxGrant || units < -maxGrant:
+		return fmt.Errorf("%w: grant of %d units: want 1 to %d, or as many negative to take back", ErrInput, units, int64(maxGrant))
+	}
+	return nil
+}
+
+// Grant adds units to what key may use of the calendar rule in the window
+// that holds Redis' time now, or takes back -units of what was granted
+// (never below none: the window then admits the rule's Limit again). The
+// grant ends with the window. Units already counted stay counted. The
+// local deny cache forgets key; other gateways' caches hold a calendar
+// rule's denial for a second at most (see calendarDenyHold).
+func (r *Redis) Grant(ctx context.Context, key string, rule Rule, units int64) (GrantResult, error) {
+	if err := checkGrant(key, rule, units); err != nil {
+		return GrantResult{}, err
+	}
+	rule.Cost = units
+	rules := []Rule{rule}
+	res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, -3, r.cfg.Now()))
+	if err != nil {
+		return GrantResult{}, fmt.Errorf("grant limiter units: %w", err)
+	}
+	ints, err := replyInts(res, 6, 1)
+	if err != nil {
+		return GrantResult{}, err
+	}
+	r.forget(key)
+	return GrantResult{Rule: rule.bucket(), Granted: ints[0], Count: ints[1], Remaining: ints[2],
+		Start: time.UnixMicro(ints[3]), End: time.UnixMicro(ints[4]), Time: time.UnixMicro(ints[5])}, nil
+}
+
+// Grant adds units to key's allowance of the calendar rule in the window
+// holding the store's clock, or takes back -units of what was granted;
+// see Redis.Grant.
+func (m *Memory) Grant(_ context.Context, key string, rule Rule, units int64) (GrantResult, error) {
+	if err := checkGrant(key, rule, units); err != nil {
+		return GrantResult{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at := m.now()
+	now := at.UnixMicro()
+	st, other := m.lookup(key, rule, now)
+	e := fixedWindow(st, rule, 0, now)
+	next := e.next
+	next.granted = min(maxGrant, max(0, next.granted+units))
+	m.put(key, ruleKey("mem", key, rule), next)
+	if other != nil {
+		m.drop(other)
+	}
+	return GrantResult{Rule: rule.bucket(), Granted: next.granted, Count: next.cur, Remaining: max(0, rule.Limit+next.granted-next.cur),
+		Start: time.UnixMicro(next.window), End: time.UnixMicro(next.window + next.period), Time: at}, nil
 }

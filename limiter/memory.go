@@ -37,9 +37,13 @@ type memState struct {
 	// token bucket: micro-tokens (negative while a lowered capacity is
 	// overdrawn), last update in µs
 	tokens, ts int64
-	// sliding window: window index (in periods), counts in it and the one before
+	// sliding window: window index (in periods), counts in it and the one
+	// before; calendar: the window's start (µs), its count, and period is
+	// the window's length
 	window, cur, prev int64
-	expires           int64 // µs: from then on the state reads as full
+	// granted is what Grant added to a calendar window
+	granted int64
+	expires int64 // µs: from then on the state reads as full
 
 	key    string
 	id     string // the limiter key it belongs to
@@ -92,12 +96,18 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		st, other := m.lookup(key, rule, now)
 		others[i] = other
 		c := rule.charge(cost)
-		if rule.algorithm() == SlidingWindow {
+		switch rule.algorithm() {
+		case FixedWindow:
+			evals[i] = fixedWindow(st, rule, c, now)
+			if other != nil {
+				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
+			}
+		case SlidingWindow:
 			evals[i] = slidingWindow(st, rule, c, now)
 			if other != nil {
 				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
 			}
-		} else {
+		default:
 			evals[i] = tokenBucket(st, rule, c, now)
 			if other != nil && c <= rule.Capacity() {
 				evals[i].converted, evals[i].convExpires = true, now+evals[i].before.reset+micro
@@ -144,31 +154,56 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 }
 
 // lookup returns rule's state for key at now; nil when it has none. A
-// rule whose algorithm changed has its state under the other one
+// rule whose algorithm changed has its state under another one
 // converted, as allow.lua does: what that state had used at now, in units
 // by the rule it was written under and rounded up, carries into the
-// current window of a sliding window, or out of a full token bucket.
-// other is then that state, to be dropped once the converted one is
-// written.
+// current window of a sliding window or a calendar rule, or out of a full
+// token bucket. other is then that state, to be dropped once the
+// converted one is written.
 func (m *Memory) lookup(key string, rule Rule, now int64) (st, other *memState) {
-	sliding := rule.algorithm() == SlidingWindow
+	algo := rule.algorithm()
 	if st = m.state[ruleKey("mem", key, rule)]; st != nil && st.expires > now {
 		return st, nil
 	}
-	o := m.state[legacyKey("mem", key, rule.bucket(), !sliding)]
-	if o == nil || o.expires <= now {
+	var used int64
+	for _, oa := range families {
+		if oa == algo {
+			continue
+		}
+		o := m.state[legacyKey("mem", key, rule.bucket(), oa)]
+		if o == nil || o.expires <= now {
+			continue
+		}
+		switch oa {
+		case TokenBucket:
+			used = ceilDiv(o.capacity*micro-refilled(o, now), micro)
+		case SlidingWindow:
+			used = windowUse(o, now)
+		case FixedWindow:
+			// (an unexpired calendar state's window is still running)
+			used = o.cur
+		}
+		other = o
+		break
+	}
+	if other == nil {
 		return nil, nil
 	}
 	var conv memState
-	if sliding {
+	switch algo {
+	case FixedWindow:
+		start, end := rule.Calendar.Bounds(time.UnixMicro(now))
+		ws := start.UnixMicro()
+		conv = memState{limit: rule.Limit, period: end.UnixMicro() - ws, capacity: rule.Limit, window: ws, cur: used}
+	case SlidingWindow:
 		period := rule.Period.Microseconds()
-		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: ceilDiv(o.capacity*micro-refilled(o, now), micro)}
-	} else {
+		conv = memState{limit: rule.Limit, period: period, capacity: rule.Limit, window: now / period, cur: used}
+	default:
 		// overdrawn when a lowered limit's window had used more
-		tokens := (rule.Capacity() - windowUse(o, now)) * micro
+		tokens := (rule.Capacity() - used) * micro
 		conv = memState{limit: rule.Limit, period: rule.Period.Microseconds(), capacity: rule.Capacity(), tokens: tokens, ts: now}
 	}
-	return &conv, o
+	return &conv, other
 }
 
 func (m *Memory) put(id, key string, next memState) {
@@ -294,7 +329,7 @@ type eval struct {
 // request took or gave back.
 func (e eval) unconsumed(r Rule) memState {
 	st := e.next
-	if r.algorithm() == SlidingWindow {
+	if r.algorithm() != TokenBucket {
 		st.cur -= e.used
 	} else {
 		st.tokens += e.used
@@ -530,6 +565,59 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	e.next = memState{limit: limit, period: period, capacity: limit, window: w, cur: cur + cost, prev: prev, expires: now + left + period + micro}
 	if st != nil && st.period != period {
 		e.converted, e.convExpires = true, e.next.expires
+	}
+	return e
+}
+
+// fixedWindow mirrors allow.lua's calendar rule: a fixed window of the
+// rule's calendar at the store's clock, admitting Limit plus the window's
+// grant. A state is keyed by its window's start: one of an earlier window
+// that has ended reads as none; one of a later window (the clock stepped
+// back across the boundary) is kept as the window; one of an earlier
+// window still running by its own length (the rule's calendar changed)
+// carries its count and grant into the window that holds now.
+func fixedWindow(st *memState, r Rule, cost, now int64) eval {
+	start, end := r.Calendar.Bounds(time.UnixMicro(now))
+	ws, wl := start.UnixMicro(), end.UnixMicro()-start.UnixMicro()
+	var cur, granted int64
+	conv := false
+	if st != nil {
+		switch {
+		case st.window == ws:
+			cur, granted, conv = st.cur, st.granted, st.period != wl
+		case st.window > ws:
+			ws, wl, cur, granted = st.window, st.period, st.cur, st.granted
+		case st.window+st.period > now:
+			cur, granted, conv = st.cur, st.granted, true
+		}
+	}
+	room := r.Limit + granted
+	left := ws + wl - now
+	state := func(c int64) (rem, reset int64) {
+		if c > 0 {
+			reset = left
+		}
+		return max(0, room-c), reset
+	}
+	var e eval
+	e.before.remaining, e.before.reset = state(cur)
+	giveBack := cost < 0
+	if giveBack {
+		// A give-back lowers the window's count, not below 0.
+		cost = -min(-cost, cur)
+	}
+	e.used = cost
+	switch {
+	case giveBack || cur+cost <= room:
+		e.ok = true
+		e.after.remaining, e.after.reset = state(cur + cost)
+	case cost <= r.Limit:
+		// the next window admits a cost up to the limit
+		e.retry = left
+	}
+	e.next = memState{limit: r.Limit, period: wl, capacity: r.Limit, window: ws, cur: cur + cost, granted: granted, expires: ws + wl}
+	if conv {
+		e.converted, e.convExpires = true, ws+wl
 	}
 	return e
 }

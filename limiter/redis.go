@@ -279,15 +279,22 @@ func containerKey(prefix, key string, rule Rule) string {
 // ruleKey is the key of one rule's state in the previous layout (a hash
 // per rule), and the memory store's name for it.
 func ruleKey(prefix, key string, rule Rule) string {
-	return legacyKey(prefix, key, rule.bucket(), rule.algorithm() == SlidingWindow)
+	return legacyKey(prefix, key, rule.bucket(), rule.algorithm())
 }
 
-func legacyKey(prefix, key, bucket string, sliding bool) string {
-	algo := "tb"
-	if sliding {
-		algo = "sw"
+// families are the algorithms whose states differ: a token bucket's
+// capacity does not change its family.
+var families = []Algorithm{TokenBucket, SlidingWindow, FixedWindow}
+
+func legacyKey(prefix, key, bucket string, algo Algorithm) string {
+	suffix := "tb"
+	switch algo {
+	case SlidingWindow:
+		suffix = "sw"
+	case FixedWindow:
+		suffix = "fw"
 	}
-	return identityKey(prefix, key) + ":" + bucket + ":" + algo
+	return identityKey(prefix, key) + ":" + bucket + ":" + suffix
 }
 
 // Allow checks cost units of key against every rule in one Redis call (a
@@ -314,14 +321,14 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		if groups := r.slotGroups(key, rules); len(groups) > 1 {
 			d, sent, err := r.allowAcross(ctx, key, rules, cost, groups)
 			if err == nil && r.deny != nil && !d.Allowed {
-				r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
+				r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
 			}
 			return d, err
 		}
 	}
 	keys := r.Keys(key, rules)
 	_, m := layout(rules)
-	args := scriptArgs(rules, cost)
+	args := scriptArgs(rules, cost, r.cfg.Now())
 	var (
 		res  any
 		sent time.Time
@@ -344,7 +351,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		return Decision{}, err
 	}
 	if r.deny != nil && !d.Allowed {
-		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d)
+		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
 	}
 	return d, nil
 }
@@ -495,23 +502,33 @@ func (r *Redis) send(s *sender, first *call) {
 }
 
 // scriptArgs is one check's part of allow.lua's ARGV, for a check (cost
-// > 0), an inspection (0) or a reset (-1) of rules; see the script's
-// header. A rule's own Cost rides in its packed fields; cost stays the
+// > 0), an inspection (0), a reset (-1) or a grant (-3) of rules; see the
+// script's header. now is the gateway's clock, which only places calendar
+// rules' windows: the script picks the one holding Redis' time. A rule's own Cost rides in its packed fields; cost stays the
 // mode switch. The rules' fields go in one packed argument that names no
 // state (so the script's plan of it serves every identity), and the
 // token bucket's rate is reduced here, once, rather than by a gcd in Lua;
 // each rule's record prefix (its bucket's name and kind) follows as an
 // argument of its own.
-func scriptArgs(rules []Rule, cost int64) []any {
+func scriptArgs(rules []Rule, cost int64, now time.Time) []any {
 	cont, m := layout(rules)
 	b := make([]byte, 0, ruleSize*len(rules))
 	args := make([]any, 3, 3+len(rules))
 	for i, rule := range rules {
 		kind, pn, pd := 0, int64(0), int64(0)
-		period := rule.Period.Microseconds()
-		if rule.algorithm() == SlidingWindow {
+		period, capacity := rule.Period.Microseconds(), rule.Capacity()
+		switch {
+		case rule.Calendar != nil:
+			// The windows around the gateway's now (see allow.lua's
+			// header): Redis' time, seconds away at most, is in one. Zone
+			// offsets are whole seconds, so the previous window's length
+			// is exact in ms.
+			kind = 3
+			w := rule.Calendar.bounds(now)
+			period, capacity, pn, pd = w[2]-w[1], (w[1]-w[0])/1000, w[3]-w[2], w[1]
+		case rule.algorithm() == SlidingWindow:
 			kind = 2
-		} else {
+		default:
 			if rule.Capacity() != rule.Limit {
 				kind = 1
 			}
@@ -535,7 +552,7 @@ func scriptArgs(rules []Rule, cost int64) []any {
 		b = append(b, byte(flags+16*cont[i]))
 		b = le(b, rule.Limit, 5)
 		b = le(b, period, 6)
-		b = le(b, rule.Capacity(), 5)
+		b = le(b, capacity, 5)
 		b = le(b, pn, 6)
 		b = le(b, pd, 7)
 		// 0 when the rule is charged the call's cost; |Cost| ≤ MaxCost
@@ -638,6 +655,9 @@ func fingerprint(key string, rules []Rule) uint64 {
 		// cost does (which the entry checks): a denial at one must not
 		// answer another.
 		h.int(r.Cost)
+		if r.Calendar != nil {
+			h.str(r.Calendar.identity())
+		}
 		if r.Shadow {
 			h.int(1)
 		} else {

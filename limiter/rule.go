@@ -32,6 +32,11 @@ const (
 	// Limit in any interval of Period (and Burst + Limit×t/Period units in
 	// any interval t in general).
 	SlidingWindow Algorithm = "sliding_window"
+	// FixedWindow counts the units admitted in each window of a calendar
+	// (Rule.Calendar) and admits a request while they, plus it, come to at
+	// most Limit (plus the window's Grant). It is a calendar rule's
+	// algorithm, and only theirs.
+	FixedWindow Algorithm = "fixed_window"
 )
 
 // Limits on input, checked before any store call.
@@ -77,8 +82,11 @@ type Rule struct {
 	Name string `yaml:"name"`
 	// Limit is how many units the rule admits per Period.
 	Limit int64 `yaml:"limit"`
-	// Period is the window the limit refers to.
+	// Period is the window the limit refers to; zero for a calendar rule.
 	Period time.Duration `yaml:"period"`
+	// Calendar, when set, makes the rule count per calendar day, week,
+	// month or year in a time zone (see Calendar) instead of per Period.
+	Calendar *Calendar `yaml:"calendar"`
 	// Burst is the token bucket's capacity; zero means Limit. Ignored by
 	// SlidingWindow, whose capacity is always Limit.
 	Burst int64 `yaml:"burst"`
@@ -142,7 +150,8 @@ func (r Rule) bucket() string {
 	return r.Name
 }
 
-// Capacity is the most units the rule can admit at once.
+// Capacity is the most units the rule can admit at once (a calendar
+// rule's Grant adds to that, for its window only).
 func (r Rule) Capacity() int64 {
 	if r.algorithm() == TokenBucket && r.Burst > 0 {
 		return r.Burst
@@ -154,8 +163,14 @@ func (r Rule) Capacity() int64 {
 // for a sliding window, Capacity × Period / Limit (rounded up to a
 // microsecond) for a token bucket. "Capacity() per Window()" is a quota a
 // client can compute with: Remaining never exceeds Capacity(), and an
-// empty rule is full again after Window().
+// empty rule is full again after Window(). A calendar rule's is the
+// longest its windows can be (a month: 31 days, plus an hour in a zone
+// with DST), so that Limit per Window() never promises more than a
+// window admits; its ResetAfter says when the window at hand ends.
 func (r Rule) Window() time.Duration {
+	if r.Calendar != nil {
+		return r.Calendar.span()
+	}
 	if r.algorithm() == SlidingWindow || r.Capacity() == r.Limit {
 		return r.Period
 	}
@@ -163,6 +178,9 @@ func (r Rule) Window() time.Duration {
 }
 
 func (r Rule) algorithm() Algorithm {
+	if r.Calendar != nil {
+		return FixedWindow
+	}
 	if r.Algorithm == "" {
 		return TokenBucket
 	}
@@ -184,7 +202,11 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: tag longer than %d bytes, holding braces, colons or spaces, or without a bucket", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Limit <= 0:
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
-	case r.Period < time.Millisecond:
+	case r.Calendar != nil && r.validateCalendar() != nil:
+		return r.validateCalendar()
+	case r.Calendar == nil && r.Algorithm == FixedWindow:
+		return fmt.Errorf("%w %q: algorithm %q counts calendar windows: it needs a calendar (e.g. calendar: month)", ErrInvalidRule, r.Name, FixedWindow)
+	case r.Calendar == nil && r.Period < time.Millisecond:
 		return fmt.Errorf("%w %q: period %v must be at least 1ms", ErrInvalidRule, r.Name, r.Period)
 	case r.Period > MaxPeriod:
 		return fmt.Errorf("%w %q: period %v longer than %v", ErrInvalidRule, r.Name, r.Period, MaxPeriod)
@@ -196,9 +218,29 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: cost %d outside %d to %d", ErrInvalidRule, r.Name, r.Cost, -int64(MaxCost), int64(MaxCost))
 	}
 	switch r.Algorithm {
-	case "", TokenBucket, SlidingWindow:
+	case "", TokenBucket, SlidingWindow, FixedWindow:
 	default:
 		return fmt.Errorf("%w %q: unknown algorithm %q (want %q or %q)", ErrInvalidRule, r.Name, r.Algorithm, TokenBucket, SlidingWindow)
+	}
+	return nil
+}
+
+// validateCalendar checks what a calendar rule may not have.
+func (r Rule) validateCalendar() error {
+	c := r.Calendar
+	switch {
+	case c.err != nil:
+		return fmt.Errorf("%w %q: %w", ErrInvalidRule, r.Name, c.err)
+	case c.loc == nil:
+		return fmt.Errorf("%w %q: calendar made without ParseCalendar", ErrInvalidRule, r.Name)
+	case r.Period != 0:
+		return fmt.Errorf("%w %q: a calendar rule has no period (its windows are calendar %ss): leave period out", ErrInvalidRule, r.Name, c.unit)
+	case r.Burst != 0:
+		return fmt.Errorf("%w %q: a calendar rule has no burst: it admits its limit per %s, all of it at once if asked; leave burst out, or add a token bucket rule beside it for the rate", ErrInvalidRule, r.Name, c.unit)
+	case r.Algorithm == SlidingWindow:
+		return fmt.Errorf("%w %q: no sliding window of a calendar %s: a calendar rule counts in fixed windows that reset at the boundary; leave algorithm out, or use a sliding window with a period", ErrInvalidRule, r.Name, c.unit)
+	case r.Algorithm != "" && r.Algorithm != FixedWindow:
+		return fmt.Errorf("%w %q: a calendar rule counts in fixed windows: algorithm %q does not apply; leave it out", ErrInvalidRule, r.Name, r.Algorithm)
 	}
 	return nil
 }
@@ -244,12 +286,15 @@ type RuleResult struct {
 	Allowed bool
 	// Remaining is how many units the rule admits right after this check;
 	// never more than Rule.Capacity() (advertise Capacity() per
-	// Rule.Window() beside it, not Limit per Period, when Burst ≠ Limit).
+	// Rule.Window() beside it, not Limit per Period, when Burst ≠ Limit),
+	// but for a calendar rule under a grant, whose window admits Limit
+	// plus the grant.
 	Remaining int64
 	// RetryAfter is how long until this rule would admit the request; zero
 	// when it does now.
 	RetryAfter time.Duration
-	// ResetAfter is how long until the rule is back at full capacity.
+	// ResetAfter is how long until the rule is back at full capacity: for
+	// a calendar rule that has counted anything, until its window ends.
 	ResetAfter time.Duration
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,12 +18,16 @@ import (
 )
 
 const adminUsage = `usage: gateway admin key show|reset|clear [flags] (-api-key ID | -user ID | -ip ADDR) [-route NAME | -plan NAME]
+       gateway admin key grant [flags] (-api-key ID | ...) -rule NAME -units N
        gateway admin key show|reset|clear [flags] -domain NAME -entry KEY=VALUE [-entry KEY=VALUE ...]
 
   show    the key's live limiter state for every rule set it can hit (or
           -route's), with the split and NAT directives in force for it
   reset   refill those rule sets to full (audited: log line and event)
   clear   delete the key's limiter state (audited)
+  grant   give the key N more units of calendar rule -rule's current
+          window (a negative N takes back what was granted, never below
+          none); the grant ends with the window (audited)
 
 With -domain and -entry (one Envoy descriptor's entries, in order), the
 same for the bucket the gateway's Envoy rate limit service counts that
@@ -31,6 +36,11 @@ descriptor in under its configured limit; reset and clear both refill it.
 With -admin listing every gateway of a fleet, each is asked in turn and
 prints its answer (one JSON document each): a reset is stored in Redis
 once, but a gateway forgets its cached denials of the key only when asked.
+A grant is the exception: it is asked of the gateways in turn until one
+answers from the shared store (Redis holds it for the whole fleet, whose
+cached denials of a calendar rule last a second at most); asked of each,
+it would be granted once per gateway. With in-memory stores each gateway
+is asked.
 
 The token is read from EDGELIMIT_ADMIN_TOKEN (or, like every secret, from
 the file its _FILE variable names), never from a flag, so it stays out of
@@ -42,17 +52,17 @@ shell history and process lists.
 func runAdmin(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) < 2 || args[0] != "key" {
 		fmt.Fprint(stdout, adminUsage)
-		return errors.New("gateway admin: want key show|reset|clear")
+		return errors.New("gateway admin: want key show|reset|clear|grant")
 	}
 	action := args[1]
 	method, path := http.MethodPost, gateway.AdminPath+"/"+action
 	switch action {
 	case "show":
 		method, path = http.MethodGet, gateway.AdminPath
-	case "reset", "clear":
+	case "reset", "clear", "grant":
 	default:
 		fmt.Fprint(stdout, adminUsage)
-		return fmt.Errorf("gateway admin key: unknown action %q, want show, reset or clear", action)
+		return fmt.Errorf("gateway admin key: unknown action %q, want show, reset, clear or grant", action)
 	}
 	fs := flag.NewFlagSet("gateway admin key "+action, flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -69,12 +79,20 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		entries = append(entries, v)
 		return nil
 	})
+	rule := fs.String("rule", "", "grant: the calendar rule whose current window gets the units")
+	units := fs.Int64("units", 0, "grant: how many units to add; negative takes back what was granted")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each gateway")
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("gateway admin key %s: unexpected arguments %q", action, fs.Args())
+	}
+	switch {
+	case action == "grant" && (*rule == "" || *units == 0):
+		return errors.New("gateway admin key grant: give -rule (a calendar rule) and -units (non-zero)")
+	case action != "grant" && (*rule != "" || *units != 0):
+		return fmt.Errorf("gateway admin key %s: -rule and -units are grant's", action)
 	}
 	env := boot.NewEnv(getenv)
 	var token boot.Secret
@@ -94,6 +112,10 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	for _, e := range entries {
 		q.Add("entry", e)
 	}
+	if action == "grant" {
+		q.Set("rule", *rule)
+		q.Set("units", strconv.FormatInt(*units, 10))
+	}
 	// Every gateway asked, in order, each answer printed as it comes: a
 	// reset is in Redis once, but each gateway's deny cache and local
 	// fallback memory forget the key only when that gateway is asked.
@@ -111,6 +133,11 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		if _, err := stdout.Write(body); err != nil {
 			return err
+		}
+		var answer struct{ Store string }
+		if action == "grant" && json.Unmarshal(body, &answer) == nil && answer.Store == "shared" {
+			// in Redis once for the whole fleet: asking on would grant again
+			return nil
 		}
 	}
 	return errors.Join(errs...)

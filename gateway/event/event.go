@@ -101,7 +101,7 @@ type DescriptorEntry struct {
 // AdminAction is an operator's change of a key's limiter state; the zero
 // value is none.
 type AdminAction struct {
-	// Action is "reset" or "clear".
+	// Action is "reset", "clear" or "grant" (see decision.proto).
 	Action string
 	// Actor names the admin token used, never the token.
 	Actor string

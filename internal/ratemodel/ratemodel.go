@@ -156,3 +156,41 @@ func (m *Window) Room(now, cost int64) *big.Rat {
 func (m *Window) Take(now, cost int64) {
 	m.counts[now/m.Rule.Period.Microseconds()] += cost
 }
+
+// Fixed is the documented calendar rule: units admitted per fixed window,
+// at most Limit plus the window's grants. The windows come from Bounds,
+// which a test writes from the calendar dates it expects (not from the
+// limiter's arithmetic): the window holding now, its start and end in µs.
+type Fixed struct {
+	Limit  int64
+	Bounds func(now int64) (start, end int64)
+	counts map[int64]int64 // window start → units admitted
+	grants map[int64]int64 // window start → units granted
+}
+
+// NewFixed returns an empty calendar counter.
+func NewFixed(limit int64, bounds func(now int64) (start, end int64)) *Fixed {
+	return &Fixed{Limit: limit, Bounds: bounds, counts: map[int64]int64{}, grants: map[int64]int64{}}
+}
+
+// Room is how many units would be left in now's window after cost.
+func (f *Fixed) Room(now, cost int64) *big.Rat {
+	w, _ := f.Bounds(now)
+	return Int(f.Limit + f.grants[w] - f.counts[w] - cost)
+}
+
+// Take counts cost units at now.
+func (f *Fixed) Take(now, cost int64) {
+	w, _ := f.Bounds(now)
+	f.counts[w] += cost
+}
+
+// Grant adds units to now's window's allowance (negative takes back, never
+// below no grant).
+func (f *Fixed) Grant(now, units int64) {
+	w, _ := f.Bounds(now)
+	f.grants[w] = max(0, f.grants[w]+units)
+}
+
+// Change keeps the counts (in units) under a changed limit.
+func (f *Fixed) Change(r Rule, _ int64) { f.Limit = r.Limit }
