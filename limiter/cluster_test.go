@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,9 +17,7 @@ func keyInSlot(t *testing.T, l *Redis, key string, rules []Rule, slot int64) str
 	t.Helper()
 	for i := range 1 << 24 {
 		k := fmt.Sprintf("%s-%d", key, i)
-		c := l.Keys(k, rules)[0]
-		tag := c[strings.IndexByte(c, '{')+1 : strings.IndexByte(c, '}')]
-		if int64(crc16(tag)%16384) == slot {
+		if int64(keySlot(l.Keys(k, rules)[0])) == slot {
 			return k
 		}
 	}
@@ -28,20 +25,22 @@ func keyInSlot(t *testing.T, l *Redis, key string, rules []Rule, slot int64) str
 	return ""
 }
 
-// crc16 is Redis Cluster's key hash (CRC-16/XMODEM).
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
+// TestKeySlot: keySlot, which groups checks by slot, agrees with the
+// Cluster's own CLUSTER KEYSLOT, hash tags and escaped braces included.
+func TestKeySlot(t *testing.T) {
+	rdb := mustCluster(t)
+	l := mustLimiter(t, rdb, Config{})
+	for _, key := range []string{"a", "{x}y", "10.1.2.3", "}{", "{}", "a{b{c}}", "\u00e9t\u00e9"} {
+		for _, k := range append(l.Keys(key, []Rule{{Name: "r", Limit: 1, Period: time.Second}}), key, containerKey("rl", key, Rule{Name: "r", Bucket: "b", Tag: "t" + key})) {
+			want, err := rdb.ClusterKeySlot(context.Background(), k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := keySlot(k); int64(got) != want {
+				t.Errorf("keySlot(%q) = %d, want %d", k, got, want)
 			}
 		}
 	}
-	return crc
 }
 
 // TestClusterMigratingSlot: while a reshard moves a slot, its keys are
