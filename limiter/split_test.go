@@ -347,3 +347,33 @@ func TestSplitCheckValidates(t *testing.T) {
 		t.Errorf("Allow(%q, the split's rules) = %+v, %v; want allowed", key, d, err)
 	}
 }
+
+// TestClearSplitShare: Clear of a split's key deletes its share's state,
+// which lives beside the key's own (the admin API's clear under a split).
+func TestClearSplitShare(t *testing.T) {
+	type admin interface {
+		allower
+		Clear(ctx context.Context, key string) error
+		Inspect(ctx context.Context, key string, rules []Rule) (KeyState, error)
+	}
+	for name, mk := range exactStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := mk(t)
+			a := s.a.(admin)
+			base := uniqueKey(t)
+			k, rules, _ := splitOf(base, map[string]float64{"a": 0.5, "b": 0.5}).Split(base, "a", []Rule{{Name: "m", Limit: 10, Period: time.Hour}}, s.now())
+			mustAllow(t, s, k, rules, 3)
+			ctx := context.Background()
+			if ks, err := a.Inspect(ctx, k, rules); err != nil || !ks.Rules[0].Found || ks.Rules[0].Remaining != 2 {
+				t.Fatalf("Inspect(%q) after 3 of 5 = %+v, %v; want 2 left", k, ks, err)
+			}
+			if err := a.Clear(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			if ks, err := a.Inspect(ctx, k, rules); err != nil || ks.Rules[0].Found {
+				t.Errorf("Inspect(%q) after Clear = %+v, %v; want no state", k, ks, err)
+			}
+		})
+	}
+}
