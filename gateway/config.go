@@ -177,12 +177,12 @@ type Config struct {
 	KeyHashSecret Secret `yaml:"key_hash_secret"`
 	// LocalMaxKeys bounds the in-memory store's rule states; default 1<<20.
 	LocalMaxKeys int `yaml:"local_max_keys"`
-	// SplitMaxPeriod is the longest rule period a split directive may
-	// split: a check holding a longer rule (an hourly or daily quota) stays
-	// in the shared bucket. A switch into or out of a split starts the
-	// per-gateway or the shared bucket afresh, which can admit up to one
-	// capacity of each split rule more than the rule; bounding the period
-	// bounds that to a short rule's burst. Default 1m.
+	// SplitMaxPeriod, when set, is the longest rule period a split
+	// directive may split: a check holding a longer rule stays in the
+	// shared bucket. A split is exact whatever the periods (the limiter
+	// checks every share with the shared bucket, and seeds a new share from
+	// it), so this only keeps such checks undivided among gateways. Default
+	// 0: every check may be split.
 	SplitMaxPeriod time.Duration `yaml:"split_max_period"`
 
 	// Timeouts of the traffic listener.
@@ -337,7 +337,6 @@ const (
 	DefaultCheckPath      = "/v1/check"
 	DefaultStoreDeadline  = 25 * time.Millisecond
 	DefaultRetryJitter    = 3 * time.Second
-	DefaultSplitMaxPeriod = time.Minute
 	DefaultMaxHeaderBytes = 32 << 10
 	DefaultMaxBodyBytes   = 10 << 20
 )
@@ -382,7 +381,6 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.Breaker.Open, time.Second)
 	def(&c.RetryJitter, DefaultRetryJitter)
-	def(&c.SplitMaxPeriod, DefaultSplitMaxPeriod)
 	if c.LocalMaxKeys == 0 {
 		c.LocalMaxKeys = 1 << 20
 	}

@@ -63,7 +63,7 @@ func (g *Gateway) directed(st *state, id *identity, l *limits, d *limiter.Direct
 			l.rules, nat = rules, true
 		}
 	}
-	if len(d.Splits) > 0 && longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod {
+	if len(d.Splits) > 0 && (st.cfg.SplitMaxPeriod <= 0 || longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod) {
 		dk := limiter.DirectiveKey(id.kind.String(), g.keyID(id))
 		if sk, rules, ok := d.Split(dk, g.gatewayID, l.rules, now); ok {
 			// "/gw:<this gateway>", or "/gw:*": the gateways a split does

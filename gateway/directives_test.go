@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -41,11 +44,7 @@ func TestDirectivesApplied(t *testing.T) {
 	rig := newDirectiveRig(t)
 	up := newTestUpstream(t)
 	start := func(id string) *testGateway {
-		cfg := acmeConfig(up.URL, id)
-		// Split the hourly rule too: this test is about the mechanics,
-		// TestSplitKeepsLongQuotas about the default.
-		cfg.SplitMaxPeriod = time.Hour
-		return rig.start(t, cfg)
+		return rig.start(t, acmeConfig(up.URL, id))
 	}
 	a, b := start("gw-a"), start("gw-b")
 
@@ -73,22 +72,23 @@ func TestDirectivesApplied(t *testing.T) {
 		t.Errorf("directives_applied_total{kind=split} = %v, want 20", n)
 	}
 
-	// The split lifted: the shared bucket, untouched so far, serves again.
-	// This is the one capacity a switch can mint, which is why rules longer
-	// than split_max_period (default 1m) are never split.
+	// The split lifted: the shared bucket serves again, charged with what
+	// the shares used (every share check charged it too), so nothing is
+	// left of the hour.
 	if err := rig.store.WriteSplits(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	rig.watcher.Refresh(ctx)
-	if got := admitted(t, a.URL+"/x", 25, key...); got != 20 {
-		t.Errorf("after the split was removed, gw-a admitted %d of 25, want the shared 20", got)
+	if got := admitted(t, a.URL+"/x", 25, key...); got != 0 {
+		t.Errorf("after the split was removed, gw-a admitted %d of 25, want 0: the shares used the hour's 20", got)
 	}
 }
 
-// TestSplitKeepsLongQuotas: a split never hands out a long quota afresh.
-// A key that used its hourly quota in the shared bucket gets nothing more
-// when a split arrives (issue 14 row 2: 20 shared + 15 + 5 split = 40 in
-// 18 ms for a rule of 20/hour).
+// TestSplitKeepsLongQuotas: a split never hands out a long quota afresh,
+// now that it splits one (split_max_period is unset by default). A key
+// that used its hourly quota in the shared bucket gets nothing more when a
+// split arrives (issue 14 row 2: 20 shared + 15 + 5 split = 40 in 18 ms
+// for a rule of 20/hour).
 func TestSplitKeepsLongQuotas(t *testing.T) {
 	ctx := context.Background()
 	rig := newDirectiveRig(t)
@@ -108,5 +108,62 @@ func TestSplitKeepsLongQuotas(t *testing.T) {
 	n += admitted(t, gws[1].URL+"/x", 20, key...)
 	if n != 20 {
 		t.Errorf("a 20/hour key admitted %d across a split switch, want 20", n)
+	}
+}
+
+// TestSplitSwitchTwoGateways (issue 28 row 1): two gateways sharing a key
+// under 20/minute, on Redis standalone and Cluster, admit the minute's 20
+// once however the key switches: 20 on the shared bucket, then split
+// 15:5, lifted, and split 5:15. Every share check also checks and charges
+// the shared bucket, in the limiter.
+//
+// Before: 40 (the split's shares 15 + 5 more, in 25 ms in the issue).
+func TestSplitSwitchTwoGateways(t *testing.T) {
+	for name, mk := range map[string]func(t *testing.T) redis.UniversalClient{
+		"redis": func(t *testing.T) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+		},
+		"redis-cluster": func(t *testing.T) redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisClusterAddrs(t)})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rdb := mk(t)
+			t.Cleanup(func() { _ = rdb.Close() })
+			up := newTestUpstream(t)
+			prefix := "split28" + randHex(6)
+			var dirs modelDirectives
+			dirs.p.Store(&limiter.Directives{})
+			var urls []string
+			for _, id := range []string{"gw-a", "gw-b"} {
+				lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := acmeConfig(up.URL, id)
+				cfg.Plans["paid"] = Plan{Rules: []Rule{{Rule: limiter.Rule{Name: "minute", Limit: 20, Period: time.Minute}}}}
+				urls = append(urls, startGateway(t, cfg, Options{Store: lim, Directives: &dirs}).URL+"/x")
+			}
+			dk := limiter.DirectiveKey("api_key", acmeKeyID())
+			split := func(a float64) *limiter.Directives {
+				return &limiter.Directives{Version: 1, Splits: map[string]limiter.SplitDirective{dk: {Key: dk, Shares: map[string]float64{"gw-a": a, "gw-b": 1 - a}, Expires: time.Now().Add(time.Hour)}}}
+			}
+			key := []string{"X-API-Key", "acme-raw-key"}
+			start := time.Now()
+			var got []int
+			for _, d := range []*limiter.Directives{{}, split(0.75), {}, split(0.25)} {
+				dirs.p.Store(d)
+				got = append(got, admitted(t, urls[0], 25, key...), admitted(t, urls[1], 25, key...))
+			}
+			n := 0
+			for _, g := range got {
+				n += g
+			}
+			// 20 a minute: one more per 3 s the run took.
+			if want := 20 + int(time.Since(start)/(3*time.Second)); n > want {
+				t.Errorf("admitted %d (gw-a, gw-b: shared, split 15:5, shared, split 5:15: %v), want at most %d", n, got, want)
+			}
+		})
 	}
 }

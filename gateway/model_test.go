@@ -40,8 +40,8 @@ import (
 // either key (on, off, changed shares, named gateways, a phantom one, a
 // reserve `*` for unnamed gateways, expired), NAT directives for the IP
 // (on/off, changed factors), the rules (a reload, g.Reload, changing limits,
-// periods, bursts and algorithms; sometimes a rule longer than
-// split_max_period beside the short one, which must never split), the
+// periods, bursts and algorithms; sometimes a long rule beside the short
+// one, which splits too unless the run sets split_max_period below it), the
 // failure policies (a reload: the default, and now and then a rule's own,
 // so that closed beats local beats open within one check), and each
 // gateway's deny cache (on, or
@@ -63,11 +63,12 @@ import (
 // exact buckets whose capacities and rates the test computes from the
 // contract: the shared bucket holds capacity C = Rule.Capacity() and
 // refills L per Period (a sliding window too: L − its weighted count is a
-// bucket of L refilled at most L per Period); a split's buckets hold whole
-// shares that sum exactly to C and L (+1 unit, once, when a reserve below
-// one unit gives unnamed gateways one unit per MaxPeriod), and unnamed
-// gateways share the reserve's one bucket; the local shares of n gateways
-// hold n·max(1, ⌊C/n⌋) and refill L per Period together. So
+// bucket of L refilled at most L per Period), and a split's buckets are
+// the same path, not one of their own: every share check also checks and
+// charges the shared bucket (limiter.Directives.Split), so the store's
+// admissions, split or not, are one bucket of C and L whatever the
+// switches; the local shares of n gateways hold n·max(1, ⌊C/n⌋) and
+// refill L per Period together. So
 // for every window [t, t+Period) of an enforced rule (within one epoch:
 // phases with the same rule values; a reload or a NAT switch that changes
 // them starts a new epoch, whose change semantics limiter.TestModel checks):
@@ -80,9 +81,8 @@ import (
 // tolerance. Each switch adds
 // the capacity of the path switched to, which is the documented tolerance:
 //
-//   - a split switched on, off, or to other shares: +C of each split rule
-//     (+1 with a sub-unit reserve); a check holding a rule longer than
-//     split_max_period never splits, so +0 for it;
+//   - a split switched on, off, or to other shares: +0 (issue 28: it was
+//     +C of each split rule, +1 with a sub-unit reserve);
 //   - the start of a local outage: +n·max(1, ⌊C/n⌋), which is C for C ≥ n
 //     and n for C < n (docs/operations.md's "up to n units when capacity < n" is
 //     this bound at a fresh start; after the shared bucket was drained the
@@ -100,8 +100,9 @@ import (
 //
 // The shared bucket is replayed exactly besides: every verdict the
 // contract says it gave (store answers and cached denials outside a split,
-// across outages, reloads and NAT switches, converted as the store converts
-// at a changed rule) goes through the exact model of each rule
+// and every admission under one, which charged it too; across outages,
+// reloads, NAT and split switches, converted as the store converts at a
+// changed rule) goes through the exact model of each rule
 // (internal/ratemodel, as in limiter.TestModel) in the order of the times
 // the decisions report: an admission must have room in every rule's model,
 // with no tolerance; a denial must lack room in some rule's model but for
@@ -113,8 +114,9 @@ import (
 //
 // Beside the bound, every verdict is checked for its path: the rules in
 // force are the configured ones (NAT-raised), split when and only when a
-// live, applicable split names the key and no rule is longer than
-// split_max_period, in local fallback the documented local share; the mode
+// live, applicable split names the key and no rule is longer than the
+// run's split_max_period (if set), in local fallback the documented local
+// share; the mode
 // is the phase's failure policy and only during or right after an outage.
 //
 // And a coarser lower bound over whole phases: where the shared bucket
@@ -259,6 +261,9 @@ type gwModel struct {
 	phases []gwPhase
 	events []gwEvent
 	gen    int // rule name generations
+	// splitMax is the fleet's split_max_period: 0 (unset, the default) or
+	// gwModelSplitMax.
+	splitMax time.Duration
 }
 
 // baseName is a rule's name without its generation.
@@ -274,6 +279,9 @@ func newGWModel(t *testing.T, rdb redis.UniversalClient, seed uint64) *gwModel {
 	m.n = 3
 	if m.r.IntN(3) == 0 {
 		m.n = 2
+	}
+	if m.r.IntN(3) == 0 {
+		m.splitMax = gwModelSplitMax
 	}
 	m.dirs.p.Store(&limiter.Directives{})
 	prefix := "gwmodel" + randHex(6)
@@ -307,7 +315,7 @@ func (m *gwModel) config(id string, p gwPhase) Config {
 	cfg.KeyHashSecret = "gateway-model-secret"
 	cfg.ExpectedGateways = m.n
 	cfg.FailurePolicy = p.policy
-	cfg.SplitMaxPeriod = gwModelSplitMax
+	cfg.SplitMaxPeriod = m.splitMax
 	cfg.Breaker = BreakerConfig{Failures: 2, Open: gwModelOpen}
 	cfg.StoreDeadline = 5 * time.Second // the most allowed: failures are injected, never timeouts
 	plan := func(k int) Plan {
@@ -353,7 +361,8 @@ func (m *gwModel) drawPhase(prev *gwPhase) gwPhase {
 		}
 		rules := []limiter.Rule{m.shortRule("short")}
 		if k == keyAPI && r.IntN(3) == 0 {
-			// A rule longer than split_max_period: this check never splits.
+			// A rule longer than gwModelSplitMax: this check splits only
+			// when split_max_period is unset.
 			rules = append(rules, limiter.Rule{Name: "long", Limit: 30 + r.Int64N(200), Period: gwModelSplitMax + time.Duration(1+r.Int64N(int64(500*time.Millisecond)))})
 		}
 		// A rule keeps its name while its algorithm does; otherwise (or when
@@ -480,11 +489,11 @@ func (m *gwModel) directives(p *gwPhase) *limiter.Directives {
 
 // split returns gateway gw's split rules of key k in phase p, and whether
 // the contract splits it: a live split that leaves no named gateway
-// without a unit, and no rule longer than split_max_period.
+// without a unit, and no rule longer than split_max_period if set.
 func (m *gwModel) split(p *gwPhase, k, gw int) ([]limiter.Rule, string, bool) {
 	s := p.splits[k]
 	eff := p.effective(k)
-	if s == nil || longestPeriod(eff) > gwModelSplitMax {
+	if s == nil || (m.splitMax > 0 && longestPeriod(eff) > m.splitMax) {
 		return eff, "", false
 	}
 	d := &limiter.Directives{Splits: map[string]limiter.SplitDirective{m.dkeys[k]: *s}}
@@ -560,6 +569,7 @@ func (m *gwModel) localRules(p *gwPhase, k, gw int) ([]limiter.Rule, []int) {
 		if !split || bucket == limiter.OtherGateways {
 			r = wantLocal(r, int64(m.n))
 		}
+		r.Whole = limiter.Whole{} // a gateway's memory has no shared bucket
 		out, idx = append(out, r), append(idx, j)
 	}
 	return out, idx
@@ -747,15 +757,17 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 	case event.ModeFailOpen:
 		return nil
 	}
-	ver := 0
-	if split {
-		ver = p.splitVer[e.key]
-	}
-	name := fmt.Sprintf("key%d/%s/epoch%d/split%d", e.key, kind, p.epoch[e.key], ver)
+	// The store's admissions, split or not, are the shared bucket's; a
+	// local family is one per split (its shares are the gateways' memory).
+	name := fmt.Sprintf("key%d/%s/epoch%d", e.key, kind, p.epoch[e.key])
 	if kind == "local" {
+		ver := 0
+		if split {
+			ver = p.splitVer[e.key]
+		}
 		// Which rules fail locally may change with a reload in an epoch.
 		_, idx := m.localRules(p, e.key, e.gw)
-		name += fmt.Sprintf("/rules%v", idx)
+		name += fmt.Sprintf("/split%d/rules%v", ver, idx)
 	}
 	if pa, ok := paths[name]; ok {
 		return pa
@@ -769,12 +781,12 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 		pa.caps[j] += r.Capacity()
 		pa.rate[j].Add(pa.rate[j], big.NewRat(r.Limit, r.Period.Microseconds()))
 	}
-	switch {
-	case !split && kind == "store":
+	switch kind {
+	case "store":
 		for j, r := range eff {
 			add(j, r)
 		}
-	case kind == "local":
+	case "local":
 		// Each gateway's memory: its split share, or its local share of
 		// the rule or of the split's reserve.
 		for j := range eff {
@@ -785,20 +797,6 @@ func (m *gwModel) pathOf(e gwEvent, paths map[string]*modelPath) *modelPath {
 			for i, r := range rules {
 				add(idx[i], r)
 				pa.open[idx[i]] = false
-			}
-		}
-	default:
-		// Split: the fleet's distinct buckets in Redis; the gateways the
-		// split does not name share one reserve bucket.
-		seen := map[string]bool{}
-		for gw := range m.n {
-			rules, bucket, _ := m.split(p, e.key, gw)
-			if seen[bucket] {
-				continue
-			}
-			seen[bucket] = true
-			for j, r := range rules {
-				add(j, r)
 			}
 		}
 	}
@@ -1049,7 +1047,8 @@ func modelRule(r limiter.Rule) ratemodel.Rule {
 }
 
 // checkShared replays key k's shared bucket, every verdict the contract
-// says it gave (store answers and cached denials outside a split; not the
+// says it gave (store answers and cached denials outside a split, and the
+// admissions under one, each of which it checked and was charged; not the
 // fallbacks, which never reach it), through the exact model of each rule,
 // converting the model at the first verdict under changed rules as the store
 // does: every admission must have room in every rule's model, with no
@@ -1065,11 +1064,9 @@ func (m *gwModel) checkShared(k int) {
 			continue
 		}
 		p := &m.phases[e.phase]
-		if _, _, split := m.split(p, k, e.gw); split {
-			continue
-		}
 		eff := p.effective(k)
 		if p.epoch[k] != epoch {
+			// (a share's check converts the bucket too)
 			epoch = p.epoch[k]
 			for _, r := range eff {
 				if mo, ok := models[r.Name]; ok {
@@ -1078,6 +1075,11 @@ func (m *gwModel) checkShared(k int) {
 					models[r.Name] = ratemodel.New(modelRule(r), e.at)
 				}
 			}
+		}
+		if _, _, split := m.split(p, k, e.gw); split && !e.allowed {
+			// A share's denial may be the share's: not the bucket's to
+			// justify.
+			continue
 		}
 		checked++
 		rooms := make([]*big.Rat, len(eff))

@@ -177,6 +177,9 @@ func (st *state) localRules(l limits) []limiter.Rule {
 		if !l.split || l.reserve {
 			r = localShare(r, int64(st.cfg.ExpectedGateways))
 		}
+		// This gateway's memory holds no fleet-wide bucket to check a
+		// share's whole against: the share alone is its part.
+		r.Whole = limiter.Whole{}
 		out = append(out, r)
 	}
 	return out

@@ -55,7 +55,9 @@
 --              Go named current, or off none once that has ended.
 --   prefix     n arguments: each rule's record prefix, its bucket's name
 --              length (1 byte), the name, its kind (1 byte), as its
---              record in a container starts (see below).
+--              record in a container starts (see below). A split's
+--              check names each rule twice under one name: its share in
+--              the shares' container, its whole in the key's.
 --
 -- Reply: an array of q replies, each an error, or by the check's cost:
 --   > 0: one string, struct-packed '<B' then '<BI5I7I7' per rule then '<I7':
@@ -302,14 +304,19 @@ end
 -- 1 .. k0 + nk] are its keys, got (when the fast path already read them)
 -- its containers' values, false where absent.
 local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
-  -- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost}.
+  -- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost},
+  -- byname[c][name] their indexes by container: a split's check names each
+  -- rule twice, its share in the shares' container and its whole in the
+  -- key's (see withWholes in directive.go).
   local R, byname, n = {}, {}, #blob / RULESIZE
   for i = 1, n do
     local pre = args[a + i]
     local name = sub(pre, 2, #pre - 1)
     local r = {name, unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)}
     R[i] = r
-    byname[name] = i
+    local c = floor(r[2] / 16) + 1
+    if not byname[c] then byname[c] = {} end
+    byname[c][name] = i
   end
   local legacy = nk >= m + n
 
@@ -347,7 +354,7 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 elseif kind == 3 then e = p + 23 else
           return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. keys[k0 + c])
         end
-        local i = byname[name]
+        local i = byname[c] and byname[c][name]
         local r = R[i]
         if cost == -2 then
           names[#names + 1] = name

@@ -107,6 +107,13 @@ const OtherGateways = "*"
 // reserves a share for OtherGateways). Otherwise it returns key and rules
 // unchanged.
 //
+// Each share carries its Whole, and the stores check it with its share:
+// a check of the split's key ("<limiter key>/gw:<gateway>") also checks
+// and charges the limiter key's own bucket under the rule as it was, in
+// the same atomic call. So a switch into or out of a split, a change of
+// shares, and gateways that switch at different moments admit no more
+// than the rule: the shares only divide it.
+//
 // Shares are whole units, apportioned by largest remainder (ties by gateway
 // name) so that every gateway computes the same apportionment and the
 // shares of each rule's limit and burst sum exactly to them. A split that
@@ -139,6 +146,7 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 	others := slices.Index(names, OtherGateways)
 	out := make([]Rule, len(rules))
 	for j, r := range rules {
+		whole := Whole{Gateway: gateway, Limit: r.Limit, Period: r.Period, Burst: r.Burst}
 		limits := apportion(r.Limit, names, s.Shares)
 		var bursts []int64
 		if r.Burst > 0 {
@@ -159,10 +167,76 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 				r.Burst = bursts[i]
 			}
 		}
-		r.Share = true
+		r.Share, r.Whole = true, whole
 		out[j] = r
 	}
 	return key + "/gw:" + gateway, out, true
+}
+
+// A split's check (Directives.Split) is decided with each share's whole,
+// all-or-nothing: the share and the key's own bucket under the rule as it
+// was, both charged. That is what keeps a split exact: the shares only
+// divide a bucket that still counts everything, so no order of switches
+// (into a split, out of it, to other shares, gateways reading the
+// directive a second apart, a key in and out of splits all day) admits
+// more than the rule, and a switch out of a split finds the bucket as the
+// shares left it. It costs one more record read and written in the same
+// call (on the fast path still), which is why the shares' states live
+// beside the key's, in its Cluster slot (see containerKey), rather than
+// spreading a hot key over the Cluster.
+//
+// While the shares stay within their parts the whole never binds: it has
+// room for what each share has left. It binds only after a switch, when
+// the key had used part of the rule: then the shares (which start full)
+// share what is left first come, first served, each within its part,
+// until the bucket refills (one Window at most). A share is not seeded
+// with its part of the bucket's use instead: read at the share's first
+// check, the bucket also holds what the other shares used since the
+// switch, so a gateway whose first request came later would be charged
+// for theirs (TestShareGrows: 75 of 100 after a 50:50 split), and seeding
+// fairly needs the bucket's state as of the switch kept per split.
+
+// wholeKey returns the key a split's check is a split of: key without its
+// "/gw:<gateway>" when rules are a split's shares with their wholes
+// (checked by checkWhole), else false.
+func wholeKey(key string, rules []Rule) (string, bool) {
+	g := rules[0].Whole.Gateway
+	if g == "" {
+		return "", false
+	}
+	return key[:len(key)-len("/gw:")-len(g)], true
+}
+
+// withWholes returns the rules a split's check decides: the shares, then
+// the whole of each, in the same order.
+func withWholes(rules []Rule) []Rule {
+	out := make([]Rule, 2*len(rules))
+	copy(out, rules)
+	for i, r := range rules {
+		out[len(rules)+i] = r.Whole.rule(r)
+	}
+	return out
+}
+
+// joinWholes folds the decision d of withWholes(rules) into one result
+// per share: a share admits when it and its whole do, has what both have
+// left, and waits for both.
+func joinWholes(d Decision, rules []Rule) Decision {
+	n := len(rules)
+	rr := make([]RuleResult, n)
+	for i, r := range rules {
+		s, w := d.Rules[i], d.Rules[n+i]
+		rr[i] = RuleResult{
+			Rule:       r,
+			Allowed:    s.Allowed && w.Allowed,
+			Remaining:  min(s.Remaining, w.Remaining),
+			RetryAfter: max(s.RetryAfter, w.RetryAfter),
+			ResetAfter: max(s.ResetAfter, w.ResetAfter),
+		}
+	}
+	out := decide(rr)
+	out.Time, out.Reason, out.Cached = d.Time, d.Reason, d.Cached
+	return out
 }
 
 // named reports whether every named gateway's part is a unit or more; the

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -156,13 +157,31 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 			old = append(old, legacyKey(r.cfg.Prefix, key, name, algo))
 		}
 	}
+	// A split's share of key "<k>/gw:<g>" lives beside k's container (see
+	// containerKey); any "/gw:" may be where k ends, and a key that is no
+	// share has nothing there.
+	var shares []string
+	for i := strings.Index(key, "/gw:"); i > 0; {
+		shares = append(shares, identityKey(r.cfg.Prefix, key[:i])+key[i:])
+		j := strings.Index(key[i+1:], "/gw:")
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	// A second call: the script's own keys are declared up front, and
+	// the old names were unknown until it ran (they share its slot; the
+	// shares' containers may not).
+	pipe := r.rdb.Pipeline()
 	if len(old) > 0 {
-		// A second call: the script's own keys are declared up front, and
-		// these names were unknown until it ran. They share its slot.
-		pipe := r.rdb.Pipeline()
 		pipe.Del(ctx, old...)
+	}
+	for _, k := range shares {
+		pipe.Del(ctx, k)
+	}
+	if len(old)+len(shares) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("clear limiter state of the previous layout: %w", err)
+			return fmt.Errorf("clear limiter state of the previous layout or a split's share: %w", err)
 		}
 	}
 	r.forget(key)

@@ -77,9 +77,20 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		d.Time = m.now()
 		return d, nil
 	}
-	keys := make([]string, len(rules))
-	for i, rule := range rules {
-		keys[i] = ruleKey("mem", key, rule)
+	// A split's check is decided with each share's whole (see
+	// Directives.Split), whose state is the key's own.
+	check, owner := rules, make([]string, 0, 2*len(rules))
+	whole, split := wholeKey(key, rules)
+	if split {
+		check = withWholes(rules)
+	}
+	keys := make([]string, len(check))
+	for i, rule := range check {
+		owner = append(owner, key)
+		if i >= len(rules) {
+			owner[i] = whole
+		}
+		keys[i] = ruleKey("mem", owner[i], rule)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -89,12 +100,15 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	at := m.now()
 	now := at.UnixMicro()
 	m.dropExpired(now, sweepPerCall)
-	evals := make([]eval, len(rules))
-	others := make([]*memState, len(rules))
+	evals := make([]eval, len(check))
+	sts := make([]*memState, len(check))
+	others := make([]*memState, len(check))
+	for i, rule := range check {
+		sts[i], others[i] = m.lookup(owner[i], rule, now)
+	}
 	allowed := true
-	for i, rule := range rules {
-		st, other := m.lookup(key, rule, now)
-		others[i] = other
+	for i, rule := range check {
+		st, other := sts[i], others[i]
 		c := rule.charge(cost)
 		switch rule.algorithm() {
 		case FixedWindow:
@@ -117,21 +131,21 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 			allowed = false
 		}
 	}
-	rr := make([]RuleResult, len(rules))
-	for i, rule := range rules {
+	rr := make([]RuleResult, len(check))
+	for i, rule := range check {
 		rr[i] = evals[i].result(rule, allowed)
 	}
 	d := decide(rr)
 	d.Time = at
-	for i := range rules {
+	for i := range check {
 		switch {
 		case d.Allowed && rr[i].Allowed:
-			m.put(key, keys[i], evals[i].next)
+			m.put(owner[i], keys[i], evals[i].next)
 		case evals[i].converted:
 			// A state read under another rule is written back converted
 			// (consuming nothing), so the rule change takes effect once and
 			// the RetryAfter just given holds.
-			m.put(key, keys[i], evals[i].unconsumed(rules[i]))
+			m.put(owner[i], keys[i], evals[i].unconsumed(check[i]))
 		default:
 			// Nothing is written: a denied request consumes nothing, nor
 			// does a shadow rule that denied.
@@ -149,6 +163,9 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		if st := m.first(); st != nil {
 			m.evict(st)
 		}
+	}
+	if split {
+		d = joinWholes(d, rules)
 	}
 	return d, nil
 }

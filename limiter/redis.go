@@ -202,17 +202,21 @@ func New(rdb rediser, cfg Config) (*Redis, error) {
 // while the rule has no state of its own yet (so a fleet upgrading
 // mid-window forgets nothing). They share one hash tag, so one Cluster
 // slot.
+//
+// A split's shares (Rule.Whole) have no previous layout: the keys are
+// their container alone.
 func (r *Redis) Keys(key string, rules []Rule) []string {
 	cont, m := layout(rules)
+	old := r.cfg.PreviousLayout && rules[0].Whole.Gateway == ""
 	n := m
-	if r.cfg.PreviousLayout {
+	if old {
 		n += len(rules)
 	}
 	keys := make([]string, m, n)
 	for i, rule := range rules {
 		keys[cont[i]] = containerKey(r.cfg.Prefix, key, rule)
 	}
-	if r.cfg.PreviousLayout {
+	if old {
 		for _, rule := range rules {
 			keys = append(keys, ruleKey(r.cfg.Prefix, key, rule))
 		}
@@ -227,14 +231,24 @@ func (r *Redis) Keys(key string, rules []Rule) []string {
 // request values) has a key of its own (<prefix>:{<key>}:<bucket>), so
 // no container grows with the values a caller sends. cont[i] is rule i's
 // container index (0-based); m how many there are.
+//
+// A split's shares (Rule.Whole) are packed in their own container, beside
+// the key's (see containerKey); in the check with their wholes
+// (withWholes) the wholes, rules of their own, are in the key's.
 func layout(rules []Rule) (cont []int, m int) {
 	cont = make([]int, len(rules))
-	shared := -1
+	shared, split := -1, -1
 	for i, rule := range rules {
 		switch {
 		case rule.Bucket != "":
 			cont[i] = m
 			m++
+		case rule.Whole.Gateway != "":
+			if split < 0 {
+				split = m
+				m++
+			}
+			cont[i] = split
 		case shared < 0:
 			shared = m
 			cont[i] = m
@@ -263,8 +277,15 @@ func identityKey(prefix, key string) string {
 
 var braceEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
-// containerKey is the container rule's state lives in.
+// containerKey is the container rule's state lives in. A split's share
+// (Rule.Whole) of key "<k>/gw:<g>" lives in "<identity key of k>/gw:<g>",
+// in k's slot, so that its check reaches k's own bucket too; no other
+// key's names have a '/' right after the tag.
 func containerKey(prefix, key string, rule Rule) string {
+	if g := rule.Whole.Gateway; g != "" {
+		whole := len(key) - len("/gw:") - len(g)
+		return identityKey(prefix, key[:whole]) + key[whole:]
+	}
 	if rule.Tag != "" {
 		// "::" never follows a tag otherwise (a bucket holds no colon);
 		// the bucket, after the last colon, ends it, so no two collide.
@@ -326,9 +347,16 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, err
 		}
 	}
-	keys := r.Keys(key, rules)
-	_, m := layout(rules)
-	args := scriptArgs(rules, cost, r.cfg.Now())
+	keys, check := r.Keys(key, rules), rules
+	whole, split := wholeKey(key, rules)
+	if split {
+		// The shares' container and the key's own (no previous layout:
+		// shares never had one there).
+		check = withWholes(rules)
+		keys = []string{keys[0], identityKey(r.cfg.Prefix, whole)}
+	}
+	_, m := layout(check)
+	args := scriptArgs(check, cost, r.cfg.Now())
 	var (
 		res  any
 		sent time.Time
@@ -346,9 +374,12 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	if cerr != nil {
 		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
 	}
-	d, err := parseReply(res, rules)
+	d, err := parseReply(res, check)
 	if err != nil {
 		return Decision{}, err
+	}
+	if split {
+		d = joinWholes(d, rules)
 	}
 	if r.deny != nil && !d.Allowed {
 		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
@@ -658,6 +689,10 @@ func fingerprint(key string, rules []Rule) uint64 {
 		if r.Calendar != nil {
 			h.str(r.Calendar.identity())
 		}
+		h.str(r.Whole.Gateway)
+		h.int(r.Whole.Limit)
+		h.int(int64(r.Whole.Period))
+		h.int(r.Whole.Burst)
 		if r.Shadow {
 			h.int(1)
 		} else {

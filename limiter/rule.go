@@ -120,6 +120,14 @@ type Rule struct {
 	// on every resize. A full state starts full at the new capacity, as no
 	// state would. Not configurable.
 	Share bool `yaml:"-"`
+	// Whole, set on a share by Directives.Split, is the rule the share was
+	// cut from. Such a share is checked together with its whole: the key's
+	// own bucket (the check's key without its "/gw:<Gateway>"), checked and
+	// charged alongside in the same atomic call, so whatever the shares and
+	// the unsplit callers do, and whenever each switches, the key is held
+	// to the rule. Its state lives in the key's Redis Cluster slot. Not
+	// configurable.
+	Whole Whole `yaml:"-"`
 	// Cost, when positive, is what this rule is charged instead of the
 	// call's cost; zero charges the call's. It lets one atomic check
 	// charge rules differently (the Envoy door's per-descriptor
@@ -131,6 +139,25 @@ type Rule struct {
 	// any rule it changes nothing when another rule of the check denies.
 	// From -MaxCost to MaxCost. Not configurable.
 	Cost int64 `yaml:"-"`
+}
+
+// Whole is the rule a split's share (Rule.Share) was cut from: the same
+// name, algorithm, shadow and cost, with the rule's own limit, burst and
+// period. The zero Whole marks a rule that is no such share.
+type Whole struct {
+	// Gateway names the share: the gateway id, or OtherGateways, that the
+	// check's key ends in ("<key>/gw:<Gateway>").
+	Gateway string
+	Limit   int64
+	Period  time.Duration
+	Burst   int64
+}
+
+// rule is the whole of share r as a rule of its own: r but for the limit,
+// period and burst it was cut from.
+func (w Whole) rule(r Rule) Rule {
+	r.Limit, r.Period, r.Burst, r.Share, r.Whole = w.Limit, w.Period, w.Burst, false, Whole{}
+	return r
 }
 
 // charge is what the rule is charged in a check of cost: Cost when set,
@@ -271,10 +298,39 @@ func check(key string, rules []Rule, cost int64) error {
 		if err := r.Validate(); err != nil {
 			return err
 		}
+		if err := checkWhole(key, r, rules[0].Whole.Gateway); err != nil {
+			return err
+		}
 		if seen[r.bucket()] {
 			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.bucket())
 		}
 		seen[r.bucket()] = true
+	}
+	return nil
+}
+
+// checkWhole reports a share whose whole (Rule.Whole) is not one the
+// store can check: every rule of a split's check is a share of one key
+// (gateway, the first rule's), within the key's own rule.
+func checkWhole(key string, r Rule, gateway string) error {
+	w := r.Whole
+	if w == (Whole{}) && gateway == "" {
+		return nil
+	}
+	wr := w.rule(r)
+	switch {
+	case w.Gateway == "" || w.Gateway != gateway:
+		return fmt.Errorf("%w %q: a split's rules must all be shares of one gateway's", ErrInvalidRule, r.Name)
+	case !r.Share || r.Bucket != "":
+		return fmt.Errorf("%w %q: a rule with a whole must be a share without a bucket", ErrInvalidRule, r.Name)
+	case len(key) <= len("/gw:"+w.Gateway) || !strings.HasSuffix(key, "/gw:"+w.Gateway):
+		return fmt.Errorf("%w %q: key does not end in /gw:%s", ErrInvalidRule, r.Name, w.Gateway)
+	}
+	if err := wr.Validate(); err != nil {
+		return fmt.Errorf("whole of a share: %w", err)
+	}
+	if wr.Capacity() < r.Capacity() || wr.Limit < r.Limit && r.Period == wr.Period {
+		return fmt.Errorf("%w %q: share above its whole", ErrInvalidRule, r.Name)
 	}
 	return nil
 }
