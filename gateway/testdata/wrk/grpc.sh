@@ -49,14 +49,7 @@ bench() { "$tmp/rls.test" -test.run '^$' -test.bench 'BenchmarkShouldRateLimit$'
 # request can be read from /proc, under the same external load client;
 # beside it the door of the old gateway (BASE, as run.sh builds it).
 BASE=${BASE:-22a4478}
-base_sha=$(git -C "$root" rev-parse --verify "$BASE^{commit}")
-old=$cache/gateway-$base_sha
-if [ ! -x "$old" ]; then
-	echo "== building the old gateway at $BASE ($base_sha)"
-	mkdir "$tmp/base"
-	git -C "$root" archive "$base_sha" | tar -x -C "$tmp/base"
-	(cd "$tmp/base" && go build -buildvcs=false -o "$old.tmp" ./cmd/gateway) && mv "$old.tmp" "$old"
-fi
+old=$("$here/old.sh" "$BASE")
 mkdir -p "$tmp/rules"
 cp "$root/gateway/envoyrls/testdata/bench.yaml" "$tmp/rules/"
 # start_door BINARY: a door on a free port; sets door (its pid) and eport.

@@ -65,13 +65,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 cache=$root/.run/bench
 mkdir -p "$cache/bin"
 base_sha=$(git -C "$root" rev-parse --verify "$BASE^{commit}")
-old=$cache/gateway-$base_sha
-if [ ! -x "$old" ]; then
-	echo "== building the old gateway at $BASE ($base_sha)"
-	mkdir "$tmp/base"
-	git -C "$root" archive "$base_sha" | tar -x -C "$tmp/base"
-	(cd "$tmp/base" && go build -buildvcs=false -o "$old.tmp" ./cmd/gateway) && mv "$old.tmp" "$old"
-fi
+old=$("$here/old.sh" "$BASE")
 (cd "$root" && go build -o "$tmp/" ./cmd/gateway ./cmd/demo)
 new=$tmp/gateway
 peer=$cache/bin/service_cmd
