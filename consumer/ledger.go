@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -47,6 +48,10 @@ func batchQueryPrefix(batch uint64) string {
 
 // writeLedger adds one ledger row of state for each partition of batch.
 func (c *Consumer) writeLedger(ctx context.Context, batch []*partition, state uint8) error {
+	// Into a Distributed table, return only once the shard holds the row:
+	// readers hide a batch's rows by its intent (decisions_uncommitted),
+	// which must not land after them. No effect on other tables.
+	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 	b, err := c.ch.PrepareBatch(ctx, qInsertLedger)
 	if err != nil {
 		return fmt.Errorf("prepare ledger insert: %w", err)
