@@ -85,6 +85,11 @@ type Config struct {
 	// (and counted), so one wild clock cannot spread a batch over hundreds
 	// of day partitions, which current ClickHouse refuses. Default 24h.
 	MaxClockSkew time.Duration
+	// StuckAttempts is how many times in a row one partition's batch may
+	// time out at the smallest batch size, while other batches are stored,
+	// before its records go to the dead-letter topic (ReasonInsertTimeout)
+	// and the partition goes on after them. Default 3.
+	StuckAttempts int
 	// DeadLetterMaxBytes bounds the value, the key and the original headers
 	// of a dead letter, each: a longer value or key is truncated, headers
 	// past the bound are left out (the added headers point at the
@@ -133,6 +138,9 @@ func (c Config) withDefaults() Config {
 	if c.DeadLetterMaxBytes == 0 {
 		c.DeadLetterMaxBytes = 64 << 10
 	}
+	if c.StuckAttempts == 0 {
+		c.StuckAttempts = 3
+	}
 	return c
 }
 
@@ -146,6 +154,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: dead-letter topic must differ from the topic: %q", ErrInvalidConfig, c.Topic)
 	case c.BatchSize < 0:
 		return fmt.Errorf("%w: batch size must be positive: %d", ErrInvalidConfig, c.BatchSize)
+	case c.StuckAttempts < 0:
+		return fmt.Errorf("%w: stuck attempts must be positive: %d", ErrInvalidConfig, c.StuckAttempts)
 	case c.Retention.RawDays < 0 || c.Retention.RollupDays < 0:
 		return fmt.Errorf("%w: negative retention: %+v", ErrInvalidConfig, c.Retention)
 	case c.RetryMin > c.RetryMax:
@@ -268,6 +278,11 @@ type Consumer struct {
 	// last batch committed left rows buffered past the limit.
 	limit, fits int
 	more        bool
+	// commits counts the batches with rows this consumer committed, and
+	// suspectTurn says the last batch was a suspect partition's alone (see
+	// isolate and timedOut).
+	commits     uint64
+	suspectTurn bool
 	// storedAt is the newest Kafka timestamp of a record stored, for the
 	// time-based lag; startedAt stands in before the first.
 	storedAt, startedAt time.Time
@@ -317,6 +332,14 @@ type partition struct {
 	blocked  bool
 	retryAt  time.Time
 	failures int
+	// suspect is set once the partition's rows were in a batch that timed
+	// out at the smallest batch size, until a batch of them commits; its
+	// batches are then written alone (isolate). strikes counts those alone
+	// that timed out in a row; since is how many batches this consumer had
+	// committed when it became suspect (timedOut).
+	suspect bool
+	strikes int
+	since   uint64
 }
 
 // deadLetter is a record bound for the dead-letter topic.
@@ -838,6 +861,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	if len(batch) == 0 {
 		return "", nil
 	}
+	batch, heldBack := c.isolate(batch)
 	// Before anything is written: the rows dropped are gone from the
 	// buffer, so a retry of this batch neither stores nor counts them again.
 	buffered := c.dropDuplicates(batch)
@@ -850,6 +874,9 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		// The attempt's own deadline, not Run stopping: the batch was too
 		// big for the server as it is now.
 		if (stage == stageStage || stage == stageInsert) && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
+			if c.limit <= min(minBatchLimit, c.cfg.BatchSize) {
+				c.timedOut(batch, rows)
+			}
 			c.shrink(rows)
 		}
 	}()
@@ -892,6 +919,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	}
 	c.failed = false
 	c.batch = newBatchID()
+	c.cleared(batch, rows)
 	c.m.rowsInserted.Add(float64(rows))
 	c.remember(batch)
 	c.fitted(rows)
@@ -905,7 +933,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		}
 	}
 	c.keepRest(holds)
-	c.more = rows < buffered
+	c.more = rows < buffered || heldBack
 	for _, p := range batch {
 		if trimmed(holds, p) {
 			// Its set-aside rows wait for the next batch, and the newest
