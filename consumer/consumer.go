@@ -1089,47 +1089,70 @@ const defaultMaxPartitions = 100
 // a batch writes is partitioned by the day of its time (the rollups by the
 // day of its minute, the same day).
 func (c *Consumer) stageSlices(ctx context.Context) ([]string, error) {
-	limit, err := c.maxPartitions(ctx)
+	if c.maxParts == 0 {
+		limit, err := maxPartitions(ctx, c.ch)
+		if err != nil {
+			return nil, err
+		}
+		c.maxParts = limit
+	}
+	days, err := readDays(ctx, c.ch, c.stageSQL(qStageDays))
 	if err != nil {
 		return nil, err
 	}
+	return daySlices(c.stage, "", days, c.maxParts), nil
+}
+
+// readDays runs query, which answers days as yyyymmdd in order.
+func readDays(ctx context.Context, conn driver.Conn, query string, args ...any) ([]uint32, error) {
 	var days []uint32
-	err = eachRow(ctx, c.ch, "read the staged days", c.stageSQL(qStageDays), nil, func(rows driver.Rows) error {
+	err := eachRow(ctx, conn, "read the batch's days", query, args, func(rows driver.Rows) error {
 		var d uint32
 		err := rows.Scan(&d)
 		days = append(days, d)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
+	return days, err
+}
+
+// daySlices returns table itself when days (in order) are at most limit,
+// else subqueries of its rows (where is a condition of digits and column
+// names, or "") of at most limit consecutive days each.
+func daySlices(table, where string, days []uint32, limit int) []string {
 	if len(days) <= limit {
-		return []string{c.stage}, nil
+		if where == "" {
+			return []string{table}
+		}
+		return []string{"(SELECT * FROM " + table + " WHERE " + where + ")"}
 	}
 	var srcs []string
 	for len(days) > 0 {
 		n := min(limit, len(days))
-		srcs = append(srcs, stageSlice(c.stage, days[0], days[n-1]))
+		srcs = append(srcs, daySlice(table, where, days[0], days[n-1]))
 		days = days[n:]
 	}
-	return srcs, nil
+	return srcs
 }
 
 // stageSlice is the rows of stage from day lo to hi (yyyymmdd), as the
-// source of a batch's statements. Only digits and the staging table's name
-// (made of digits) are joined into the SQL.
-func stageSlice(stage string, lo, hi uint32) string {
-	return fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", stage, lo, hi)
+// source of a batch's statements.
+func stageSlice(stage string, lo, hi uint32) string { return daySlice(stage, "", lo, hi) }
+
+// daySlice is the rows of table (where where holds, if not "") from day lo
+// to hi. Only digits, column names and the table's name (a staging table's
+// is made of digits) are joined into the SQL.
+func daySlice(table, where string, lo, hi uint32) string {
+	if where != "" {
+		where += " AND "
+	}
+	return fmt.Sprintf("(SELECT * FROM %s WHERE %stoYYYYMMDD(time) BETWEEN %d AND %d)", table, where, lo, hi)
 }
 
-// maxPartitions reads the server's max_partitions_per_insert_block once
-// (math.MaxInt for none).
-func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
-	if c.maxParts > 0 {
-		return c.maxParts, nil
-	}
+// maxPartitions reads conn's max_partitions_per_insert_block (math.MaxInt
+// for none; defaultMaxPartitions where the server has no such setting).
+func maxPartitions(ctx context.Context, conn driver.Conn) (int, error) {
 	limit := defaultMaxPartitions
-	err := eachRow(ctx, c.ch, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
+	err := eachRow(ctx, conn, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
 		var v string
 		if err := rows.Scan(&v); err != nil {
 			return err
@@ -1148,7 +1171,6 @@ func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	c.maxParts = limit
 	return limit, nil
 }
 

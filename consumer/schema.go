@@ -79,6 +79,7 @@ var (
 	qStageTables     = mustQuery("stage_tables")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
+	qBatchDays       = mustQuery("batch_days")
 	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
