@@ -22,14 +22,19 @@ var sqlFS embed.FS
 // (sql/part/key_filters.sql) for every query that takes them.
 var keyFilters = strings.TrimSpace(mustRead("sql/part/key_filters.sql"))
 
+// committed keeps the rows of committed batches (sql/part/committed.sql):
+// every read of a consumer table filters by it.
+var committed = strings.TrimSpace(mustRead("sql/part/committed.sql"))
+
 // clientNet is a decision's client as the gateway keys it
 // (sql/part/client_net.sql), for the queries that group or find clients.
 var clientNet = strings.TrimSpace(mustRead("sql/part/client_net.sql"))
 
-// mustSQL is the embedded query name as it runs: {key_filters} and
-// {client_net} spliced.
+// mustSQL is the embedded query name as it runs: {key_filters},
+// {client_net} and {committed} spliced.
 func mustSQL(name string) string {
-	return strings.NewReplacer("{key_filters}", keyFilters, "{client_net}", clientNet).Replace(mustRead("sql/" + name + ".sql"))
+	return strings.NewReplacer("{key_filters}", keyFilters, "{client_net}", clientNet, "{committed}", committed).
+		Replace(mustRead("sql/" + name + ".sql"))
 }
 
 func mustRead(file string) string {

@@ -85,6 +85,11 @@ type Config struct {
 	// (and counted), so one wild clock cannot spread a batch over hundreds
 	// of day partitions, which current ClickHouse refuses. Default 24h.
 	MaxClockSkew time.Duration
+	// StuckAttempts is how many times in a row one partition's batch may
+	// time out at the smallest batch size, while other batches are stored,
+	// before its records go to the dead-letter topic (ReasonInsertTimeout)
+	// and the partition goes on after them. Default 3.
+	StuckAttempts int
 	// DeadLetterMaxBytes bounds the value, the key and the original headers
 	// of a dead letter, each: a longer value or key is truncated, headers
 	// past the bound are left out (the added headers point at the
@@ -133,6 +138,9 @@ func (c Config) withDefaults() Config {
 	if c.DeadLetterMaxBytes == 0 {
 		c.DeadLetterMaxBytes = 64 << 10
 	}
+	if c.StuckAttempts == 0 {
+		c.StuckAttempts = 3
+	}
 	return c
 }
 
@@ -146,6 +154,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: dead-letter topic must differ from the topic: %q", ErrInvalidConfig, c.Topic)
 	case c.BatchSize < 0:
 		return fmt.Errorf("%w: batch size must be positive: %d", ErrInvalidConfig, c.BatchSize)
+	case c.StuckAttempts < 0:
+		return fmt.Errorf("%w: stuck attempts must be positive: %d", ErrInvalidConfig, c.StuckAttempts)
 	case c.Retention.RawDays < 0 || c.Retention.RollupDays < 0:
 		return fmt.Errorf("%w: negative retention: %+v", ErrInvalidConfig, c.Retention)
 	case c.RetryMin > c.RetryMax:
@@ -268,6 +278,11 @@ type Consumer struct {
 	// last batch committed left rows buffered past the limit.
 	limit, fits int
 	more        bool
+	// commits counts the batches with rows this consumer committed, and
+	// suspectTurn says the last batch was a suspect partition's alone (see
+	// isolate and timedOut).
+	commits     uint64
+	suspectTurn bool
 	// storedAt is the newest Kafka timestamp of a record stored, for the
 	// time-based lag; startedAt stands in before the first.
 	storedAt, startedAt time.Time
@@ -317,6 +332,14 @@ type partition struct {
 	blocked  bool
 	retryAt  time.Time
 	failures int
+	// suspect is set once the partition's rows were in a batch that timed
+	// out at the smallest batch size, until a batch of them commits; its
+	// batches are then written alone (isolate). strikes counts those alone
+	// that timed out in a row; since is how many batches this consumer had
+	// committed when it became suspect (timedOut).
+	suspect bool
+	strikes int
+	since   uint64
 }
 
 // deadLetter is a record bound for the dead-letter topic.
@@ -838,6 +861,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	if len(batch) == 0 {
 		return "", nil
 	}
+	batch, heldBack := c.isolate(batch)
 	// Before anything is written: the rows dropped are gone from the
 	// buffer, so a retry of this batch neither stores nor counts them again.
 	buffered := c.dropDuplicates(batch)
@@ -850,6 +874,9 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		// The attempt's own deadline, not Run stopping: the batch was too
 		// big for the server as it is now.
 		if (stage == stageStage || stage == stageInsert) && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
+			if c.limit <= min(minBatchLimit, c.cfg.BatchSize) {
+				c.timedOut(batch, rows)
+			}
 			c.shrink(rows)
 		}
 	}()
@@ -892,6 +919,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	}
 	c.failed = false
 	c.batch = newBatchID()
+	c.cleared(batch, rows)
 	c.m.rowsInserted.Add(float64(rows))
 	c.remember(batch)
 	c.fitted(rows)
@@ -905,7 +933,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		}
 	}
 	c.keepRest(holds)
-	c.more = rows < buffered
+	c.more = rows < buffered || heldBack
 	for _, p := range batch {
 		if trimmed(holds, p) {
 			// Its set-aside rows wait for the next batch, and the newest
@@ -1061,47 +1089,70 @@ const defaultMaxPartitions = 100
 // a batch writes is partitioned by the day of its time (the rollups by the
 // day of its minute, the same day).
 func (c *Consumer) stageSlices(ctx context.Context) ([]string, error) {
-	limit, err := c.maxPartitions(ctx)
+	if c.maxParts == 0 {
+		limit, err := maxPartitions(ctx, c.ch)
+		if err != nil {
+			return nil, err
+		}
+		c.maxParts = limit
+	}
+	days, err := readDays(ctx, c.ch, c.stageSQL(qStageDays))
 	if err != nil {
 		return nil, err
 	}
+	return daySlices(c.stage, "", days, c.maxParts), nil
+}
+
+// readDays runs query, which answers days as yyyymmdd in order.
+func readDays(ctx context.Context, conn driver.Conn, query string, args ...any) ([]uint32, error) {
 	var days []uint32
-	err = eachRow(ctx, c.ch, "read the staged days", c.stageSQL(qStageDays), nil, func(rows driver.Rows) error {
+	err := eachRow(ctx, conn, "read the batch's days", query, args, func(rows driver.Rows) error {
 		var d uint32
 		err := rows.Scan(&d)
 		days = append(days, d)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
+	return days, err
+}
+
+// daySlices returns table itself when days (in order) are at most limit,
+// else subqueries of its rows (where is a condition of digits and column
+// names, or "") of at most limit consecutive days each.
+func daySlices(table, where string, days []uint32, limit int) []string {
 	if len(days) <= limit {
-		return []string{c.stage}, nil
+		if where == "" {
+			return []string{table}
+		}
+		return []string{"(SELECT * FROM " + table + " WHERE " + where + ")"}
 	}
 	var srcs []string
 	for len(days) > 0 {
 		n := min(limit, len(days))
-		srcs = append(srcs, stageSlice(c.stage, days[0], days[n-1]))
+		srcs = append(srcs, daySlice(table, where, days[0], days[n-1]))
 		days = days[n:]
 	}
-	return srcs, nil
+	return srcs
 }
 
 // stageSlice is the rows of stage from day lo to hi (yyyymmdd), as the
-// source of a batch's statements. Only digits and the staging table's name
-// (made of digits) are joined into the SQL.
-func stageSlice(stage string, lo, hi uint32) string {
-	return fmt.Sprintf("(SELECT * FROM %s WHERE toYYYYMMDD(time) BETWEEN %d AND %d)", stage, lo, hi)
+// source of a batch's statements.
+func stageSlice(stage string, lo, hi uint32) string { return daySlice(stage, "", lo, hi) }
+
+// daySlice is the rows of table (where where holds, if not "") from day lo
+// to hi. Only digits, column names and the table's name (a staging table's
+// is made of digits) are joined into the SQL.
+func daySlice(table, where string, lo, hi uint32) string {
+	if where != "" {
+		where += " AND "
+	}
+	return fmt.Sprintf("(SELECT * FROM %s WHERE %stoYYYYMMDD(time) BETWEEN %d AND %d)", table, where, lo, hi)
 }
 
-// maxPartitions reads the server's max_partitions_per_insert_block once
-// (math.MaxInt for none).
-func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
-	if c.maxParts > 0 {
-		return c.maxParts, nil
-	}
+// maxPartitions reads conn's max_partitions_per_insert_block (math.MaxInt
+// for none; defaultMaxPartitions where the server has no such setting).
+func maxPartitions(ctx context.Context, conn driver.Conn) (int, error) {
 	limit := defaultMaxPartitions
-	err := eachRow(ctx, c.ch, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
+	err := eachRow(ctx, conn, "read max_partitions_per_insert_block", qMaxPartitions, nil, func(rows driver.Rows) error {
 		var v string
 		if err := rows.Scan(&v); err != nil {
 			return err
@@ -1120,7 +1171,6 @@ func (c *Consumer) maxPartitions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	c.maxParts = limit
 	return limit, nil
 }
 

@@ -129,6 +129,10 @@ func TestCurrentClickHouse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	committed, err := os.ReadFile("../analytics/sql/part/committed.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -136,7 +140,7 @@ func TestCurrentClickHouse(t *testing.T) {
 		}
 		// As analytics' mustSQL runs it: its parts spliced in.
 		q := strings.NewReplacer("{key_filters}", strings.TrimSpace(string(filters)),
-			"{client_net}", strings.TrimSpace(string(clientNet))).Replace(string(b))
+			"{client_net}", strings.TrimSpace(string(clientNet)), "{committed}", strings.TrimSpace(string(committed))).Replace(string(b))
 		steps = append(steps, step{"analytics " + filepath.Base(f), bindNamed(t, q)})
 	}
 

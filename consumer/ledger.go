@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -47,6 +49,10 @@ func batchQueryPrefix(batch uint64) string {
 
 // writeLedger adds one ledger row of state for each partition of batch.
 func (c *Consumer) writeLedger(ctx context.Context, batch []*partition, state uint8) error {
+	// Into a Distributed table, return only once the shard holds the row:
+	// readers hide a batch's rows by its intent (decisions_uncommitted),
+	// which must not land after them. No effect on other tables.
+	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 	b, err := c.ch.PrepareBatch(ctx, qInsertLedger)
 	if err != nil {
 		return fmt.Errorf("prepare ledger insert: %w", err)
@@ -367,30 +373,63 @@ func (c *Consumer) distrust(part int32, reason string, committed, tail, end int6
 // Backfill writes ds into the raw table as a batch of its own and rolls
 // it up, for decisions that did not come through Kafka (tests, a load from
 // an archive): the same columns as the consumer's, no Kafka position. It is
-// not exactly-once (writing ds twice stores it twice) and writes one
-// INSERT, so ds should span fewer days than the server's
-// max_partitions_per_insert_block.
+// not exactly-once (writing ds twice stores it twice). Decisions over more
+// days than the server lets one INSERT write (max_partitions_per_insert_block)
+// are written in INSERTs of whole days, as the consumer's batches are.
 func Backfill(ctx context.Context, conn driver.Conn, ds []event.Decision) error {
 	if len(ds) == 0 {
 		return nil
 	}
+	limit, err := maxPartitions(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("backfill: %w", err)
+	}
+	return backfill(ctx, conn, ds, limit)
+}
+
+// backfill is Backfill with at most limit day partitions an INSERT.
+func backfill(ctx context.Context, conn driver.Conn, ds []event.Decision, limit int) error {
 	batch := newBatchID()
+	rows := make([]row, len(ds))
+	for i, d := range ds {
+		rows[i].d = d
+	}
+	// In the server's time zone, which the tables partition by, unknown
+	// here: grouped by UTC day, a slice of limit-1 days spans at most limit
+	// of the server's.
+	slices.SortStableFunc(rows, func(a, b row) int { return a.d.Time.Compare(b.d.Time) })
+	per := max(1, limit-1)
+	for len(rows) > 0 {
+		n, days := 0, 0
+		for last := ""; n < len(rows); n++ {
+			if day := rows[n].d.Time.UTC().Format(time.DateOnly); day != last {
+				if days == per {
+					break
+				}
+				days, last = days+1, day
+			}
+		}
+		if err := backfillRows(ctx, conn, rows[:n], batch); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return rollUp(ctx, conn, batch, limit)
+}
+
+func backfillRows(ctx context.Context, conn driver.Conn, rows []row, batch uint64) error {
 	b, err := conn.PrepareBatch(ctx, qInsertRows("decisions"))
 	if err != nil {
 		return fmt.Errorf("prepare backfill: %w", err)
 	}
 	defer b.Abort()
-	rows := make([]row, len(ds))
-	for i, d := range ds {
-		rows[i].d = d
-	}
 	if err := appendBatch(b, [][]row{rows}, len(rows), batch); err != nil {
 		return fmt.Errorf("backfill %d rows: %w", len(rows), err)
 	}
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("backfill %d rows: %w", len(rows), err)
 	}
-	return RollUp(ctx, conn, batch)
+	return nil
 }
 
 // RollUp fills every rollup from the raw rows of one batch, for rows written
@@ -398,12 +437,28 @@ func Backfill(ctx context.Context, conn driver.Conn, ds []event.Decision) error 
 // backfill; batch 0 is every row written before migration 003) or to
 // rebuild a rollup after its rows were lost. It reads the raw table by
 // batch_id, a scan: not for the ingest path. Rolling up a batch twice counts
-// it twice.
+// it twice. A batch over more days than one INSERT may write is rolled up
+// in slices of whole days.
 func RollUp(ctx context.Context, conn driver.Conn, batch uint64) error {
-	src := "(SELECT * FROM decisions WHERE batch_id = " + strconv.FormatUint(batch, 10) + ")"
+	limit, err := maxPartitions(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("roll up batch %d: %w", batch, err)
+	}
+	return rollUp(ctx, conn, batch, limit)
+}
+
+// rollUp is RollUp with at most limit day partitions an INSERT.
+func rollUp(ctx context.Context, conn driver.Conn, batch uint64, limit int) error {
+	days, err := readDays(ctx, conn, qBatchDays, batch)
+	if err != nil {
+		return fmt.Errorf("roll up batch %d: %w", batch, err)
+	}
+	srcs := daySlices("decisions", "batch_id = "+strconv.FormatUint(batch, 10), days, limit)
 	for i, q := range qRollups {
-		if err := conn.Exec(ctx, strings.ReplaceAll(q, "{stage}", src), batch); err != nil {
-			return fmt.Errorf("roll up batch %d into %s: %w", batch, batchTables[i+1], err)
+		for _, src := range srcs {
+			if err := conn.Exec(ctx, strings.ReplaceAll(q, "{stage}", src), batch); err != nil {
+				return fmt.Errorf("roll up batch %d into %s: %w", batch, batchTables[i+1], err)
+			}
 		}
 	}
 	return nil

@@ -104,3 +104,76 @@ func TestFaultBatchOverManyPartitions(t *testing.T) {
 	}
 	t.Logf("most partitions written by one INSERT: %d", limited.mostDays.Load())
 }
+
+func (c *partitionLimitConn) PrepareBatch(ctx context.Context, query string, opts ...driver.PrepareBatchOption) (driver.Batch, error) {
+	b, err := c.Conn.PrepareBatch(ctx, query, opts...)
+	if err != nil || !strings.HasPrefix(query, qInsertRows(batchTables[0])) {
+		return b, err
+	}
+	return &limitedBatch{Batch: b, conn: c, days: map[string]bool{}}, nil
+}
+
+// limitedBatch refuses, at Send, a raw-table batch whose rows' times (as
+// appendBatch appends them, a column at a time) fall in more than its
+// conn's limit of days.
+type limitedBatch struct {
+	driver.Batch
+	conn *partitionLimitConn
+	days map[string]bool
+}
+
+func (b *limitedBatch) Column(i int) driver.BatchColumn {
+	if i >= len(decisionColumns) || decisionColumns[i].name != "time" { // batch_id follows them
+		return b.Batch.Column(i)
+	}
+	return timeColumn{BatchColumn: b.Batch.Column(i), days: b.days}
+}
+
+// timeColumn notes the days of the times appended to it.
+type timeColumn struct {
+	driver.BatchColumn
+	days map[string]bool
+}
+
+func (c timeColumn) Append(v any) error {
+	for _, t := range v.([]time.Time) {
+		c.days[t.UTC().Format(time.DateOnly)] = true
+	}
+	return c.BatchColumn.Append(v)
+}
+
+func (b *limitedBatch) Send() error {
+	if uint64(len(b.days)) > b.conn.limit {
+		b.conn.refused.Add(1)
+		return &proto.Exception{Code: 252, Name: "DB::Exception",
+			Message: fmt.Sprintf("Too many partitions for single INSERT block (more than %d)", b.conn.limit)}
+	}
+	return b.Batch.Send()
+}
+
+// TestBackfillOverManyPartitions: decisions over more day partitions than
+// the server lets one INSERT write (current ClickHouse's
+// max_partitions_per_insert_block, 100 by default; 10 here, which keeps
+// the parts 18.16 writes few). Backfill sent them in one INSERT, and RollUp
+// rolled the batch up in one INSERT per rollup, each refused whole: both
+// must write slices of whole days, and every table hold every decision.
+func TestBackfillOverManyPartitions(t *testing.T) {
+	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
+	const limit, days = 10, 25
+	now := time.Now().UTC()
+	ds := decisions(2 * days)
+	for i := range ds {
+		ds[i].Time = now.AddDate(0, 0, -(i % days)).Truncate(time.Second)
+	}
+	limited := &partitionLimitConn{Conn: ch, limit: limit}
+	if err := backfill(context.Background(), limited, ds, limit); err != nil {
+		t.Fatalf("backfill of %d days, %d a statement: %v", days, limit, err)
+	}
+	wantExact(t, ch, uint64(len(ds)))
+	if n := limited.refused.Load(); n > 0 {
+		t.Errorf("%d INSERTs refused for writing more than %d partitions", n, limited.limit)
+	}
+	if got := limited.mostDays.Load(); got == 0 || got > limit {
+		t.Errorf("most partitions written by one rollup INSERT: %d, want 1 to %d", got, limit)
+	}
+}

@@ -58,6 +58,7 @@ var (
 	qAppliedMigrations      = mustQuery("applied_migrations")
 	qSchemaVersion          = mustQuery("schema_version")
 	qCreateDistributed      = mustQuery("create_distributed")
+	qCreateUncommitted      = mustQuery("create_uncommitted")
 	qInsertMigration        = mustQuery("insert_migration")
 	qDecisionsColumns       = mustQuery("decisions_columns")
 	qInsertLedger           = mustQuery("insert_ledger")
@@ -78,6 +79,7 @@ var (
 	qStageTables     = mustQuery("stage_tables")
 	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
 	qDeleteBatch     = mustQuery("delete_batch")
+	qBatchDays       = mustQuery("batch_days")
 	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
@@ -295,8 +297,9 @@ func checkSchema(ctx context.Context, conn driver.Conn) error {
 
 // distributedTables are the tables a consumer on a cluster writes through
 // Distributed tables: every batch table, and the ledger, aborts and claims,
-// so that every consumer sees one of each.
-var distributedTables = append(slices.Clone(batchTables), "decisions_ledger", "decisions_aborts", "decisions_claims")
+// so that every consumer sees one of each; and decisions_open, which each
+// shard's ledger fills, for readers.
+var distributedTables = append(slices.Clone(batchTables), "decisions_ledger", "decisions_aborts", "decisions_claims", "decisions_open")
 
 // identifier matches the cluster and database names CreateDistributed
 // writes into its SQL (names cannot be bound parameters).
@@ -320,7 +323,9 @@ func CheckIdentifier(what, name string) error {
 // local must be migrated (Migrate) on every shard, conn's server included,
 // whose local tables give the Distributed ones their columns. The consumer
 // and analytics then use conn's database; the consumer also needs a
-// connection to each shard's local database (Config.Shards).
+// connection to each shard's local database (Config.Shards). The view
+// decisions_uncommitted, which readers filter by, is created there too,
+// over the Distributed tables.
 func CreateDistributed(ctx context.Context, conn driver.Conn, cluster, local string) error {
 	if err := errors.Join(CheckIdentifier("cluster", cluster), CheckIdentifier("local database", local)); err != nil {
 		return err
@@ -330,6 +335,9 @@ func CreateDistributed(ctx context.Context, conn driver.Conn, cluster, local str
 		if err := conn.Exec(ctx, q); err != nil {
 			return fmt.Errorf("create distributed %s over %s.%s: %w", t, cluster, local, err)
 		}
+	}
+	if err := conn.Exec(ctx, qCreateUncommitted); err != nil {
+		return fmt.Errorf("create decisions_uncommitted over %s.%s: %w", cluster, local, err)
 	}
 	return nil
 }

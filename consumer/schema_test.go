@@ -35,7 +35,8 @@ func TestMigrateIdempotent(t *testing.T) {
 	want := []string{
 		"decisions", "decisions_aborts", "decisions_by_gateway_1m", "decisions_by_gateway_1m_v1",
 		"decisions_by_ip_1m", "decisions_by_ip_1m_v1", "decisions_by_key_1m", "decisions_by_key_1m_v1",
-		"decisions_claims", "decisions_key_history_1m", "decisions_ledger", "decisions_offsets", "schema_migrations",
+		"decisions_claims", "decisions_key_history_1m", "decisions_ledger", "decisions_offsets", "decisions_open",
+		"decisions_open_mv", "decisions_uncommitted", "schema_migrations",
 	}
 	if !slices.Equal(tables, want) {
 		t.Errorf("tables = %v, want %v", tables, want)
@@ -190,4 +191,24 @@ func TestDropExpired(t *testing.T) {
 	if ttl {
 		t.Log("server supports TTL; partition drops are the fallback being tested here")
 	}
+}
+
+// TestUncommittedViewOneText: the decisions_uncommitted that
+// CreateDistributed makes over Distributed tables is migration 008's, so
+// readers of a cluster filter by the same rule as readers of one server.
+func TestUncommittedViewOneText(t *testing.T) {
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.version != 8 {
+			continue
+		}
+		if !slices.Contains(m.stmts, qCreateUncommitted) {
+			t.Errorf("migration %s has no statement %q", m.name, qCreateUncommitted)
+		}
+		return
+	}
+	t.Fatal("no migration 008")
 }

@@ -9,6 +9,7 @@ SELECT
     toInt64(sumMerge(store_unavailable)) + toInt64(sumMerge(store_timeout)) AS store_unavailable
 FROM decisions_by_gateway_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   AND (@gateway = '' OR gateway_id = @gateway)
 GROUP BY minute, gateway_id
 HAVING fail_open > 0 OR fail_closed > 0

@@ -18,10 +18,12 @@ SELECT
     toInt64(sum(denied_requests)) AS denied
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   AND (key_id, key_kind) GLOBAL IN (
     SELECT key_id, key_kind
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
+      AND {committed}
       AND NOT startsWith(route, 'envoy:')
     GROUP BY key_id, key_kind
     HAVING sum(allowed_requests) >= @min_requests

@@ -23,6 +23,7 @@ WHERE key_id GLOBAL IN (
     SELECT key_id
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
+      AND {committed}
       AND NOT startsWith(route, 'envoy:')
     GROUP BY key_id
     HAVING sum(allowed_requests) >= @min_requests
@@ -30,6 +31,7 @@ WHERE key_id GLOBAL IN (
     LIMIT @limit
   )
   AND time >= @recent AND time < @to
+  AND {committed}
   AND mode != 'admin'
 GROUP BY key_id, key_kind, gateway_id
 ORDER BY key_id, key_kind, gateway_id

@@ -8,6 +8,7 @@ SELECT
     toInt64(uniqMerge(distinct_user_agents)) AS user_agents
 FROM decisions_by_ip_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   AND {client_net} = @ip
 GROUP BY bucket
 ORDER BY bucket

@@ -7,4 +7,5 @@
 SELECT any(client_ip) AS ip
 FROM decisions
 WHERE key_id = @key AND key_kind = 'ip'
+  AND {committed}
   AND time >= @from AND time < @to

@@ -8,6 +8,7 @@ SELECT
     toInt64(sum(denied_requests)) AS denied
 FROM decisions_key_history_1m
 WHERE key_id = @key
+  AND {committed}
   AND minute >= @from AND minute < @to
 GROUP BY bucket, gateway_id
 ORDER BY bucket, gateway_id

@@ -21,6 +21,7 @@ SELECT
     toInt64(sum(allowed_cost)) AS cost_allowed
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   AND (key_id = @key OR key_name = @key)
 GROUP BY key_id, key_kind, key_name, binding_rule, route, gateway_id, plan, method
 ORDER BY total DESC, key_id, key_kind, key_name, binding_rule, route, gateway_id, plan, method

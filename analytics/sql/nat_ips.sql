@@ -13,6 +13,7 @@ SELECT
     toInt64(uniqMerge(allowed_user_agents)) AS user_agents
 FROM decisions_by_ip_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
 GROUP BY ip
 HAVING total - denied >= @min_requests AND (keys >= @min_keys OR user_agents >= @min_user_agents)
 ORDER BY keys DESC, user_agents DESC, ip

@@ -19,6 +19,7 @@ SELECT
     toFloat64(maxMerge(check_latency_us_max)) AS latency_max
 FROM decisions_by_gateway_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   AND (@gateway = '' OR gateway_id = @gateway)
 GROUP BY bucket, gateway_id
 ORDER BY bucket, gateway_id

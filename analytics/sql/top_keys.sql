@@ -18,6 +18,7 @@ SELECT
     toInt64(uniqExact(gateway_id)) AS gateways
 FROM decisions_by_key_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}
   {key_filters}
 GROUP BY key_id, key_kind
 HAVING denied > 0

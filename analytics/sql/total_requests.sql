@@ -3,3 +3,4 @@
 SELECT toInt64(countMerge(requests)) AS requests
 FROM decisions_by_gateway_1m
 WHERE minute >= @from AND minute < @to
+  AND {committed}

@@ -27,6 +27,7 @@ SELECT
                        @by = 'kind', key_kind, @by = 'method', method, '') AS top_dim
         FROM decisions_by_key_1m
         WHERE @top > 0
+          AND {committed}
           AND minute >= @from AND minute < @to
           {key_filters}
         GROUP BY top_dim
@@ -56,6 +57,7 @@ FROM (
         sum(allowed_cost) AS b_allowed_cost
     FROM decisions_by_key_1m
     WHERE minute >= @from AND minute < @to
+      AND {committed}
       {key_filters}
     GROUP BY m, dim
 )

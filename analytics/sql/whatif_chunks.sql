@@ -8,6 +8,7 @@ SELECT
     toInt64(count()) AS decisions
 FROM decisions
 WHERE time >= @from AND time < @to
+  AND {committed}
   AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)
   AND (@key = '' OR key_id = @key)

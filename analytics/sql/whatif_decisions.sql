@@ -28,6 +28,7 @@ SELECT
     toUInt8(store_status IN ('ok', 'local_cache')) AS by_store
 FROM decisions
 WHERE key_id >= @lo AND key_id < @hi
+  AND {committed}
   AND time >= @from AND time < @to
   AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)
