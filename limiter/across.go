@@ -37,6 +37,71 @@ func (r *Redis) slotGroups(key string, rules []Rule) [][]int {
 	return groups
 }
 
+// mixed reports whether rules both charge and give back (a negative Cost).
+func mixed(rules []Rule) bool {
+	gives := 0
+	for _, r := range rules {
+		if r.Cost < 0 {
+			gives++
+		}
+	}
+	return gives > 0 && gives < len(rules)
+}
+
+// chargeThenGiveBack decides a check of rules in several slots of which
+// some give back: the give-backs apply only once the charges are admitted,
+// as in one call, since a give-back made beside a denial could not be
+// taken back (the bucket may have been used meanwhile).
+func (r *Redis) chargeThenGiveBack(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
+	var charges, gives []Rule
+	var at []int
+	for i, rule := range rules {
+		if rule.Cost >= 0 {
+			charges = append(charges, rule)
+			at = append(at, i)
+		}
+	}
+	for i, rule := range rules {
+		if rule.Cost < 0 {
+			gives = append(gives, rule)
+			at = append(at, i)
+		}
+	}
+	d, err := r.Allow(ctx, key, charges, cost)
+	if err != nil {
+		return Decision{}, err
+	}
+	rr := make([]RuleResult, len(rules))
+	for j, res := range d.Rules {
+		rr[at[j]] = res
+	}
+	if d.Allowed {
+		g, err := r.Allow(ctx, key, gives, cost)
+		if err != nil {
+			// The charges stand for an admitted request; what was to be
+			// given back was not: the limiter's favour.
+			r.giveBackFailed.Add(1)
+		}
+		for j := range gives {
+			res := RuleResult{Rule: gives[j], Allowed: true}
+			if err == nil {
+				res = g.Rules[j]
+			}
+			rr[at[len(charges)+j]] = res
+		}
+		if g.Time.After(d.Time) {
+			d.Time = g.Time
+		}
+	} else {
+		for j := range gives {
+			rr[at[len(charges)+j]] = RuleResult{Rule: gives[j], Allowed: true}
+		}
+	}
+	out := decide(rr)
+	out.Time = d.Time
+	return out, nil
+}
+
 // allowAcross decides a check of rules in several slots (groups, from
 // slotGroups); it also returns when its calls were sent, for the deny
 // cache.

@@ -186,3 +186,33 @@ func TestGiveBackIntoItsWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestAcrossSlotsGiveBackOnlyWhenAdmitted: a check across slots that both
+// charges and gives back leaves the give-back's bucket as it was when the
+// charges are denied, and gives back when they are admitted. (The
+// give-back waits for the charges rather than being taken back after: a
+// bucket used in between could refuse the taking back.)
+func TestAcrossSlotsGiveBackOnlyWhenAdmitted(t *testing.T) {
+	rdb := mustCluster(t)
+	ctx := context.Background()
+	l := mustLimiter(t, rdb, Config{DenyCache: -1})
+	key := uniqueKey(t)
+	tags := tagsApart(t, l, key, 2)
+	spent := Rule{Name: "a", Bucket: "a", Tag: tags[0], Limit: 1, Period: 24 * time.Hour}
+	b := Rule{Name: "b", Bucket: "b", Tag: tags[1], Limit: 5, Period: 24 * time.Hour}
+	mustRedisAllow(t, l, key, []Rule{spent}, 1)
+	mustRedisAllow(t, l, key, []Rule{b}, 3)
+	give := b
+	give.Cost = -2
+	d, err := l.Allow(ctx, key, []Rule{spent, give}, 1)
+	if err != nil || d.Allowed {
+		t.Fatalf("charge of a spent bucket beside a give-back = %+v, %v; want denied", d, err)
+	}
+	if ks, err := l.Inspect(ctx, key, []Rule{b}); err != nil || ks.Rules[0].Remaining != 2 {
+		t.Errorf("after the denied check, b = %+v, %v; want 2 left: nothing given back", ks, err)
+	}
+	fresh := Rule{Name: "c", Bucket: "c", Tag: tags[0], Limit: 1, Period: 24 * time.Hour}
+	if d, err := l.Allow(ctx, key, []Rule{fresh, give}, 1); err != nil || !d.Allowed || d.Rules[1].Remaining != 4 {
+		t.Fatalf("admitted check with a give-back = %+v, %v; want allowed, b with 4 left", d, err)
+	}
+}

@@ -340,6 +340,9 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	}
 	if r.cluster {
 		if groups := r.slotGroups(key, rules); len(groups) > 1 {
+			if mixed(rules) {
+				return r.chargeThenGiveBack(ctx, key, rules, cost)
+			}
 			d, sent, err := r.allowAcross(ctx, key, rules, cost, groups)
 			if err == nil && r.deny != nil && !d.Allowed {
 				r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
