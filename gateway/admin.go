@@ -495,10 +495,7 @@ func (a *Admin) change(w http.ResponseWriter, r *http.Request, actor, action str
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	now := a.g.now()
-	var d *limiter.Directives
-	if a.g.directives != nil {
-		d = a.g.directives.Current()
-	}
+	d := a.g.currentDirectives()
 	var failed error
 	var done []string
 	for _, s := range t.sets {
@@ -582,10 +579,7 @@ func (a *Admin) view(ctx context.Context, st *state, t target, action string) ke
 	}
 	ka, _ := a.g.store.(keyAdmin)
 	now := a.g.now()
-	var d *limiter.Directives
-	if a.g.directives != nil {
-		d = a.g.directives.Current()
-	}
+	d := a.g.currentDirectives()
 	for _, s := range t.sets {
 		bs, dv := a.buckets(st, t, s, d, now)
 		sv := ruleSetView{Scope: s.scope, Route: s.route, Plan: s.l.plan.name, Directives: dv}
@@ -697,10 +691,7 @@ func (a *Admin) grant(w http.ResponseWriter, r *http.Request, actor string) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	now := a.g.now()
-	var d *limiter.Directives
-	if a.g.directives != nil {
-		d = a.g.directives.Current()
-	}
+	d := a.g.currentDirectives()
 	v := grantView{Action: "grant", Kind: t.id.kind.String(), APIKeyID: t.apiKeyID, KeyID: a.g.keyID(&t.id),
 		GatewayID: a.g.gatewayID, Store: "memory", Rule: name, Units: units}
 	if a.g.shared {

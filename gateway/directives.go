@@ -23,16 +23,21 @@ type denialForgetter interface {
 	ForgetDenial(key string, rules []limiter.Rule)
 }
 
+// currentDirectives are the directives in force, nil without a source.
+func (g *Gateway) currentDirectives() *limiter.Directives {
+	if g.directives == nil {
+		return nil
+	}
+	return g.directives.Current()
+}
+
 // applyDirectives adjusts the limits of one request to the directives in
 // force: a NAT-shared IP gets its IP-keyed limit raised; a hot key under a
 // split is checked in this gateway's own bucket with this gateway's share
 // of every rule. Analytics names keys as "<kind>:<key id>", the key id
 // being the HMAC the decision events carry.
 func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
-	if g.directives == nil {
-		return
-	}
-	d := g.directives.Current()
+	d := g.currentDirectives()
 	if d == nil || (len(d.Splits) == 0 && len(d.NATs) == 0) {
 		return // without reading the clock: the usual case
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,7 +339,9 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, nil
 		}
 	}
-	if r.cluster {
+	// Rules without a Tag all live under the key's tag: one slot, and no
+	// slots to compute on the common path.
+	if r.cluster && slices.ContainsFunc(rules, func(r Rule) bool { return r.Tag != "" }) {
 		if groups := r.slotGroups(key, rules); len(groups) > 1 {
 			if mixed(rules) {
 				return r.chargeThenGiveBack(ctx, key, rules, cost)
