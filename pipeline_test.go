@@ -133,11 +133,18 @@ func TestRequestsBecomeRows(t *testing.T) {
 		t.Errorf("rollups: by key %d requests (%d allowed), by gateway %d, by IP %d; want %d (%d allowed) each", keyReq, keyAllowed, gwReq, ipReq, n, allowed)
 	}
 	// The API key's name, its configured id, reached analytics; the
-	// anonymous half has none.
-	rep, err := analytics.NewReader(ch).KeyReport(ctx, analytics.Range{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Minute)}, "acme", "auto", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// anonymous half has none. Analytics reads committed batches only,
+	// and raw rows and rollups are visible before their batch commits:
+	// wait for the key's requests to be read.
+	var rep analytics.KeyReport
+	testenv.WaitFor(t, 60*time.Second, "the api key's requests committed", func() bool {
+		var err error
+		rep, err = analytics.NewReader(ch).KeyReport(ctx, analytics.Range{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Minute)}, "acme", "auto", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.Total.Requests >= n/2
+	})
 	if len(rep.Keys) != 1 || rep.Keys[0].KeyKind != "api_key" || rep.Keys[0].KeyName != "acme" || rep.Total.Requests != n/2 || rep.Total.RateLimited == 0 {
 		t.Errorf("key page of acme = %+v, %+v; want the api key's %d requests, some rate-limited", rep.Keys, rep.Total, n/2)
 	}
