@@ -207,6 +207,24 @@ func TestFaultTopicRecreated(t *testing.T) {
 		resp, err := adm.CreateTopics(ctx, 1, 1, nil, kb.topic)
 		return err == nil && resp.Error() == nil
 	})
+	// Created is not yet served: a produce before its partition has a
+	// leader is refused with UNKNOWN_TOPIC_OR_PARTITION.
+	testenv.WaitFor(t, 60*time.Second, "the new topic's partition to have a leader", func() bool {
+		topics, err := adm.ListTopics(ctx, kb.topic)
+		if err != nil || topics.Error() != nil {
+			return false
+		}
+		d, ok := topics[kb.topic]
+		if !ok || len(d.Partitions) == 0 {
+			return false
+		}
+		for _, p := range d.Partitions {
+			if p.Err != nil || p.Leader < 0 {
+				return false
+			}
+		}
+		return true
+	})
 	produce(t, kb.brokers, kb.topic, ds[2000:])
 
 	r := start(t, kb.config(), ch, nil)
