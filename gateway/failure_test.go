@@ -54,6 +54,9 @@ func TestRedisStoppedMidRun(t *testing.T) {
 		lim := storeOn(t, rdb, "fail-"+string(pol))
 		ping := func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
 		gws[pol] = startGateway(t, cfg, Options{Store: lim, Ping: ping})
+		if err := gws[pol].WarmUp(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// Redis up: enforced. Each phase uses a client of its own, since the

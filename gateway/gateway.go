@@ -31,6 +31,10 @@ type Options struct {
 	// Ping tells /readyz whether the shared store is reachable (with
 	// Config.ReadyRequiresStore); nil: ready.
 	Ping func(context.Context) error
+	// Warm readies the shared store's link (e.g. *limiter.Redis's Warm):
+	// called by WarmUp until it succeeds, then every second by KeepWarm;
+	// nil: nothing beyond the warm-up's real check.
+	Warm func(context.Context) error
 	// Publisher takes decision events; nil disables them.
 	Publisher publisher
 	// Registry takes the metrics and serves /metrics; default a new one.
@@ -48,15 +52,20 @@ type Options struct {
 // Gateway serves traffic under one configuration at a time; Reload swaps
 // it without dropping requests.
 type Gateway struct {
-	log       *slog.Logger
-	now       func() time.Time
-	store     checker
-	shared    bool // store is shared (fallible); false: in memory
-	local     *limiter.Memory
-	breaker   *breaker
-	pub       publisher
-	m         *metrics
-	ping      func(context.Context) error
+	log     *slog.Logger
+	now     func() time.Time
+	store   checker
+	shared  bool // store is shared (fallible); false: in memory
+	local   *limiter.Memory
+	breaker *breaker
+	pub     publisher
+	m       *metrics
+	ping    func(context.Context) error
+	warm    func(context.Context) error
+	// warmErr is why WarmUp has not found the store usable yet; nil once
+	// it has (or without a shared store), when warmed is closed.
+	warmErr   atomic.Pointer[error]
+	warmed    chan struct{}
 	keys      *keyHasher
 	gatewayID string
 	boot      Config // restart-only fields as started
@@ -98,6 +107,8 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		now:       opts.Now,
 		pub:       opts.Publisher,
 		ping:      opts.Ping,
+		warm:      opts.Warm,
+		warmed:    make(chan struct{}),
 		gatewayID: cfg.GatewayID,
 		boot:      cfg,
 		upstreams: map[upstreamKey]*upstream{},
@@ -109,6 +120,10 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 	g.store, g.shared = opts.Store, opts.Store != nil
 	if !g.shared {
 		g.store = g.local
+		close(g.warmed)
+	} else {
+		err := errNotWarm
+		g.warmErr.Store(&err)
 	}
 	g.breaker = newBreaker(cfg.Breaker.Failures, cfg.Breaker.Open, g.circuitChanged)
 	secret := []byte(cfg.KeyHashSecret)
@@ -173,11 +188,15 @@ func (g *Gateway) Server() *http.Server {
 // traffic while the server finishes what it has.
 func (g *Gateway) Drain() { g.draining.Store(true) }
 
-// Ready reports whether the gateway takes traffic: not draining, and, with
-// ReadyRequiresStore, the shared store answers (always, without one).
+// Ready reports whether the gateway takes traffic: not draining; with a
+// shared store, WarmUp has found it usable; and, with ReadyRequiresStore,
+// the shared store answers now.
 func (g *Gateway) Ready(ctx context.Context) error {
 	if g.draining.Load() {
 		return errors.New("draining for shutdown")
+	}
+	if err := g.warmErr.Load(); err != nil {
+		return fmt.Errorf("warming up: %w", *err)
 	}
 	if g.ping == nil || !g.st.Load().cfg.ReadyRequiresStore {
 		return nil

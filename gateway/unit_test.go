@@ -5,17 +5,20 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -387,6 +390,53 @@ func TestReady(t *testing.T) {
 	if err := gw.Ready(context.Background()); err == nil {
 		t.Errorf("Ready() while draining = nil")
 	}
+}
+
+// switchStore fails every check until it is switched on.
+type switchStore struct {
+	on    atomic.Bool
+	warms atomic.Int64
+}
+
+func (s *switchStore) Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	if !s.on.Load() {
+		return limiter.Decision{}, errors.New("connection refused")
+	}
+	return limiter.NewMemory(time.Now, 10).Allow(ctx, key, rules, cost)
+}
+
+// TestReadyAfterWarmUp: with a shared store, the gateway is not ready, and
+// says why, until WarmUp has warmed the link and made one real check;
+// a store that fails keeps it so, and the gRPC door's readiness with it.
+func TestReadyAfterWarmUp(t *testing.T) {
+	up := newTestUpstream(t)
+	store := &switchStore{}
+	gw := startGateway(t, testConfig(up.URL), Options{Store: store, Warm: func(context.Context) error {
+		store.warms.Add(1)
+		return nil
+	}})
+	if err := gw.Ready(t.Context()); err == nil || !strings.Contains(err.Error(), "not tried yet") {
+		t.Errorf("Ready() before the warm-up = %v, want an error saying it was not tried", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- gw.WarmUp(t.Context()) }()
+	testenv.WaitFor(t, 30*time.Second, "the warm-up to try the store", func() bool { return store.warms.Load() >= 2 })
+	if err := gw.Ready(t.Context()); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("Ready() while the store fails = %v, want the store's error", err)
+	}
+	select {
+	case <-gw.Warmed():
+		t.Fatal("Warmed is closed while the store fails")
+	default:
+	}
+	store.on.Store(true)
+	if err := <-done; err != nil {
+		t.Fatalf("WarmUp = %v", err)
+	}
+	if err := gw.Ready(t.Context()); err != nil {
+		t.Errorf("Ready() after the warm-up = %v", err)
+	}
+	<-gw.Warmed()
 }
 
 func TestReload(t *testing.T) {

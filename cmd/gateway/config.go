@@ -45,6 +45,26 @@ type redisConfig struct {
 	// upgrading from such a release, for the longest rule period, then
 	// off. Default false. Restart.
 	PreviousLayout bool `yaml:"previous_layout"`
+	// WarmConns is how many connections to each master the gateway dials
+	// and authenticates before it says it is ready, and keeps open;
+	// default 4. Restart.
+	WarmConns int `yaml:"warm_conns"`
+}
+
+// defaultWarmConns: the limiter runs two pipelines at once (its senders),
+// and the key admin API and the directive watcher use one each.
+const defaultWarmConns = 4
+
+// maxWarmConns bounds warm_conns: connections a gateway holds on every
+// master, whether it needs them or not.
+const maxWarmConns = 256
+
+// warmConns is WarmConns or its default.
+func (rc redisConfig) warmConns() int {
+	if rc.WarmConns == 0 {
+		return defaultWarmConns
+	}
+	return rc.WarmConns
 }
 
 // limiterConfig is the limiter's configuration from the redis section.
@@ -153,6 +173,9 @@ func (fc fileConfig) Validate() error {
 	errs := []error{fc.Config.Validate(), fc.Redis.Validate(), fc.Kafka.Validate(), fc.AdminAPI.Validate()}
 	if err := fc.Redis.limiterConfig().Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("redis.prefix: %w", err))
+	}
+	if n := fc.Redis.WarmConns; n < 0 || n > maxWarmConns {
+		errs = append(errs, fmt.Errorf("redis.warm_conns: %d, want 1 to %d (0: the default, %d)", n, maxWarmConns, defaultWarmConns))
 	}
 	if fc.Redis.PreviousLayout && !fc.Redis.Set() {
 		// The in-memory store never had the previous layout.

@@ -43,6 +43,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -123,7 +124,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	defer ev.closeCluster()
 
-	opts := gateway.Options{Registry: reg, Logger: log, Ping: st.ping}
+	opts := gateway.Options{Registry: reg, Logger: log, Ping: st.ping, Warm: st.warm}
 	if st.lim != nil {
 		opts.Store = st.lim
 	}
@@ -177,7 +178,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	log.Info("gateway listening", "addr", ln.Addr().String(), "admin_addr", aln.Addr().String(),
 		"gateway_id", fc.GatewayID, "config", *path, "pprof", fc.Pprof, "version", boot.Version)
 
-	actors := []boot.Actor{traffic}
+	actors := []boot.Actor{traffic, boot.Func("warmup", func(ctx context.Context) error {
+		if gw.WarmUp(ctx) == nil {
+			gw.KeepWarm(ctx)
+		}
+		<-ctx.Done() // an actor that returns stops the gateway
+		return nil
+	})}
 	var rls *envoyrls.Service
 	if fc.GRPC.Enabled() {
 		var grpcActor boot.Actor
@@ -264,7 +271,7 @@ func newWatcher(rdb redis.UniversalClient, prefix string, log *slog.Logger) *lim
 // enforcement step: one more actor, which drains its health service and
 // then stops gracefully (or hard at the shutdown deadline).
 func startRLS(cfg envoyrls.Config, gw *gateway.Gateway, reg *prometheus.Registry, log *slog.Logger) (*envoyrls.Service, boot.Actor, error) {
-	svc, err := envoyrls.New(cfg, gw, envoyrls.Options{Registry: reg, Logger: log})
+	svc, err := envoyrls.New(cfg, gw, envoyrls.Options{Registry: reg, Logger: log, Ready: gw.Warmed()})
 	if err != nil {
 		return nil, boot.Actor{}, fmt.Errorf("%w: %w", errConfig, err)
 	}
@@ -357,6 +364,7 @@ type store struct {
 	lim  *limiter.Redis
 	rdb  redis.UniversalClient
 	ping func(context.Context) error
+	warm func(context.Context) error
 }
 
 func (s store) close() {
@@ -377,8 +385,12 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	// twice and the failure policy handles errors; short timeouts so a
 	// dead node frees its connections quickly; warm connections for the
 	// first requests.
+	// The warm connections serve pipelines too (OnePool), and the pool
+	// holds them whatever go-redis's default size.
+	warm := rc.warmConns()
 	rdb, err := boot.NewRedis(rc.Redis, boot.RedisTuning{
-		Timeout: time.Second, MaxRetries: -1, MinIdleConns: 4, ContextTimeout: true,
+		Timeout: time.Second, MaxRetries: -1, MinIdleConns: warm, ContextTimeout: true,
+		PoolSize: max(warm, 10*runtime.GOMAXPROCS(0)), OnePool: true,
 	}, log)
 	if err != nil {
 		return store{}, fmt.Errorf("%w: %w", errConfig, err)
@@ -396,15 +408,14 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 		rdb.Close()
 		return store{}, err
 	}
-	// Preloading is optional (a missing script is loaded on first use).
-	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := lim.Load(lctx); err != nil {
-		log.Warn("Redis not reachable at start; failure policies apply until it is", "redis", rc.Target(), "error", err.Error())
-	} else {
-		log.Info("limiter store: Redis", "redis", rc.Target(), "cluster", len(rc.ClusterAddrs) > 0)
-	}
-	return store{lim: lim, rdb: rdb, ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}, nil
+	// The gateway's warm-up (Gateway.WarmUp) loads the function library
+	// and dials the connections before /readyz says ready.
+	log.Info("limiter store: Redis", "redis", rc.Target(), "cluster", len(rc.ClusterAddrs) > 0, "warm_conns", warm)
+	return store{
+		lim: lim, rdb: rdb,
+		ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		warm: func(ctx context.Context) error { return lim.Warm(ctx, warm) },
+	}, nil
 }
 
 // events is where decision events go, if anywhere.

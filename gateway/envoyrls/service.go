@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +68,9 @@ type Service struct {
 	dropped prometheus.Counter
 	// refused counts connections closed on accept over MaxConnections.
 	refused prometheus.Counter
+	// drained ends the wait for Options.Ready.
+	drained   chan struct{}
+	drainOnce sync.Once
 }
 
 // snapshot is one configuration: the settings and the rules they load.
@@ -81,6 +85,9 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Ready is closed once the gateway can decide (Gateway.Warmed): the
+	// health service says NOT_SERVING until then. Nil: serving at once.
+	Ready <-chan struct{}
 }
 
 // New returns the service for cfg, which must be enabled and valid; it
@@ -121,8 +128,24 @@ func New(cfg Config, g enforcer, opts Options) (*Service, error) {
 		}
 	}
 	s.snap.Store(&snapshot{cfg: cfg, rules: rules})
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	serving := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		s.health.SetServingStatus("", st)
+		s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, st)
+	}
+	if opts.Ready == nil {
+		serving(healthpb.HealthCheckResponse_SERVING)
+		return s, nil
+	}
+	serving(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.drained = make(chan struct{})
+	go func() {
+		select {
+		case <-opts.Ready:
+			// After Drain's Shutdown the health server ignores this.
+			serving(healthpb.HealthCheckResponse_SERVING)
+		case <-s.drained:
+		}
+	}()
 	return s, nil
 }
 
@@ -148,7 +171,12 @@ func (s *Service) Reload(cfg Config) error {
 
 // Drain reports NOT_SERVING on the health service from now on, so
 // clients that health-check move away before the server stops.
-func (s *Service) Drain() { s.health.Shutdown() }
+func (s *Service) Drain() {
+	s.health.Shutdown()
+	if s.drained != nil {
+		s.drainOnce.Do(func() { close(s.drained) })
+	}
+}
 
 // Server returns a gRPC server for the service, with health checking and
 // reflection, message size, stream and keepalive limits, and TLS when

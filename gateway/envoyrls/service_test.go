@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -584,6 +586,51 @@ func TestHealthAndReflection(t *testing.T) {
 	r.svc.Drain()
 	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health after Drain: %v %v, want NOT_SERVING", resp, err)
+	}
+}
+
+// TestHealthWaitsForReady: with Options.Ready the door says NOT_SERVING
+// until the gateway can decide, then SERVING; drained first, it stays
+// NOT_SERVING.
+func TestHealthWaitsForReady(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "test.yaml"), []byte(features), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(gatewayConfig(), gateway.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(s *Service) healthpb.HealthCheckResponse_ServingStatus {
+		resp, err := s.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: rlsv3.RateLimitService_ServiceDesc.ServiceName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetStatus()
+	}
+	for _, drainFirst := range []bool{false, true} {
+		ready := make(chan struct{})
+		s, err := New(Config{Listen: "127.0.0.1:0", ConfigDir: dir}, gw, Options{Ready: ready})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := status(s); got != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("health before ready = %v, want NOT_SERVING", got)
+		}
+		want := healthpb.HealthCheckResponse_SERVING
+		if drainFirst {
+			s.Drain()
+			want = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		close(ready)
+		testenv.WaitFor(t, 10*time.Second, "health to follow readiness", func() bool { return status(s) == want })
+		if drainFirst {
+			// Give the waiting goroutine its chance to (wrongly) switch.
+			time.Sleep(50 * time.Millisecond)
+			if got := status(s); got != want {
+				t.Errorf("health of a drained door once ready = %v, want NOT_SERVING", got)
+			}
+		}
 	}
 }
 

@@ -47,6 +47,13 @@ type RedisTuning struct {
 	MaxRetries int
 	// MinIdleConns keeps connections warm for the first requests.
 	MinIdleConns int
+	// PoolSize caps the connections per node; 0: go-redis's default.
+	PoolSize int
+	// OnePool runs pipelines on the main pool. go-redis otherwise gives
+	// them a pool of their own that it never dials ahead (MinIdleConns does
+	// not apply to it), so a pipeline's first use of each connection dials
+	// it, TLS and AUTH included, within the caller's deadline.
+	OnePool bool
 	// ContextTimeout makes a call's context deadline bound the socket too.
 	ContextTimeout bool
 }
@@ -179,7 +186,11 @@ func NewRedis(r Redis, t RedisTuning, log *slog.Logger) (redis.UniversalClient, 
 		ReadTimeout:           t.Timeout,
 		WriteTimeout:          t.Timeout,
 		MinIdleConns:          t.MinIdleConns,
+		PoolSize:              t.PoolSize,
 		ContextTimeoutEnabled: t.ContextTimeout,
+	}
+	if t.OnePool {
+		o.PipelinePoolSize = -1
 	}
 	// The kind is chosen here, not by redis.NewUniversalClient's guess from
 	// the number of addresses: one cluster seed is still a cluster.
