@@ -43,10 +43,12 @@ func (g *Gateway) applyDirectives(st *state, id *identity, l *limits) {
 	}
 	key, rules := l.key, l.rules
 	nat, split := g.directed(st, id, l, d, g.now())
-	if f, ok := g.store.(denialForgetter); ok && (nat || split) {
-		// The store's cached denial of the undirected check would
-		// outlive the directive: the key refills at the directed rate
-		// (a NAT raise) or in its shares (a split) meanwhile.
+	if f, ok := g.store.(denialForgetter); ok && split {
+		// A split checks the key's share, under another key, so the
+		// store's cached denial of the undirected check would outlive
+		// the directive while the key refills in its shares. (Rules a
+		// NAT raise changes under the same key, the store's cache drops
+		// by itself.)
 		f.ForgetDenial(key, rules)
 	}
 	if nat {

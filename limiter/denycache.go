@@ -1,11 +1,16 @@
 package limiter
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
 
 const denyShards = 16
+
+// maxDenialsPerKey bounds the denials one key keeps under different rules
+// (a route's rules beside its plan's, each route its own set).
+const maxDenialsPerKey = 4
 
 // denyCache remembers keys that Redis denied until a known time, so a hot
 // key's denials are answered from memory. It is exact: an entry ends at
@@ -15,38 +20,80 @@ const denyShards = 16
 // it reports count from the reply's arrival instead, which is after Redis
 // decided, so a client that waits them is admitted: counted from the
 // send, they would come short by the call's whole latency.
+//
+// A check of the key under other settings of a rule it holds (a NAT
+// directive raised the limits, a split divided them) makes Redis convert
+// that rule's state and refill it at the new rate: a denial made under
+// the old settings is then no longer Redis' answer, should they return.
+// So denials are kept by key, and a check that meets its key's denial
+// under a conflicting setting drops it (see conflicts).
 type denyCache struct {
 	shards [denyShards]denyShard
-	per    int
+	per    int // keys per shard
 }
 
 type denyShard struct {
 	mu sync.RWMutex
-	m  map[uint64]denyEntry
+	m  map[uint64]*keyDenials // by the key's hash
+}
+
+// keyDenials are one key's cached denials, each under other rules.
+type keyDenials struct {
+	key string // guards against hash collisions
+	e   []denyEntry
 }
 
 type denyEntry struct {
-	key     string    // guards against fingerprint collisions
+	fp      uint64    // the key's and the rules' fingerprint
+	rules   []ruleSig // what each rule was when Redis denied
 	until   time.Time // send time + retry-after: deny no longer
 	at      time.Time // when the reply arrived: waits count from here
 	minCost int64     // other costs have other retry times
 	d       Decision
 }
 
+// ruleSig is one rule of a cached denial: which state in Redis it is (id)
+// and the settings it was checked with (set).
+type ruleSig struct{ id, set uint64 }
+
 func newDenyCache(size int) *denyCache {
 	c := &denyCache{per: max(1, size/denyShards)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[uint64]denyEntry)
+		c.shards[i].m = make(map[uint64]*keyDenials)
 	}
 	return c
 }
 
-func (c *denyCache) get(fp uint64, key string, cost int64, now time.Time) (Decision, bool) {
-	s := &c.shards[fp%denyShards]
+// get answers a check of key under rules at cost from a denial that still
+// holds. A denial of key under conflicting settings of one of rules is
+// dropped on the way.
+func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (Decision, bool) {
+	kh, fp := fingerprint(key, rules)
+	s := &c.shards[kh%denyShards]
 	s.mu.RLock()
-	e, ok := s.m[fp]
+	kd := s.m[kh]
+	if kd == nil || kd.key != key {
+		s.mu.RUnlock()
+		return Decision{}, false
+	}
+	var (
+		e           denyEntry
+		found, drop bool
+	)
+	for i := range kd.e {
+		if kd.e[i].fp == fp {
+			e, found = kd.e[i], true
+		} else if conflicts(kd.e[i].rules, rules) {
+			drop = true
+		}
+	}
 	s.mu.RUnlock()
-	if !ok || e.key != key || cost != e.minCost || !now.Before(e.until) {
+	if drop {
+		s.mu.Lock()
+		s.dropConflicts(kh, key, fp, rules)
+		s.mu.Unlock()
+	}
+	if !found || cost != e.minCost || !now.Before(e.until) {
 		return Decision{}, false
 	}
 	since := now.Sub(e.at)
@@ -62,32 +109,83 @@ func (c *denyCache) get(fp uint64, key string, cost int64, now time.Time) (Decis
 	return d, true
 }
 
+// dropConflicts drops key's denials, other than fp's, that conflict with
+// rules. The caller holds s.mu.
+func (s *denyShard) dropConflicts(kh uint64, key string, fp uint64, rules []Rule) {
+	kd := s.m[kh]
+	if kd == nil || kd.key != key {
+		return
+	}
+	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool { return e.fp != fp && conflicts(e.rules, rules) })
+	if len(kd.e) == 0 {
+		delete(s.m, kh)
+	}
+}
+
+// conflicts reports whether rules hold a rule whose state one of sigs
+// names, with other settings.
+func conflicts(sigs []ruleSig, rules []Rule) bool {
+	for _, r := range rules {
+		id, set := ruleSignature(r)
+		for _, sg := range sigs {
+			if sg.id == id && sg.set != set {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ruleSignature is r's ruleSig. The id is what names its state in Redis
+// (name, bucket, tag); everything else a check sends of it is its
+// settings.
+func ruleSignature(r Rule) (id, set uint64) {
+	h := newHash()
+	h.str(r.Name)
+	h.str(r.Bucket)
+	h.str(r.Tag)
+	id = h.sum
+	h = newHash()
+	r.settings(h)
+	return id, h.sum
+}
+
 // ForgetDenial drops the denial cached for key under rules, if any. A
 // caller that starts checking key under other rules (a directive raised
-// them) calls it with the rules it no longer uses: Redis converts key's
-// state to the new rules and refills it at their rate, so should the old
-// rules return (the directive lapses), their cached denial could refuse
-// what Redis admits. It costs a fingerprint and a map lookup.
+// them) may call it with the rules it no longer uses; the cache also
+// drops such a denial itself on the first check under the new rules (see
+// denyCache). It costs a fingerprint and a map lookup.
 func (r *Redis) ForgetDenial(key string, rules []Rule) {
 	if r.deny == nil {
 		return
 	}
-	r.deny.drop(fingerprint(key, rules), key)
+	r.deny.drop(key, rules)
 }
 
-func (c *denyCache) drop(fp uint64, key string) {
-	s := &c.shards[fp%denyShards]
-	s.mu.RLock()
-	e, ok := s.m[fp]
-	s.mu.RUnlock()
-	if !ok || e.key != key {
-		return
-	}
+// forget drops every denial of key.
+func (c *denyCache) forget(key string) {
+	kh, _ := fingerprint(key, nil)
+	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
-	if e, ok := s.m[fp]; ok && e.key == key {
-		delete(s.m, fp)
+	if kd := s.m[kh]; kd != nil && kd.key == key {
+		delete(s.m, kh)
 	}
 	s.mu.Unlock()
+}
+
+func (c *denyCache) drop(key string, rules []Rule) {
+	kh, fp := fingerprint(key, rules)
+	s := &c.shards[kh%denyShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kd := s.m[kh]
+	if kd == nil || kd.key != key {
+		return
+	}
+	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool { return e.fp == fp })
+	if len(kd.e) == 0 {
+		delete(s.m, kh)
+	}
 }
 
 // calendarDenyHold is the longest a denial by a calendar rule is cached.
@@ -108,30 +206,53 @@ func denyHold(d Decision) time.Duration {
 	return hold
 }
 
-// put caches d, which Redis gave a call sent at sent and answered at recv,
-// for hold at most (see denyHold).
-func (c *denyCache) put(fp uint64, key string, cost int64, sent, recv time.Time, d Decision, hold time.Duration) {
+// put caches d, which Redis gave a check of key under rules at cost, sent
+// at sent and answered at recv, for hold at most (see denyHold). Redis
+// has just converted key's state to rules: the key's denials under
+// conflicting settings go.
+func (c *denyCache) put(key string, rules []Rule, cost int64, sent, recv time.Time, d Decision, hold time.Duration) {
 	until := sent.Add(hold)
 	if !until.After(recv) {
 		return
 	}
-	s := &c.shards[fp%denyShards]
+	kh, fp := fingerprint(key, rules)
+	sigs := make([]ruleSig, len(rules))
+	for i, r := range rules {
+		sigs[i].id, sigs[i].set = ruleSignature(r)
+	}
+	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.m[fp]; !ok && len(s.m) >= c.per {
-		for k, e := range s.m {
-			if !recv.Before(e.until) {
-				delete(s.m, k)
-			}
+	kd := s.m[kh]
+	if kd == nil || kd.key != key {
+		if kd == nil && len(s.m) >= c.per {
+			s.evict(recv, c.per)
 		}
-		// Still full: drop an arbitrary entry. Forgetting a denial only
-		// costs a Redis call, never a wrong answer.
-		for k := range s.m {
-			if len(s.m) < c.per {
-				break
-			}
+		kd = &keyDenials{key: key}
+		s.m[kh] = kd
+	}
+	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool {
+		return e.fp == fp || !recv.Before(e.until) || conflicts(e.rules, rules)
+	})
+	if len(kd.e) >= maxDenialsPerKey {
+		kd.e = kd.e[1:] // the oldest
+	}
+	kd.e = append(kd.e, denyEntry{fp: fp, rules: sigs, until: until, at: recv, minCost: cost, d: d})
+}
+
+// evict makes room for a key: keys whose denials all ended go, then
+// arbitrary ones. Forgetting a denial only costs a Redis call, never a
+// wrong answer. The caller holds s.mu.
+func (s *denyShard) evict(now time.Time, per int) {
+	for k, kd := range s.m {
+		if !slices.ContainsFunc(kd.e, func(e denyEntry) bool { return now.Before(e.until) }) {
 			delete(s.m, k)
 		}
 	}
-	s.m[fp] = denyEntry{key: key, until: until, at: recv, minCost: cost, d: d}
+	for k := range s.m {
+		if len(s.m) < per {
+			break
+		}
+		delete(s.m, k)
+	}
 }

@@ -192,18 +192,8 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 // not denied from memory until its old retry time. A check in flight
 // while the reset runs may still cache its denial.
 func (r *Redis) forget(key string) {
-	if r.deny == nil {
-		return
-	}
-	for i := range r.deny.shards {
-		s := &r.deny.shards[i]
-		s.mu.Lock()
-		for fp, e := range s.m {
-			if e.key == key {
-				delete(s.m, fp)
-			}
-		}
-		s.mu.Unlock()
+	if r.deny != nil {
+		r.deny.forget(key)
 	}
 }
 

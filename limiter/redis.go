@@ -331,10 +331,8 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		d.Time = r.cfg.Now()
 		return d, nil
 	}
-	var fp uint64
 	if r.deny != nil {
-		fp = fingerprint(key, rules)
-		if d, ok := r.deny.get(fp, key, cost, r.cfg.Now()); ok {
+		if d, ok := r.deny.get(key, rules, cost, r.cfg.Now()); ok {
 			r.cached.Add(1)
 			return d, nil
 		}
@@ -348,7 +346,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			}
 			d, sent, err := r.allowAcross(ctx, key, rules, cost, groups)
 			if err == nil && r.deny != nil && !d.Allowed {
-				r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
+				r.deny.put(key, rules, cost, sent, r.cfg.Now(), d, denyHold(d))
 			}
 			return d, err
 		}
@@ -388,7 +386,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		d = joinWholes(d, rules)
 	}
 	if r.deny != nil && !d.Allowed {
-		r.deny.put(fp, key, cost, sent, r.cfg.Now(), d, denyHold(d))
+		r.deny.put(key, rules, cost, sent, r.cfg.Now(), d, denyHold(d))
 	}
 	return d, nil
 }
@@ -465,7 +463,7 @@ func (r *Redis) CachedDenial(key string, rules []Rule, cost int64) (Decision, bo
 	if r.deny == nil {
 		return Decision{}, false
 	}
-	d, ok := r.deny.get(fingerprint(key, rules), key, cost, r.cfg.Now())
+	d, ok := r.deny.get(key, rules, cost, r.cfg.Now())
 	if ok {
 		r.cached.Add(1)
 	}
@@ -677,35 +675,43 @@ func replyInts(res []any, want, n int) ([]int64, error) {
 
 // fingerprint identifies a key together with its rules, so a cached denial
 // never outlives a change of rules.
-func fingerprint(key string, rules []Rule) uint64 {
+// fingerprint hashes key (kh) and key with rules (fp): a denial of key
+// under rules answers only a check under the very same rules.
+func fingerprint(key string, rules []Rule) (kh, fp uint64) {
 	h := newHash()
 	h.str(key)
+	kh = h.sum
 	for _, r := range rules {
 		h.str(r.Name)
 		h.str(r.Bucket)
 		h.str(r.Tag)
-		h.str(string(r.algorithm()))
-		h.int(r.Limit)
-		h.int(int64(r.Period))
-		h.int(r.Capacity())
-		// A rule's own cost changes its verdict and retry as the call's
-		// cost does (which the entry checks): a denial at one must not
-		// answer another.
-		h.int(r.Cost)
-		if r.Calendar != nil {
-			h.str(r.Calendar.identity())
-		}
-		h.str(r.Whole.Gateway)
-		h.int(r.Whole.Limit)
-		h.int(int64(r.Whole.Period))
-		h.int(r.Whole.Burst)
-		if r.Shadow {
-			h.int(1)
-		} else {
-			h.int(0)
-		}
+		r.settings(h)
 	}
-	return h.sum
+	return kh, h.sum
+}
+
+// settings hashes what a check sends of r besides the state it names.
+func (r Rule) settings(h *fnv) {
+	h.str(string(r.algorithm()))
+	h.int(r.Limit)
+	h.int(int64(r.Period))
+	h.int(r.Capacity())
+	// A rule's own cost changes its verdict and retry as the call's cost
+	// does (which the entry checks): a denial at one must not answer
+	// another.
+	h.int(r.Cost)
+	if r.Calendar != nil {
+		h.str(r.Calendar.identity())
+	}
+	h.str(r.Whole.Gateway)
+	h.int(r.Whole.Limit)
+	h.int(int64(r.Whole.Period))
+	h.int(r.Whole.Burst)
+	if r.Shadow {
+		h.int(1)
+	} else {
+		h.int(0)
+	}
 }
 
 type fnv struct{ sum uint64 }

@@ -522,3 +522,53 @@ func TestScriptWhenFunctionsRefused(t *testing.T) {
 		t.Errorf("via = %d, want the script (%d)", l.via.Load(), viaScript)
 	}
 }
+
+// TestDenyCacheAfterNATLapse: a denial cached under a key's rules does not
+// outlive a NAT directive applied and lapsed through the limiter's API.
+// Checked under the raised rules, Redis converts the key's state and
+// refills it ten times as fast; converted back once the directive lapses,
+// it admits again well before the old denial's retry: the cache must
+// answer as Redis does.
+func TestDenyCacheAfterNATLapse(t *testing.T) {
+	rdb := mustRedis(t)
+	l := mustLimiter(t, rdb, Config{})
+	peek := mustLimiter(t, rdb, Config{DenyCache: -1})
+	ctx := context.Background()
+	key := "ip:" + uniqueKey(t)
+	rules := []Rule{{Name: "anon", Limit: 2, Period: 20 * time.Second}}
+	for i, want := range []bool{true, true, false} {
+		if d, err := l.Allow(ctx, key, rules, 1); err != nil || d.Allowed != want {
+			t.Fatalf("drain #%d: Allow = %+v, %v; want allowed %v", i+1, d, err, want)
+		}
+	}
+	if d, err := l.Allow(ctx, key, rules, 1); err != nil || d.Allowed || !d.Cached {
+		t.Fatalf("after the drain: Allow = %+v, %v; want a cached denial", d, err)
+	}
+
+	now := time.Now()
+	dirs := &Directives{NATs: map[string]NATDirective{key: {Key: key, Factor: 10, Clients: 10, Expires: now.Add(time.Hour)}}}
+	raised, ok := dirs.NAT(key, rules, now)
+	if !ok {
+		t.Fatal("the NAT directive does not apply")
+	}
+	if d, err := l.Allow(ctx, key, raised, 1); err != nil || !d.Allowed {
+		t.Fatalf("under the NAT directive: Allow = %+v, %v; want allowed", d, err)
+	}
+	// The raised bucket refills to its capacity (1 token a second)…
+	testenv.WaitFor(t, 60*time.Second, "the raised bucket to refill", func() bool {
+		ks, err := peek.Inspect(ctx, key, raised)
+		return err == nil && ks.Rules[0].Remaining == raised[0].Capacity()
+	})
+	// …so, the directive lapsed, Redis admits under the key's own rules.
+	back, ok := dirs.NAT(key, rules, now.Add(2*time.Hour))
+	if ok {
+		t.Fatal("the NAT directive applies after it expired")
+	}
+	ks, err := peek.Inspect(ctx, key, back)
+	if err != nil || ks.Rules[0].Remaining < 1 {
+		t.Fatalf("Redis' state after the lapse = %+v, %v; want room (the test's premise)", ks, err)
+	}
+	if d, err := l.Allow(ctx, key, back, 1); err != nil || !d.Allowed || d.Cached {
+		t.Errorf("after the lapse: Allow = %+v, %v; want allowed by Redis, not the denial cached before the directive", d, err)
+	}
+}
