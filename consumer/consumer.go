@@ -279,6 +279,9 @@ type Consumer struct {
 	limit, fits int
 	more        bool
 	// commits counts the batches with rows this consumer committed, and
+	// lone is the suspect partition whose batch, alone, timed out last
+	// (nil: the last batch did not); see starved.
+	lone *partition
 	// suspectTurn says the last batch was a suspect partition's alone (see
 	// isolate and timedOut).
 	commits     uint64
@@ -472,14 +475,21 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 // poll fetches, buffers and flushes until ctx ends, or until a flush finds
 // the schema newer than this consumer (ErrSchemaNewer, returned).
 func (c *Consumer) poll(ctx context.Context) error {
+	starved := false
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
+		if starved {
+			// The suspect's rows fill the buffer: wait for a small batch
+			// more, once a try, for the other partitions' rows (a poll
+			// past its deadline would return none).
+			room = max(room, min(minBatchLimit, c.cfg.BatchSize))
+		}
 		if c.flushableDeadBytes() >= c.deadBudget {
 			room = 0 // flush first
 		}
 		deadline := c.now().Add(c.cfg.BatchWait)
-		if c.flushable() > 0 {
+		if c.flushable() > 0 && !starved {
 			deadline = c.firstAt.Add(c.cfg.BatchWait)
 		}
 		c.mu.Unlock()
@@ -507,9 +517,12 @@ func (c *Consumer) poll(ctx context.Context) error {
 		full := n >= c.cfg.BatchSize || c.flushableDeadBytes() >= c.deadBudget
 		due := n > 0 && !c.now().Before(c.firstAt.Add(c.cfg.BatchWait)) || c.deadLetterRetryDue()
 		c.mu.Unlock()
+		starved = false
 		if full || due {
 			if err := c.flush(ctx); errors.Is(err, ErrSchemaNewer) {
 				return err
+			} else if errors.Is(err, errStarved) {
+				starved = true
 			} else if err != nil && ctx.Err() == nil {
 				c.log.Error("flush", "error", err)
 			}
@@ -754,6 +767,9 @@ func (c *Consumer) flush(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", stage, err)
 		}
 		c.m.retries.WithLabelValues(stage).Inc()
+		if c.starved() {
+			return fmt.Errorf("%s: %w", stage, errStarved)
+		}
 		wait := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
 		c.log.Warn("flush failed; retrying", "stage", stage, "attempt", attempt+1, "retry_in", wait, "error", err)
 		select {
@@ -762,6 +778,28 @@ func (c *Consumer) flush(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// errStarved ends a flush whose suspect partition, tried alone, timed out
+// with no other partition's rows buffered: poll fetches some (see starved)
+// before the next try, for only another partition's batch stored in time
+// can show that the suspect is stuck.
+var errStarved = errors.New("a suspect partition timed out alone; fetching others before trying again")
+
+// starved reports whether the last batch was a suspect partition alone
+// that timed out while no other partition had rows to store.
+func (c *Consumer) starved() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lone == nil {
+		return false
+	}
+	for _, p := range c.parts {
+		if p != c.lone && !p.blocked && len(p.rows) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // backoff is the wait before retry attempt+1: exponential from lo, capped
@@ -837,7 +875,7 @@ func (c *Consumer) flushableDeadBytes() int {
 func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.more = false
+	c.more, c.lone = false, nil
 	// Every step is bounded: while mu is held, a rebalance waits.
 	ctx, cancel := context.WithTimeout(parent, c.cfg.InsertTimeout)
 	defer cancel()
@@ -865,19 +903,31 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	// Before anything is written: the rows dropped are gone from the
 	// buffer, so a retry of this batch neither stores nor counts them again.
 	buffered := c.dropDuplicates(batch)
-	batch, rows, holds := c.cut(batch, buffered)
+	// A suspect partition alone is tried at the smallest batch, whatever
+	// the limit of the others' batches does meanwhile: each of its
+	// timeouts is then a strike, and a stuck partition reaches the
+	// dead-letter topic within a bounded number of attempts (timedOut).
+	limit, lone := c.limit, len(batch) == 1 && batch[0].suspect
+	if lone {
+		limit = min(limit, minBatchLimit, c.cfg.BatchSize)
+	}
+	batch, rows, holds := cut(batch, buffered, limit)
 	defer func() {
 		if err == nil {
 			return
 		}
 		restore(holds)
 		// The attempt's own deadline, not Run stopping: the batch was too
-		// big for the server as it is now.
+		// big for the server as it is now, or its partition is stuck.
 		if (stage == stageStage || stage == stageInsert) && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
-			if c.limit <= min(minBatchLimit, c.cfg.BatchSize) {
-				c.timedOut(batch, rows)
+			// A suspect alone at the smallest batch is its own fault
+			// until others time out too: the others' limit stays.
+			c.timedOut(batch, rows, lone || c.limit <= min(minBatchLimit, c.cfg.BatchSize))
+			if lone {
+				c.lone = batch[0]
+			} else {
+				c.shrink(rows)
 			}
-			c.shrink(rows)
 		}
 	}()
 	if c.beforeInsert != nil {

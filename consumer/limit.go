@@ -25,22 +25,22 @@ type held struct {
 	end  kgo.EpochOffset // the partition's end past the set-aside rows
 }
 
-// cut trims batch, rows rows in all, to the batch limit: whole partitions
+// cut trims batch, rows rows in all, to limit rows: whole partitions
 // while they fit, then the oldest rows of the one that does not; the others
 // wait. A trimmed partition's end is moved to just after its last row in
 // the batch, so the ledger, the commit and the next batch's first offset
 // all agree on where the batch stops. It returns the batch, its rows and
 // what was set aside, which restore or keepRest must then be given.
 // Callers hold mu.
-func (c *Consumer) cut(batch []*partition, rows int) ([]*partition, int, []held) {
-	if rows <= c.limit {
+func cut(batch []*partition, rows, limit int) ([]*partition, int, []held) {
+	if rows <= limit {
 		return batch, rows, nil
 	}
 	var (
 		kept  []*partition
 		holds []held
 	)
-	room := c.limit
+	room := limit
 	rows = 0
 	for _, p := range batch {
 		n := len(p.rows)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -12,9 +13,14 @@ import (
 // committed returns the group's committed offsets for topic by partition.
 func committed(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
 	t.Helper()
-	ctx, adm, done := testenv.KafkaAdmin(t, brokers, 10*time.Second)
+	ctx, adm, done := testenv.KafkaAdmin(t, brokers, 30*time.Second)
 	defer done()
 	resp, err := adm.FetchOffsets(ctx, group)
+	// A broker just started elects the group coordinator first.
+	for kerr.IsRetriable(err) && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		resp, err = adm.FetchOffsets(ctx, group)
+	}
 	if err != nil {
 		t.Fatalf("fetch offsets of %s: %v", group, err)
 	}

@@ -50,16 +50,17 @@ func (c *Consumer) isolate(batch []*partition) ([]*partition, bool) {
 }
 
 // timedOut judges a batch of the partitions batch, rows rows in all, that
-// timed out at the smallest batch size. It makes their partitions suspect
-// (see isolate), and a batch of one partition's rows strikes it. After
+// timed out. It makes their partitions suspect (see isolate), whatever the
+// batch's size, so that each is tried alone at the smallest size next; at
+// that size (atFloor) a batch of one partition's rows strikes it. After
 // StuckAttempts strikes in a row, if a batch committed since the partition
 // became suspect (so ClickHouse takes other rows in time and the fault is
 // the partition's), the rows of the batch go to the dead-letter topic and
-// the partition goes on after them; it stays suspect, and so do its next
-// batches, until one of them commits. With no such batch a slow server and
+// the partition goes on after them; it stays suspect, and each of its next
+// batches that times out goes there at once, until one of them commits. With no such batch a slow server and
 // a stuck partition look alike, and the batch is retried. Callers hold mu,
 // after restore.
-func (c *Consumer) timedOut(batch []*partition, rows int) {
+func (c *Consumer) timedOut(batch []*partition, rows int, atFloor bool) {
 	var withRows []*partition
 	for _, p := range batch {
 		if len(p.rows) > 0 {
@@ -71,7 +72,7 @@ func (c *Consumer) timedOut(batch []*partition, rows int) {
 			p.suspect, p.since = true, c.commits
 		}
 	}
-	if len(withRows) != 1 {
+	if !atFloor || len(withRows) != 1 {
 		return
 	}
 	p := withRows[0]
@@ -91,7 +92,9 @@ func (c *Consumer) timedOut(batch []*partition, rows int) {
 	k := copy(p.rows, p.rows[n:])
 	clear(p.rows[k:])
 	p.rows = p.rows[:k]
-	p.strikes = 0
+	// Proven stuck: its next batch that times out follows at once, until
+	// one of its batches commits (cleared).
+	p.strikes = c.cfg.StuckAttempts - 1
 	c.m.batchesDeadLettered.Inc()
 	c.log.Error("a partition's batch keeps outliving the insert timeout while others are stored; its records go to the dead-letter topic",
 		"partition", p.id, "first_offset", first, "last_offset", last, "records", n,

@@ -57,56 +57,13 @@ func (c *stuckConn) Exec(ctx context.Context, query string, args ...any) error {
 // and its source offsets, counted in batches_dead_lettered_total; its
 // offsets must be committed past it, and partition 0 stored exactly once.
 func TestFaultStuckPartitionDeadLettered(t *testing.T) {
-	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
-	kb := realBackend(t, 2)
-	conn := &stuckConn{Conn: ch, stuck: 1, stageRe: regexp.MustCompile(`decisions_stage_[0-9_]+`)}
-	cfg := kb.config()
 	// Twice the floor: the first timeout halves the batch to the floor,
 	// where timeouts strike.
-	cfg.BatchSize = 2 * minBatchLimit
-	cfg.InsertTimeout = time.Second
-	cfg.StuckAttempts = 2
-	r := start(t, cfg, conn, nil)
-
-	// Partition 0 keeps getting traffic, as a healthy partition does: its
-	// batches are what shows the server takes rows in time.
-	manual := kgo.RecordPartitioner(kgo.ManualPartitioner())
-	prod, err := kgo.NewClient(kgo.SeedBrokers(kb.brokers...), kgo.DefaultProduceTopic(kb.topic), manual)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	var healthy atomic.Int64
-	stopLoad := testenv.Load(t, 1, 100*time.Millisecond, func(ctx context.Context) {
-		var recs []*kgo.Record
-		for _, d := range decisions(10) {
-			b, err := event.Encode(d)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			recs = append(recs, &kgo.Record{Partition: 0, Value: b, Headers: []kgo.RecordHeader{{Key: event.Header, Value: event.HeaderValue()}}})
-		}
-		if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			if ctx.Err() == nil {
-				t.Errorf("produce to partition 0: %v", err)
-			}
-			return
-		}
-		healthy.Add(int64(len(recs)))
-	})
-	testenv.WaitFor(t, 30*time.Second, "partition 0 stored", func() bool {
-		return committed(t, kb.brokers, cfg.Group, kb.topic)[0] > 0
-	})
+	s := newStuckRig(t, 2*minBatchLimit, 10, 100*time.Millisecond)
+	ch, kb, conn, cfg, r, healthy, stopLoad := s.ch, s.kb, s.conn, s.cfg, s.r, &s.healthy, s.stopLoad
 
 	const stuckRows = 50
-	var recs []*kgo.Record
-	for _, d := range decisions(stuckRows) {
-		r := record(t, d)
-		r.Partition = 1
-		recs = append(recs, r)
-	}
-	produceRaw(t, kb.brokers, kb.topic, recs, manual)
+	s.produceStuck(t, stuckRows)
 	testenv.WaitFor(t, 40*time.Second, "partition 1 committed past its stuck batch", func() bool {
 		return committed(t, kb.brokers, cfg.Group, kb.topic)[1] == stuckRows
 	})
@@ -146,4 +103,110 @@ func TestFaultStuckPartitionDeadLettered(t *testing.T) {
 	if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonInsertTimeout); got != stuckRows {
 		t.Errorf("dead_letters_total{reason=%q} = %v, want %d", ReasonInsertTimeout, got, stuckRows)
 	}
+}
+
+// TestFaultStuckPartitionBounded: a stuck partition reaches the dead-letter
+// topic within a bounded number of timed-out inserts, whatever the batch
+// limit does meanwhile (docs/operations.md says the bound). With batches
+// of 1000, partition 1's 1000 records were tried at 1000, 507, 253 and 126
+// rows, the healthy partition's batches growing the limit back between,
+// and none was dead-lettered within 40 s. Now the first insert that times
+// out makes it suspect, it is tried alone at the smallest batch, and after
+// StuckAttempts timeouts there its batch goes; the rest of it, proven
+// stuck, goes one batch a timeout.
+func TestFaultStuckPartitionBounded(t *testing.T) {
+	s := newStuckRig(t, 10*minBatchLimit, 50, 50*time.Millisecond)
+	ch, kb, conn, cfg, r, healthy, stopLoad := s.ch, s.kb, s.conn, s.cfg, s.r, &s.healthy, s.stopLoad
+	const stuckRows = 10 * minBatchLimit
+	s.produceStuck(t, stuckRows)
+	var first int64
+	testenv.WaitFor(t, 120*time.Second, "partition 1's first records dead-lettered", func() bool {
+		first = conn.slowed.Load()
+		return metric(t, r.reg, "edgelimit_consumer_batches_dead_lettered_total") > 0
+	})
+	// One more may have begun before the commit was seen.
+	if max := int64(1 + cfg.StuckAttempts + 1); first > max {
+		t.Errorf("partition 1's first records were dead-lettered after %d timed-out inserts, want at most %d", first, max)
+	}
+	testenv.WaitFor(t, 120*time.Second, "partition 1 committed past its stuck records", func() bool {
+		return committed(t, kb.brokers, cfg.Group, kb.topic)[1] == stuckRows
+	})
+	stopLoad()
+	// Each timeout after the first dead letter sends a batch (of at most
+	// 100; fewer where the records were fetched in parts).
+	batches := metric(t, r.reg, "edgelimit_consumer_batches_dead_lettered_total")
+	if got, max := conn.slowed.Load(), int64(1+cfg.StuckAttempts)+int64(batches)-1; got > max {
+		t.Errorf("partition 1's %d records took %d timed-out inserts to dead-letter in %v batches, want at most %d", stuckRows, got, batches, max)
+	}
+	testenv.WaitFor(t, 30*time.Second, "partition 0 committed", func() bool {
+		return committed(t, kb.brokers, cfg.Group, kb.topic)[0] == healthy.Load()
+	})
+	r.stop()
+	wantExact(t, ch, uint64(healthy.Load()))
+	if n := count(t, ch, "SELECT count() FROM decisions WHERE kafka_partition = 1"); n != 0 {
+		t.Errorf("%d rows of partition 1 stored, want 0 (they were dead-lettered)", n)
+	}
+	if got := metric(t, r.reg, "edgelimit_consumer_dead_letters_total", "reason", ReasonInsertTimeout); got != stuckRows {
+		t.Errorf("dead_letters_total{reason=%q} = %v, want %d", ReasonInsertTimeout, got, stuckRows)
+	}
+}
+
+// stuckRig is a consumer (insert timeout 1s, StuckAttempts 2) whose
+// ClickHouse cannot write partition 1's rows in time, while partition 0
+// gets perTick records every tick, as a healthy partition does: its
+// batches are what shows the server takes rows in time.
+type stuckRig struct {
+	ch       driver.Conn
+	kb       kafkaBackend
+	conn     *stuckConn
+	cfg      Config
+	r        *running
+	healthy  atomic.Int64 // records produced to partition 0
+	stopLoad func()
+}
+
+func newStuckRig(t *testing.T, batchSize, perTick int, tick time.Duration) *stuckRig {
+	s := &stuckRig{kb: realBackend(t, 2)}
+	s.ch, _ = newDatabase(t, testenv.ClickHouseAddr(t))
+	s.conn = &stuckConn{Conn: s.ch, stuck: 1, stageRe: regexp.MustCompile(`decisions_stage_[0-9_]+`)}
+	s.cfg = s.kb.config()
+	s.cfg.BatchSize = batchSize
+	s.cfg.InsertTimeout = time.Second
+	s.cfg.StuckAttempts = 2
+	s.r = start(t, s.cfg, s.conn, nil)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(s.kb.brokers...), kgo.DefaultProduceTopic(s.kb.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prod.Close)
+	s.stopLoad = testenv.Load(t, 1, tick, func(ctx context.Context) {
+		var recs []*kgo.Record
+		for _, d := range decisions(perTick) {
+			rec := record(t, d)
+			rec.Partition = 0
+			recs = append(recs, rec)
+		}
+		if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("produce to partition 0: %v", err)
+			}
+			return
+		}
+		s.healthy.Add(int64(len(recs)))
+	})
+	testenv.WaitFor(t, 30*time.Second, "partition 0 stored", func() bool {
+		return committed(t, s.kb.brokers, s.cfg.Group, s.kb.topic)[0] > 0
+	})
+	return s
+}
+
+// produceStuck produces n records to partition 1.
+func (s *stuckRig) produceStuck(t *testing.T, n int) {
+	var recs []*kgo.Record
+	for _, d := range decisions(n) {
+		rec := record(t, d)
+		rec.Partition = 1
+		recs = append(recs, rec)
+	}
+	produceRaw(t, s.kb.brokers, s.kb.topic, recs, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 }
