@@ -56,14 +56,15 @@ const loginHTML = `<!doctype html>
 </form></body></html>
 `
 
-// nextRE matches the pages signing in may lead to: the dashboard and a
-// key's page (a key's name or id is letters, digits, '_', '-' and '.'). A
-// fixed shape, never another host: no open redirect.
-var nextRE = regexp.MustCompile(`^/(keys/[A-Za-z0-9_.-]+)?$`)
+// nextRE matches the pages signing in may lead to: the dashboard, a key's
+// page (a key's name or id is letters, digits, '_', '-' and '.') and the
+// usage page with its query. A fixed shape, never another host: no open
+// redirect.
+var nextRE = regexp.MustCompile(`^/(keys/[A-Za-z0-9_.-]+|usage(\?[A-Za-z0-9_.,=&%+-]*)?)?$`)
 
 // validNext reports whether signing in may lead to path (see nextRE).
 func validNext(path string) bool {
-	return len(path) <= len("/keys/")+maxKeyLen && nextRE.MatchString(path)
+	return len(path) <= 1024 && nextRE.MatchString(path)
 }
 
 // loginPage is the sign-in page leading back to path when it is a page
@@ -230,9 +231,10 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /{$}", a.dashboard)
 	// A key's page is the dashboard's, which reads the key from its path.
 	mux.HandleFunc("GET /keys/{key}", a.dashboard)
+	mux.HandleFunc("GET /usage", a.dashboard)
 	mux.HandleFunc("POST /login", a.login)
 	mux.HandleFunc("POST /logout", a.logout)
-	paths := []string{"/healthz", "/{$}", "/keys/{key}"}
+	paths := []string{"/healthz", "/{$}", "/keys/{key}", "/usage"}
 	for _, rt := range []struct {
 		path string
 		h    func(http.ResponseWriter, *http.Request) error
@@ -246,6 +248,8 @@ func (a *API) Handler() http.Handler {
 		{"/api/store-health", a.ranged(a.storeHealth), rangeParams},
 		{"/api/hot-keys", a.ranged(a.hotKeys), rangeParams},
 		{"/api/nat-ips", a.ranged(a.natIPs), append([]string{"ip"}, rangeParams...)},
+		{"/api/usage", a.usage, []string{"month", "from", "to", "tz", "key", "by", "format"}},
+		{"/api/v1/usage", a.usage, []string{"month", "from", "to", "tz", "key", "by", "format"}},
 		{"/api/alerts", a.alerts, nil},
 		{"/api/status", a.status, nil},
 	} {
@@ -390,7 +394,11 @@ func (a *API) dashboard(w http.ResponseWriter, r *http.Request) {
 		h.Set("Content-Type", "text/html; charset=utf-8")
 		h.Set("WWW-Authenticate", `Bearer realm="edgelimit-analytics"`)
 		w.WriteHeader(http.StatusUnauthorized)
-		w.Write(loginPage(r.URL.Path))
+		next := r.URL.Path
+		if next == "/usage" && r.URL.RawQuery != "" {
+			next += "?" + r.URL.RawQuery
+		}
+		w.Write(loginPage(next))
 		return
 	}
 	h.Set("Content-Type", "text/html; charset=utf-8")
@@ -698,4 +706,47 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// usage answers a usage statement (UsageStatement) as JSON, or with
+// ?format=csv (or Accept: text/csv) its rows as a CSV download:
+// ?month=2026-11 or ?from=&to=, ?tz=, ?key= (repeated), ?by=key,plan.
+func (a *API) usage(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	format := q.Get("format")
+	if format == "" && strings.Contains(r.Header.Get("Accept"), "text/csv") {
+		format = "csv"
+	}
+	if format != "" && format != "json" && format != "csv" {
+		return fmt.Errorf("%w: format %q: want json or csv", ErrBadQuery, format)
+	}
+	tz := q.Get("tz")
+	if tz == "" {
+		tz = "UTC"
+	}
+	loc, err := LoadZone(tz)
+	if err != nil {
+		return err
+	}
+	uq := UsageQuery{TZ: tz, Keys: q["key"]}
+	if b := q.Get("by"); b != "" {
+		uq.By = strings.Split(b, ",")
+	}
+	if uq.From, uq.To, err = UsagePeriod(q.Get("month"), q.Get("from"), q.Get("to"), loc, a.now()); err != nil {
+		return err
+	}
+	st, err := a.reader.Usage(r.Context(), uq)
+	if err != nil {
+		return err
+	}
+	if format == "csv" {
+		rows := make([][]string, len(st.Rows))
+		for i, u := range st.Rows {
+			rows[i] = u.Record(st.By)
+		}
+		return writeCSV(w, "usage.csv", UsageHeader(st.By), rows)
+	}
+	st.Rows, st.Keys = nonNil(st.Rows), nonNil(st.Keys)
+	writeJSON(w, http.StatusOK, st)
+	return nil
 }

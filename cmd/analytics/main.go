@@ -13,6 +13,7 @@
 //	analytics fail-minutes [-from -24h] [-to now]
 //	analytics store-health [-from -1h] [-to now] [-bucket ...]
 //	analytics whatif       -rules plans.yaml [-change YAML] [-from -24h] [-to now] [-top 10]
+//	analytics usage        -month 2026-11 | -from DATE [-to DATE] [-tz UTC] [-key ID|NAME]... [-by key,plan,route,day]
 //	analytics version                                  print the version (also -version, and -version on any command)
 //
 // The analyst commands take -format table|csv|json (default table) and the
@@ -70,13 +71,14 @@ commands:
   fail-minutes  minutes in which gateways failed open or closed
   store-health  store status, failure modes and check latency per gateway
   whatif        replay stored decisions through proposed rules: what they would deny
+  usage         a usage statement: what each key used in a month or period, and whether it is complete
   version       print the version
 
 Run "analytics COMMAND -h" for a command's flags.
 `
 
-// errUsage is returned for a bad command line.
-var errUsage = errors.New("bad usage")
+// errUsage is returned for a bad command line: the process exits 2.
+var errUsage = boot.ErrUsage
 
 // run runs one subcommand until it is done or ctx ends.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -110,7 +112,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 		return serve(ctx, fc, stdout)
 	case "trends", "top-keys", "key", "hot-keys", "nat-ips", "fail-minutes", "store-health", "whatif":
-		return query(ctx, cmd, fs, args, getenv, stdout)
+		return usageErr(query(ctx, cmd, fs, args, getenv, stdout))
+	case "usage":
+		return usageCmd(ctx, fs, args, getenv, stdout)
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)

@@ -14,17 +14,32 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// ErrUsage marks a bad command line or bad input: Main exits 2 with it.
+var ErrUsage = errors.New("bad usage")
+
 // Main runs a process's run function with a context that ends on SIGINT or
-// SIGTERM, and exits 1 with the error on stderr if it fails: the whole of
-// every main.
+// SIGTERM, and exits with the error on stderr if it fails: 2 for ErrUsage,
+// 1 for any other. It is the whole of every main.
 func Main(name string, run func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)
-		os.Exit(1)
+		os.Exit(ExitCode(err))
 	}
+}
+
+// ExitCode is the status a process exits with after err: 0 for none, 2
+// for ErrUsage, 1 for any other.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrUsage):
+		return 2
+	}
+	return 1
 }
 
 // Actor is one long-running part of a process. Run works until Stop is

@@ -1,0 +1,301 @@
+package analytics
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+var (
+	qUsage        = mustSQL("usage")
+	qUsageKeys    = mustSQL("usage_keys")
+	qUsageThrough = mustSQL("usage_through")
+)
+
+// The dimensions a usage statement's rows can be split by.
+const (
+	UsageByKey   = "key"
+	UsageByPlan  = "plan"
+	UsageByRoute = "route"
+	UsageByDay   = "day"
+)
+
+// usageDims are the dimensions in the order a row shows them.
+var usageDims = []string{UsageByKey, UsageByPlan, UsageByRoute, UsageByDay}
+
+// maxUsageKeys bounds the keys one statement names.
+const maxUsageKeys = 1000
+
+// UsageQuery asks what keys used in a period.
+type UsageQuery struct {
+	// From and To are the period, [From, To).
+	From, To time.Time
+	// TZ is the IANA zone days are cut in (UsageByDay); default UTC.
+	TZ string
+	// Keys are key ids or API keys' names; none: every key.
+	Keys []string
+	// By splits the rows, any of key, plan, route and day; default key,
+	// plan and route.
+	By []string
+}
+
+// UsagePeriod reads a statement's period as analysts give it: month
+// ("2026-11", in loc), or from and to (ParseTime's forms, a bare date
+// being midnight in loc). A month excludes from and to.
+func UsagePeriod(month, from, to string, loc *time.Location, now time.Time) (time.Time, time.Time, error) {
+	if month != "" {
+		if from != "" || to != "" {
+			return time.Time{}, time.Time{}, fmt.Errorf("%w: give a month or from and to, not both", ErrBadQuery)
+		}
+		m, err := time.ParseInLocation("2006-01", month, loc)
+		if err != nil {
+			return time.Time{}, time.Time{}, fmt.Errorf("%w: month %q: want YYYY-MM, e.g. 2026-11", ErrBadQuery, month)
+		}
+		return m, m.AddDate(0, 1, 0), nil
+	}
+	if from == "" {
+		return time.Time{}, time.Time{}, fmt.Errorf("%w: give a month (2026-11) or from (and to)", ErrBadQuery)
+	}
+	at := func(s string, def time.Time) (time.Time, error) {
+		if d, err := time.ParseInLocation("2006-01-02", strings.TrimSpace(s), loc); err == nil {
+			return d, nil
+		}
+		return ParseTime(s, now, def)
+	}
+	f, err := at(from, time.Time{})
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	t, err := at(to, now)
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	return f, t, nil
+}
+
+// normalize checks q and fills its defaults; loc is q.TZ loaded.
+func (q UsageQuery) normalize() (UsageQuery, *time.Location, error) {
+	if q.TZ == "" {
+		q.TZ = "UTC"
+	}
+	loc, err := LoadZone(q.TZ)
+	if err != nil {
+		return q, nil, err
+	}
+	if !q.From.Before(q.To) {
+		return q, nil, fmt.Errorf("%w: the period's start %s is not before its end %s", ErrBadQuery, q.From.Format(time.RFC3339), q.To.Format(time.RFC3339))
+	}
+	if q.To.Sub(q.From) > 400*24*time.Hour {
+		return q, nil, fmt.Errorf("%w: a period of at most 400 days", ErrBadQuery)
+	}
+	if len(q.By) == 0 {
+		q.By = []string{UsageByKey, UsageByPlan, UsageByRoute}
+	}
+	for i, b := range q.By {
+		if !slices.Contains(usageDims, b) {
+			return q, nil, fmt.Errorf("%w: by %q: want key, plan, route or day (or several, comma separated)", ErrBadQuery, b)
+		}
+		if slices.Contains(q.By[:i], b) {
+			return q, nil, fmt.Errorf("%w: by %q given twice", ErrBadQuery, b)
+		}
+	}
+	// Shown in one order whatever the order asked.
+	q.By = slices.DeleteFunc(slices.Clone(usageDims), func(d string) bool { return !slices.Contains(q.By, d) })
+	if len(q.Keys) > maxUsageKeys {
+		return q, nil, fmt.Errorf("%w: %d keys; at most %d", ErrBadQuery, len(q.Keys), maxUsageKeys)
+	}
+	for _, k := range q.Keys {
+		if k == "" || len(k) > 256 {
+			return q, nil, fmt.Errorf("%w: key %q: want a key id or an API key's name", ErrBadQuery, k)
+		}
+	}
+	q.From, q.To = q.From.Truncate(time.Second), q.To.Truncate(time.Second)
+	return q, loc, nil
+}
+
+// UsageRow is what one key (or every key, without UsageByKey) used in the
+// period, per the statement's other dimensions.
+type UsageRow struct {
+	KeyID   string `json:"key_id,omitempty"`
+	KeyName string `json:"key_name,omitempty"`
+	KeyKind string `json:"key_kind,omitempty"`
+	Plan    string `json:"plan,omitempty"`
+	Route   string `json:"route,omitempty"`
+	// Day is the day's date in the statement's zone (UsageByDay).
+	Day string `json:"day,omitempty"`
+	UsageCounts
+}
+
+// UsageCounts are a row's figures. Requests = Allowed + Denied; the costs
+// are the requests' units, allowed and denied; WithoutStore counts the
+// decisions no shared store made (fail open, the local fallback).
+type UsageCounts struct {
+	Requests     int64 `json:"requests"`
+	Allowed      int64 `json:"allowed"`
+	Denied       int64 `json:"denied"`
+	AllowedCost  int64 `json:"allowed_cost"`
+	DeniedCost   int64 `json:"denied_cost"`
+	WithoutStore int64 `json:"without_store"`
+}
+
+func (c *UsageCounts) add(o UsageCounts) {
+	c.Requests += o.Requests
+	c.Allowed += o.Allowed
+	c.Denied += o.Denied
+	c.AllowedCost += o.AllowedCost
+	c.DeniedCost += o.DeniedCost
+	c.WithoutStore += o.WithoutStore
+}
+
+// UsageStatement is what keys used in a period, read from committed
+// batches only, each decision once.
+type UsageStatement struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	TZ   string    `json:"tz"`
+	By   []string  `json:"by"`
+	// Keys are the keys asked for, as given (none: every key).
+	Keys  []string    `json:"keys"`
+	Rows  []UsageRow  `json:"rows"`
+	Total UsageCounts `json:"total"`
+	// DataThrough is the end of the newest committed minute (zero: none
+	// since From). Complete says it reaches past To: a decision after the
+	// period is stored, so the consumer is past the period too.
+	DataThrough time.Time `json:"data_through"`
+	Complete    bool      `json:"complete"`
+	// Incomplete says why not, when not.
+	Incomplete string `json:"incomplete,omitempty"`
+}
+
+// Usage returns the usage statement of q. A key of q.Keys that has no
+// committed decision at all is an error (ErrBadQuery), not a statement of
+// nothing used; a key that has some, but none in the period, gets a row
+// of zeros when rows are split by key.
+func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error) {
+	q, loc, err := q.normalize()
+	if err != nil {
+		return UsageStatement{}, err
+	}
+	known := map[string]UsageRow{} // by key id
+	if len(q.Keys) > 0 {
+		type idName struct{ id, name, kind string }
+		found, err := queryRows(ctx, r.ch, "usage keys", qUsageKeys, []any{clickhouse.Named("keys", q.Keys)}, func(rows driver.Rows, k *idName) error {
+			return rows.Scan(&k.id, &k.name, &k.kind)
+		})
+		if err != nil {
+			return UsageStatement{}, err
+		}
+		var missing []string
+		for _, k := range q.Keys {
+			if !slices.ContainsFunc(found, func(f idName) bool { return f.id == k || f.name == k }) {
+				missing = append(missing, strconv.Quote(k))
+			}
+		}
+		if len(missing) > 0 {
+			return UsageStatement{}, fmt.Errorf("%w: no key %s: no decision of it is stored (give a key id, or an API key's name)", ErrBadQuery, strings.Join(missing, ", "))
+		}
+		for _, f := range found {
+			row := known[f.id]
+			row.KeyID, row.KeyKind = f.id, f.kind
+			row.KeyName = max(row.KeyName, f.name)
+			known[f.id] = row
+		}
+	}
+	flag := func(d string) int {
+		if slices.Contains(q.By, d) {
+			return 1
+		}
+		return 0
+	}
+	keys, all := q.Keys, 0
+	if len(keys) == 0 {
+		keys, all = []string{""}, 1 // typed for has(); unused with all_keys
+	}
+	args := []any{
+		clickhouse.Named("from", q.From.UTC()), clickhouse.Named("to", q.To.UTC()), clickhouse.Named("tz", q.TZ),
+		clickhouse.Named("by_key", flag(UsageByKey)), clickhouse.Named("by_plan", flag(UsageByPlan)),
+		clickhouse.Named("by_route", flag(UsageByRoute)), clickhouse.Named("by_day", flag(UsageByDay)),
+		clickhouse.Named("all_keys", all), clickhouse.Named("keys", keys),
+	}
+	rows, err := queryRows(ctx, r.ch, "usage", qUsage, args, func(rows driver.Rows, u *UsageRow) error {
+		var day uint32
+		err := rows.Scan(&u.KeyID, &u.KeyKind, &u.KeyName, &u.Plan, &u.Route, &day,
+			&u.Requests, &u.Allowed, &u.Denied, &u.AllowedCost, &u.DeniedCost, &u.WithoutStore)
+		if day != 0 {
+			u.Day = time.Unix(int64(day), 0).In(loc).Format("2006-01-02")
+		}
+		return err
+	})
+	if err != nil {
+		return UsageStatement{}, err
+	}
+	st := UsageStatement{From: q.From, To: q.To, TZ: q.TZ, By: q.By, Keys: q.Keys, Rows: rows}
+	if flag(UsageByKey) == 1 {
+		// A key asked for that used nothing says so with zeros.
+		for id, k := range known {
+			if !slices.ContainsFunc(rows, func(u UsageRow) bool { return u.KeyID == id }) {
+				st.Rows = append(st.Rows, k)
+			}
+		}
+		slices.SortStableFunc(st.Rows, func(a, b UsageRow) int { return strings.Compare(a.KeyID, b.KeyID) })
+	}
+	for _, u := range st.Rows {
+		st.Total.add(u.UsageCounts)
+	}
+	through, err := queryRows(ctx, r.ch, "usage data through", qUsageThrough, []any{clickhouse.Named("from", q.From.UTC())}, func(rows driver.Rows, t *uint32) error {
+		return rows.Scan(t)
+	})
+	if err != nil {
+		return UsageStatement{}, err
+	}
+	if len(through) == 1 && through[0] > 0 {
+		st.DataThrough = time.Unix(int64(through[0]), 0).UTC().Add(time.Minute)
+	}
+	st.Complete = st.DataThrough.After(q.To)
+	if !st.Complete {
+		st.Incomplete = "no decision after the period's end is stored yet (data through " + st.DataThrough.Format(time.RFC3339) + ")"
+		if st.DataThrough.IsZero() {
+			st.Incomplete = "no decision since the period's start is stored"
+		}
+	}
+	return st, nil
+}
+
+// UsageHeader is the CSV and table header of a statement split by by.
+func UsageHeader(by []string) []string {
+	var h []string
+	for _, d := range by {
+		switch d {
+		case UsageByKey:
+			h = append(h, "key_id", "key_name", "key_kind")
+		default:
+			h = append(h, d)
+		}
+	}
+	return append(h, "requests", "allowed", "denied", "allowed_cost", "denied_cost", "without_store")
+}
+
+// Record is u as a CSV row under UsageHeader(by).
+func (u UsageRow) Record(by []string) []string {
+	var rec []string
+	for _, d := range by {
+		switch d {
+		case UsageByKey:
+			rec = append(rec, u.KeyID, u.KeyName, u.KeyKind)
+		case UsageByPlan:
+			rec = append(rec, u.Plan)
+		case UsageByRoute:
+			rec = append(rec, u.Route)
+		case UsageByDay:
+			rec = append(rec, u.Day)
+		}
+	}
+	i := strconv.FormatInt
+	return append(rec, i(u.Requests, 10), i(u.Allowed, 10), i(u.Denied, 10), i(u.AllowedCost, 10), i(u.DeniedCost, 10), i(u.WithoutStore, 10))
+}
