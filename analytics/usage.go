@@ -164,13 +164,38 @@ type UsageStatement struct {
 	Keys  []string    `json:"keys"`
 	Rows  []UsageRow  `json:"rows"`
 	Total UsageCounts `json:"total"`
-	// DataThrough is the end of the newest committed minute (zero: none
-	// since From). Complete says it reaches past To: a decision after the
-	// period is stored, so the consumer is past the period too.
+	// DataThrough is the start of the newest minute with a committed
+	// decision (zero: none since From). Complete says it is not before
+	// To: a decision at or after the period's end is stored, so the
+	// consumer is past the period too.
 	DataThrough time.Time `json:"data_through"`
 	Complete    bool      `json:"complete"`
 	// Incomplete says why not, when not.
 	Incomplete string `json:"incomplete,omitempty"`
+	// Reconciled is the limiter's own count beside the statement's, for
+	// a key's current calendar window (Reconcile).
+	Reconciled []Reconciliation `json:"reconciled,omitempty"`
+}
+
+// Reconciliation puts a calendar rule's count in the limiter beside the
+// statement's allowed cost of the same key in the same window.
+type Reconciliation struct {
+	KeyID   string `json:"key_id"`
+	KeyName string `json:"key_name"`
+	Rule    string `json:"rule"`
+	// WindowStart and WindowEnd are the rule's current window; At is the
+	// store's time the count was read at, the statement's end.
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
+	At          time.Time `json:"at"`
+	// LimiterCount is the units the limiter counted in the window (a
+	// grant, Granted, is not among them); StatementCost the statement's
+	// allowed cost of the key; Difference the first less the second: 0
+	// when every decision the limiter counted is stored.
+	LimiterCount  int64 `json:"limiter_count"`
+	Granted       int64 `json:"granted"`
+	StatementCost int64 `json:"statement_cost"`
+	Difference    int64 `json:"difference"`
 }
 
 // Usage returns the usage statement of q. A key of q.Keys that has no
@@ -255,11 +280,13 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 		return UsageStatement{}, err
 	}
 	if len(through) == 1 && through[0] > 0 {
-		st.DataThrough = time.Unix(int64(through[0]), 0).UTC().Add(time.Minute)
+		st.DataThrough = time.Unix(int64(through[0]), 0).UTC()
 	}
-	st.Complete = st.DataThrough.After(q.To)
+	// A stored decision at or after the end: the newest minute's start,
+	// since the rollup knows no finer time.
+	st.Complete = !st.DataThrough.Before(q.To)
 	if !st.Complete {
-		st.Incomplete = "no decision after the period's end is stored yet (data through " + st.DataThrough.Format(time.RFC3339) + ")"
+		st.Incomplete = "no decision at or after the period's end is stored yet (data through " + st.DataThrough.Format(time.RFC3339) + ")"
 		if st.DataThrough.IsZero() {
 			st.Incomplete = "no decision since the period's start is stored"
 		}
@@ -298,4 +325,18 @@ func (u UsageRow) Record(by []string) []string {
 	}
 	i := strconv.FormatInt
 	return append(rec, i(u.Requests, 10), i(u.Allowed, 10), i(u.Denied, 10), i(u.AllowedCost, 10), i(u.DeniedCost, 10), i(u.WithoutStore, 10))
+}
+
+// Reconcile adds to st, a statement of one key over the window of a
+// calendar rule read at at, that rule's count in the limiter.
+func (st *UsageStatement) Reconcile(rule string, count, granted int64, windowStart, windowEnd, at time.Time) {
+	r := Reconciliation{Rule: rule, WindowStart: windowStart, WindowEnd: windowEnd, At: at, LimiterCount: count, Granted: granted}
+	for _, u := range st.Rows {
+		r.StatementCost += u.AllowedCost
+		if u.KeyID != "" {
+			r.KeyID, r.KeyName = u.KeyID, max(r.KeyName, u.KeyName)
+		}
+	}
+	r.Difference = r.LimiterCount - r.StatementCost
+	st.Reconciled = append(st.Reconciled, r)
 }

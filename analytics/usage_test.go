@@ -78,8 +78,8 @@ func TestUsageStatement(t *testing.T) {
 	if tot := st.Total; tot.Requests != 5 || tot.Allowed != 4 || tot.Denied != 1 || tot.AllowedCost != 9 || tot.DeniedCost != 5 {
 		t.Errorf("total %+v, want 5 requests = 4 allowed + 1 denied, cost 9 allowed, 5 denied", tot)
 	}
-	if !st.Complete || !st.DataThrough.After(to) {
-		t.Errorf("complete %v, data through %v: a decision after the month is stored", st.Complete, st.DataThrough)
+	if !st.Complete || st.DataThrough.Before(to) {
+		t.Errorf("complete %v, data through %v: a decision at the month's end is stored", st.Complete, st.DataThrough)
 	}
 
 	// By route, for one key by its name and one idle key by its id.

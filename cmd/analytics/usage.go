@@ -7,11 +7,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/edgelimit/edgelimit/analytics"
+	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/internal/boot"
+	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // keyList is a repeatable -key.
@@ -34,6 +41,8 @@ func usageCmd(ctx context.Context, fs *boot.Flags, args []string, getenv func(st
 		tz     = fs.String("tz", "UTC", "the IANA time zone of -month, of dates, and of the days -by day cuts")
 		by     = fs.String("by", "key,plan,route", "split rows by any of key, plan, route, day (comma separated)")
 		format = fs.String("format", "table", "output: table, csv or json")
+		period = fs.String("period", "", "current: the -key's current calendar window, reconciled with the limiter's count (needs -rules and Redis)")
+		rules  = fs.String("rules", "", "with -period current: the gateway's config file (its plans: and api_keys:)")
 	)
 	fs.Var(&keys, "key", "a key id or an API key's name (repeat for several; none: every key)")
 	if done, err := fs.Parse(args); done {
@@ -48,17 +57,48 @@ func usageCmd(ctx context.Context, fs *boot.Flags, args []string, getenv func(st
 	if *format != "table" && *format != "csv" && *format != "json" {
 		return fmt.Errorf("%w: -format %q: want table, csv or json", errUsage, *format)
 	}
+	tzSet := false
+	fs.Visit(func(f *flag.Flag) { tzSet = tzSet || f.Name == "tz" })
+	var cur *currentWindow
+	switch *period {
+	case "":
+	case "current":
+		if *month != "" || *from != "" || *to != "" {
+			return fmt.Errorf("%w: -period current is the key's window: give no -month, -from or -to", errUsage)
+		}
+		if len(keys) != 1 {
+			return fmt.Errorf("%w: -period current reconciles one key: give exactly one -key (an API key's id)", errUsage)
+		}
+		c, err := readCurrent(*rules, keys[0])
+		if err != nil {
+			return err
+		}
+		if !tzSet {
+			*tz = c.cal.Location().String() // the window's own zone
+		}
+		cur = c
+	default:
+		return fmt.Errorf("%w: -period %q: the only period is current (or give -month, or -from and -to)", errUsage, *period)
+	}
 	loc, err := analytics.LoadZone(*tz)
 	if err != nil {
 		return usageErr(err)
 	}
 	q := analytics.UsageQuery{TZ: *tz, Keys: keys, By: splitList(*by)}
-	if q.From, q.To, err = analytics.UsagePeriod(*month, *from, *to, loc, time.Now()); err != nil {
-		return usageErr(err)
+	if cur == nil {
+		if q.From, q.To, err = analytics.UsagePeriod(*month, *from, *to, loc, time.Now()); err != nil {
+			return usageErr(err)
+		}
 	}
 	fc, err := loadConfig(*fs.Config, getenv)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
+	}
+	if cur != nil {
+		if err := cur.count(ctx, fc); err != nil {
+			return err
+		}
+		q.From, q.To = cur.start, cur.at.Truncate(time.Second).Add(time.Second)
 	}
 	ch, err := boot.OpenClickHouse(fc.ClickHouse, 30*time.Second)
 	if err != nil {
@@ -72,7 +112,87 @@ func usageCmd(ctx context.Context, fs *boot.Flags, args []string, getenv func(st
 	if err != nil {
 		return usageErr(err)
 	}
+	if cur != nil {
+		st.Reconcile(cur.rule.Name, cur.state.Count, cur.state.Granted, cur.start, cur.end, cur.at)
+	}
 	return renderUsage(stdout, *format, st)
+}
+
+// currentWindow is an API key's calendar rule and, once counted, its
+// current window and count in the limiter.
+type currentWindow struct {
+	id    string
+	rules []limiter.Rule // the key's plan's
+	rule  limiter.Rule   // its calendar rule
+	cal   *limiter.Calendar
+
+	at, start, end time.Time
+	state          limiter.RuleState
+}
+
+// readCurrent finds key's calendar rule in the gateway config file path:
+// key is an api_keys id, its plan's first rule with a calendar the one
+// reconciled.
+func readCurrent(path, key string) (*currentWindow, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%w: -period current needs -rules: the gateway's config file, for the key's plan and its calendar rule", errUsage)
+	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-rules: %w", err)
+	}
+	var doc struct {
+		Plans   map[string]gateway.Plan `yaml:"plans"`
+		APIKeys []gateway.APIKey        `yaml:"api_keys"`
+	}
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		return nil, fmt.Errorf("%w: -rules %s: %w", errUsage, path, err)
+	}
+	i := slices.IndexFunc(doc.APIKeys, func(k gateway.APIKey) bool { return k.ID == key })
+	if i < 0 {
+		return nil, fmt.Errorf("%w: -period current: no api_keys entry with id %q in %s (the current window is an API key's, by its id)", errUsage, key, path)
+	}
+	plan, ok := doc.Plans[doc.APIKeys[i].Plan]
+	if !ok {
+		return nil, fmt.Errorf("%w: -period current: key %q's plan %q is not in %s", errUsage, key, doc.APIKeys[i].Plan, path)
+	}
+	cur := &currentWindow{id: key}
+	for _, r := range plan.Rules {
+		cur.rules = append(cur.rules, r.Rule)
+		if r.Calendar != nil && cur.cal == nil {
+			cur.rule, cur.cal = r.Rule, r.Calendar
+		}
+	}
+	if cur.cal == nil {
+		return nil, fmt.Errorf("%w: -period current: key %q's plan %q has no calendar rule, so no current window", errUsage, key, doc.APIKeys[i].Plan)
+	}
+	return cur, nil
+}
+
+// count reads the key's state in the limiter's store (fc's Redis), as the
+// gateway's key admin API does: the calendar rule's count in the window
+// holding the store's time.
+func (c *currentWindow) count(ctx context.Context, fc fileConfig) error {
+	if !fc.Redis.Set() {
+		return fmt.Errorf("%w: -period current reads the limiter's count: configure redis (EDGELIMIT_REDIS_ADDR), with the gateways' prefix", errUsage)
+	}
+	rdb, err := boot.NewRedis(fc.Redis.Redis, boot.RedisTuning{Timeout: 5 * time.Second}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: fc.Redis.Prefix, DenyCache: -1})
+	if err != nil {
+		return err
+	}
+	ks, err := lim.Inspect(ctx, limiter.APIKeyKey(c.id), c.rules)
+	if err != nil {
+		return fmt.Errorf("read key %q in the limiter: %w", c.id, err)
+	}
+	i := slices.IndexFunc(c.rules, func(r limiter.Rule) bool { return r.Name == c.rule.Name })
+	c.state, c.at = ks.Rules[i], ks.Time
+	c.start, c.end = c.cal.Bounds(ks.Time)
+	return nil
 }
 
 // usageErr makes a bad query a bad command line (exit 2).
@@ -112,6 +232,11 @@ func renderUsage(w io.Writer, format string, st analytics.UsageStatement) error 
 		fmt.Fprintf(w, "complete: data through %s\n", ts(st.DataThrough))
 	} else {
 		fmt.Fprintf(w, "INCOMPLETE: %s\n", st.Incomplete)
+	}
+	for _, r := range st.Reconciled {
+		fmt.Fprintf(w, "reconciled: %s's rule %s, window %s to %s: the limiter counted %d (granted %d) at %s; the statement's allowed cost is %d; difference %d\n",
+			terminalSafe(r.KeyName), terminalSafe(r.Rule), r.WindowStart.In(loc).Format(time.RFC3339), r.WindowEnd.In(loc).Format(time.RFC3339),
+			r.LimiterCount, r.Granted, ts(r.At), r.StatementCost, r.Difference)
 	}
 	fmt.Fprintln(w)
 	total := analytics.UsageRow{UsageCounts: st.Total}.Record(nil)
