@@ -96,6 +96,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *check {
 		fc.Config = fc.Config.WithDefaults()
+		if fc.Redis.Set() {
+			fc.Redis.WarmConns = fc.Redis.warmConns()
+		}
 		return boot.PrintYAML(stdout, *path+" is valid", fc)
 	}
 	if fc.GatewayID == "" {

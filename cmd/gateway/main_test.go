@@ -199,6 +199,8 @@ func TestInvalidConfig(t *testing.T) {
 			[]string{"kafka.embedded_listen", "127.0.0.1 only"}},
 		{"embedded kafka bad port", []string{"-check", "-config", write("h.yaml", embeddedAt("127.0.0.1:99999"))}, nil,
 			[]string{"kafka.embedded_listen port"}},
+		{"warm_conns out of range", []string{"-check", "-config", write("i.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"redis: {addr: 127.0.0.1:1, warm_conns: 1000}\n")}, nil,
+			[]string{"redis.warm_conns: 1000", "1 to 256"}},
 		{"short admin token", []string{"-config", write("f.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_ADMIN_TOKEN": "short"}, []string{"admin_api.tokens.env", "16 characters"}},
 	}
