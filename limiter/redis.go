@@ -96,6 +96,7 @@ type Redis struct {
 	// cluster: only checks of one slot may share a script call.
 	cluster bool
 	via     atomic.Int32 // viaFunction or viaScript
+	loaded  atomic.Bool  // Warm has loaded the library
 
 	checks, pipelines, cached, reloads, unstable, migrating atomic.Int64
 	across, givenBack, giveBackFailed                       atomic.Int64

@@ -9,11 +9,17 @@ import (
 )
 
 // Warm readies the link for checks, so that none pays for it within its
-// deadline: it loads the function library (Load) and opens conns
-// connections to every master (Connect).
+// deadline: it loads the function library (Load), the first time it
+// succeeds only, and opens conns connections to every master (Connect).
+// Called again it only connects: loading compiles the library on every
+// master, and a library a restart lost is loaded again by the first check
+// that misses it.
 func (r *Redis) Warm(ctx context.Context, conns int) error {
-	if err := r.Load(ctx); err != nil {
-		return err
+	if !r.loaded.Load() {
+		if err := r.Load(ctx); err != nil {
+			return err
+		}
+		r.loaded.Store(true)
 	}
 	return r.Connect(ctx, conns)
 }
