@@ -479,17 +479,21 @@ func (c *Consumer) poll(ctx context.Context) error {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		room := c.cfg.BatchSize - c.flushable()
-		if starved {
+		more := starved && c.flushable() < 2*c.cfg.BatchSize
+		if more {
 			// The suspect's rows fill the buffer: wait for a small batch
 			// more, once a try, for the other partitions' rows (a poll
-			// past its deadline would return none).
+			// past its deadline would return none). Bounded: a suspect
+			// that keeps receiving and is never judged (no other
+			// partition stores a batch) grows the buffer to twice the
+			// batch size at most.
 			room = max(room, min(minBatchLimit, c.cfg.BatchSize))
 		}
 		if c.flushableDeadBytes() >= c.deadBudget {
 			room = 0 // flush first
 		}
 		deadline := c.now().Add(c.cfg.BatchWait)
-		if c.flushable() > 0 && !starved {
+		if c.flushable() > 0 && !more {
 			deadline = c.firstAt.Add(c.cfg.BatchWait)
 		}
 		c.mu.Unlock()
