@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -26,28 +27,10 @@ import (
 // broker and the consumer, and the rollups agree with the raw table and
 // with what the clients saw.
 func TestRequestsBecomeRows(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	brokers := testenv.KafkaBrokers(t)
-	chAddr := testenv.ClickHouseAddr(t)
-	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	topic := "pipeline-" + suffix
-	ch, _ := testenv.NewDatabase(t, chAddr, "edgelimit_pipeline")
-	if err := consumer.Migrate(ctx, ch, consumer.Retention{}); err != nil {
-		t.Fatal(err)
-	}
-
-	// Topics belong to whoever runs Kafka; the gateway does not create them.
-	testenv.CreateTopics(t, brokers, 4, topic, topic+"-dlq")
-
-	pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	defer rdb.Close()
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: "pipe" + suffix})
+	p := newPipelineRig(t, "pipeline")
+	ctx, log, ch := p.ctx, p.log, p.ch
+	pub := p.publisher(t)
+	lim, err := limiter.New(p.rdb, limiter.Config{Prefix: "pipe" + p.suffix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +49,7 @@ func TestRequestsBecomeRows(t *testing.T) {
 	}
 	addr := serveOn(t, gw.Server())
 
-	cons, err := consumer.New(consumer.Config{Brokers: brokers, Topic: topic, Group: "pipeline-" + suffix, DeadLetterTopic: topic + "-dlq", BatchWait: 200 * time.Millisecond}, ch, prometheus.NewRegistry(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	consDone := make(chan error, 1)
-	go func() { consDone <- cons.Run(ctx) }()
+	p.runConsumer(t)
 
 	const n = 400
 	allowed := 0
@@ -152,8 +130,68 @@ func TestRequestsBecomeRows(t *testing.T) {
 	if err := ch.QueryRow(ctx, "SELECT count() FROM decisions WHERE key_name != ''").Scan(&named); err != nil || named != n/2 {
 		t.Errorf("%d rows have a key name (%v), want the %d of acme", named, err, n/2)
 	}
-	cancel()
-	if err := <-consDone; err != nil && ctx.Err() == nil {
+	p.stopConsumer(t)
+}
+
+// pipelineRig is the real pipeline's fixed parts for one test: a topic of
+// its own (with its dead-letter topic) on the real broker, a migrated
+// ClickHouse database, the real Redis, and the consumer between them.
+type pipelineRig struct {
+	ctx           context.Context
+	cancel        context.CancelFunc
+	log           *slog.Logger
+	brokers       []string
+	suffix, topic string
+	ch            driver.Conn
+	rdb           *redis.Client
+	consDone      chan error
+}
+
+func newPipelineRig(t *testing.T, name string) *pipelineRig {
+	t.Helper()
+	p := &pipelineRig{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), brokers: testenv.KafkaBrokers(t)}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	t.Cleanup(p.cancel)
+	p.suffix = fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
+	p.topic = name + "-" + p.suffix
+	p.ch, _ = testenv.NewDatabase(t, testenv.ClickHouseAddr(t), "edgelimit_"+name)
+	if err := consumer.Migrate(p.ctx, p.ch, consumer.Retention{}); err != nil {
+		t.Fatal(err)
+	}
+	// Topics belong to whoever runs Kafka; the gateway does not create them.
+	testenv.CreateTopics(t, p.brokers, 4, p.topic, p.topic+"-dlq")
+	p.rdb = redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { p.rdb.Close() })
+	return p
+}
+
+// publisher is a gateway's publisher to the rig's topic.
+func (p *pipelineRig) publisher(t *testing.T) *publish.Publisher {
+	t.Helper()
+	pub, err := publish.New(publish.Config{Brokers: p.brokers, Topic: p.topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+// runConsumer starts the consumer of the rig's topic into its database.
+func (p *pipelineRig) runConsumer(t *testing.T) {
+	t.Helper()
+	cons, err := consumer.New(consumer.Config{Brokers: p.brokers, Topic: p.topic, Group: p.topic, DeadLetterTopic: p.topic + "-dlq", BatchWait: 200 * time.Millisecond},
+		p.ch, prometheus.NewRegistry(), p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.consDone = make(chan error, 1)
+	go func() { p.consDone <- cons.Run(p.ctx) }()
+}
+
+// stopConsumer stops the consumer and waits for it.
+func (p *pipelineRig) stopConsumer(t *testing.T) {
+	t.Helper()
+	p.cancel()
+	if err := <-p.consDone; err != nil && p.ctx.Err() == nil {
 		t.Errorf("consumer: %v", err)
 	}
 }

@@ -3,19 +3,12 @@ package edgelimit_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/consumer"
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/gateway/publish"
 	"github.com/edgelimit/edgelimit/internal/testenv"
@@ -29,20 +22,9 @@ import (
 // window says requests = allowed + denied = what its client saw, and its
 // allowed cost is the limiter's own count in the window, to the unit.
 func TestUsageEqualsTheLimitersCount(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	brokers := testenv.KafkaBrokers(t)
-	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
-	topic := "usage-" + suffix
-	ch, _ := testenv.NewDatabase(t, testenv.ClickHouseAddr(t), "edgelimit_usage")
-	if err := consumer.Migrate(ctx, ch, consumer.Retention{}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.CreateTopics(t, brokers, 4, topic, topic+"-dlq")
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	defer rdb.Close()
-	prefix := "usage" + suffix
+	p := newPipelineRig(t, "usage")
+	ctx := p.ctx
+	prefix := "usage" + p.suffix
 
 	// A day that starts twelve hours from now: the test never waits for,
 	// nor meets, the window's end.
@@ -52,11 +34,8 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 	var pubs []*publish.Publisher
 	var addrs []string
 	for _, id := range []string{"gw-a", "gw-b"} {
-		pub, err := publish.New(publish.Config{Brokers: brokers, Topic: topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix})
+		pub := p.publisher(t)
+		lim, err := limiter.New(p.rdb, limiter.Config{Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,19 +51,13 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 		for _, k := range keys {
 			cfg.APIKeys = append(cfg.APIKeys, gateway.APIKey{ID: k, SHA256: sha256Hex(k + "-key"), Plan: "pro"})
 		}
-		gw, err := gateway.New(cfg, gateway.Options{Store: lim, Publisher: pub, Logger: log})
+		gw, err := gateway.New(cfg, gateway.Options{Store: lim, Publisher: pub, Logger: p.log})
 		if err != nil {
 			t.Fatal(err)
 		}
 		pubs, addrs = append(pubs, pub), append(addrs, serveOn(t, gw.Server()))
 	}
-	cons, err := consumer.New(consumer.Config{Brokers: brokers, Topic: topic, Group: "usage-" + suffix, DeadLetterTopic: topic + "-dlq", BatchWait: 200 * time.Millisecond},
-		ch, prometheus.NewRegistry(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	consDone := make(chan error, 1)
-	go func() { consDone <- cons.Run(ctx) }()
+	p.runConsumer(t)
 
 	type seen struct{ requests, allowed, denied int64 }
 	clients := map[string]*seen{}
@@ -127,11 +100,11 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 		fcancel()
 	}
 
-	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix, DenyCache: -1})
+	lim, err := limiter.New(p.rdb, limiter.Config{Prefix: prefix, DenyCache: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := analytics.NewReader(ch)
+	r := analytics.NewReader(p.ch)
 	for _, k := range keys {
 		ks, err := lim.Inspect(ctx, limiter.APIKeyKey(k), rules)
 		if err != nil {
@@ -157,8 +130,5 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 			t.Errorf("%s: the statement's allowed cost %d, the limiter's count in the window %d: want them equal", k, got.AllowedCost, count)
 		}
 	}
-	cancel()
-	if err := <-consDone; err != nil && ctx.Err() == nil {
-		t.Errorf("consumer: %v", err)
-	}
+	p.stopConsumer(t)
 }

@@ -279,13 +279,13 @@ type Consumer struct {
 	limit, fits int
 	more        bool
 	// commits counts the batches with rows this consumer committed, and
-	// lone is the suspect partition whose batch, alone, timed out last
-	// (nil: the last batch did not); see starved.
-	lone *partition
 	// suspectTurn says the last batch was a suspect partition's alone (see
 	// isolate and timedOut).
 	commits     uint64
 	suspectTurn bool
+	// lone is the suspect partition whose batch, alone, timed out last
+	// (nil: the last batch did not); see starved.
+	lone *partition
 	// storedAt is the newest Kafka timestamp of a record stored, for the
 	// time-based lag; startedAt stands in before the first.
 	storedAt, startedAt time.Time
@@ -487,7 +487,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 			// that keeps receiving and is never judged (no other
 			// partition stores a batch) grows the buffer to twice the
 			// batch size at most.
-			room = max(room, min(minBatchLimit, c.cfg.BatchSize))
+			room = max(room, c.floor())
 		}
 		if c.flushableDeadBytes() >= c.deadBudget {
 			room = 0 // flush first
@@ -913,7 +913,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 	// dead-letter topic within a bounded number of attempts (timedOut).
 	limit, lone := c.limit, len(batch) == 1 && batch[0].suspect
 	if lone {
-		limit = min(limit, minBatchLimit, c.cfg.BatchSize)
+		limit = min(limit, c.floor())
 	}
 	batch, rows, holds := cut(batch, buffered, limit)
 	defer func() {
@@ -926,7 +926,7 @@ func (c *Consumer) flushOnce(parent context.Context) (stage string, err error) {
 		if (stage == stageStage || stage == stageInsert) && errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil {
 			// A suspect alone at the smallest batch is its own fault
 			// until others time out too: the others' limit stays.
-			c.timedOut(batch, rows, lone || c.limit <= min(minBatchLimit, c.cfg.BatchSize))
+			c.timedOut(batch, rows, lone || c.limit <= c.floor())
 			if lone {
 				c.lone = batch[0]
 			} else {

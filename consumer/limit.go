@@ -10,6 +10,9 @@ import (
 // is down, not slow.
 const minBatchLimit = 100
 
+// floor is the smallest batch: minBatchLimit, or BatchSize if smaller.
+func (c *Consumer) floor() int { return min(minBatchLimit, c.cfg.BatchSize) }
+
 // growAfter is how many batches in a row that fill the shrunk limit must
 // succeed before it doubles again: soon enough to regain the throughput
 // once the server is back, not so soon that a still slow server times out
@@ -95,8 +98,7 @@ func (c *Consumer) keepRest(holds []held) {
 // shrink halves the batch limit after a batch of rows rows timed out, down
 // to the floor. Callers hold mu.
 func (c *Consumer) shrink(rows int) {
-	floor := min(minBatchLimit, c.cfg.BatchSize)
-	next := max(floor, min(rows, c.limit)/2)
+	next := max(c.floor(), min(rows, c.limit)/2)
 	c.fits = 0
 	if next >= c.limit {
 		return

@@ -57,9 +57,9 @@ func (c *Consumer) isolate(batch []*partition) ([]*partition, bool) {
 // became suspect (so ClickHouse takes other rows in time and the fault is
 // the partition's), the rows of the batch go to the dead-letter topic and
 // the partition goes on after them; it stays suspect, and each of its next
-// batches that times out goes there at once, until one of them commits. With no such batch a slow server and
-// a stuck partition look alike, and the batch is retried. Callers hold mu,
-// after restore.
+// batches that times out goes there at once, until one of them commits.
+// With no such batch a slow server and a stuck partition look alike, and
+// the batch is retried. Callers hold mu, after restore.
 func (c *Consumer) timedOut(batch []*partition, rows int, atFloor bool) {
 	var withRows []*partition
 	for _, p := range batch {

@@ -80,17 +80,21 @@ func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (De
 		e           denyEntry
 		found, drop bool
 	)
+	var sigs []ruleSig // rules', made only if the key holds other denials
 	for i := range kd.e {
 		if kd.e[i].fp == fp {
 			e, found = kd.e[i], true
-		} else if conflicts(kd.e[i].rules, rules) {
-			drop = true
+			continue
 		}
+		if sigs == nil {
+			sigs = signatures(rules)
+		}
+		drop = drop || conflicts(kd.e[i].rules, sigs)
 	}
 	s.mu.RUnlock()
 	if drop {
 		s.mu.Lock()
-		s.dropConflicts(kh, key, fp, rules)
+		s.remove(kh, key, func(e denyEntry) bool { return e.fp != fp && conflicts(e.rules, sigs) })
 		s.mu.Unlock()
 	}
 	if !found || cost != e.minCost || !now.Before(e.until) {
@@ -109,26 +113,25 @@ func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (De
 	return d, true
 }
 
-// dropConflicts drops key's denials, other than fp's, that conflict with
-// rules. The caller holds s.mu.
-func (s *denyShard) dropConflicts(kh uint64, key string, fp uint64, rules []Rule) {
+// remove drops key's denials for which del holds, and the key with its
+// last. The caller holds s.mu.
+func (s *denyShard) remove(kh uint64, key string, del func(denyEntry) bool) {
 	kd := s.m[kh]
 	if kd == nil || kd.key != key {
 		return
 	}
-	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool { return e.fp != fp && conflicts(e.rules, rules) })
+	kd.e = slices.DeleteFunc(kd.e, del)
 	if len(kd.e) == 0 {
 		delete(s.m, kh)
 	}
 }
 
-// conflicts reports whether rules hold a rule whose state one of sigs
-// names, with other settings.
-func conflicts(sigs []ruleSig, rules []Rule) bool {
-	for _, r := range rules {
-		id, set := ruleSignature(r)
-		for _, sg := range sigs {
-			if sg.id == id && sg.set != set {
+// conflicts reports whether checked names a rule's state that held names
+// too, with other settings.
+func conflicts(held, checked []ruleSig) bool {
+	for _, c := range checked {
+		for _, h := range held {
+			if h.id == c.id && h.set != c.set {
 				return true
 			}
 		}
@@ -136,18 +139,22 @@ func conflicts(sigs []ruleSig, rules []Rule) bool {
 	return false
 }
 
-// ruleSignature is r's ruleSig. The id is what names its state in Redis
-// (name, bucket, tag); everything else a check sends of it is its
+// signatures are rules' ruleSigs. A rule's id is what names its state in
+// Redis (name, bucket, tag); everything else a check sends of it is its
 // settings.
-func ruleSignature(r Rule) (id, set uint64) {
-	h := newHash()
-	h.str(r.Name)
-	h.str(r.Bucket)
-	h.str(r.Tag)
-	id = h.sum
-	h = newHash()
-	r.settings(h)
-	return id, h.sum
+func signatures(rules []Rule) []ruleSig {
+	sigs := make([]ruleSig, len(rules))
+	for i, r := range rules {
+		h := newHash()
+		h.str(r.Name)
+		h.str(r.Bucket)
+		h.str(r.Tag)
+		sigs[i].id = h.sum
+		h = newHash()
+		r.settings(h)
+		sigs[i].set = h.sum
+	}
+	return sigs
 }
 
 // ForgetDenial drops the denial cached for key under rules, if any. A
@@ -167,9 +174,7 @@ func (c *denyCache) forget(key string) {
 	kh, _ := fingerprint(key, nil)
 	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
-	if kd := s.m[kh]; kd != nil && kd.key == key {
-		delete(s.m, kh)
-	}
+	s.remove(kh, key, func(denyEntry) bool { return true })
 	s.mu.Unlock()
 }
 
@@ -178,14 +183,7 @@ func (c *denyCache) drop(key string, rules []Rule) {
 	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kd := s.m[kh]
-	if kd == nil || kd.key != key {
-		return
-	}
-	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool { return e.fp == fp })
-	if len(kd.e) == 0 {
-		delete(s.m, kh)
-	}
+	s.remove(kh, key, func(e denyEntry) bool { return e.fp == fp })
 }
 
 // calendarDenyHold is the longest a denial by a calendar rule is cached.
@@ -216,10 +214,7 @@ func (c *denyCache) put(key string, rules []Rule, cost int64, sent, recv time.Ti
 		return
 	}
 	kh, fp := fingerprint(key, rules)
-	sigs := make([]ruleSig, len(rules))
-	for i, r := range rules {
-		sigs[i].id, sigs[i].set = ruleSignature(r)
-	}
+	sigs := signatures(rules)
 	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -232,7 +227,7 @@ func (c *denyCache) put(key string, rules []Rule, cost int64, sent, recv time.Ti
 		s.m[kh] = kd
 	}
 	kd.e = slices.DeleteFunc(kd.e, func(e denyEntry) bool {
-		return e.fp == fp || !recv.Before(e.until) || conflicts(e.rules, rules)
+		return e.fp == fp || !recv.Before(e.until) || conflicts(e.rules, sigs)
 	})
 	if len(kd.e) >= maxDenialsPerKey {
 		kd.e = kd.e[1:] // the oldest
