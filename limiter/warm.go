@@ -26,15 +26,15 @@ func (r *Redis) Warm(ctx context.Context, conns int) error {
 
 // Connect makes sure the client's pool holds at least conns connections
 // to every master, each dialled, TLS-handshaken, authenticated and
-// answering PING; a master whose pool already holds as many is left
-// alone, so calling it often is cheap. The connections stay idle in the
-// pool for the checks that follow. A client of another kind than
-// go-redis's (a test double) has no pool to fill.
+// answering PING: it takes conns connections at once and pings each,
+// which dials only those missing and costs a PING per connection
+// otherwise. The pool's own count would not do: it counts connections
+// MinIdleConns is still dialling, and ones not yet authenticated, which
+// the first check to take them would pay for within its deadline. The
+// connections stay idle in the pool for the checks that follow. A client
+// of another kind than go-redis's (a test double) has no pool to fill.
 func (r *Redis) Connect(ctx context.Context, conns int) error {
 	fill := func(ctx context.Context, c *redis.Client) error {
-		if int(c.PoolStats().TotalConns) >= conns {
-			return nil
-		}
 		// Held until all have answered, so each is a connection of its
 		// own; Close returns it to the pool.
 		cns, errs := make([]*redis.Conn, conns), make([]error, conns)

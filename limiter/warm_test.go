@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
 // TestWarm: Warm leaves the library loaded and the asked number of
@@ -34,7 +36,7 @@ func TestWarm(t *testing.T) {
 			// On every master's client: a Cluster client's own hooks do
 			// not reach nodes it already knows.
 			var loads atomic.Int64
-			forEach(func(c *redis.Client) { c.AddHook(loadCounter{&loads}) })
+			forEach(func(c *redis.Client) { c.AddHook(cmdCounter{name: "function", sub: "load", n: &loads}) })
 			l := mustLimiter(t, rdb, Config{})
 			const n = 6
 			if err := l.Warm(ctx, n); err != nil {
@@ -67,18 +69,41 @@ func TestWarm(t *testing.T) {
 	}
 }
 
-// loadCounter counts the FUNCTION LOADs a client sends.
-type loadCounter struct{ n *atomic.Int64 }
+// cmdCounter counts the commands a client sends whose first word is
+// name, and whose second is sub when set.
+type cmdCounter struct {
+	name, sub string
+	n         *atomic.Int64
+}
 
-func (loadCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h loadCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if len(cmd.Args()) > 1 && strings.EqualFold(fmt.Sprint(cmd.Args()[0]), "function") && strings.EqualFold(fmt.Sprint(cmd.Args()[1]), "load") {
+		args := cmd.Args()
+		if strings.EqualFold(fmt.Sprint(args[0]), h.name) && (h.sub == "" || len(args) > 1 && strings.EqualFold(fmt.Sprint(args[1]), h.sub)) {
 			h.n.Add(1)
 		}
 		return next(ctx, cmd)
 	}
 }
-func (loadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestWarmTakesEveryConnection: the pool counts the connections
+// MinIdleConns is still dialling, unauthenticated, and a Warm that trusted
+// that count sent nothing: the first checks then paid for the handshakes
+// (TestReadyMeansReady failed open so once in CI). Warm pings every one.
+func TestWarmTakesEveryConnection(t *testing.T) {
+	const n = 6
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), MinIdleConns: n})
+	t.Cleanup(func() { rdb.Close() })
+	var pings atomic.Int64
+	rdb.AddHook(cmdCounter{name: "ping", n: &pings})
+	if err := mustLimiter(t, rdb, Config{}).Warm(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	if got := pings.Load(); got != n {
+		t.Errorf("Warm(%d) on a pool MinIdleConns is filling sent %d PINGs, want %d: one on each connection", n, got, n)
+	}
 }
