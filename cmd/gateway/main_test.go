@@ -141,6 +141,16 @@ func start(t *testing.T, args []string, getenv func(string) string) *running {
 		return line != nil
 	})
 	r.addr, r.admin = "http://"+line["addr"].(string), "http://"+line["admin_addr"].(string)
+	// A gateway listens before its store link is warm and says so on
+	// /readyz; the tests, like an orchestrator, send traffic once ready.
+	testenv.WaitFor(t, 60*time.Second, "/readyz to answer 200", func() bool {
+		resp, err := http.Get(r.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	return r
 }
 

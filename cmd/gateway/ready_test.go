@@ -66,15 +66,7 @@ func readyBurst(t *testing.T, link map[string]string) {
 		for k, v := range link {
 			vars[k] = v
 		}
-		r := start(t, []string{"-config", path}, env(vars))
-		testenv.WaitFor(t, 60*time.Second, "/readyz to answer 200", func() bool {
-			resp, err := http.Get(r.admin + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
+		r := start(t, []string{"-config", path}, env(vars)) // awaits /readyz
 
 		const n = 64
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}, Timeout: time.Minute}
