@@ -29,7 +29,7 @@ import (
 func TestRequestsBecomeRows(t *testing.T) {
 	p := newPipelineRig(t, "pipeline")
 	ctx, log, ch := p.ctx, p.log, p.ch
-	pub := p.publisher(t)
+	pub := p.publisher(t, publish.Config{GatewayID: "pipeline-gw"})
 	lim, err := limiter.New(p.rdb, limiter.Config{Prefix: "pipe" + p.suffix})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,13 @@ type pipelineRig struct {
 
 func newPipelineRig(t *testing.T, name string) *pipelineRig {
 	t.Helper()
-	p := &pipelineRig{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), brokers: testenv.KafkaBrokers(t)}
+	return newPipelineRigOn(t, name, testenv.KafkaBrokers(t))
+}
+
+// newPipelineRigOn is newPipelineRig on the Kafka of brokers.
+func newPipelineRigOn(t *testing.T, name string, brokers []string) *pipelineRig {
+	t.Helper()
+	p := &pipelineRig{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), brokers: brokers}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	t.Cleanup(p.cancel)
 	p.suffix = fmt.Sprintf("%d_%d", time.Now().UnixNano(), rand.IntN(1000))
@@ -165,10 +171,12 @@ func newPipelineRig(t *testing.T, name string) *pipelineRig {
 	return p
 }
 
-// publisher is a gateway's publisher to the rig's topic.
-func (p *pipelineRig) publisher(t *testing.T) *publish.Publisher {
+// publisher is a gateway's publisher to the rig's topic, cfg's other
+// fields as given.
+func (p *pipelineRig) publisher(t *testing.T, cfg publish.Config) *publish.Publisher {
 	t.Helper()
-	pub, err := publish.New(publish.Config{Brokers: p.brokers, Topic: p.topic, Linger: 5 * time.Millisecond}, prometheus.NewRegistry(), p.log)
+	cfg.Brokers, cfg.Topic, cfg.Linger = p.brokers, p.topic, 5*time.Millisecond
+	pub, err := publish.New(cfg, prometheus.NewRegistry(), p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

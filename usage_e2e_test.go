@@ -3,8 +3,10 @@ package edgelimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,93 +26,33 @@ import (
 func TestUsageEqualsTheLimitersCount(t *testing.T) {
 	p := newPipelineRig(t, "usage")
 	ctx := p.ctx
-	prefix := "usage" + p.suffix
-
-	// A day that starts twelve hours from now: the test never waits for,
-	// nor meets, the window's end.
-	day := limiter.MustCalendar(limiter.Day, "UTC", time.Now().UTC().Add(12*time.Hour).Format("15:04"))
-	rules := []limiter.Rule{{Name: "minute", Limit: 10000, Period: time.Minute}, {Name: "day", Limit: 60, Calendar: day}}
-	keys := []string{"acme", "globex", "initech"}
-	var pubs []*publish.Publisher
-	var addrs []string
-	for _, id := range []string{"gw-a", "gw-b"} {
-		pub := p.publisher(t)
-		lim, err := limiter.New(p.rdb, limiter.Config{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := proxyConfig(t, id)
-		cfg.KeyHashSecret = "usage-secret"
-		cfg.StoreDeadline = time.Second // -race on two cores: keep every answer the store's
-		cfg.Routes = append([]gateway.Route{{Name: "dear", PathPrefix: "/dear", Upstream: "app", Cost: 5}}, cfg.Routes...)
-		var gr []gateway.Rule
-		for _, r := range rules {
-			gr = append(gr, gateway.Rule{Rule: r})
-		}
-		cfg.Plans = map[string]gateway.Plan{"pro": {Rules: gr}}
-		for _, k := range keys {
-			cfg.APIKeys = append(cfg.APIKeys, gateway.APIKey{ID: k, SHA256: sha256Hex(k + "-key"), Plan: "pro"})
-		}
-		gw, err := gateway.New(cfg, gateway.Options{Store: lim, Publisher: pub, Logger: p.log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pubs, addrs = append(pubs, pub), append(addrs, serveOn(t, gw.Server()))
-	}
+	f := newUsageFleet(t, p, publish.Config{})
 	p.runConsumer(t)
 
-	type seen struct{ requests, allowed, denied int64 }
 	clients := map[string]*seen{}
-	for i, k := range keys {
+	for i, k := range f.keys {
 		clients[k] = &seen{}
 		// Each key its own mix: 60 units of quota, 30 to 45 requests.
 		for j := range 30 + 5*i {
-			path := "/cheap"
-			if (j+i)%3 == 0 {
-				path = "/dear"
-			}
-			req, _ := http.NewRequest(http.MethodGet, "http://"+addrs[j%2]+path, nil)
-			req.Header.Set("X-API-Key", k+"-key")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			c := clients[k]
-			c.requests++
-			switch resp.StatusCode {
-			case http.StatusOK:
-				c.allowed++
-			case http.StatusTooManyRequests:
-				c.denied++
-			default:
-				t.Fatalf("%s %s: status %d", k, path, resp.StatusCode)
-			}
+			clients[k].add(t, f.send(t, j%2, k, (j+i)%3 == 0))
 		}
 		if clients[k].denied == 0 {
 			t.Fatalf("%s was never refused: the quota did not bite", k)
 		}
 	}
-	for _, pub := range pubs {
-		fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
-		if err := pub.Close(fctx); err != nil {
-			t.Fatalf("flush events: %v", err)
-		}
-		fcancel()
-	}
+	f.close(t)
 
-	lim, err := limiter.New(p.rdb, limiter.Config{Prefix: prefix, DenyCache: -1})
+	lim, err := limiter.New(p.rdb, limiter.Config{Prefix: f.prefix, DenyCache: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := analytics.NewReader(p.ch)
-	for _, k := range keys {
-		ks, err := lim.Inspect(ctx, limiter.APIKeyKey(k), rules)
+	for _, k := range f.keys {
+		ks, err := lim.Inspect(ctx, limiter.APIKeyKey(k), f.rules)
 		if err != nil {
 			t.Fatal(err)
 		}
-		start, _ := day.Bounds(ks.Time)
+		start, _ := f.day.Bounds(ks.Time)
 		var st analytics.UsageStatement
 		testenv.WaitFor(t, 60*time.Second, k+"'s decisions committed", func() bool {
 			st, err = r.Usage(ctx, analytics.UsageQuery{From: start, To: ks.Time.Add(time.Minute), Keys: []string{k}, By: []string{analytics.UsageByKey}})
@@ -129,6 +71,196 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 		if got.AllowedCost != count || count == 0 {
 			t.Errorf("%s: the statement's allowed cost %d, the limiter's count in the window %d: want them equal", k, got.AllowedCost, count)
 		}
+		if st.Dropped != 0 || len(st.Gateways) != 2 {
+			t.Errorf("%s: the statement names %d drops of %+v; want none, of both gateways", k, st.Dropped, st.Gateways)
+		}
 	}
 	p.stopConsumer(t)
+}
+
+// TestUsageNamesTheDropsWhenKafkaStops: the same fleet on a Kafka broker
+// that is stopped for part of the run. The gateways drop what their
+// bounded buffers cannot hold, counting it; their accounting reaches the
+// stream once the broker is back, and the statement of the period names,
+// per gateway, exactly the drops the gateways counted, says it is
+// incomplete, and the decisions it holds plus those drops are what the
+// clients saw.
+func TestUsageNamesTheDropsWhenKafkaStops(t *testing.T) {
+	srv := testenv.Private(t, "kafka")
+	p := newPipelineRigOn(t, "usagedrops", srv.Brokers(t))
+	ctx := p.ctx
+	from := time.Now().UTC().Truncate(time.Minute)
+	// A buffer of 16 events: the outage overflows it at once.
+	f := newUsageFleet(t, p, publish.Config{MaxBuffered: 16, AccountEvery: 200 * time.Millisecond})
+
+	var c seen
+	phase := func(n int) {
+		for j := range n {
+			c.add(t, f.send(t, j%2, f.keys[j%3], j%4 == 0))
+		}
+	}
+	phase(30)
+	testenv.WaitFor(t, 60*time.Second, "the first events published", func() bool {
+		return f.pubs[0].Accounting().Published > 0 && f.pubs[1].Accounting().Published > 0
+	})
+	srv.Halt(t)
+	phase(120)
+	testenv.WaitFor(t, 60*time.Second, "both gateways to drop", func() bool {
+		return f.pubs[0].Accounting().DroppedBufferFull > 0 && f.pubs[1].Accounting().DroppedBufferFull > 0
+	})
+	srv.Resume(t)
+	phase(30)
+	drops := map[string]int64{}
+	for i, pub := range f.pubs {
+		// Close sends the run's final accounting record, after the flush.
+		f.closeOne(t, i)
+		drops[f.ids[i]] = pub.Accounting().Dropped()
+	}
+	p.runConsumer(t)
+
+	r := analytics.NewReader(p.ch)
+	q := analytics.UsageQuery{From: from, To: time.Now().UTC().Add(time.Minute), By: []string{analytics.UsageByKey}}
+	var st analytics.UsageStatement
+	testenv.WaitFor(t, 60*time.Second, "every published decision and both final reports committed", func() bool {
+		var err error
+		st, err = r.Usage(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled := 0
+		for _, g := range st.Gateways {
+			if g.Settled {
+				settled++
+			}
+		}
+		return settled == 2 && st.Total.Requests+st.Dropped >= c.requests
+	})
+	got := map[string]int64{}
+	for _, g := range st.Gateways {
+		got[g.GatewayID] += g.Dropped
+	}
+	if got["gw-a"] != drops["gw-a"] || got["gw-b"] != drops["gw-b"] || drops["gw-a"] == 0 {
+		t.Errorf("the statement's drops per gateway %v, the gateways' own counters %v: want them equal", got, drops)
+	}
+	if st.Complete || !strings.Contains(st.Incomplete, fmt.Sprintf("dropped %d decision events", drops["gw-a"]+drops["gw-b"])) {
+		t.Errorf("complete %v (%q): want incomplete, naming the %d drops", st.Complete, st.Incomplete, drops["gw-a"]+drops["gw-b"])
+	}
+	t.Logf("clients saw %d requests; stored %d; gateways dropped %v", c.requests, st.Total.Requests, drops)
+	if st.Total.Requests+st.Dropped != c.requests || st.Total.Requests != st.Total.Allowed+st.Total.Denied {
+		t.Errorf("stored %d (= %d + %d) + dropped %d; the clients saw %d", st.Total.Requests, st.Total.Allowed, st.Total.Denied, st.Dropped, c.requests)
+	}
+	p.stopConsumer(t)
+}
+
+// seen counts what a client saw.
+type seen struct{ requests, allowed, denied int64 }
+
+func (s *seen) add(t *testing.T, status int) {
+	t.Helper()
+	s.requests++
+	switch status {
+	case http.StatusOK:
+		s.allowed++
+	case http.StatusTooManyRequests:
+		s.denied++
+	default:
+		t.Fatalf("status %d", status)
+	}
+}
+
+// usageFleet is two gateways (gw-a, gw-b) on the rig's Redis, publishing
+// to its topic, with three API keys of a plan with a daily calendar quota
+// of 60 units and routes of cost 1 (/cheap) and 5 (/dear).
+type usageFleet struct {
+	prefix string
+	day    *limiter.Calendar
+	rules  []limiter.Rule
+	keys   []string
+	ids    []string
+	pubs   []*publish.Publisher
+	addrs  []string
+	closed []bool
+}
+
+func newUsageFleet(t *testing.T, p *pipelineRig, pubCfg publish.Config) *usageFleet {
+	t.Helper()
+	// A day that starts twelve hours from now: the test never waits for,
+	// nor meets, the window's end.
+	day := limiter.MustCalendar(limiter.Day, "UTC", time.Now().UTC().Add(12*time.Hour).Format("15:04"))
+	f := &usageFleet{
+		prefix: "usage" + p.suffix, day: day,
+		rules: []limiter.Rule{{Name: "minute", Limit: 10000, Period: time.Minute}, {Name: "day", Limit: 60, Calendar: day}},
+		keys:  []string{"acme", "globex", "initech"}, ids: []string{"gw-a", "gw-b"},
+	}
+	for _, id := range f.ids {
+		cfg := pubCfg
+		cfg.GatewayID = id
+		pub := p.publisher(t, cfg)
+		lim, err := limiter.New(p.rdb, limiter.Config{Prefix: f.prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gc := proxyConfig(t, id)
+		gc.KeyHashSecret = "usage-secret"
+		gc.StoreDeadline = time.Second // -race on two cores: keep every answer the store's
+		gc.Routes = append([]gateway.Route{{Name: "dear", PathPrefix: "/dear", Upstream: "app", Cost: 5}}, gc.Routes...)
+		var gr []gateway.Rule
+		for _, r := range f.rules {
+			gr = append(gr, gateway.Rule{Rule: r})
+		}
+		gc.Plans = map[string]gateway.Plan{"pro": {Rules: gr}}
+		for _, k := range f.keys {
+			gc.APIKeys = append(gc.APIKeys, gateway.APIKey{ID: k, SHA256: sha256Hex(k + "-key"), Plan: "pro"})
+		}
+		gw, err := gateway.New(gc, gateway.Options{Store: lim, Publisher: pub, Logger: p.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.pubs, f.addrs, f.closed = append(f.pubs, pub), append(f.addrs, serveOn(t, gw.Server())), append(f.closed, false)
+	}
+	t.Cleanup(func() {
+		for i := range f.pubs {
+			if !f.closed[i] {
+				f.closeOne(t, i)
+			}
+		}
+	})
+	return f
+}
+
+// send makes one request of key's client through gateway i, to /dear or
+// /cheap, and returns its status.
+func (f *usageFleet) send(t *testing.T, i int, key string, dear bool) int {
+	t.Helper()
+	path := "/cheap"
+	if dear {
+		path = "/dear"
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+f.addrs[i]+path, nil)
+	req.Header.Set("X-API-Key", key+"-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// close flushes every gateway's events.
+func (f *usageFleet) close(t *testing.T) {
+	t.Helper()
+	for i := range f.pubs {
+		f.closeOne(t, i)
+	}
+}
+
+func (f *usageFleet) closeOne(t *testing.T, i int) {
+	t.Helper()
+	f.closed[i] = true
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.pubs[i].Close(ctx); err != nil {
+		t.Errorf("flush %s's events: %v", f.ids[i], err)
+	}
 }

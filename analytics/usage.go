@@ -16,6 +16,7 @@ var (
 	qUsage        = mustSQL("usage")
 	qUsageKeys    = mustSQL("usage_keys")
 	qUsageThrough = mustSQL("usage_through")
+	qUsageAccount = mustSQL("usage_accounting")
 )
 
 // The dimensions a usage statement's rows can be split by.
@@ -172,9 +173,37 @@ type UsageStatement struct {
 	Complete    bool      `json:"complete"`
 	// Incomplete says why not, when not.
 	Incomplete string `json:"incomplete,omitempty"`
+	// Gateways are the gateway runs that published in the period, with
+	// the decision events each dropped (never reached the stream) there;
+	// Dropped is their sum: the statement may be short by up to that many
+	// decisions, of keys the gateways cannot name. A statement is
+	// complete only with no drops and every run's accounting settled.
+	Gateways []GatewayAccount `json:"gateways"`
+	Dropped  int64            `json:"dropped"`
 	// Reconciled is the limiter's own count beside the statement's, for
 	// a key's current calendar window (Reconcile).
 	Reconciled []Reconciliation `json:"reconciled,omitempty"`
+}
+
+// GatewayAccount is one gateway run's accounting in a period: what its
+// publisher was given, published and dropped there, from the running
+// totals it reports into the stream (event mode accounting). The figures
+// run from its last report before the period to its first at or after the
+// end, so drops near the edges are counted in: at most, never short.
+type GatewayAccount struct {
+	GatewayID string    `json:"gateway_id"`
+	RunStart  time.Time `json:"run_start"`
+	Decisions int64     `json:"decisions"`
+	Published int64     `json:"published"`
+	Dropped   int64     `json:"dropped"`
+	// DroppedBy is Dropped by reason (buffer_full, broker_error,
+	// encode_error, closed); reasons with none are left out.
+	DroppedBy map[string]int64 `json:"dropped_by,omitempty"`
+	// LastReport is the newest report read; Settled says a report at or
+	// after the period's end, or the run's final one, is stored, so no
+	// drop of the period can come later.
+	LastReport time.Time `json:"last_report"`
+	Settled    bool      `json:"settled"`
 }
 
 // Reconciliation puts a calendar rule's count in the limiter beside the
@@ -282,16 +311,73 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 	if len(through) == 1 && through[0] > 0 {
 		st.DataThrough = time.Unix(int64(through[0]), 0).UTC()
 	}
+	if st.Gateways, err = r.gatewayAccounts(ctx, q); err != nil {
+		return UsageStatement{}, err
+	}
+	if st.Gateways == nil {
+		st.Gateways = []GatewayAccount{} // JSON: none, not unknown
+	}
+	var why []string
 	// A stored decision at or after the end: the newest minute's start,
 	// since the rollup knows no finer time.
-	st.Complete = !st.DataThrough.Before(q.To)
-	if !st.Complete {
-		st.Incomplete = "no decision at or after the period's end is stored yet (data through " + st.DataThrough.Format(time.RFC3339) + ")"
-		if st.DataThrough.IsZero() {
-			st.Incomplete = "no decision since the period's start is stored"
+	switch {
+	case st.DataThrough.IsZero():
+		why = append(why, "no decision since the period's start is stored")
+	case st.DataThrough.Before(q.To):
+		why = append(why, "no decision at or after the period's end is stored yet (data through "+st.DataThrough.Format(time.RFC3339)+")")
+	}
+	var unsettled []string
+	for _, g := range st.Gateways {
+		st.Dropped += g.Dropped
+		if !g.Settled {
+			unsettled = append(unsettled, g.GatewayID+" (last report "+g.LastReport.Format(time.RFC3339)+")")
 		}
 	}
+	if st.Dropped > 0 {
+		why = append(why, fmt.Sprintf("gateways dropped %d decision events in the period: the statement may be short by up to %d decisions", st.Dropped, st.Dropped))
+	}
+	if len(unsettled) > 0 {
+		why = append(why, "no accounting at or after the period's end from gateway "+strings.Join(unsettled, ", ")+
+			": drops after its last report are not known yet (a gateway that stopped without a final report never settles)")
+	}
+	st.Complete = len(why) == 0
+	st.Incomplete = strings.Join(why, "; ")
 	return st, nil
+}
+
+// gatewayAccounts reads the accounting of every gateway run that reported
+// in q's period.
+func (r *Reader) gatewayAccounts(ctx context.Context, q UsageQuery) ([]GatewayAccount, error) {
+	type totals struct{ d, p, bf, be, ee, cl int64 }
+	return queryRows(ctx, r.ch, "usage accounting", qUsageAccount,
+		[]any{clickhouse.Named("from", q.From.UTC()), clickhouse.Named("to", q.To.UTC())},
+		func(rows driver.Rows, g *GatewayAccount) error {
+			var (
+				start int64
+				a, b  totals
+				after uint64
+				ended uint8
+				last  uint32
+			)
+			if err := rows.Scan(&g.GatewayID, &start, &a.d, &a.p, &a.bf, &a.be, &a.ee, &a.cl, &after,
+				&b.d, &b.p, &b.bf, &b.be, &b.ee, &b.cl, &ended, &last); err != nil {
+				return err
+			}
+			g.RunStart, g.LastReport = time.Unix(0, start).UTC(), time.Unix(int64(last), 0).UTC()
+			g.Settled = after > 0 || ended == 1
+			g.Decisions, g.Published = b.d-a.d, b.p-a.p
+			for reason, n := range map[string]int64{"buffer_full": b.bf - a.bf, "broker_error": b.be - a.be,
+				"encode_error": b.ee - a.ee, "closed": b.cl - a.cl} {
+				if n > 0 {
+					if g.DroppedBy == nil {
+						g.DroppedBy = map[string]int64{}
+					}
+					g.DroppedBy[reason] = n
+					g.Dropped += n
+				}
+			}
+			return nil
+		})
 }
 
 // UsageHeader is the CSV and table header of a statement split by by.

@@ -27,13 +27,7 @@ import (
 func TestUsageStatement(t *testing.T) {
 	conn := mustDatabase(t)
 	ctx := context.Background()
-	at := func(s string) time.Time {
-		tm, err := time.Parse(time.RFC3339, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tm
-	}
+	at := func(s string) time.Time { return mustTime(t, s) }
 	acme := func(when, route string, cost int64, allowed bool) event.Decision {
 		return event.Decision{Time: at(when), GatewayID: "gw-1", KeyID: "k-acme", KeyName: "acme", KeyKind: event.KindAPIKey,
 			Route: route, Plan: "pro", Cost: cost, Allowed: allowed, BindingRule: "month"}
@@ -125,6 +119,91 @@ func TestUsageStatement(t *testing.T) {
 		if _, err := r.Usage(ctx, tc.q); !errors.Is(err, analytics.ErrBadQuery) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want ErrBadQuery saying %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestUsageNamesGatewayDrops: the gateways' accounting records (running
+// totals) give each run's drops in the period, from its last report before
+// to its first after, a record stored twice changing nothing; a statement
+// with drops, or with a run that has not reported past the end, is
+// incomplete and says so; runs that stopped before the period are not in
+// it; one without drops, every run settled, is complete.
+func TestUsageNamesGatewayDrops(t *testing.T) {
+	conn := mustDatabase(t)
+	ctx := context.Background()
+	utc := func(s string) time.Time { return mustTime(t, s) }
+	mustInsert(t, conn, []event.Decision{
+		{Time: utc("2026-11-10T12:00:00Z"), GatewayID: "gw-1", KeyID: "k1", Route: "/a", Plan: "pro", Allowed: true, Cost: 1},
+		{Time: utc("2026-12-01T06:00:00Z"), GatewayID: "gw-1", KeyID: "k1", Route: "/a", Plan: "pro", Allowed: true, Cost: 1},
+		{Time: utc("2027-01-01T06:00:00Z"), GatewayID: "gw-1", KeyID: "k1", Route: "/a", Plan: "pro", Allowed: true, Cost: 1},
+	})
+	// gateway, run start, report time, decisions, published, buffer full, broker error, final
+	type report struct {
+		gw, run, at  string
+		d, p, bf, be int64
+		final        bool
+	}
+	reports := []report{
+		{"gw-1", "2026-10-30T00:00:00Z", "2026-10-31T12:00:00Z", 100, 95, 5, 0, false},
+		{"gw-1", "2026-10-30T00:00:00Z", "2026-11-15T12:00:00Z", 500, 488, 5, 7, false},
+		{"gw-1", "2026-10-30T00:00:00Z", "2026-11-15T12:00:00Z", 500, 488, 5, 7, false}, // stored twice
+		{"gw-1", "2026-10-30T00:00:00Z", "2026-12-01T00:00:05Z", 900, 880, 10, 10, false},
+		{"gw-1", "2026-10-30T00:00:00Z", "2026-12-02T00:00:00Z", 990, 960, 20, 10, false},
+		{"gw-2", "2026-11-10T00:00:00Z", "2026-11-10T00:00:05Z", 10, 10, 0, 0, false},
+		{"gw-2", "2026-11-10T00:00:00Z", "2026-11-20T00:00:00Z", 60, 57, 0, 3, true},
+		{"gw-3", "2026-11-29T00:00:00Z", "2026-11-29T00:00:05Z", 40, 40, 0, 0, false},
+		{"gw-4", "2026-10-01T00:00:00Z", "2026-10-02T00:00:00Z", 40, 30, 10, 0, false},
+		{"gw-5", "2026-12-05T00:00:00Z", "2026-12-05T00:00:05Z", 1, 1, 0, 0, false},
+		{"gw-5", "2026-12-05T00:00:00Z", "2027-01-01T00:00:05Z", 9, 9, 0, 0, false},
+	}
+	batch, err := conn.PrepareBatch(ctx, `INSERT INTO decisions_accounting (time, gateway_id, run_start, decisions, published,
+		dropped_buffer_full, dropped_broker_error, dropped_encode_error, dropped_closed, final, batch_id)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reports {
+		final := uint8(0)
+		if r.final {
+			final = 1
+		}
+		if err := batch.Append(utc(r.at), r.gw, utc(r.run).UnixNano(), r.d, r.p, r.bf, r.be, int64(0), int64(0), final, uint64(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		t.Fatal(err)
+	}
+	rd := analytics.NewReader(conn)
+	from, to := utc("2026-11-01T00:00:00Z"), utc("2026-12-01T00:00:00Z")
+	st, err := rd.Usage(ctx, analytics.UsageQuery{From: from, To: to})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, g := range st.Gateways {
+		got = append(got, fmt.Sprintf("%s %s %d/%d dropped %d %v settled %v", g.GatewayID, g.RunStart.Format(time.DateOnly),
+			g.Decisions, g.Published, g.Dropped, g.DroppedBy, g.Settled))
+	}
+	want := []string{
+		"gw-1 2026-10-30 800/785 dropped 15 map[broker_error:10 buffer_full:5] settled true",
+		"gw-2 2026-11-10 60/57 dropped 3 map[broker_error:3] settled true",
+		"gw-3 2026-11-29 40/40 dropped 0 map[] settled false",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("November's gateway runs:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if st.Dropped != 18 || st.Complete || !strings.Contains(st.Incomplete, "dropped 18 decision events") || !strings.Contains(st.Incomplete, "gw-3") {
+		t.Errorf("dropped %d, complete %v (%q); want 18 dropped, incomplete naming them and gw-3", st.Dropped, st.Complete, st.Incomplete)
+	}
+
+	// From 3 December gw-1's run is gone (its last report on the 2nd) and
+	// gw-5's dropped nothing and reported past the end.
+	st, err = rd.Usage(ctx, analytics.UsageQuery{From: utc("2026-12-03T00:00:00Z"), To: utc("2027-01-01T00:00:00Z")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Complete || st.Dropped != 0 || len(st.Gateways) != 1 || st.Gateways[0].GatewayID != "gw-5" || st.Gateways[0].Decisions != 9 {
+		t.Errorf("December: complete %v (%q), dropped %d, gateways %+v; want complete, gw-5 alone, 9 decisions, no drops", st.Complete, st.Incomplete, st.Dropped, st.Gateways)
 	}
 }
 
@@ -269,4 +348,14 @@ func TestUsagePageInChromium(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("downloaded usage.csv = %q, want %q", got, want)
 	}
+}
+
+// mustTime parses an RFC 3339 time.
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	tm, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm
 }

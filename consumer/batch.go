@@ -72,6 +72,22 @@ var decisionColumns = []column{
 	col("key_name", "String", func(r *row) string { return r.d.KeyName }),
 	col("admin_action", "String", func(r *row) string { return r.d.Admin.Action }),
 	col("admin_actor", "String", func(r *row) string { return r.d.Admin.Actor }),
+	col("acct_run_start", "Int64", func(r *row) int64 { return unixNano(r.d.Accounting.RunStart) }),
+	col("acct_decisions", "Int64", func(r *row) int64 { return r.d.Accounting.Decisions }),
+	col("acct_published", "Int64", func(r *row) int64 { return r.d.Accounting.Published }),
+	col("acct_dropped_buffer_full", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedBufferFull }),
+	col("acct_dropped_broker_error", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedBrokerError }),
+	col("acct_dropped_encode_error", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedEncodeError }),
+	col("acct_dropped_closed", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedClosed }),
+	col("acct_final", "UInt8", func(r *row) uint8 { return b2u(r.d.Accounting.Final) }),
+}
+
+// unixNano is t in Unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // qInsertRows inserts rows into table, naming its columns (ClickHouse

@@ -135,3 +135,59 @@ func TestAdminRecordsNotCounted(t *testing.T) {
 		}
 	})
 }
+
+// TestAccountingRecordsKeptApart: a gateway's accounting records (mode
+// accounting, its publisher's running totals) land in decisions_accounting
+// with every total, once each, and in no table of decisions or requests.
+func TestAccountingRecordsKeptApart(t *testing.T) {
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		ds := decisions(200)
+		var want []event.Accounting
+		start0 := time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)
+		for i := range ds {
+			if i%10 == 0 {
+				a := event.Accounting{RunStart: start0, Decisions: int64(100 + i), Published: int64(90 + i),
+					DroppedBufferFull: int64(i), DroppedBrokerError: 3, DroppedEncodeError: 2, DroppedClosed: 1, Final: i == 190}
+				ds[i] = event.Decision{ID: ds[i].ID, Time: ds[i].Time, GatewayID: "gw-acct", Mode: event.ModeAccounting, Accounting: a}
+				want = append(want, a)
+			}
+		}
+		produce(t, kb.brokers, kb.topic, ds)
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all records in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions")+count(t, ch, "SELECT count() FROM decisions_accounting") >= uint64(len(ds))
+		})
+		r.stop()
+		if n := count(t, ch, "SELECT count() FROM decisions"); n != uint64(len(ds)-len(want)) {
+			t.Errorf("raw table holds %d rows, want the %d decisions only", n, len(ds)-len(want))
+		}
+		rows, err := ch.Query(context.Background(), `SELECT run_start, decisions, published, dropped_buffer_full,
+			dropped_broker_error, dropped_encode_error, dropped_closed, final
+			FROM decisions_accounting WHERE gateway_id = 'gw-acct' ORDER BY decisions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []event.Accounting
+		for rows.Next() {
+			var a event.Accounting
+			var start int64
+			var final uint8
+			if err := rows.Scan(&start, &a.Decisions, &a.Published, &a.DroppedBufferFull, &a.DroppedBrokerError,
+				&a.DroppedEncodeError, &a.DroppedClosed, &final); err != nil {
+				t.Fatal(err)
+			}
+			a.RunStart, a.Final = time.Unix(0, start).UTC(), final == 1
+			got = append(got, a)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("decisions_accounting (-want +got):\n%s", diff)
+		}
+		for table, sum := range map[string]string{"decisions_by_key_1m": "sum", "decisions_key_history_1m": "sum",
+			"decisions_by_ip_1m": "countMerge", "decisions_by_gateway_1m": "countMerge"} {
+			if n := count(t, ch, "SELECT toUInt64("+sum+"(requests)) FROM "+table); n != uint64(len(ds)-len(want)) {
+				t.Errorf("%s counts %d requests, want %d (accounting records are not requests)", table, n, len(ds)-len(want))
+			}
+		}
+	})
+}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,16 +29,13 @@ type partitionLimitConn struct {
 }
 
 func (c *partitionLimitConn) Exec(ctx context.Context, query string, args ...any) error {
-	for i, table := range batchTables {
+	for _, table := range batchTables {
 		if !strings.HasPrefix(query, "INSERT INTO "+table+" ") {
 			continue
 		}
-		// The partition key of the raw table is the day of time; of the
-		// rollups, the day of minute.
-		key := "minute"
-		if i == 0 {
-			key = "time"
-		}
+		// The partition key is the day of the table's time column.
+		i := slices.IndexFunc(retainedTables, func(r retainedTable) bool { return r.name == table })
+		key := retainedTables[i].column
 		sel := query[strings.Index(query, "SELECT"):]
 		var days uint64
 		// Not under ctx, which carries the statement's query id: the

@@ -71,16 +71,17 @@ var (
 	qInsertClaim            = mustQuery("insert_claim")
 	// These name the consumer's staging table ({stage}, made by the
 	// consumer from digits, see stageName) or a table of batchTables ({table}).
-	qCreateStage     = mustQuery("create_stage")
-	qTruncateStage   = mustQuery("truncate_stage")
-	qStageDays       = mustQuery("stage_days")
-	qMaxPartitions   = mustQuery("max_partitions")
-	qDropStage       = mustQuery("drop_stage")
-	qStageTables     = mustQuery("stage_tables")
-	qInsertRaw       = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
-	qDeleteBatch     = mustQuery("delete_batch")
-	qBatchDays       = mustQuery("batch_days")
-	qRollups         = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m")}
+	qCreateStage   = mustQuery("create_stage")
+	qTruncateStage = mustQuery("truncate_stage")
+	qStageDays     = mustQuery("stage_days")
+	qMaxPartitions = mustQuery("max_partitions")
+	qDropStage     = mustQuery("drop_stage")
+	qStageTables   = mustQuery("stage_tables")
+	qInsertRaw     = strings.ReplaceAll(mustQuery("insert_raw"), "{columns}", columnNames())
+	qDeleteBatch   = mustQuery("delete_batch")
+	qBatchDays     = mustQuery("batch_days")
+	qRollups       = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m"),
+		mustQuery("insert_accounting")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
 	// The two ALTERs name a table, which cannot be a bound parameter; the
@@ -112,6 +113,7 @@ var retainedTables = []retainedTable{
 	{name: "decisions_by_ip_1m", column: "minute"},
 	{name: "decisions_by_gateway_1m", column: "minute"},
 	{name: "decisions_key_history_1m", column: "minute"},
+	{name: "decisions_accounting", column: "time"},
 	{name: "decisions_ledger", column: "written_at", raw: true},
 	// The rollups as they were before migration 003.
 	{name: "decisions_by_key_1m_v1", column: "minute"},
@@ -122,7 +124,8 @@ var retainedTables = []retainedTable{
 // batchTables are the tables a batch writes, each row tagged with its
 // batch_id: an aborted batch's rows are deleted from each. After the raw
 // table, the rollups in the order of qRollups.
-var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m"}
+var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m",
+	"decisions_accounting"}
 
 func (r Retention) days(t retainedTable) int {
 	if t.raw {

@@ -33,7 +33,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	rows.Close()
 	want := []string{
-		"decisions", "decisions_aborts", "decisions_by_gateway_1m", "decisions_by_gateway_1m_v1",
+		"decisions", "decisions_aborts", "decisions_accounting", "decisions_by_gateway_1m", "decisions_by_gateway_1m_v1",
 		"decisions_by_ip_1m", "decisions_by_ip_1m_v1", "decisions_by_key_1m", "decisions_by_key_1m_v1",
 		"decisions_claims", "decisions_key_history_1m", "decisions_ledger", "decisions_offsets", "decisions_open",
 		"decisions_open_mv", "decisions_uncommitted", "schema_migrations",

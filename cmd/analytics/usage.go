@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -213,6 +214,18 @@ func splitList(s string) []string {
 	return out
 }
 
+// droppedBy is " (reason n, ...)" of by, reasons sorted; "" for none.
+func droppedBy(by map[string]int64) string {
+	if len(by) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, r := range slices.Sorted(maps.Keys(by)) {
+		parts = append(parts, fmt.Sprintf("%s %d", r, by[r]))
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
 // renderUsage prints st: JSON whole, CSV its rows, a table with the
 // period, whether it is complete, the rows and the total.
 func renderUsage(w io.Writer, format string, st analytics.UsageStatement) error {
@@ -232,6 +245,14 @@ func renderUsage(w io.Writer, format string, st analytics.UsageStatement) error 
 		fmt.Fprintf(w, "complete: data through %s\n", ts(st.DataThrough))
 	} else {
 		fmt.Fprintf(w, "INCOMPLETE: %s\n", st.Incomplete)
+	}
+	for _, g := range st.Gateways {
+		settled := "settled"
+		if !g.Settled {
+			settled = "not settled: last report " + ts(g.LastReport)
+		}
+		fmt.Fprintf(w, "gateway %s (run from %s): %d decision events, %d published, %d dropped%s; %s\n",
+			terminalSafe(g.GatewayID), ts(g.RunStart), g.Decisions, g.Published, g.Dropped, droppedBy(g.DroppedBy), settled)
 	}
 	for _, r := range st.Reconciled {
 		fmt.Fprintf(w, "reconciled: %s's rule %s, window %s to %s: the limiter counted %d (granted %d) at %s; the statement's allowed cost is %d; difference %d\n",

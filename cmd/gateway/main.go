@@ -481,7 +481,7 @@ func openEvents(ctx context.Context, fc fileConfig, reg prometheus.Registerer, l
 		}
 	}
 	pub, err := publish.New(publish.Config{
-		Brokers: link.Brokers, Topic: kc.Topic, MaxBuffered: kc.MaxBuffered,
+		Brokers: link.Brokers, Topic: kc.Topic, MaxBuffered: kc.MaxBuffered, GatewayID: fc.GatewayID,
 		Opts: append(opts, boot.KafkaMetrics(reg)),
 	}, reg, log)
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
@@ -590,11 +592,16 @@ func newTopic(t *testing.T, brokers []string) string {
 }
 
 // readEvents reads topic from the start until n events have come, each
-// decoded; raw, if set, sees every record's value.
+// decoded; raw, if set, sees every record's value. The publisher's
+// accounting records are left out.
 func readEvents(t *testing.T, brokers []string, topic string, n int, raw func([]byte)) []event.Decision {
 	t.Helper()
 	var got []event.Decision
-	for _, rec := range testenv.Consume(t, brokers, topic, n) {
+	decision := func(r *kgo.Record) bool {
+		d, err := event.Decode(r.Value)
+		return err != nil || d.Mode != event.ModeAccounting
+	}
+	for _, rec := range testenv.ConsumeWhere(t, brokers, topic, n, decision) {
 		if raw != nil {
 			raw(rec.Value)
 		}

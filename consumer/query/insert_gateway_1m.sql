@@ -18,7 +18,8 @@ SELECT
     quantilesState(0.5, 0.9, 0.99)(check_latency_us) AS check_latency_us_q,
     maxState(check_latency_us) AS check_latency_us_max
 FROM {stage}
--- mode admin: an operator's audit record (a reset), not a request.
-WHERE mode != 'admin'
+-- mode admin: an operator's audit record (a reset), not a request; mode
+-- accounting: a gateway's accounting record.
+WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, gateway_id, batch_id

@@ -14,7 +14,8 @@ SELECT
     uniqState(if(key_kind IN ('api_key', 'user'), key_id, '')) AS auth_keys,
     uniqState(if(allowed = 1, user_agent_hash, toUInt64(0))) AS allowed_user_agents
 FROM {stage}
--- mode admin: an operator's audit record (a reset), not a request.
-WHERE mode != 'admin'
+-- mode admin: an operator's audit record (a reset), not a request; mode
+-- accounting: a gateway's accounting record.
+WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, client_ip, batch_id

@@ -25,7 +25,8 @@ SELECT
     sum(toUInt64(mode = 'shadow')) AS shadow,
     sum(toUInt64(mode = 'local_fallback')) AS local_fallback
 FROM {stage}
--- mode admin: an operator's audit record (a reset), not a request.
-WHERE mode != 'admin'
+-- mode admin: an operator's audit record (a reset), not a request; mode
+-- accounting: a gateway's accounting record.
+WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id, key_name, method

@@ -9,7 +9,8 @@ SELECT
     count() AS requests,
     sum(toUInt64(allowed = 0)) AS denied_requests
 FROM {stage}
--- mode admin: an operator's audit record (a reset), not a request.
-WHERE mode != 'admin'
+-- mode admin: an operator's audit record (a reset), not a request; mode
+-- accounting: a gateway's accounting record.
+WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY key_id, minute, gateway_id, batch_id

@@ -48,13 +48,24 @@ const (
 	fieldDomain         = 20
 	fieldDescriptor     = 21
 	fieldAdmin          = 22
-	maxField            = fieldAdmin // the highest field number this code knows
+	fieldAccounting     = 23
+	maxField            = fieldAccounting // the highest field number this code knows
 
 	// DescriptorEntry's and AdminAction's fields.
 	fieldEntryKey    = 1
 	fieldEntryValue  = 2
 	fieldAdminAction = 1
 	fieldAdminActor  = 2
+
+	// Accounting's fields.
+	fieldAcctRunStart    = 1
+	fieldAcctDecisions   = 2
+	fieldAcctPublished   = 3
+	fieldAcctBufferFull  = 4
+	fieldAcctBrokerError = 5
+	fieldAcctEncodeError = 6
+	fieldAcctClosed      = 7
+	fieldAcctFinal       = 8
 )
 
 // MaxFieldLen is the longest string field Encode writes and Decode accepts,
@@ -133,8 +144,10 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 			return dst, fmt.Errorf("encode descriptor entry %d: %w", i, err)
 		}
 	}
-	if !d.Time.IsZero() && (d.Time.Before(minTime) || d.Time.After(maxTime)) {
-		return dst, fmt.Errorf("encode time %v: %w", d.Time, ErrTimeRange)
+	for _, t := range [...]time.Time{d.Time, d.Accounting.RunStart} {
+		if !t.IsZero() && (t.Before(minTime) || t.After(maxTime)) {
+			return dst, fmt.Errorf("encode time %v: %w", t, ErrTimeRange)
+		}
 	}
 
 	b := dst
@@ -175,7 +188,43 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	if d.Admin != (AdminAction{}) {
 		b = appendPair(b, fieldAdmin, fieldAdminAction, d.Admin.Action, fieldAdminActor, d.Admin.Actor)
 	}
+	if d.Accounting != (Accounting{}) {
+		b = appendAccounting(b, d.Accounting)
+	}
 	return b, nil
+}
+
+// appendAccounting writes a's message, its zero fields left out.
+func appendAccounting(b []byte, a Accounting) []byte {
+	var start int64
+	if !a.RunStart.IsZero() {
+		start = a.RunStart.UnixNano()
+	}
+	fields := [...]struct {
+		num protowire.Number
+		v   uint64
+	}{
+		{fieldAcctRunStart, protowire.EncodeZigZag(start)},
+		{fieldAcctDecisions, protowire.EncodeZigZag(a.Decisions)},
+		{fieldAcctPublished, protowire.EncodeZigZag(a.Published)},
+		{fieldAcctBufferFull, protowire.EncodeZigZag(a.DroppedBufferFull)},
+		{fieldAcctBrokerError, protowire.EncodeZigZag(a.DroppedBrokerError)},
+		{fieldAcctEncodeError, protowire.EncodeZigZag(a.DroppedEncodeError)},
+		{fieldAcctClosed, protowire.EncodeZigZag(a.DroppedClosed)},
+		{fieldAcctFinal, protowire.EncodeBool(a.Final)},
+	}
+	n := 0
+	for _, f := range fields {
+		if f.v != 0 {
+			n += protowire.SizeTag(f.num) + protowire.SizeVarint(f.v)
+		}
+	}
+	b = appendTag(b, fieldAccounting, protowire.BytesType)
+	b = binary.AppendUvarint(b, uint64(n))
+	for _, f := range fields {
+		b = appendVarintField(b, f.num, f.v)
+	}
+	return b
 }
 
 // appendPair writes a sub-message of two string fields a and bv, each left
@@ -309,6 +358,8 @@ func (r *reader) other(d *Decision, num protowire.Number) error {
 	case fieldAdmin:
 		// A message field met twice merges, as protobuf's do.
 		return r.pair(fieldAdminAction, &d.Admin.Action, fieldAdminActor, &d.Admin.Actor)
+	case fieldAccounting:
+		return r.accounting(&d.Accounting)
 	}
 	// A newer writer's field: skip it, whatever its wire type.
 	n := protowire.ConsumeFieldValue(num, r.typ, r.b)
@@ -437,6 +488,45 @@ func checkString(s string) error {
 // pair reads a sub-message of two string fields, fa into a and fb into b,
 // skipping fields it does not know.
 func (r *reader) pair(fa protowire.Number, a *string, fb protowire.Number, b *string) error {
+	return r.message(func(sub *reader, num protowire.Number) (bool, error) {
+		switch num {
+		case fa:
+			return true, sub.string(a)
+		case fb:
+			return true, sub.string(b)
+		}
+		return false, nil
+	})
+}
+
+// accounting reads an Accounting message into a (merging, as protobuf
+// does with a message met twice), skipping fields it does not know.
+func (r *reader) accounting(a *Accounting) error {
+	ints := map[protowire.Number]*int64{
+		fieldAcctDecisions: &a.Decisions, fieldAcctPublished: &a.Published,
+		fieldAcctBufferFull: &a.DroppedBufferFull, fieldAcctBrokerError: &a.DroppedBrokerError,
+		fieldAcctEncodeError: &a.DroppedEncodeError, fieldAcctClosed: &a.DroppedClosed,
+	}
+	return r.message(func(sub *reader, num protowire.Number) (bool, error) {
+		switch num {
+		case fieldAcctRunStart:
+			var ns int64
+			err := sub.sint64(&ns)
+			a.RunStart = time.Unix(0, ns).UTC()
+			return true, err
+		case fieldAcctFinal:
+			return true, sub.bool(&a.Final)
+		}
+		if dst, ok := ints[num]; ok {
+			return true, sub.sint64(dst)
+		}
+		return false, nil
+	})
+}
+
+// message reads a sub-message, handing each field to field, which reads
+// it and says so, or leaves it to be skipped.
+func (r *reader) message(field func(sub *reader, num protowire.Number) (bool, error)) error {
 	v, err := r.bytes()
 	if err != nil {
 		return err
@@ -448,20 +538,16 @@ func (r *reader) pair(fa protowire.Number, a *string, fb protowire.Number, b *st
 			return protowire.ParseError(n)
 		}
 		sub.b, sub.typ = sub.b[n:], typ
-		switch num {
-		case fa:
-			err = sub.string(a)
-		case fb:
-			err = sub.string(b)
-		default:
+		read, err := field(&sub, num)
+		if err != nil {
+			return fmt.Errorf("field %d: %w", num, err)
+		}
+		if !read {
 			n := protowire.ConsumeFieldValue(num, typ, sub.b)
 			if n < 0 {
 				return protowire.ParseError(n)
 			}
 			sub.b = sub.b[n:]
-		}
-		if err != nil {
-			return fmt.Errorf("field %d: %w", num, err)
 		}
 	}
 	return nil

@@ -11,7 +11,7 @@ import (
 var (
 	keyKindNames     = [...]string{"unknown", "api_key", "user", "ip"}
 	storeStatusNames = [...]string{"unknown", "ok", "unavailable", "timeout", "local_cache"}
-	modeNames        = [...]string{"unknown", "enforced", "shadow", "fail_open", "fail_closed", "local_fallback", "admin"}
+	modeNames        = [...]string{"unknown", "enforced", "shadow", "fail_open", "fail_closed", "local_fallback", "admin", "accounting"}
 )
 
 // String returns the kind's name: unknown, api_key, user or ip. A value this
@@ -33,8 +33,8 @@ func (s StoreStatus) String() string {
 }
 
 // String returns the mode's name: unknown, enforced, shadow, fail_open,
-// fail_closed, local_fallback or admin. A value this version does not know reads
-// Mode(n).
+// fail_closed, local_fallback, admin or accounting. A value this version
+// does not know reads Mode(n).
 func (m Mode) String() string {
 	if int(m) < len(modeNames) {
 		return modeNames[m]

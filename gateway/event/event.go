@@ -53,6 +53,7 @@ const (
 	ModeFailClosed                // the store failed; denied by policy
 	ModeLocalFallback             // the store failed; decided in local memory
 	ModeAdmin                     // no decision: an operator's audit record (Decision.Admin)
+	ModeAccounting                // no decision: a gateway's accounting record (Decision.Accounting)
 )
 
 // Decision is one rate-limit decision. It never holds a raw API key: KeyID
@@ -87,6 +88,9 @@ type Decision struct {
 	Descriptor []DescriptorEntry
 	// Admin is set on an operator's audit record only (ModeAdmin).
 	Admin AdminAction
+	// Accounting is set on a gateway's accounting record only
+	// (ModeAccounting).
+	Accounting Accounting
 }
 
 // MaxDescriptorEntries is the most descriptor entries Encode writes and
@@ -105,4 +109,24 @@ type AdminAction struct {
 	Action string
 	// Actor names the admin token used, never the token.
 	Actor string
+}
+
+// Accounting is a gateway publisher's running totals since it started (see
+// decision.proto); the zero value is none.
+type Accounting struct {
+	// RunStart is when the publisher started; GatewayID and RunStart name
+	// one run.
+	RunStart time.Time
+	// Decisions is how many decision events the publisher was given,
+	// Published how many Kafka acknowledged.
+	Decisions, Published int64
+	// Dropped by reason.
+	DroppedBufferFull, DroppedBrokerError, DroppedEncodeError, DroppedClosed int64
+	// Final marks the run's last record, sent as the publisher closes.
+	Final bool
+}
+
+// Dropped is the drops of every reason.
+func (a Accounting) Dropped() int64 {
+	return a.DroppedBufferFull + a.DroppedBrokerError + a.DroppedEncodeError + a.DroppedClosed
 }

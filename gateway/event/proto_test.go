@@ -31,6 +31,8 @@ func full() Decision {
 	d.Descriptor = []DescriptorEntry{{Key: "remote_address", Value: "203.0.113.7"}, {Key: "path", Value: "/v1/orders"},
 		{Key: "generic_key", Value: ""}, {Key: "", Value: "v"}}
 	d.Admin = AdminAction{Action: "reset", Actor: "oncall"}
+	d.Accounting = Accounting{RunStart: time.Unix(1_780_000_000, 5).UTC(), Decisions: 1000, Published: 990,
+		DroppedBufferFull: 1, DroppedBrokerError: 7, DroppedEncodeError: 1, DroppedClosed: 1, Final: true}
 	return d
 }
 
@@ -88,6 +90,23 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 	if d.Admin != (AdminAction{}) {
 		fd := md.Fields().ByName("admin")
 		setPair(m.Mutable(fd).Message(), "action", d.Admin.Action, "actor", d.Admin.Actor)
+	}
+	if a := d.Accounting; a != (Accounting{}) {
+		am := m.Mutable(md.Fields().ByName("accounting")).Message()
+		var start int64
+		if !a.RunStart.IsZero() {
+			start = a.RunStart.UnixNano()
+		}
+		for name, v := range map[string]int64{"run_start_unix_nano": start, "decisions": a.Decisions, "published": a.Published,
+			"dropped_buffer_full": a.DroppedBufferFull, "dropped_broker_error": a.DroppedBrokerError,
+			"dropped_encode_error": a.DroppedEncodeError, "dropped_closed": a.DroppedClosed} {
+			if v != 0 {
+				am.Set(am.Descriptor().Fields().ByName(protoreflect.Name(name)), protoreflect.ValueOfInt64(v))
+			}
+		}
+		if a.Final {
+			am.Set(am.Descriptor().Fields().ByName("final"), protoreflect.ValueOfBool(true))
+		}
 	}
 	return m
 }

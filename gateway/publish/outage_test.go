@@ -1,10 +1,12 @@
 package publish
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 )
 
@@ -26,7 +29,7 @@ func TestRealKafkaOutage(t *testing.T) {
 	testenv.CreateTopics(t, brokers, 3, "decisions")
 
 	const bound = 2000
-	p, reg := mustNew(t, Config{Brokers: brokers, MaxBuffered: bound})
+	p, reg := mustNew(t, Config{Brokers: brokers, MaxBuffered: bound, GatewayID: "gw-outage", AccountEvery: 100 * time.Millisecond})
 
 	// Load: 4 publishers, 2000 events/s in all, for the whole test.
 	var (
@@ -69,10 +72,41 @@ func TestRealKafkaOutage(t *testing.T) {
 	if m.dropped[ReasonBufferFull] == 0 {
 		t.Errorf("no buffer_full drops during the outage: %v", m.dropped)
 	}
-	// Exactly the published events are in the topic: idempotent retries
-	// across the outage wrote none twice.
-	if got := topicSize(t, brokers, "decisions"); got != int64(m.published) {
-		t.Errorf("topic holds %d records, published = %v", got, m.published)
+	// Exactly the published events are in the topic, beside the
+	// accounting records: idempotent retries across the outage wrote none
+	// twice.
+	size := topicSize(t, brokers, "decisions")
+	var decisions int64
+	var acct []event.Accounting
+	for _, r := range testenv.Consume(t, brokers, "decisions", int(size)) {
+		d, err := event.Decode(r.Value)
+		switch {
+		case err != nil:
+			t.Fatalf("decode: %v", err)
+		case d.Mode == event.ModeAccounting:
+			acct = append(acct, d.Accounting)
+		default:
+			decisions++
+		}
+	}
+	if decisions != int64(m.published) {
+		t.Errorf("topic holds %d decisions, published = %v", decisions, m.published)
+	}
+	// The accounting records reached the stream during the outage's drops
+	// and after; the last one (the final) carries the counters' totals.
+	slices.SortFunc(acct, func(a, b event.Accounting) int { return cmp.Compare(a.Decisions, b.Decisions) })
+	if len(acct) < 2 {
+		t.Fatalf("%d accounting records, want several", len(acct))
+	}
+	last := acct[len(acct)-1]
+	if !last.Final || last.Decisions != p.Attempted() || float64(last.Published) != m.published ||
+		float64(last.DroppedBufferFull) != m.dropped[ReasonBufferFull] || float64(last.Dropped()) != m.totalDropped() {
+		t.Errorf("final accounting record %+v, want the counters: attempted %d, %+v", last, p.Attempted(), m)
+	}
+	for _, a := range acct[:len(acct)-1] {
+		if a.Final || a.Dropped() > last.Dropped() || a.Published > last.Published {
+			t.Errorf("accounting record %+v is final or past the final one", a)
+		}
 	}
 	t.Logf("attempted %v, published %v, dropped %v, slowest Publish %v", p.Attempted(), m.published, m.dropped, time.Duration(slowest.Load()))
 }

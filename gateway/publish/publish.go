@@ -39,6 +39,14 @@ const (
 
 var reasons = []string{ReasonBufferFull, ReasonBrokerError, ReasonEncodeError, ReasonClosed}
 
+// The index of each reason in reasons and in Publisher.drops.
+const (
+	iBufferFull = iota
+	iBrokerError
+	iEncodeError
+	iClosed
+)
+
 // ErrInvalidConfig wraps every problem Validate reports, named in the
 // message: no caller acts on one problem rather than another, an operator
 // reads the message.
@@ -77,6 +85,14 @@ type Config struct {
 	// keeps it until Kafka returns or Close gives up: the buffer is bounded,
 	// and a late event still counts.
 	DeliveryTimeout time.Duration
+	// GatewayID names the gateway on its accounting records.
+	GatewayID string
+	// AccountEvery is how often the publisher sends an accounting record
+	// (event.ModeAccounting): its running totals of decision events
+	// given, published and dropped by reason, so the drops reach the
+	// stream and the usage statement sees them. One more is sent as it
+	// closes. Default 5s.
+	AccountEvery time.Duration
 	// Opts are extra franz-go options applied last: the link's logger,
 	// metrics, TLS and SASL (internal/boot builds them), or overrides in
 	// tests.
@@ -90,6 +106,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxBuffered = cmp.Or(c.MaxBuffered, 50_000)
 	c.Linger = cmp.Or(c.Linger, 50*time.Millisecond)
 	c.Compression = cmp.Or(c.Compression, "lz4")
+	c.AccountEvery = cmp.Or(c.AccountEvery, 5*time.Second)
 	return c
 }
 
@@ -118,6 +135,12 @@ func (c Config) Validate() error {
 	if c.Linger < 0 {
 		errs = append(errs, fmt.Errorf("%w: negative duration: linger %v", ErrInvalidConfig, c.Linger))
 	}
+	if c.AccountEvery < 0 {
+		errs = append(errs, fmt.Errorf("%w: negative duration: account every %v", ErrInvalidConfig, c.AccountEvery))
+	}
+	if err := checkGatewayID(c.GatewayID); err != nil {
+		errs = append(errs, fmt.Errorf("%w: gateway id: %w", ErrInvalidConfig, err))
+	}
 	if c.DeliveryTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: negative duration: delivery timeout %v", ErrInvalidConfig, c.DeliveryTimeout))
 	}
@@ -125,6 +148,12 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// checkGatewayID refuses an id the accounting record could not carry.
+func checkGatewayID(id string) error {
+	_, err := event.Encode(event.Decision{GatewayID: id})
+	return err
 }
 
 func codec(name string) (kgo.CompressionCodec, error) {
@@ -157,8 +186,19 @@ type Publisher struct {
 	published prometheus.Counter
 	dropped   map[string]prometheus.Counter
 	attempted atomic.Int64
-	pending   atomic.Int64 // events given to franz-go whose promise has not run
-	closed    atomic.Bool
+	// The accounting record's totals: published, and drops by reason in
+	// the order of reasons (the Prometheus counters cannot be read back).
+	acked atomic.Int64
+	drops [4]atomic.Int64
+
+	gatewayID    string
+	runStart     time.Time
+	accountEvery time.Duration
+	stop         chan struct{} // closed by Close: the accounting loop sends its last record
+	stopping     sync.Once
+	accounted    chan struct{} // closed by the accounting loop when it has
+	pending      atomic.Int64  // events given to franz-go whose promise has not run
+	closed       atomic.Bool
 	// lostAtClose counts events dropped once Close began: the process is
 	// about to exit, so its metrics will not be scraped again, and Close
 	// says how many in its log line and error.
@@ -216,10 +256,15 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 	}
 
 	p := &Publisher{
-		cl:    cl,
-		topic: cfg.Topic,
-		log:   log,
-		now:   time.Now,
+		cl:           cl,
+		topic:        cfg.Topic,
+		log:          log,
+		now:          time.Now,
+		gatewayID:    cfg.GatewayID,
+		runStart:     time.Now(),
+		accountEvery: cfg.AccountEvery,
+		stop:         make(chan struct{}),
+		accounted:    make(chan struct{}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgelimit_events_published_total",
 			Help: "Decision events Kafka acknowledged.",
@@ -247,7 +292,61 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 			}
 		}
 	}
+	go p.account()
 	return p, nil
+}
+
+// drop counts one dropped decision event.
+func (p *Publisher) drop(i int) {
+	p.drops[i].Add(1)
+	p.dropped[reasons[i]].Inc()
+}
+
+// account sends an accounting record every accountEvery until Close
+// stops it (Close sends the final one).
+func (p *Publisher) account() {
+	defer close(p.accounted)
+	t := time.NewTicker(p.accountEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			p.sendAccounting(false)
+		case <-p.stop:
+			return
+		}
+	}
+}
+
+// Accounting returns the publisher's running totals now, as its next
+// accounting record would carry them.
+func (p *Publisher) Accounting() event.Accounting {
+	return event.Accounting{
+		RunStart:           p.runStart,
+		Decisions:          p.attempted.Load(),
+		Published:          p.acked.Load(),
+		DroppedBufferFull:  p.drops[iBufferFull].Load(),
+		DroppedBrokerError: p.drops[iBrokerError].Load(),
+		DroppedEncodeError: p.drops[iEncodeError].Load(),
+		DroppedClosed:      p.drops[iClosed].Load(),
+	}
+}
+
+// sendAccounting publishes the running totals. A record lost on the way
+// loses nothing: the next one carries the same totals and more.
+func (p *Publisher) sendAccounting(final bool) {
+	now := p.now()
+	a := p.Accounting()
+	a.Final = final
+	b, err := event.Encode(event.Decision{ID: event.NewID(now), Time: now, GatewayID: p.gatewayID,
+		Mode: event.ModeAccounting, Accounting: a})
+	if err != nil { // Validate checked the gateway id; nothing else can fail
+		p.log.Error("encode accounting record", "error", err)
+		return
+	}
+	p.pending.Add(1)
+	p.cl.TryProduce(context.Background(), &kgo.Record{Topic: p.topic, Value: b, Headers: schemaHeaders},
+		func(*kgo.Record, error) { p.pending.Add(-1) })
 }
 
 // Publish queues d for Kafka and returns at once. It never blocks: when the
@@ -256,7 +355,7 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Publisher, e
 func (p *Publisher) Publish(d event.Decision) {
 	p.attempted.Add(1)
 	if p.closed.Load() {
-		p.dropped[ReasonClosed].Inc()
+		p.drop(iClosed)
 		p.lostAtClose.Add(1)
 		return
 	}
@@ -264,7 +363,7 @@ func (p *Publisher) Publish(d event.Decision) {
 	b, err := event.AppendEncode(r.Value[:0], d)
 	if err != nil {
 		p.records.Put(r)
-		p.dropped[ReasonEncodeError].Inc()
+		p.drop(iEncodeError)
 		p.maybeLog("drop undecodable decision event", err)
 		return
 	}
@@ -283,13 +382,14 @@ func (p *Publisher) promise(r *kgo.Record, err error) {
 	}
 	switch {
 	case err == nil:
+		p.acked.Add(1)
 		p.published.Inc()
 	case errors.Is(err, kgo.ErrMaxBuffered):
-		p.dropped[ReasonBufferFull].Inc()
+		p.drop(iBufferFull)
 	case errors.Is(err, kgo.ErrClientClosed):
-		p.dropped[ReasonClosed].Inc()
+		p.drop(iClosed)
 	default:
-		p.dropped[ReasonBrokerError].Inc()
+		p.drop(iBrokerError)
 		p.maybeLog("drop decision event", err)
 	}
 }
@@ -314,6 +414,14 @@ func (p *Publisher) maybeLog(msg string, err error) {
 	p.log.Warn(msg, "error", err, "topic", p.topic)
 }
 
+// awaitPromises waits, at most 5s, until every record given to franz-go
+// has had its promise run.
+func (p *Publisher) awaitPromises() {
+	for deadline := time.Now().Add(5 * time.Second); p.pending.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // Attempted returns how many events Publish was given.
 func (p *Publisher) Attempted() int64 { return p.attempted.Load() }
 
@@ -325,14 +433,24 @@ func (p *Publisher) Attempted() int64 { return p.attempted.Load() }
 // first.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.closed.Store(true)
+	p.stopping.Do(func() { close(p.stop) })
+	<-p.accounted
 	err := p.cl.Flush(ctx)
+	// The final accounting record, once every event flushed is counted:
+	// it carries the run's totals, unless the flush gave up (then the
+	// events dropped below are in no record).
+	if err == nil {
+		p.awaitPromises()
+	}
+	p.sendAccounting(true)
+	if err == nil {
+		err = p.cl.Flush(ctx)
+	}
 	p.cl.Close()
 	// Closing fails every record still buffered, but their promises run
 	// on franz-go's goroutines: wait for them, so every event is counted
 	// as published or dropped when Close returns.
-	for deadline := time.Now().Add(5 * time.Second); p.pending.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	p.awaitPromises()
 	// Events whose promise never ran are lost too, uncounted by reason.
 	if lost := p.lostAtClose.Load() + p.pending.Load(); lost > 0 {
 		p.log.Error("decision events dropped at shutdown", "events", lost, "topic", p.topic)

@@ -146,7 +146,8 @@ func decision(i int) event.Decision {
 
 func TestPublishDelivers(t *testing.T) {
 	c := newCluster(t, 4)
-	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs()})
+	// No periodic accounting record in this test: only the final one.
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), GatewayID: "gw-1", AccountEvery: time.Hour})
 	const n = 3000
 	want := make(map[[16]byte]event.Decision, n)
 	all := make([]event.Decision, n)
@@ -176,7 +177,8 @@ func TestPublishDelivers(t *testing.T) {
 	}
 
 	partitions := map[int32]int{}
-	for _, r := range testenv.Consume(t, c.ListenAddrs(), "decisions", n) {
+	var final []event.Accounting
+	for _, r := range testenv.Consume(t, c.ListenAddrs(), "decisions", n+1) {
 		if r.Key != nil {
 			t.Fatalf("record key = %q, want none (no per-key partitioning)", r.Key)
 		}
@@ -186,6 +188,13 @@ func TestPublishDelivers(t *testing.T) {
 		d, err := event.Decode(r.Value)
 		if err != nil {
 			t.Fatalf("Decode(record at %d/%d): %v", r.Partition, r.Offset, err)
+		}
+		if d.Mode == event.ModeAccounting {
+			if d.GatewayID != "gw-1" {
+				t.Errorf("accounting record of gateway %q, want gw-1", d.GatewayID)
+			}
+			final = append(final, d.Accounting)
+			continue
 		}
 		w, ok := want[d.ID]
 		if !ok {
@@ -199,6 +208,9 @@ func TestPublishDelivers(t *testing.T) {
 	}
 	if len(want) != 0 {
 		t.Errorf("%d events never reached Kafka", len(want))
+	}
+	if len(final) != 1 || !final[0].Final || final[0].Decisions != n || final[0].Published != n || final[0].Dropped() != 0 {
+		t.Errorf("accounting records %+v, want one, final, %d decisions all published", final, n)
 	}
 	// Every event has the same key; a keyed partitioner would put them all
 	// on one partition.
@@ -251,7 +263,7 @@ func publishAll(t *testing.T, p *Publisher, from, n int) {
 func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	c := newCluster(t, 2)
 	const bound = 200
-	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond})
+	p, reg := mustNew(t, Config{Brokers: c.ListenAddrs(), MaxBuffered: bound, Linger: time.Millisecond, AccountEvery: time.Hour})
 	restore := breakProduce(c)
 
 	const n = 5 * bound
@@ -274,8 +286,20 @@ func TestPublishBrokerDownBuffersThenDrops(t *testing.T) {
 	if m.published != bound+100 {
 		t.Errorf("published = %v, want the %d buffered during the outage plus 100 after", m.published, bound)
 	}
-	if got := len(testenv.Consume(t, c.ListenAddrs(), "decisions", bound+100)); got != bound+100 {
-		t.Errorf("topic holds %d records, want %d", got, bound+100)
+	recs := testenv.Consume(t, c.ListenAddrs(), "decisions", bound+100+1)
+	if got := len(recs); got != bound+100+1 {
+		t.Errorf("topic holds %d records, want %d and the accounting record", got, bound+100)
+	}
+	// The final accounting record carries the drops into the stream.
+	want := event.Accounting{RunStart: p.runStart.UTC(), Decisions: n + 100, Published: bound + 100, DroppedBufferFull: n - bound, Final: true}
+	var got []event.Accounting
+	for _, r := range recs {
+		if d, err := event.Decode(r.Value); err == nil && d.Mode == event.ModeAccounting {
+			got = append(got, d.Accounting)
+		}
+	}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("accounting records %+v, want one: %+v", got, want)
 	}
 }
 

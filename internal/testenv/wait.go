@@ -62,6 +62,13 @@ func CreateTopics(tb testing.TB, brokers []string, partitions int32, topics ...s
 // test after 30s or at a fetch error.
 func Consume(tb testing.TB, brokers []string, topic string, n int) []*kgo.Record {
 	tb.Helper()
+	return ConsumeWhere(tb, brokers, topic, n, nil)
+}
+
+// ConsumeWhere is Consume counting only the records keep keeps (nil: all),
+// and returning only those.
+func ConsumeWhere(tb testing.TB, brokers []string, topic string, n int, keep func(*kgo.Record) bool) []*kgo.Record {
+	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
@@ -77,7 +84,11 @@ func Consume(tb testing.TB, brokers []string, topic string, n int) []*kgo.Record
 			tb.Fatalf("consumed %d of %d records from %s: %v", len(recs), n, topic, err)
 		}
 		fs.EachError(func(topic string, p int32, err error) { tb.Fatalf("fetch %s/%d: %v", topic, p, err) })
-		recs = append(recs, fs.Records()...)
+		for _, r := range fs.Records() {
+			if keep == nil || keep(r) {
+				recs = append(recs, r)
+			}
+		}
 	}
 	return recs
 }
