@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/edgelimit/edgelimit/analytics"
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
@@ -137,13 +139,7 @@ func TestUsageNamesGatewayDrops(t *testing.T) {
 		{Time: utc("2026-12-01T06:00:00Z"), GatewayID: "gw-1", KeyID: "k1", Route: "/a", Plan: "pro", Allowed: true, Cost: 1},
 		{Time: utc("2027-01-01T06:00:00Z"), GatewayID: "gw-1", KeyID: "k1", Route: "/a", Plan: "pro", Allowed: true, Cost: 1},
 	})
-	// gateway, run start, report time, decisions, published, buffer full, broker error, final
-	type report struct {
-		gw, run, at  string
-		d, p, bf, be int64
-		final        bool
-	}
-	reports := []report{
+	mustReport(t, conn, []report{
 		{"gw-1", "2026-10-30T00:00:00Z", "2026-10-31T12:00:00Z", 100, 95, 5, 0, false},
 		{"gw-1", "2026-10-30T00:00:00Z", "2026-11-15T12:00:00Z", 500, 488, 5, 7, false},
 		{"gw-1", "2026-10-30T00:00:00Z", "2026-11-15T12:00:00Z", 500, 488, 5, 7, false}, // stored twice
@@ -155,24 +151,7 @@ func TestUsageNamesGatewayDrops(t *testing.T) {
 		{"gw-4", "2026-10-01T00:00:00Z", "2026-10-02T00:00:00Z", 40, 30, 10, 0, false},
 		{"gw-5", "2026-12-05T00:00:00Z", "2026-12-05T00:00:05Z", 1, 1, 0, 0, false},
 		{"gw-5", "2026-12-05T00:00:00Z", "2027-01-01T00:00:05Z", 9, 9, 0, 0, false},
-	}
-	batch, err := conn.PrepareBatch(ctx, `INSERT INTO decisions_accounting (time, gateway_id, run_start, decisions, published,
-		dropped_buffer_full, dropped_broker_error, dropped_encode_error, dropped_closed, final, batch_id)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range reports {
-		final := uint8(0)
-		if r.final {
-			final = 1
-		}
-		if err := batch.Append(utc(r.at), r.gw, utc(r.run).UnixNano(), r.d, r.p, r.bf, r.be, int64(0), int64(0), final, uint64(0)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := batch.Send(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	rd := analytics.NewReader(conn)
 	from, to := utc("2026-11-01T00:00:00Z"), utc("2026-12-01T00:00:00Z")
 	st, err := rd.Usage(ctx, analytics.UsageQuery{From: from, To: to})
@@ -293,6 +272,10 @@ func TestUsagePageInChromium(t *testing.T) {
 		{Time: day, GatewayID: "gw-2", KeyID: "k-acme", KeyName: "acme", KeyKind: event.KindAPIKey, Route: "/v1/orders", Plan: "pro", Cost: 1, Allowed: false},
 		{Time: day.AddDate(0, 1, 0), GatewayID: "gw-1", KeyID: "k-globex", KeyName: "globex", KeyKind: event.KindAPIKey, Route: "/v1/orders", Plan: "pro", Allowed: true},
 	})
+	mustReport(t, conn, []report{
+		{"gw-1", "2026-10-20T08:00:00Z", "2026-11-10T12:00:00Z", 40, 40, 0, 0, false},
+		{"gw-1", "2026-10-20T08:00:00Z", "2026-12-10T12:00:00Z", 90, 90, 0, 0, false},
+	})
 	_, srv, _ := serveAPI(t, analytics.NewReader(conn), nil)
 	// download=csv: the page downloads its CSV once it shows the statement.
 	page := "/usage?month=2026-11&tz=America%2FNew_York&key=acme&by=key,route&download=csv"
@@ -332,6 +315,7 @@ func TestUsagePageInChromium(t *testing.T) {
 	dom := stdout.String()
 	for _, want := range []string{`data-state="ready"`, `data-complete="true"`, `<td><a href="/keys/k-acme">acme</a></td>`,
 		`<td>/v1/export</td>`, `<td>/v1/orders</td>`, `<tr class="total"><td>total</td>`,
+		`<td>gw-1</td><td>2026-10-20 08:00Z</td><td class="num">90</td><td class="num">90</td><td class="num">0</td><td></td><td>settled</td>`,
 		`<a id="usage-csv" href="/api/usage?month=2026-11&amp;tz=America%2FNew_York&amp;key=acme&amp;by=key%2Croute&amp;format=csv"`} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("usage page lacks %s:\n%.4000s", want, dom)
@@ -358,4 +342,35 @@ func mustTime(t *testing.T, s string) time.Time {
 		t.Fatal(err)
 	}
 	return tm
+}
+
+// report is a gateway's accounting record: gateway, run start, report
+// time, decisions, published, dropped (buffer full, broker error), final.
+type report struct {
+	gw, run, at  string
+	d, p, bf, be int64
+	final        bool
+}
+
+// mustReport stores reports in decisions_accounting, committed (batch 0).
+func mustReport(t *testing.T, conn driver.Conn, reports []report) {
+	t.Helper()
+	batch, err := conn.PrepareBatch(context.Background(), `INSERT INTO decisions_accounting (time, gateway_id, run_start,
+		decisions, published, dropped_buffer_full, dropped_broker_error, dropped_encode_error, dropped_closed, final, batch_id)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reports {
+		final := uint8(0)
+		if r.final {
+			final = 1
+		}
+		if err := batch.Append(mustTime(t, r.at), r.gw, mustTime(t, r.run).UnixNano(), r.d, r.p, r.bf, r.be,
+			int64(0), int64(0), final, uint64(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		t.Fatal(err)
+	}
 }
