@@ -122,7 +122,7 @@ func (r *Redis) allowAcross(ctx context.Context, key string, rules []Rule, cost 
 	allowed := true
 	for g, c := range calls {
 		if c.err == nil {
-			ds[g], c.err = parseReply(c.res, parts[g])
+			ds[g], c.err = parseReply(c.res, parts[g], false)
 		}
 		if c.err != nil {
 			if err == nil {
@@ -206,7 +206,7 @@ func (r *Redis) giveBack(ctx context.Context, key string, parts [][]Rule, cost i
 	for k, c := range back {
 		var d Decision
 		if c.err == nil {
-			d, c.err = parseReply(c.res, rulesAt(parts[group[k]], of[k]))
+			d, c.err = parseReply(c.res, rulesAt(parts[group[k]], of[k]), false)
 		}
 		if c.err != nil {
 			r.giveBackFailed.Add(1)
@@ -262,7 +262,7 @@ func (r *Redis) await(ctx context.Context, calls []*call) {
 // a calendar rule's names it by the windows around at (see allow.lua).
 func giveBackArgs(rules []Rule, at time.Time) []any {
 	args := scriptArgs(rules, 1, at)
-	b := args[2].([]byte)
+	b := args[3].([]byte)
 	for i, rule := range rules {
 		if rule.algorithm() == SlidingWindow {
 			w := at.UnixMicro() / rule.Period.Microseconds()

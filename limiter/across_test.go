@@ -163,7 +163,7 @@ func TestGiveBackIntoItsWindow(t *testing.T) {
 			if c.err != nil {
 				t.Fatal(c.err)
 			}
-			if _, err := parseReply(c.res, []Rule{give}); err != nil {
+			if _, err := parseReply(c.res, []Rule{give}, false); err != nil {
 				t.Fatalf("give-back reply: %v", err)
 			}
 			// The record as written: window I6, count I5, previous I5.

@@ -11,8 +11,9 @@
 -- limiter from concurrent requests; each is atomic and all-or-nothing on its
 -- own, and all of them see one Redis time.
 --
--- KEYS         every check's keys, one check after the other: its m
---              containers, the string keys holding packed rule states (one
+-- KEYS         every check's keys, one check after the other: its
+--              sequence key when it numbers its decision (seq > 0), then
+--              its m containers, the string keys holding packed rule states (one
 --              for the identity's named rules, one per Rule.Bucket), all
 --              under one {hash tag} (see layout in redis.go), then,
 --              optionally, each rule's key in the previous layout (a hash
@@ -26,6 +27,9 @@
 --              rule (all calendar rules) rcost more units in the window
 --              now holds (negative takes back, never below no grant)
 --   m          the number of containers
+--   seq        > 0: the check numbers its decision (cost > 0 only) in its
+--              first key, the identity's sequence, which expires seq ms
+--              after its last decision; 0: no sequence key
 --   rules      the n rules' fields, each struct-packed '<BI5I6I5I6I7i7'
 --              (37 bytes), all in one string. They name no state, so one
 --              compiled plan serves every identity with the same rules:
@@ -62,7 +66,10 @@
 -- Reply: an array of q replies, each an error, or by the check's cost:
 --   > 0: one string, struct-packed '<B' then '<BI5I7I7' per rule then '<I7':
 --        allowed, then each rule's allowed, remaining, retry us, reset us,
---        then now_us, the Redis time the rules were checked at. If any
+--        then now_us, the Redis time the rules were checked at; with seq,
+--        then '<I7I7': the sequence's epoch (the Redis time, us, of its
+--        first decision) and this decision's number in it (1, 2, ...),
+--        allowed or denied alike. If any
 --        non-shadow rule denies, nothing is consumed: the only write is of
 --        a state converted to a changed rule (or taken over from the
 --        previous layout).
@@ -954,8 +961,8 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
   return pack(P.reply, unpack_t(res, 1, 4 * n + 2))
 end
 
--- check runs one check of the call: fast when it can, else general.
-local function check(keys, k0, nk, cost, m, blob, args, a, now)
+-- decide runs the rules of one check: fast when it can, else general.
+local function decide(keys, k0, nk, cost, m, blob, args, a, now)
   if cost > 0 then
     local P = plans[blob]
     if not P then
@@ -972,6 +979,36 @@ local function check(keys, k0, nk, cost, m, blob, args, a, now)
   return general(keys, k0, nk, cost, m, blob, args, a, now, nil)
 end
 
+-- number counts one more decision in the sequence key sk (see seq in the
+-- header) and returns its epoch and number, packed. A sequence expires
+-- ttl ms after its last decision, and the next one starts a new epoch:
+-- (epoch, number) never repeats, and a reader sees a restart as one.
+local function number(sk, ttl, now)
+  local v = redis.call('GET', sk)
+  local epoch, n = now, 1
+  if v and #v == 14 then
+    epoch, n = unpack_s('<I7I7', v)
+    n = n + 1
+  end
+  local out = pack('<I7I7', epoch, n)
+  redis.call('SET', sk, out, 'PX', ttl)
+  return out
+end
+
+-- check runs one check of the call: fast when it can, else general, and
+-- numbers the decision when asked.
+local function check(keys, k0, nk, cost, m, seq, blob, args, a, now)
+  local sk
+  if seq > 0 then
+    sk, k0, nk = keys[k0 + 1], k0 + 1, nk - 1
+  end
+  local res = decide(keys, k0, nk, cost, m, blob, args, a, now)
+  if sk and cost > 0 and type(res) == 'string' then
+    res = res .. number(sk, seq, now)
+  end
+  return res
+end
+
 -- allow runs the call's checks, each on its own: one that fails answers
 -- its error and leaves the others be. Check j is decided at the call's
 -- TIME plus j-1 us: the checks run one after the other, each for longer
@@ -985,11 +1022,12 @@ local function allow(keys, args)
   local out = {}
   local k0, a = 0, 1
   for j = 1, q do
-    local nk, blob = tonumber(args[a + 1]), args[a + 4] or ''
-    local ok, res = pcall(check, keys, k0, nk, tonumber(args[a + 2]), tonumber(args[a + 3]), blob, args, a + 4, now + j - 1)
+    local nk, blob = tonumber(args[a + 1]), args[a + 5] or ''
+    local ok, res = pcall(check, keys, k0, nk, tonumber(args[a + 2]), tonumber(args[a + 3]), tonumber(args[a + 4]),
+      blob, args, a + 5, now + j - 1)
     if not ok and type(res) ~= 'table' then res = redis.error_reply(tostring(res)) end
     out[j] = res
-    k0, a = k0 + nk, a + 4 + #blob / RULESIZE
+    k0, a = k0 + nk, a + 5 + #blob / RULESIZE
   end
   return out
 end

@@ -110,7 +110,7 @@ func TestClusterPipelineRunsOnce(t *testing.T) {
 	}
 	l.run(<-l.slots, batch)
 	for i, c := range batch {
-		d, err := parseReply(c.res, rules)
+		d, err := parseReply(c.res, rules, false)
 		if c.err != nil || err != nil {
 			t.Errorf("check %d: %v, %v", i, c.err, err)
 			continue

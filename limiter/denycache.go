@@ -104,6 +104,7 @@ func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (De
 	d := e.d
 	d.Cached = true
 	d.Time = now
+	d.Seq, d.SeqEpoch = 0, time.Time{} // no store decision: no number
 	d.Rules = make([]RuleResult, len(e.d.Rules))
 	for i, r := range e.d.Rules {
 		r.RetryAfter = max(0, r.RetryAfter-since)

@@ -236,6 +236,7 @@ func joinWholes(d Decision, rules []Rule) Decision {
 	}
 	out := decide(rr)
 	out.Time, out.Reason, out.Cached = d.Time, d.Reason, d.Cached
+	out.Seq, out.SeqEpoch = d.Seq, d.SeqEpoch
 	return out
 }
 

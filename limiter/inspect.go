@@ -134,7 +134,7 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	res, err := r.script(ctx, []string{identityKey(r.cfg.Prefix, key)}, []any{-2, 1, ""})
+	res, err := r.script(ctx, []string{identityKey(r.cfg.Prefix, key)}, []any{-2, 1, 0, ""})
 	if err != nil {
 		return fmt.Errorf("clear limiter state: %w", err)
 	}

@@ -392,7 +392,7 @@ func TestParseReplies(t *testing.T) {
 		return string(append(b, tail...))
 	}
 	parsers := map[string]func(res any) error{
-		"parseReply":   func(res any) error { _, err := parseReply(res, rules); return err },
+		"parseReply":   func(res any) error { _, err := parseReply(res, rules, false); return err },
 		"parseInspect": func(res any) error { _, err := parseInspect("k", res.([]any), rules); return err },
 	}
 	tests := []struct {
@@ -416,7 +416,7 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("%s: %s(%q) error = %v, want error %v", tt.name, tt.parse, tt.give, err, tt.wantErr)
 		}
 	}
-	if d, err := parseReply(packed(1, 1), rules); err != nil || !d.Allowed || d.Rules[0].Remaining != 1 || d.Rules[0].ResetAfter != time.Millisecond || d.Time.UnixMicro() != 1_800_000_000_000_000 {
+	if d, err := parseReply(packed(1, 1), rules, false); err != nil || !d.Allowed || d.Rules[0].Remaining != 1 || d.Rules[0].ResetAfter != time.Millisecond || d.Time.UnixMicro() != 1_800_000_000_000_000 {
 		t.Errorf("parseReply(good) = %+v, %v, want allowed, 1 remaining, reset 1ms, time 1.8e15us", d, err)
 	}
 	if ks, err := parseInspect("k", goodInspect, rules); err != nil || ks.TTL != 2*time.Second || !ks.Rules[0].Found || ks.Rules[0].ResetAfter != time.Millisecond {
