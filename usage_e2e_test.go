@@ -26,7 +26,7 @@ import (
 func TestUsageEqualsTheLimitersCount(t *testing.T) {
 	p := newPipelineRig(t, "usage")
 	ctx := p.ctx
-	f := newUsageFleet(t, p, publish.Config{})
+	f := newUsageFleet(t, p, publish.Config{}, limiter.Config{})
 	p.runConsumer(t)
 
 	clients := map[string]*seen{}
@@ -62,7 +62,14 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return st.Total.Requests >= clients[k].requests
+			settled := 0
+			for _, g := range st.Gateways {
+				if g.Settled {
+					settled++
+				}
+			}
+			// and both gateways' final accounting
+			return st.Total.Requests >= clients[k].requests && settled == 2
 		})
 		c, got, count := clients[k], st.Total, ks.Rules[1].Count
 		if got.Requests != c.requests || got.Allowed != c.allowed || got.Denied != c.denied || got.Requests != got.Allowed+got.Denied {
@@ -73,6 +80,11 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 		}
 		if st.Dropped != 0 || len(st.Gateways) != 2 {
 			t.Errorf("%s: the statement names %d drops of %+v; want none, of both gateways", k, st.Dropped, st.Gateways)
+		}
+		// Every decision the store numbered is stored; the deny cache's
+		// are not numbered.
+		if len(st.Sequences) != 1 || st.Missing != 0 || st.Sequences[0].Stored == 0 || st.Sequences[0].Stored > got.Requests {
+			t.Errorf("%s: sequences %+v, %d missing; want its numbered decisions all stored", k, st.Sequences, st.Missing)
 		}
 	}
 	p.stopConsumer(t)
@@ -91,7 +103,8 @@ func TestUsageNamesTheDropsWhenKafkaStops(t *testing.T) {
 	ctx := p.ctx
 	from := time.Now().UTC().Truncate(time.Minute)
 	// A buffer of 16 events: the outage overflows it at once.
-	f := newUsageFleet(t, p, publish.Config{MaxBuffered: 16, AccountEvery: 200 * time.Millisecond})
+	// No deny cache: every decision is the store's, and numbered.
+	f := newUsageFleet(t, p, publish.Config{MaxBuffered: 16, AccountEvery: 200 * time.Millisecond}, limiter.Config{DenyCache: -1})
 
 	var c seen
 	phase := func(n int) {
@@ -109,6 +122,14 @@ func TestUsageNamesTheDropsWhenKafkaStops(t *testing.T) {
 		return f.pubs[0].Accounting().DroppedBufferFull > 0 && f.pubs[1].Accounting().DroppedBufferFull > 0
 	})
 	srv.Resume(t)
+	testenv.WaitFor(t, 60*time.Second, "the buffered events published after the outage", func() bool {
+		for _, pub := range f.pubs {
+			if a := pub.Accounting(); a.Published+a.Dropped() != a.Decisions {
+				return false
+			}
+		}
+		return true
+	})
 	phase(30)
 	drops := map[string]int64{}
 	for i, pub := range f.pubs {
@@ -145,7 +166,12 @@ func TestUsageNamesTheDropsWhenKafkaStops(t *testing.T) {
 	if st.Complete || !strings.Contains(st.Incomplete, fmt.Sprintf("dropped %d decision events", drops["gw-a"]+drops["gw-b"])) {
 		t.Errorf("complete %v (%q): want incomplete, naming the %d drops", st.Complete, st.Incomplete, drops["gw-a"]+drops["gw-b"])
 	}
-	t.Logf("clients saw %d requests; stored %d; gateways dropped %v", c.requests, st.Total.Requests, drops)
+	// The sequences see every dropped decision: all were the store's
+	// (no deny cache), and each key's last decision came after the outage.
+	if st.Missing != drops["gw-a"]+drops["gw-b"] || len(st.Sequences) != 3 {
+		t.Errorf("sequences %+v: %d missing; want the %d dropped, over the 3 keys", st.Sequences, st.Missing, drops["gw-a"]+drops["gw-b"])
+	}
+	t.Logf("clients saw %d requests; stored %d; gateways dropped %v; sequences %+v", c.requests, st.Total.Requests, drops, st.Sequences)
 	if st.Total.Requests+st.Dropped != c.requests || st.Total.Requests != st.Total.Allowed+st.Total.Denied {
 		t.Errorf("stored %d (= %d + %d) + dropped %d; the clients saw %d", st.Total.Requests, st.Total.Allowed, st.Total.Denied, st.Dropped, c.requests)
 	}
@@ -182,7 +208,7 @@ type usageFleet struct {
 	closed []bool
 }
 
-func newUsageFleet(t *testing.T, p *pipelineRig, pubCfg publish.Config) *usageFleet {
+func newUsageFleet(t *testing.T, p *pipelineRig, pubCfg publish.Config, limCfg limiter.Config) *usageFleet {
 	t.Helper()
 	// A day that starts twelve hours from now: the test never waits for,
 	// nor meets, the window's end.
@@ -196,7 +222,9 @@ func newUsageFleet(t *testing.T, p *pipelineRig, pubCfg publish.Config) *usageFl
 		cfg := pubCfg
 		cfg.GatewayID = id
 		pub := p.publisher(t, cfg)
-		lim, err := limiter.New(p.rdb, limiter.Config{Prefix: f.prefix})
+		lc := limCfg
+		lc.Prefix = f.prefix
+		lim, err := limiter.New(p.rdb, lc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -468,7 +468,7 @@ func TestAPIKeyPageNAT(t *testing.T) {
 // its descriptors' buckets are never split by the gateways, so a split
 // written for it would be reported and do nothing.
 func TestHotKeysLeaveDoorCallersOut(t *testing.T) {
-	now := time.Now().UTC().Truncate(time.Second)
+	now := fleetClock() // the hot window holds whole minutes of the fleet
 	f, _, _ := seededFleet(now)
 	f.Hot = append(f.Hot, analyticstest.HotKey{KeyID: "door-1", Rate: 60, For: 90 * time.Second})
 	rows := f.Rows()

@@ -1,8 +1,10 @@
 package analytics
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ var (
 	qUsageKeys    = mustSQL("usage_keys")
 	qUsageThrough = mustSQL("usage_through")
 	qUsageAccount = mustSQL("usage_accounting")
+	qUsageSeq     = mustSQL("usage_seq")
 )
 
 // The dimensions a usage statement's rows can be split by.
@@ -180,6 +183,12 @@ type UsageStatement struct {
 	// complete only with no drops and every run's accounting settled.
 	Gateways []GatewayAccount `json:"gateways"`
 	Dropped  int64            `json:"dropped"`
+	// Sequences put, per key, how many decisions the shared store
+	// numbered in the period beside how many of them are stored; Missing
+	// is their sum of what is not: a decision lost anywhere on the way
+	// (dropped by a gateway, or never published), whoever counted it.
+	Sequences []KeySequence `json:"sequences"`
+	Missing   int64         `json:"missing"`
 	// Reconciled is the limiter's own count beside the statement's, for
 	// a key's current calendar window (Reconcile).
 	Reconciled []Reconciliation `json:"reconciled,omitempty"`
@@ -204,6 +213,22 @@ type GatewayAccount struct {
 	// drop of the period can come later.
 	LastReport time.Time `json:"last_report"`
 	Settled    bool      `json:"settled"`
+}
+
+// KeySequence is one key's numbered decisions in a period. Redis numbers
+// each identity's decisions 1, 2, ... in the call that makes them, so
+// Decided counts, per sequence, from the first number of the period (1
+// for a sequence begun in it) to the last one stored; Stored is how many
+// of those are stored, Missing the difference. Decisions without a number
+// (cached denials, fail open, the local fallback) are in neither. A
+// decision lost after a key's last stored one shows once a later one of
+// its sequence is stored.
+type KeySequence struct {
+	KeyID   string `json:"key_id"`
+	KeyName string `json:"key_name,omitempty"`
+	Decided int64  `json:"decided"`
+	Stored  int64  `json:"stored"`
+	Missing int64  `json:"missing"`
 }
 
 // Reconciliation puts a calendar rule's count in the limiter beside the
@@ -317,6 +342,24 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 	if st.Gateways == nil {
 		st.Gateways = []GatewayAccount{} // JSON: none, not unknown
 	}
+	ids := slices.Sorted(maps.Keys(known))
+	if len(ids) == 0 {
+		ids = []string{""} // typed for has(); unused with all_keys
+	}
+	if st.Sequences, err = r.sequences(ctx, q, ids, all); err != nil {
+		return UsageStatement{}, err
+	}
+	for i, s := range st.Sequences {
+		st.Missing += s.Missing
+		if k, ok := known[s.KeyID]; ok {
+			st.Sequences[i].KeyName = k.KeyName
+		}
+		for _, u := range st.Rows {
+			if u.KeyID == s.KeyID && u.KeyName != "" {
+				st.Sequences[i].KeyName = u.KeyName
+			}
+		}
+	}
 	var why []string
 	// A stored decision at or after the end: the newest minute's start,
 	// since the rollup knows no finer time.
@@ -333,6 +376,15 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 			unsettled = append(unsettled, g.GatewayID+" (last report "+g.LastReport.Format(time.RFC3339)+")")
 		}
 	}
+	if st.Missing > 0 {
+		var lost []string
+		for _, s := range st.Sequences {
+			if s.Missing > 0 {
+				lost = append(lost, fmt.Sprintf("%s %d", cmp.Or(s.KeyName, s.KeyID), s.Missing))
+			}
+		}
+		why = append(why, fmt.Sprintf("the store numbered %d decisions of the period that are not stored (%s)", st.Missing, strings.Join(lost, ", ")))
+	}
 	if st.Dropped > 0 {
 		why = append(why, fmt.Sprintf("gateways dropped %d decision events in the period: the statement may be short by up to %d decisions", st.Dropped, st.Dropped))
 	}
@@ -343,6 +395,38 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 	st.Complete = len(why) == 0
 	st.Incomplete = strings.Join(why, "; ")
 	return st, nil
+}
+
+// sequences reads, per key of ids (every key with all = 1), its numbered
+// decisions in q's period.
+func (r *Reader) sequences(ctx context.Context, q UsageQuery, ids []string, all int) ([]KeySequence, error) {
+	type run struct {
+		key              string
+		epoch, n, lo, hi int64
+	}
+	runs, err := queryRows(ctx, r.ch, "usage sequences", qUsageSeq, []any{clickhouse.Named("from", q.From.UTC()),
+		clickhouse.Named("to", q.To.UTC()), clickhouse.Named("all_keys", all), clickhouse.Named("keys", ids)},
+		func(rows driver.Rows, x *run) error { return rows.Scan(&x.key, &x.epoch, &x.n, &x.lo, &x.hi) })
+	if err != nil {
+		return nil, err
+	}
+	out := []KeySequence{}
+	for _, x := range runs {
+		if len(out) == 0 || out[len(out)-1].KeyID != x.key {
+			out = append(out, KeySequence{KeyID: x.key})
+		}
+		s := &out[len(out)-1]
+		// A sequence begun before the period: its first number in it is
+		// its first stored one (what was lost before that is not seen).
+		base := int64(0)
+		if x.epoch < q.From.UnixNano() {
+			base = x.lo - 1
+		}
+		s.Decided += x.hi - base
+		s.Stored += x.n
+		s.Missing = s.Decided - s.Stored
+	}
+	return out, nil
 }
 
 // gatewayAccounts reads the accounting of every gateway run that reported

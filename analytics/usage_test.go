@@ -186,6 +186,52 @@ func TestUsageNamesGatewayDrops(t *testing.T) {
 	}
 }
 
+// TestUsageSequenceGaps: per key, the decisions the store numbered in the
+// period beside those stored: a hole in a sequence is a missing decision,
+// a sequence begun in the period counts from 1, one begun before from its
+// first stored number, and unnumbered decisions (the deny cache's) count
+// in neither; a missing decision makes the statement incomplete.
+func TestUsageSequenceGaps(t *testing.T) {
+	conn := mustDatabase(t)
+	ctx := context.Background()
+	from, to := mustTime(t, "2026-11-01T00:00:00Z"), mustTime(t, "2026-12-01T00:00:00Z")
+	in, before := mustTime(t, "2026-11-10T09:00:00Z"), mustTime(t, "2026-10-31T23:00:00Z")
+	d := func(key string, seq int64, epoch, at time.Time) event.Decision {
+		return event.Decision{Time: at, GatewayID: "gw-1", KeyID: key, Route: "/a", Plan: "pro", Allowed: true, Cost: 1, Seq: seq, SeqEpoch: epoch}
+	}
+	var ds []event.Decision
+	for _, n := range []int64{2, 3, 5, 6} { // 1 and 4 lost
+		ds = append(ds, d("k1", n, in, in.Add(time.Duration(n)*time.Second)))
+	}
+	ds = append(ds, d("k1", 0, time.Time{}, in.Add(time.Minute))) // a cached denial
+	ds = append(ds, d("k2", 9, before, before.Add(time.Second)))  // before the period
+	for _, n := range []int64{10, 11, 13} {                       // 12 lost
+		ds = append(ds, d("k2", n, before, in.Add(time.Duration(n)*time.Second)))
+	}
+	ds = append(ds, d("k2", 1, in.Add(time.Hour), in.Add(time.Hour))) // a new epoch
+	ds = append(ds, d("k3", 1, in, to.Add(time.Hour)))                // after the period
+	mustInsert(t, conn, ds)
+
+	st, err := analytics.NewReader(conn).Usage(ctx, analytics.UsageQuery{From: from, To: to})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range st.Sequences {
+		got = append(got, fmt.Sprintf("%s %d=%d+%d", s.KeyID, s.Decided, s.Stored, s.Missing))
+	}
+	if want := []string{"k1 6=4+2", "k2 5=4+1"}; strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("sequences %v, want %v", got, want)
+	}
+	if st.Missing != 3 || st.Complete || !strings.Contains(st.Incomplete, "numbered 3 decisions of the period that are not stored (k1 2, k2 1)") {
+		t.Errorf("missing %d, complete %v (%q); want 3, incomplete, naming k1 and k2", st.Missing, st.Complete, st.Incomplete)
+	}
+	st, err = analytics.NewReader(conn).Usage(ctx, analytics.UsageQuery{From: from, To: to, Keys: []string{"k2"}})
+	if err != nil || len(st.Sequences) != 1 || st.Missing != 1 {
+		t.Errorf("k2 alone: %+v, %d missing, %v; want its sequence, 1 missing", st.Sequences, st.Missing, err)
+	}
+}
+
 // TestUsagePeriod: a month is the zone's, a date its midnight; a month
 // that does not exist, or one beside from and to, is refused.
 func TestUsagePeriod(t *testing.T) {

@@ -80,6 +80,8 @@ var decisionColumns = []column{
 	col("acct_dropped_encode_error", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedEncodeError }),
 	col("acct_dropped_closed", "Int64", func(r *row) int64 { return r.d.Accounting.DroppedClosed }),
 	col("acct_final", "UInt8", func(r *row) uint8 { return b2u(r.d.Accounting.Final) }),
+	col("seq", "Int64", func(r *row) int64 { return r.d.Seq }),
+	col("seq_epoch", "Int64", func(r *row) int64 { return unixNano(r.d.SeqEpoch) }),
 }
 
 // unixNano is t in Unix nanoseconds, 0 for the zero time.

@@ -81,7 +81,7 @@ var (
 	qDeleteBatch   = mustQuery("delete_batch")
 	qBatchDays     = mustQuery("batch_days")
 	qRollups       = []string{mustQuery("insert_key_1m"), mustQuery("insert_ip_1m"), mustQuery("insert_gateway_1m"), mustQuery("insert_key_history_1m"),
-		mustQuery("insert_accounting")}
+		mustQuery("insert_accounting"), mustQuery("insert_seq_1m")}
 	qTablePartitions = mustQuery("table_partitions")
 	qTableEngine     = mustQuery("table_engine")
 	// The two ALTERs name a table, which cannot be a bound parameter; the
@@ -114,6 +114,7 @@ var retainedTables = []retainedTable{
 	{name: "decisions_by_gateway_1m", column: "minute"},
 	{name: "decisions_key_history_1m", column: "minute"},
 	{name: "decisions_accounting", column: "time"},
+	{name: "decisions_seq_1m", column: "minute"},
 	{name: "decisions_ledger", column: "written_at", raw: true},
 	// The rollups as they were before migration 003.
 	{name: "decisions_by_key_1m_v1", column: "minute"},
@@ -125,7 +126,7 @@ var retainedTables = []retainedTable{
 // batch_id: an aborted batch's rows are deleted from each. After the raw
 // table, the rollups in the order of qRollups.
 var batchTables = []string{"decisions", "decisions_by_key_1m", "decisions_by_ip_1m", "decisions_by_gateway_1m", "decisions_key_history_1m",
-	"decisions_accounting"}
+	"decisions_accounting", "decisions_seq_1m"}
 
 func (r Retention) days(t retainedTable) int {
 	if t.raw {

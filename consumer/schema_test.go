@@ -36,7 +36,7 @@ func TestMigrateIdempotent(t *testing.T) {
 		"decisions", "decisions_aborts", "decisions_accounting", "decisions_by_gateway_1m", "decisions_by_gateway_1m_v1",
 		"decisions_by_ip_1m", "decisions_by_ip_1m_v1", "decisions_by_key_1m", "decisions_by_key_1m_v1",
 		"decisions_claims", "decisions_key_history_1m", "decisions_ledger", "decisions_offsets", "decisions_open",
-		"decisions_open_mv", "decisions_uncommitted", "schema_migrations",
+		"decisions_open_mv", "decisions_seq_1m", "decisions_uncommitted", "schema_migrations",
 	}
 	if !slices.Equal(tables, want) {
 		t.Errorf("tables = %v, want %v", tables, want)

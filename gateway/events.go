@@ -99,6 +99,7 @@ func (g *Gateway) publish(c *call, v verdict) {
 	if v.known && len(v.d.Rules) > 0 {
 		b := v.d.BindingRule()
 		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
+		ev.Seq, ev.SeqEpoch = v.d.Seq, v.d.SeqEpoch
 	}
 	g.pub.Publish(ev)
 }

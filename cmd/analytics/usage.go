@@ -254,6 +254,19 @@ func renderUsage(w io.Writer, format string, st analytics.UsageStatement) error 
 		fmt.Fprintf(w, "gateway %s (run from %s): %d decision events, %d published, %d dropped%s; %s\n",
 			terminalSafe(g.GatewayID), ts(g.RunStart), g.Decisions, g.Published, g.Dropped, droppedBy(g.DroppedBy), settled)
 	}
+	if len(st.Sequences) > 0 {
+		var decided, stored int64
+		for _, q := range st.Sequences {
+			decided, stored = decided+q.Decided, stored+q.Stored
+		}
+		fmt.Fprintf(w, "sequence: the store numbered %d decisions of %d keys in the period; %d are stored, %d missing\n",
+			decided, len(st.Sequences), stored, st.Missing)
+		for _, q := range st.Sequences {
+			if q.Missing > 0 {
+				fmt.Fprintf(w, "  %s (%s): %d numbered, %d stored, %d missing\n", terminalSafe(q.KeyName), q.KeyID, q.Decided, q.Stored, q.Missing)
+			}
+		}
+	}
 	for _, r := range st.Reconciled {
 		fmt.Fprintf(w, "reconciled: %s's rule %s, window %s to %s: the limiter counted %d (granted %d) at %s; the statement's allowed cost is %d; difference %d\n",
 			terminalSafe(r.KeyName), terminalSafe(r.Rule), r.WindowStart.In(loc).Format(time.RFC3339), r.WindowEnd.In(loc).Format(time.RFC3339),

@@ -49,7 +49,9 @@ const (
 	fieldDescriptor     = 21
 	fieldAdmin          = 22
 	fieldAccounting     = 23
-	maxField            = fieldAccounting // the highest field number this code knows
+	fieldSeq            = 24
+	fieldSeqEpoch       = 25
+	maxField            = fieldSeqEpoch // the highest field number this code knows
 
 	// DescriptorEntry's and AdminAction's fields.
 	fieldEntryKey    = 1
@@ -144,7 +146,7 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 			return dst, fmt.Errorf("encode descriptor entry %d: %w", i, err)
 		}
 	}
-	for _, t := range [...]time.Time{d.Time, d.Accounting.RunStart} {
+	for _, t := range [...]time.Time{d.Time, d.Accounting.RunStart, d.SeqEpoch} {
 		if !t.IsZero() && (t.Before(minTime) || t.After(maxTime)) {
 			return dst, fmt.Errorf("encode time %v: %w", t, ErrTimeRange)
 		}
@@ -190,6 +192,10 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	}
 	if d.Accounting != (Accounting{}) {
 		b = appendAccounting(b, d.Accounting)
+	}
+	b = appendVarintField(b, fieldSeq, protowire.EncodeZigZag(d.Seq))
+	if !d.SeqEpoch.IsZero() {
+		b = appendVarintField(b, fieldSeqEpoch, protowire.EncodeZigZag(d.SeqEpoch.UnixNano()))
 	}
 	return b, nil
 }
@@ -293,6 +299,7 @@ func DecodeInto(d *Decision, b []byte) error {
 		fieldBindingRule: &d.BindingRule, fieldLimit: &d.Limit, fieldRemaining: &d.Remaining,
 		fieldCost: &d.Cost, fieldStoreStatus: (*uint8)(&d.StoreStatus), fieldMode: (*uint8)(&d.Mode),
 		fieldCheckLatencyNS: (*int64)(&d.CheckLatency), fieldKeyName: &d.KeyName, fieldDomain: &d.Domain,
+		fieldSeq: &d.Seq,
 	}
 	r := reader{b: b}
 	for len(r.b) > 0 {
@@ -360,6 +367,13 @@ func (r *reader) other(d *Decision, num protowire.Number) error {
 		return r.pair(fieldAdminAction, &d.Admin.Action, fieldAdminActor, &d.Admin.Actor)
 	case fieldAccounting:
 		return r.accounting(&d.Accounting)
+	case fieldSeqEpoch:
+		var ns int64
+		err := r.sint64(&ns)
+		if err == nil {
+			d.SeqEpoch = time.Unix(0, ns).UTC()
+		}
+		return err
 	}
 	// A newer writer's field: skip it, whatever its wire type.
 	n := protowire.ConsumeFieldValue(num, r.typ, r.b)

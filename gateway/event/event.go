@@ -91,6 +91,10 @@ type Decision struct {
 	// Accounting is set on a gateway's accounting record only
 	// (ModeAccounting).
 	Accounting Accounting
+	// Seq and SeqEpoch number the decision in its identity's sequence in
+	// the shared store (see decision.proto); 0 and zero when none.
+	Seq      int64
+	SeqEpoch time.Time
 }
 
 // MaxDescriptorEntries is the most descriptor entries Encode writes and

@@ -33,6 +33,7 @@ func full() Decision {
 	d.Admin = AdminAction{Action: "reset", Actor: "oncall"}
 	d.Accounting = Accounting{RunStart: time.Unix(1_780_000_000, 5).UTC(), Decisions: 1000, Published: 990,
 		DroppedBufferFull: 1, DroppedBrokerError: 7, DroppedEncodeError: 1, DroppedClosed: 1, Final: true}
+	d.Seq, d.SeqEpoch = 1234, time.Unix(1_780_000_100, 7000).UTC()
 	return d
 }
 
@@ -78,6 +79,10 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 	i64("check_latency_ns", int64(d.CheckLatency))
 	str("key_name", d.KeyName)
 	str("domain", d.Domain)
+	i64("seq", d.Seq)
+	if !d.SeqEpoch.IsZero() {
+		i64("seq_epoch_unix_nano", d.SeqEpoch.UnixNano())
+	}
 	if len(d.Descriptor) > 0 {
 		fd := md.Fields().ByName("descriptor")
 		list := m.Mutable(fd).List()
