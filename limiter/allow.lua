@@ -11,9 +11,8 @@
 -- limiter from concurrent requests; each is atomic and all-or-nothing on its
 -- own, and all of them see one Redis time.
 --
--- KEYS         every check's keys, one check after the other: its
---              sequence key when it numbers its decision (seq > 0), then
---              its m containers, the string keys holding packed rule states (one
+-- KEYS         every check's keys, one check after the other: its m
+--              containers, the string keys holding packed rule states (one
 --              for the identity's named rules, one per Rule.Bucket), all
 --              under one {hash tag} (see layout in redis.go), then,
 --              optionally, each rule's key in the previous layout (a hash
@@ -27,9 +26,8 @@
 --              rule (all calendar rules) rcost more units in the window
 --              now holds (negative takes back, never below no grant)
 --   m          the number of containers
---   seq        > 0: the check numbers its decision (cost > 0 only) in its
---              first key, the identity's sequence, which expires seq ms
---              after its last decision; 0: no sequence key
+--   seq        1: the check numbers its decision (cost > 0 only) in the
+--              sequence record of its first container; 0: it does not
 --   rules      the n rules' fields, each struct-packed '<BI5I6I5I6I7i7'
 --              (37 bytes), all in one string. They name no state, so one
 --              compiled plan serves every identity with the same rules:
@@ -89,7 +87,14 @@
 --      period us I6
 --   3: window start us I7, window length us I6, count in it I5, units
 --      granted in it I5
--- so a record remembers the rule it was written under. Most checks find
+-- so a record remembers the rule it was written under. A record with an
+-- empty name and kind 3 is no rule's: it is the sequence record, last in
+-- the first container of a numbered check, its "window" the sequence's
+-- epoch and how long it lasts (as long as the container: it keeps no
+-- container alive), its count the number of the last decision. Shaped as
+-- a calendar record, a script of an earlier build keeps it as a rule's
+-- not in its call while its window runs; one that ended, or a container
+-- gone, starts a new epoch. Most checks find
 -- exactly their own records, in their order, under the rules they were
 -- written with: the fast path reads them with one unpack and writes them
 -- back from pieces made once per rule set. Anything else takes the general
@@ -148,6 +153,11 @@ local TB0, TB1, SW, CAL = '<i7I7I4I6', '<i7I7I4I6I4', '<I6I5I5I6', '<I7I6I5I5' -
 local PTB0, PTB1, PSW, PCAL = 'Bc0B' .. TB0, 'Bc0B' .. TB1, 'Bc0B' .. SW, 'Bc0B' .. CAL -- with name and kind
 local GRANTMAX = 4294967296 -- 2^32, the most units a window's grant holds
 local RULE, RULESIZE = '<BI5I6I5I6I7i7', 37
+-- The sequence record (see the header): empty name, kind 3, epoch us,
+-- length us, count, 0; SEQSIZE bytes, starting SEQHEAD.
+local SEQREC, SEQHEAD, SEQSIZE = '<BBI7I6I5I5', '\0\3', 25
+-- A record's size after its name and kind, by kind.
+local SIZES = {[0] = 24, [1] = 28, [2] = 22, [3] = 23}
 -- The standard libraries, read at the first call: a library's code runs
 -- at FUNCTION LOAD without them.
 local floor, ceil, fmod, pack, unpack_s, sub, rep, unpack_t, concat
@@ -800,7 +810,10 @@ end
 
 -- fast checks a call whose containers hold exactly its rules' records,
 -- in its order, each under the rule it is checked with (or are absent:
--- a new identity): no conversion, nothing foreign to keep. args[a + i] is
+-- a new identity), and with num the sequence record last in the first
+-- container (or none yet): no conversion, nothing foreign to keep. With
+-- num it numbers the decision, writing the first container whatever the
+-- verdict. args[a + i] is
 -- rule i's record prefix (name length, name, kind). It returns the reply,
 -- or nil and the containers it read for general.
 -- The fast path's scratch tables, kept by a library from call to call
@@ -808,7 +821,7 @@ end
 -- table of its own but the MGET's.
 local GOT, LEN, OFF, X, Y, RES, PARTS, NEED, DIRTY = {}, {}, {}, {}, {}, {}, {}, {}, {}
 
-local function fast(P, keys, k0, nk, cost, args, a, now)
+local function fast(P, keys, k0, nk, cost, args, a, now, num)
   local m, n, rules = P.m, P.n, P.rules
   local got, len, off = GOT, LEN, OFF
   for c = 1, m do len[c] = 0 end
@@ -823,10 +836,17 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
   else
     got = redis.call('MGET', unpack_t(keys, k0 + 1, k0 + m))
   end
+  local epoch, cnt = now, 1
   for c = 1, m do
     local s = got[c]
     if s then
-      if #s ~= len[c] then return nil, got end
+      local l = len[c]
+      if c == 1 and num and #s == l + SEQSIZE and sub(s, l + 1, l + 2) == SEQHEAD then
+        local e0, wl, n0 = unpack_s('<I7I6I5', s, l + 3)
+        if e0 + wl > now then epoch, cnt = e0, n0 + 1 end
+      elseif #s ~= l then
+        return nil, got
+      end
     elseif nk > m then
       -- the previous layout's keys came along: general reads them
       return nil, got
@@ -953,16 +973,26 @@ local function fast(P, keys, k0, nk, cost, args, a, now)
     res[q], res[q + 1], res[q + 2], res[q + 3] = ok, rem, X[b + 2], reset
   end
   res[4 * n + 2] = now
+  if num then
+    -- the record lasts as long as the container (expiry's second too)
+    local sr = pack(SEQREC, 0, 3, epoch, now + need[1] + MICRO - epoch, cnt, 0)
+    local pc = parts[1]
+    if pc then parts[1] = pc .. sr else parts[1] = sr end
+    dirty[1] = true
+  end
   for c = 1, m do
     if dirty[c] then
       redis.call('SET', keys[k0 + c], parts[c], 'PXAT', expiry(now, need[c]))
     end
   end
-  return pack(P.reply, unpack_t(res, 1, 4 * n + 2))
+  local out = pack(P.reply, unpack_t(res, 1, 4 * n + 2))
+  if num then out = out .. pack('<I7I7', epoch, cnt) end
+  return out
 end
 
--- decide runs the rules of one check: fast when it can, else general.
-local function decide(keys, k0, nk, cost, m, blob, args, a, now)
+-- decide runs the rules of one check: fast when it can, else general;
+-- and whether fast numbered the decision (num, see check).
+local function decide(keys, k0, nk, cost, m, blob, args, a, now, num)
   if cost > 0 then
     local P = plans[blob]
     if not P then
@@ -971,40 +1001,54 @@ local function decide(keys, k0, nk, cost, m, blob, args, a, now)
       if P then plans[blob], nplans = P, nplans + 1 end
     end
     if P and P.m == m then
-      local res, got = fast(P, keys, k0, nk, cost, args, a, now)
-      if res then return res end
-      return general(keys, k0, nk, cost, m, blob, args, a, now, got)
+      local res, got = fast(P, keys, k0, nk, cost, args, a, now, num)
+      if res then return res, true end
+      return general(keys, k0, nk, cost, m, blob, args, a, now, got), false
     end
   end
-  return general(keys, k0, nk, cost, m, blob, args, a, now, nil)
+  return general(keys, k0, nk, cost, m, blob, args, a, now, nil), false
 end
 
--- number counts one more decision in the sequence key sk (see seq in the
--- header) and returns its epoch and number, packed. A sequence expires
--- ttl ms after its last decision, and the next one starts a new epoch:
--- (epoch, number) never repeats, and a reader sees a restart as one.
-local function number(sk, ttl, now)
-  local v = redis.call('GET', sk)
-  local epoch, n = now, 1
-  if v and #v == 14 then
-    epoch, n = unpack_s('<I7I7', v)
-    n = n + 1
+-- renumber counts one more decision in the sequence record of container
+-- key after general wrote it (or left it), and returns the epoch and
+-- number, packed: the record moves to the end, where fast finds it, and
+-- lasts as long as the container.
+local function renumber(key, now)
+  local s = redis.call('GET', key)
+  local rest, epoch, n = {}, now, 1
+  if s then
+    local p0, len = 1, #s
+    while p0 <= len do
+      local name, kind, p = unpack_s('Bc0B', s, p0)
+      local e = p + SIZES[kind]
+      if name == '' and kind == 3 then
+        local e0, wl, n0 = unpack_s('<I7I6I5', s, p)
+        if e0 + wl > now then epoch, n = e0, n0 + 1 end
+      else
+        rest[#rest + 1] = sub(s, p0, e - 1)
+      end
+      p0 = e
+    end
   end
-  local out = pack('<I7I7', epoch, n)
-  redis.call('SET', sk, out, 'PX', ttl)
-  return out
+  local pt = -1
+  if s then pt = redis.call('PTTL', key) end
+  if pt < 0 then pt = 1000 end -- a new container (a denial wrote none): a second
+  rest[#rest + 1] = pack(SEQREC, 0, 3, epoch, now + pt * 1000 - epoch, n, 0)
+  if s then
+    redis.call('SET', key, concat(rest), 'KEEPTTL')
+  else
+    redis.call('SET', key, concat(rest), 'PX', pt)
+  end
+  return pack('<I7I7', epoch, n)
 end
 
--- check runs one check of the call: fast when it can, else general, and
--- numbers the decision when asked.
+-- check runs one check of the call and numbers its decision when asked:
+-- fast does in its own write, general is followed by renumber.
 local function check(keys, k0, nk, cost, m, seq, blob, args, a, now)
-  local sk
-  if seq > 0 then
-    sk, k0, nk = keys[k0 + 1], k0 + 1, nk - 1
-  end
-  local res = decide(keys, k0, nk, cost, m, blob, args, a, now)
-  if sk and cost > 0 and type(res) == 'string' then
-    res = res .. number(sk, seq, now)
+  local num = seq > 0 and cost > 0
+  local res, numbered = decide(keys, k0, nk, cost, m, blob, args, a, now, num)
+  if num and not numbered and type(res) == 'string' then
+    res = res .. renumber(keys[k0 + 1], now)
   end
   return res
 end

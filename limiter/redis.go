@@ -135,14 +135,10 @@ func (r *Redis) Stats() Stats {
 type call struct {
 	ctx  context.Context
 	keys []string
-	// containers is how many of keys are containers (the sequence key
-	// first, when seq); the rest are the previous layout's keys (see
-	// Keys).
+	// containers is how many of keys are containers; the rest are the
+	// previous layout's keys (see Keys).
 	containers int
-	// seq says keys[0] is the identity's sequence key and args[2] its TTL
-	// (see Decision.Seq).
-	seq  bool
-	args []any
+	args       []any
 	sent       time.Time
 	// res is the call's reply: a packed string for a check, the mode's
 	// array for an inspection, reset or listing.
@@ -165,7 +161,7 @@ func (r *Redis) newCall(ctx context.Context, keys []string, containers int, args
 	if c == nil {
 		c = &call{done: make(chan struct{}, 1)}
 	}
-	c.ctx, c.keys, c.containers, c.args, c.sent, c.seq = ctx, keys, containers, args, r.cfg.Now(), false
+	c.ctx, c.keys, c.containers, c.args, c.sent = ctx, keys, containers, args, r.cfg.Now()
 	return c
 }
 
@@ -303,23 +299,6 @@ func containerKey(prefix, key string, rule Rule) string {
 	return identityKey(prefix, key)
 }
 
-// seqKey is key's sequence (see Decision.Seq), beside its containers in
-// its slot. No container is named so: a tagged rule's container has a
-// ':' after the key that follows its "::".
-func seqKey(prefix, key string) string { return identityKey(prefix, key) + "::seq" }
-
-// seqTTL is how long, in ms, an identity's sequence outlives its last
-// decision: twice the longest window of the rules, when every state of
-// the identity reads as full again, plus a second. A sequence gone starts
-// a new epoch, which readers see.
-func seqTTL(rules []Rule) int64 {
-	var w time.Duration
-	for _, r := range rules {
-		w = max(w, r.Window())
-	}
-	return (2*w + time.Second).Milliseconds()
-}
-
 // ruleKey is the key of one rule's state in the previous layout (a hash
 // per rule), and the memory store's name for it.
 func ruleKey(prefix, key string, rule Rule) string {
@@ -383,25 +362,15 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	}
 	_, m := layout(check)
 	args := scriptArgs(check, cost, r.cfg.Now())
-	// The identity's sequence key first, beside its containers in the
-	// key's slot; rules with a Tag live in another slot.
-	numbered := !slices.ContainsFunc(check, func(r Rule) bool { return r.Tag != "" })
-	if numbered {
-		owner := key
-		if split {
-			owner = whole
-		}
-		args[2] = seqTTL(check)
-		keys = append([]string{seqKey(r.cfg.Prefix, owner)}, keys...)
-		m++ // the sequence key stays with the containers (see resend)
-	}
+	// Numbered in the first container's sequence record (see allow.lua).
+	args[2] = 1
 	var (
 		res  any
 		sent time.Time
 		cerr error
 	)
 	for try, waited := 0, time.Duration(0); ; try++ {
-		res, sent, cerr = r.check(ctx, keys, m, numbered, args)
+		res, sent, cerr = r.check(ctx, keys, m, args)
 		if !isTryAgain(cerr) || !r.awaitMigration(ctx, try, &waited) {
 			break
 		}
@@ -412,7 +381,7 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 	if cerr != nil {
 		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
 	}
-	d, err := parseReply(res, check, numbered)
+	d, err := parseReply(res, check, true)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -427,9 +396,8 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 
 // check runs the script once for Allow, through a pipeline: its reply,
 // when it was sent, and the error of the call or of ctx.
-func (r *Redis) check(ctx context.Context, keys []string, containers int, seq bool, args []any) (any, time.Time, error) {
+func (r *Redis) check(ctx context.Context, keys []string, containers int, args []any) (any, time.Time, error) {
 	c := r.newCall(ctx, keys, containers, args)
-	c.seq = seq
 	if !r.submit(c) {
 		r.recycle(c)
 		return nil, time.Time{}, ctx.Err()
@@ -629,8 +597,7 @@ func scriptArgs(rules []Rule, cost int64, now time.Time) []any {
 		// (2^53) fits 7 bytes, signed.
 		b = le(b, rule.Cost, 7)
 	}
-	// args[2], the sequence's TTL, is 0 (no sequence key) unless Allow
-	// numbers the decision.
+	// args[2] is 0 (not numbered) unless Allow numbers the decision.
 	args[0], args[1], args[2], args[3] = cost, m, 0, b
 	return args
 }
@@ -655,15 +622,14 @@ func gcd(a, b int64) int64 {
 
 // parseReply checks a check's packed reply (see allow.lua) before using
 // it: the overall verdict, 20 bytes a rule, the Redis time, then, when
-// seq and the check was numbered (see resend), the sequence's epoch and
-// number.
+// seq (the check asked to be numbered), the sequence's epoch and number.
 func parseReply(res any, rules []Rule, seq bool) (Decision, error) {
 	s, ok := res.(string)
 	if !ok {
 		return Decision{}, fmt.Errorf("%w: reply is %T, want a packed string", ErrBadScriptData, res)
 	}
 	want := 1 + 20*len(rules) + 7
-	if seq = seq && len(s) == want+14; seq {
+	if seq {
 		want += 14
 	}
 	if len(s) != want {

@@ -375,16 +375,17 @@ type Decision struct {
 	// cost no wait can satisfy. Remaining, RetryAfter and ResetAfter count
 	// from it.
 	Time time.Time
-	// Seq numbers the decision among its identity's decisions in the
-	// store, allowed and denied alike, in the same atomic step: 1, 2, ...
-	// within the epoch SeqEpoch (when the sequence's first decision was
-	// made; a sequence idle past its rules' windows restarts in a new
-	// epoch). A reader that holds an identity's decisions sees a missing
-	// one as a gap. Redis numbers; zero when it did not: a cached denial,
-	// a cost no wait can satisfy, a check with rules in another Cluster
-	// slot (a Tag) or retried during a slot's migration, and every
-	// decision of the Memory store (the local fallback's among them,
-	// which must not pass for the shared store's).
+	// Seq numbers the decision among the decisions of its first
+	// container (the identity's, or a split share's) in the store, allowed
+	// and denied alike, in the same atomic step: 1, 2, ... within the
+	// epoch SeqEpoch (when the sequence's first decision was made; a
+	// sequence idle past its rules' windows restarts in a new epoch, so
+	// an epoch names one sequence). A reader that holds a key's decisions
+	// sees a missing one as a gap. Redis numbers; zero when it did not: a
+	// cached denial, a cost no wait can satisfy, a check over rules in
+	// several Cluster slots (Tags), and every decision of the Memory store
+	// (the local fallback's among them, which must not pass for the
+	// shared store's).
 	Seq      int64
 	SeqEpoch time.Time
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -192,14 +191,6 @@ func (r *Redis) resend(ctx context.Context, groups []group) []group {
 		case isTryAgain(err):
 			for _, c := range g.calls {
 				c.keys = c.keys[:c.containers]
-				if c.seq {
-					// A check of one container is served wherever its key
-					// is; with its sequence key beside it, it would wait
-					// for the migration to end. It goes unnumbered.
-					c.keys, c.containers, c.seq = c.keys[1:], c.containers-1, false
-					c.args = slices.Clone(c.args)
-					c.args[2] = 0
-				}
 				again = append(again, group{calls: []*call{c}})
 			}
 		default:

@@ -13,9 +13,9 @@ import (
 // TestSequenceNumbersEveryDecision: on a standalone Redis and a Cluster,
 // Redis numbers each identity's decisions, allowed and denied alike, in the
 // same atomic step: concurrent callers get 1..n exactly once each, in one
-// epoch; a split's check counts in its key's own sequence; a sequence gone
-// (expired) restarts at 1 in a later epoch; it expires after its rules'
-// windows; cached denials, tagged rules and the Memory store carry none.
+// epoch; a split's share is a sequence of its own; a sequence gone (its
+// container expired) restarts at 1 in a later epoch; it keeps no
+// container alive; cached denials and the Memory store carry none.
 func TestSequenceNumbersEveryDecision(t *testing.T) {
 	for name, rdb := range map[string]redis.UniversalClient{"redis": mustRedis(t), "cluster": mustCluster(t)} {
 		t.Run(name, func(t *testing.T) {
@@ -66,26 +66,43 @@ func TestSequenceNumbersEveryDecision(t *testing.T) {
 				epoch = e
 			}
 
-			// The sequence outlives its last decision by twice the longest
-			// window plus a second.
-			ttl, err := rdb.PTTL(ctx, seqKey(l.cfg.Prefix, key)).Result()
-			if err != nil || ttl <= 2*time.Hour || ttl > 2*time.Hour+time.Second {
-				t.Errorf("sequence TTL %v, %v; want 2h1s at most and over 2h", ttl, err)
+			// The container lives until its drained hour refills, plus a
+			// second, as without a sequence.
+			ttl, err := rdb.PTTL(ctx, identityKey(l.cfg.Prefix, key)).Result()
+			if err != nil || ttl <= 59*time.Minute || ttl > time.Hour+time.Second {
+				t.Errorf("container TTL %v, %v; want 1h1s at most and over 59m", ttl, err)
 			}
 
-			// A split's share is numbered in the key's own sequence.
+			// A split's share is a sequence of its own, in its container.
 			share := []Rule{{Name: "hour", Limit: 50, Period: time.Hour, Whole: Whole{Gateway: "gw-1", Limit: 50, Period: time.Hour}}}
 			share[0].Limit, share[0].Share = 25, true
-			if d, err := l.Allow(ctx, key+"/gw:gw-1", share, 1); err != nil || d.Seq != callers*each+1 || !d.SeqEpoch.Equal(epoch) {
-				t.Errorf("split check = %+v, %v; want number %d of the key's epoch", d, err, callers*each+1)
+			for want := int64(1); want <= 2; want++ {
+				if d, err := l.Allow(ctx, key+"/gw:gw-1", share, 1); err != nil || d.Seq != want || d.SeqEpoch.Equal(epoch) {
+					t.Errorf("split check = %+v, %v; want number %d of an epoch of its own", d, err, want)
+				}
 			}
 
-			// Expired, it restarts at 1 in a later epoch.
-			if err := rdb.Del(ctx, seqKey(l.cfg.Prefix, key)).Err(); err != nil {
+			// Gone, it restarts at 1 in a later epoch.
+			if err := rdb.Del(ctx, identityKey(l.cfg.Prefix, key)).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if d, err := l.Allow(ctx, key, rules, 1); err != nil || d.Seq != 1 || !d.SeqEpoch.After(epoch) {
 				t.Errorf("after expiry = seq %d epoch %v, %v; want 1 in an epoch after %v", d.Seq, d.SeqEpoch, err, epoch)
+			}
+
+			// A calendar rule's check (the general path) is numbered too,
+			// and the fast path goes on where it left off.
+			k3 := uniqueKey(t)
+			cal := []Rule{{Name: "day", Limit: 3, Calendar: MustCalendar(Day, "UTC", "00:00")}}
+			for want := int64(1); want <= 5; want++ {
+				if d, err := l.Allow(ctx, k3, cal, 1); err != nil || d.Seq != want {
+					t.Errorf("calendar check %d: seq %d, %v", want, d.Seq, err)
+				}
+			}
+			for want := int64(6); want <= 7; want++ {
+				if d, err := l.Allow(ctx, k3, rules, 1); err != nil || d.Seq != want {
+					t.Errorf("fast check after general ones: seq %d, %v; want %d", d.Seq, err, want)
+				}
 			}
 
 			// A cached denial is no store decision: no number.
