@@ -378,9 +378,9 @@ type Decision struct {
 	// Seq numbers the decision among the decisions of its first
 	// container (the identity's, or a split share's) in the store, allowed
 	// and denied alike, in the same atomic step: 1, 2, ... within the
-	// epoch SeqEpoch (when the sequence's first decision was made; a
-	// sequence idle past its rules' windows restarts in a new epoch, so
-	// an epoch names one sequence). A reader that holds a key's decisions
+	// epoch SeqEpoch (when the sequence's first decision was made; when
+	// the container expires the next decision starts a new epoch, so an
+	// epoch names one sequence). A reader that holds a key's decisions
 	// sees a missing one as a gap. Redis numbers; zero when it did not: a
 	// cached denial, a cost no wait can satisfy, a check over rules in
 	// several Cluster slots (Tags), and every decision of the Memory store
