@@ -220,7 +220,7 @@ type GatewayAccount struct {
 // Decided counts, per sequence, from the first number of the period (1
 // for a sequence begun in it) to the last one stored; Stored is how many
 // of those are stored, Missing the difference. Decisions without a number
-// (cached denials, fail open, the local fallback) are in neither. A
+// (cached denials, fail open, the local fallback) are in Unnumbered. A
 // decision lost after a key's last stored one shows once a later one of
 // its sequence is stored.
 type KeySequence struct {
@@ -229,6 +229,9 @@ type KeySequence struct {
 	Decided int64  `json:"decided"`
 	Stored  int64  `json:"stored"`
 	Missing int64  `json:"missing"`
+	// Unnumbered counts the key's stored decisions no shared store made
+	// (cached denials, fail open or closed, the local fallback), apart.
+	Unnumbered int64 `json:"unnumbered"`
 }
 
 // Reconciliation puts a calendar rule's count in the limiter beside the
@@ -416,6 +419,10 @@ func (r *Reader) sequences(ctx context.Context, q UsageQuery, ids []string, all 
 			out = append(out, KeySequence{KeyID: x.key})
 		}
 		s := &out[len(out)-1]
+		if x.epoch == 0 {
+			s.Unnumbered += x.n
+			continue
+		}
 		// A sequence begun before the period: its first number in it is
 		// its first stored one (what was lost before that is not seen).
 		base := int64(0)

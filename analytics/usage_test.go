@@ -218,9 +218,9 @@ func TestUsageSequenceGaps(t *testing.T) {
 	}
 	var got []string
 	for _, s := range st.Sequences {
-		got = append(got, fmt.Sprintf("%s %d=%d+%d", s.KeyID, s.Decided, s.Stored, s.Missing))
+		got = append(got, fmt.Sprintf("%s %d=%d+%d (%d unnumbered)", s.KeyID, s.Decided, s.Stored, s.Missing, s.Unnumbered))
 	}
-	if want := []string{"k1 6=4+2", "k2 5=4+1"}; strings.Join(got, ", ") != strings.Join(want, ", ") {
+	if want := []string{"k1 6=4+2 (1 unnumbered)", "k2 5=4+1 (0 unnumbered)"}; strings.Join(got, ", ") != strings.Join(want, ", ") {
 		t.Errorf("sequences %v, want %v", got, want)
 	}
 	if st.Missing != 3 || st.Complete || !strings.Contains(st.Incomplete, "numbered 3 decisions of the period that are not stored (k1 2, k2 1)") {

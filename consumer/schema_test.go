@@ -175,7 +175,7 @@ func TestDropExpired(t *testing.T) {
 	want := []string{
 		"decisions/" + day(10), "decisions/" + day(4),
 		"decisions_by_key_1m/" + day(10), "decisions_by_ip_1m/" + day(10), "decisions_by_gateway_1m/" + day(10),
-		"decisions_key_history_1m/" + day(10),
+		"decisions_key_history_1m/" + day(10), "decisions_seq_1m/" + day(10),
 	}
 	slices.Sort(dropped)
 	slices.Sort(want)

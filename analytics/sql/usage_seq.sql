@@ -1,7 +1,8 @@
 -- usage_seq: per key and sequence, the numbered decisions of [@from, @to)
 -- that are stored, and the lowest and highest number among them (Redis
 -- numbers each identity's decisions 1, 2, ... in the call that makes
--- them; seq_epoch, Unix ns, is when a sequence began). With @all_keys = 0
+-- them; seq_epoch, Unix ns, is when a sequence began; 0 holds the
+-- decisions no shared store numbered). With @all_keys = 0
 -- only the keys whose id is in @keys (ids: the statement resolves names).
 SELECT
     key_id,

@@ -255,15 +255,16 @@ func renderUsage(w io.Writer, format string, st analytics.UsageStatement) error 
 			terminalSafe(g.GatewayID), ts(g.RunStart), g.Decisions, g.Published, g.Dropped, droppedBy(g.DroppedBy), settled)
 	}
 	if len(st.Sequences) > 0 {
-		var decided, stored int64
+		var decided, stored, unnumbered int64
 		for _, q := range st.Sequences {
-			decided, stored = decided+q.Decided, stored+q.Stored
+			decided, stored, unnumbered = decided+q.Decided, stored+q.Stored, unnumbered+q.Unnumbered
 		}
-		fmt.Fprintf(w, "sequence: the store numbered %d decisions of %d keys in the period; %d are stored, %d missing\n",
-			decided, len(st.Sequences), stored, st.Missing)
+		fmt.Fprintf(w, "sequence: the store numbered %d decisions in the period; %d are stored, %d missing; %d stored without a number\n",
+			decided, stored, st.Missing, unnumbered)
 		for _, q := range st.Sequences {
 			if q.Missing > 0 {
-				fmt.Fprintf(w, "  %s (%s): %d numbered, %d stored, %d missing\n", terminalSafe(q.KeyName), q.KeyID, q.Decided, q.Stored, q.Missing)
+				fmt.Fprintf(w, "  %s (%s): %d numbered, %d stored, %d missing; %d without a number\n",
+					terminalSafe(q.KeyName), q.KeyID, q.Decided, q.Stored, q.Missing, q.Unnumbered)
 			}
 		}
 	}

@@ -6,7 +6,8 @@ ALTER TABLE decisions
     ADD COLUMN seq_epoch Int64;
 
 -- Per key, sequence and minute: how many numbered decisions are stored and
--- the lowest and highest number among them. A sequence's numbers run 1, 2,
+-- the lowest and highest number among them (seq_epoch 0: the decisions no
+-- shared store numbered, counted apart). A sequence's numbers run 1, 2,
 -- ... without a hole, so hi - lo + 1 - count is how many of its decisions
 -- in between are missing. Tagged by batch like the other rollups; ordered
 -- by key first, as a statement reads it.

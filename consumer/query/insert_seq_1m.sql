@@ -1,4 +1,5 @@
--- The batch's numbered decisions, per key, sequence and minute.
+-- The batch's decisions per key, sequence and minute; those no shared
+-- store numbered (seq 0) under seq_epoch 0, counted apart.
 INSERT INTO decisions_seq_1m (key_id, seq_epoch, minute, batch_id, decisions, seq_lo, seq_hi)
 SELECT
     key_id,
@@ -9,7 +10,6 @@ SELECT
     minState(seq) AS seq_lo,
     maxState(seq) AS seq_hi
 FROM {stage}
-WHERE seq > 0
-  AND mode NOT IN ('admin', 'accounting')
+WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY key_id, seq_epoch, minute, batch_id
