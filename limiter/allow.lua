@@ -810,16 +810,17 @@ end
 
 -- fast checks a call whose containers hold exactly its rules' records,
 -- in its order, each under the rule it is checked with (or are absent:
--- a new identity), and with num the sequence record last in the first
--- container (or none yet): no conversion, nothing foreign to keep. With
--- num it numbers the decision, writing the first container whatever the
--- verdict. args[a + i] is
+-- a new identity), and a sequence record last in any of them (or none):
+-- no conversion, nothing foreign to keep. With num it numbers the decision
+-- in the first container's record, writing that container whatever the
+-- verdict; another container's record (a sequence of checks that have it
+-- first) rides along unchanged. args[a + i] is
 -- rule i's record prefix (name length, name, kind). It returns the reply,
 -- or nil and the containers it read for general.
 -- The fast path's scratch tables, kept by a library from call to call
 -- (each fast call writes every entry it reads), so a check makes no
 -- table of its own but the MGET's.
-local GOT, LEN, OFF, X, Y, RES, PARTS, NEED, DIRTY = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local GOT, LEN, OFF, X, Y, RES, PARTS, NEED, DIRTY, TAIL = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
 local function fast(P, keys, k0, nk, cost, args, a, now, num)
   local m, n, rules = P.m, P.n, P.rules
@@ -837,13 +838,19 @@ local function fast(P, keys, k0, nk, cost, args, a, now, num)
     got = redis.call('MGET', unpack_t(keys, k0 + 1, k0 + m))
   end
   local epoch, cnt = now, 1
+  local tail = TAIL
   for c = 1, m do
     local s = got[c]
+    tail[c] = false
     if s then
       local l = len[c]
-      if c == 1 and num and #s == l + SEQSIZE and sub(s, l + 1, l + 2) == SEQHEAD then
-        local e0, wl, n0 = unpack_s('<I7I6I5', s, l + 3)
-        if e0 + wl > now then epoch, cnt = e0, n0 + 1 end
+      if #s == l + SEQSIZE and sub(s, l + 1, l + 2) == SEQHEAD then
+        if c == 1 and num then
+          local e0, wl, n0 = unpack_s('<I7I6I5', s, l + 3)
+          if e0 + wl > now then epoch, cnt = e0, n0 + 1 end
+        else
+          tail[c] = sub(s, l + 1)
+        end
       elseif #s ~= l then
         return nil, got
       end
@@ -973,6 +980,9 @@ local function fast(P, keys, k0, nk, cost, args, a, now, num)
     res[q], res[q + 1], res[q + 2], res[q + 3] = ok, rem, X[b + 2], reset
   end
   res[4 * n + 2] = now
+  for c = 1, m do
+    if tail[c] and dirty[c] then parts[c] = parts[c] .. tail[c] end
+  end
   if num then
     -- the record lasts as long as the container (expiry's second too)
     local sr = pack(SEQREC, 0, 3, epoch, now + need[1] + MICRO - epoch, cnt, 0)

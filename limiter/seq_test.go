@@ -105,6 +105,21 @@ func TestSequenceNumbersEveryDecision(t *testing.T) {
 				}
 			}
 
+			// Checks whose first containers differ (the door's descriptor
+			// buckets in another combination) keep each one's sequence:
+			// a container's record rides along when it is not first.
+			k4 := uniqueKey(t)
+			ra := Rule{Name: "a", Bucket: "a", Limit: 100, Period: time.Minute}
+			rb := Rule{Name: "b", Bucket: "b", Limit: 100, Period: time.Minute}
+			for i, tc := range []struct {
+				rules []Rule
+				want  int64
+			}{{[]Rule{ra, rb}, 1}, {[]Rule{rb}, 1}, {[]Rule{ra, rb}, 2}, {[]Rule{rb}, 2}, {[]Rule{ra, rb}, 3}} {
+				if d, err := l.Allow(ctx, k4, tc.rules, 1); err != nil || d.Seq != tc.want {
+					t.Errorf("bucket check %d: seq %d, %v; want %d", i+1, d.Seq, err, tc.want)
+				}
+			}
+
 			// A cached denial is no store decision: no number.
 			cached := mustLimiter(t, rdb, Config{})
 			spent := []Rule{{Name: "one", Limit: 1, Period: time.Hour}}
