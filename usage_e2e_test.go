@@ -62,14 +62,8 @@ func TestUsageEqualsTheLimitersCount(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			settled := 0
-			for _, g := range st.Gateways {
-				if g.Settled {
-					settled++
-				}
-			}
 			// and both gateways' final accounting
-			return st.Total.Requests >= clients[k].requests && settled == 2
+			return st.Total.Requests >= clients[k].requests && settled(st) == 2
 		})
 		c, got, count := clients[k], st.Total, ks.Rules[1].Count
 		if got.Requests != c.requests || got.Allowed != c.allowed || got.Denied != c.denied || got.Requests != got.Allowed+got.Denied {
@@ -150,13 +144,7 @@ func TestUsageNamesTheDropsWhenKafkaStops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		settled := 0
-		for _, g := range st.Gateways {
-			if g.Settled {
-				settled++
-			}
-		}
-		return settled == 2 && st.Total.Requests+st.Dropped >= c.requests
+		return settled(st) == 2 && st.Total.Requests+st.Dropped >= c.requests
 	})
 	got := map[string]int64{}
 	for _, g := range st.Gateways {
@@ -293,4 +281,15 @@ func (f *usageFleet) closeOne(t *testing.T, i int) {
 	if err := f.pubs[i].Close(ctx); err != nil {
 		t.Errorf("flush %s's events: %v", f.ids[i], err)
 	}
+}
+
+// settled is how many gateway runs of st have settled their accounting.
+func settled(st analytics.UsageStatement) int {
+	n := 0
+	for _, g := range st.Gateways {
+		if g.Settled {
+			n++
+		}
+	}
+	return n
 }

@@ -352,16 +352,18 @@ func (r *Reader) Usage(ctx context.Context, q UsageQuery) (UsageStatement, error
 	if st.Sequences, err = r.sequences(ctx, q, ids, all); err != nil {
 		return UsageStatement{}, err
 	}
+	names := map[string]string{} // key id to name, from the keys asked for and the rows
+	for id, k := range known {
+		names[id] = k.KeyName
+	}
+	for _, u := range st.Rows {
+		if u.KeyName != "" {
+			names[u.KeyID] = u.KeyName
+		}
+	}
 	for i, s := range st.Sequences {
 		st.Missing += s.Missing
-		if k, ok := known[s.KeyID]; ok {
-			st.Sequences[i].KeyName = k.KeyName
-		}
-		for _, u := range st.Rows {
-			if u.KeyID == s.KeyID && u.KeyName != "" {
-				st.Sequences[i].KeyName = u.KeyName
-			}
-		}
+		st.Sequences[i].KeyName = names[s.KeyID]
 	}
 	var why []string
 	// A stored decision at or after the end: the newest minute's start,

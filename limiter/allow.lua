@@ -367,10 +367,11 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
       local p0, len = 1, #s
       while p0 <= len do
         local name, kind, p = unpack_s('Bc0B', s, p0)
-        local e
-        if kind == 0 then e = p + 24 elseif kind == 1 then e = p + 28 elseif kind == 2 then e = p + 22 elseif kind == 3 then e = p + 23 else
+        local size = SIZES[kind]
+        if not size then
           return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. keys[k0 + c])
         end
+        local e = p + size
         local i = byname[c] and byname[c][name]
         local r = R[i]
         if cost == -2 then

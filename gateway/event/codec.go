@@ -516,12 +516,8 @@ func (r *reader) pair(fa protowire.Number, a *string, fb protowire.Number, b *st
 // accounting reads an Accounting message into a (merging, as protobuf
 // does with a message met twice), skipping fields it does not know.
 func (r *reader) accounting(a *Accounting) error {
-	ints := map[protowire.Number]*int64{
-		fieldAcctDecisions: &a.Decisions, fieldAcctPublished: &a.Published,
-		fieldAcctBufferFull: &a.DroppedBufferFull, fieldAcctBrokerError: &a.DroppedBrokerError,
-		fieldAcctEncodeError: &a.DroppedEncodeError, fieldAcctClosed: &a.DroppedClosed,
-	}
 	return r.message(func(sub *reader, num protowire.Number) (bool, error) {
+		var dst *int64
 		switch num {
 		case fieldAcctRunStart:
 			var ns int64
@@ -530,11 +526,22 @@ func (r *reader) accounting(a *Accounting) error {
 			return true, err
 		case fieldAcctFinal:
 			return true, sub.bool(&a.Final)
+		case fieldAcctDecisions:
+			dst = &a.Decisions
+		case fieldAcctPublished:
+			dst = &a.Published
+		case fieldAcctBufferFull:
+			dst = &a.DroppedBufferFull
+		case fieldAcctBrokerError:
+			dst = &a.DroppedBrokerError
+		case fieldAcctEncodeError:
+			dst = &a.DroppedEncodeError
+		case fieldAcctClosed:
+			dst = &a.DroppedClosed
+		default:
+			return false, nil
 		}
-		if dst, ok := ints[num]; ok {
-			return true, sub.sint64(dst)
-		}
-		return false, nil
+		return true, sub.sint64(dst)
 	})
 }
 
