@@ -67,7 +67,7 @@ func (r *Redis) chargeThenGiveBack(ctx context.Context, key string, rules []Rule
 			at = append(at, i)
 		}
 	}
-	d, err := r.Allow(ctx, key, charges, cost)
+	d, _, err := r.decide(ctx, key, charges, cost)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -76,7 +76,7 @@ func (r *Redis) chargeThenGiveBack(ctx context.Context, key string, rules []Rule
 		rr[at[j]] = res
 	}
 	if d.Allowed {
-		g, err := r.Allow(ctx, key, gives, cost)
+		g, _, err := r.decide(ctx, key, gives, cost)
 		if err != nil {
 			// The charges stand for an admitted request; what was to be
 			// given back was not: the limiter's favour.

@@ -150,6 +150,7 @@ func signatures(rules []Rule) []ruleSig {
 		h.str(r.Name)
 		h.str(r.Bucket)
 		h.str(r.Tag)
+		h.str(r.container())
 		sigs[i].id = h.sum
 		h = newHash()
 		r.settings(h)

@@ -43,10 +43,19 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 	if err := validate(key, rules, 1); err != nil {
 		return KeyState{}, err
 	}
-	groups := [][]int{nil}
-	if r.cluster {
-		groups = r.slotGroups(key, rules)
+	if hasWas(rules) {
+		ext, was := withWas(rules)
+		ks, err := r.inspect(ctx, key, ext)
+		if err != nil {
+			return KeyState{}, err
+		}
+		return joinWasStates(ks, rules, was), nil
 	}
+	return r.inspect(ctx, key, rules)
+}
+
+func (r *Redis) inspect(ctx context.Context, key string, rules []Rule) (KeyState, error) {
+	groups := r.groups(key, rules)
 	if len(groups) == 1 {
 		res, err := r.script(ctx, r.Keys(key, rules), scriptArgs(rules, 0, r.cfg.Now()))
 		if err != nil {
@@ -75,6 +84,22 @@ func (r *Redis) Inspect(ctx context.Context, key string, rules []Rule) (KeyState
 		}
 	}
 	return ks, nil
+}
+
+// groups are the calls Inspect and Reset make of rules: one a Cluster
+// slot, of at most MaxRules each; a single group is nil (all of them).
+func (r *Redis) groups(key string, rules []Rule) [][]int {
+	var groups [][]int
+	if r.cluster {
+		groups = r.slotGroups(key, rules)
+	}
+	if len(rules) > MaxRules {
+		groups = chunks(groups, len(rules), MaxRules)
+	}
+	if len(groups) <= 1 {
+		return [][]int{nil}
+	}
+	return groups
 }
 
 // parseInspect checks the shape of allow.lua's cost-0 reply before using it.
@@ -108,10 +133,12 @@ func (r *Redis) Reset(ctx context.Context, key string, rules []Rule) error {
 	if err := validate(key, rules, 1); err != nil {
 		return err
 	}
-	groups := [][]int{nil}
-	if r.cluster {
-		groups = r.slotGroups(key, rules)
+	if hasWas(rules) {
+		// The previous containers too: no gateway of either layout may
+		// find what was reset there.
+		rules, _ = withWas(rules)
 	}
+	groups := r.groups(key, rules)
 	for _, idx := range groups {
 		part := rules
 		if len(groups) > 1 {

@@ -228,11 +228,13 @@ func (r *Redis) Keys(key string, rules []Rule) []string {
 
 // layout places rules in containers, the string keys their states are
 // packed in: the rules named by Name share the identity's key
-// (<prefix>:{<key>}), so a plan's check reads and writes one key; a rule
-// with a Bucket (the Envoy door's descriptors, which come and go with
-// request values) has a key of its own (<prefix>:{<key>}:<bucket>), so
-// no container grows with the values a caller sends. cont[i] is rule i's
-// container index (0-based); m how many there are.
+// (<prefix>:{<key>}), so a plan's check reads and writes one key; rules
+// with a Bucket and one Tag (the Envoy door's descriptors naming one
+// caller) share the tag's key (<prefix>:{<tag>}::<key>:); any other rule
+// with a Bucket (one Alone, or without a Tag) has a key of its own
+// (<prefix>:{<tag or key>}…:<bucket>), so that no container grows with
+// values the configuration does not bound. cont[i] is rule i's container
+// index (0-based); m how many there are.
 //
 // A split's shares (Rule.Whole) are packed in their own container, beside
 // the key's (see containerKey); in the check with their wholes
@@ -242,6 +244,14 @@ func layout(rules []Rule) (cont []int, m int) {
 	shared, split := -1, -1
 	for i, rule := range rules {
 		switch {
+		case rule.Tag != "" && !rule.Alone && rule.Whole.Gateway == "":
+			j := slices.IndexFunc(rules[:i], func(o Rule) bool { return o.Tag == rule.Tag && !o.Alone && o.Whole.Gateway == "" })
+			if j >= 0 {
+				cont[i] = cont[j]
+				continue
+			}
+			cont[i] = m
+			m++
 		case rule.Bucket != "":
 			cont[i] = m
 			m++
@@ -289,9 +299,14 @@ func containerKey(prefix, key string, rule Rule) string {
 		return identityKey(prefix, key[:whole]) + key[whole:]
 	}
 	if rule.Tag != "" {
-		// "::" never follows a tag otherwise (a bucket holds no colon);
-		// the bucket, after the last colon, ends it, so no two collide.
-		return identityKey(prefix, rule.Tag) + "::" + key + ":" + rule.Bucket
+		// "::" never follows a tag otherwise (a bucket holds no colon).
+		// A container of its own ends with its bucket, after the last
+		// colon; a shared one with a colon, which no bucket's does: so no
+		// two collide.
+		if rule.Alone {
+			return identityKey(prefix, rule.Tag) + "::" + key + ":" + rule.Bucket
+		}
+		return identityKey(prefix, rule.Tag) + "::" + key + ":"
 	}
 	if rule.Bucket != "" {
 		return identityKey(prefix, key) + ":" + rule.Bucket
@@ -338,19 +353,45 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 			return d, nil
 		}
 	}
+	check, was := rules, []int(nil)
+	if hasWas(rules) {
+		check, was = withWas(rules)
+	}
+	d, sent, err := r.decide(ctx, key, check, cost)
+	if err != nil {
+		return Decision{}, err
+	}
+	if was != nil {
+		d = joinWas(d, rules, was)
+	}
+	if r.deny != nil && !d.Allowed {
+		r.deny.put(key, rules, cost, sent, r.cfg.Now(), d, denyHold(d))
+	}
+	return d, nil
+}
+
+// decide is Allow's check of valid rules, not in the deny cache: in one
+// call where it can be, else across calls (see allowAcross); it also
+// returns when it was sent, for the deny cache.
+func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64) (Decision, time.Time, error) {
 	// Rules without a Tag all live under the key's tag: one slot, and no
 	// slots to compute on the common path.
+	var groups [][]int
 	if r.cluster && slices.ContainsFunc(rules, func(r Rule) bool { return r.Tag != "" }) {
-		if groups := r.slotGroups(key, rules); len(groups) > 1 {
-			if mixed(rules) {
-				return r.chargeThenGiveBack(ctx, key, rules, cost)
-			}
-			d, sent, err := r.allowAcross(ctx, key, rules, cost, groups)
-			if err == nil && r.deny != nil && !d.Allowed {
-				r.deny.put(key, rules, cost, sent, r.cfg.Now(), d, denyHold(d))
-			}
-			return d, err
+		groups = r.slotGroups(key, rules)
+	}
+	if len(rules) > MaxRules {
+		// Only with the previous containers (withWas): a call carries at
+		// most MaxRules.
+		groups = chunks(groups, len(rules), MaxRules)
+	}
+	if len(groups) > 1 {
+		if mixed(rules) {
+			sent := r.cfg.Now()
+			d, err := r.chargeThenGiveBack(ctx, key, rules, cost)
+			return d, sent, err
 		}
+		return r.allowAcross(ctx, key, rules, cost, groups)
 	}
 	keys, check := r.Keys(key, rules), rules
 	whole, split := wholeKey(key, rules)
@@ -376,22 +417,19 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		}
 	}
 	if isTryAgain(cerr) {
-		return Decision{}, fmt.Errorf("run limiter script: %w: %w", ErrMigrating, cerr)
+		return Decision{}, sent, fmt.Errorf("run limiter script: %w: %w", ErrMigrating, cerr)
 	}
 	if cerr != nil {
-		return Decision{}, fmt.Errorf("run limiter script: %w", cerr)
+		return Decision{}, sent, fmt.Errorf("run limiter script: %w", cerr)
 	}
 	d, err := parseReply(res, check, true)
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, sent, err
 	}
 	if split {
 		d = joinWholes(d, rules)
 	}
-	if r.deny != nil && !d.Allowed {
-		r.deny.put(key, rules, cost, sent, r.cfg.Now(), d, denyHold(d))
-	}
-	return d, nil
+	return d, sent, nil
 }
 
 // check runs the script once for Allow, through a pipeline: its reply,
@@ -705,6 +743,7 @@ func fingerprint(key string, rules []Rule) (kh, fp uint64) {
 		h.str(r.Name)
 		h.str(r.Bucket)
 		h.str(r.Tag)
+		h.str(r.container())
 		r.settings(h)
 	}
 	return kh, h.sum

@@ -111,6 +111,22 @@ type Rule struct {
 	// across them (see Redis.Allow). Not configurable; the same characters
 	// as Bucket.
 	Tag string `yaml:"-"`
+	// Rules of one check under one Tag share a container (one key, read
+	// and written once: the Envoy door's descriptors naming one caller);
+	// Alone keeps the rule's state in a container of its own under its
+	// Tag instead, named by its Bucket too: for a bucket whose values are
+	// not bounded by the configuration (a descriptor naming a caller and
+	// a path), which would make the shared container grow with them. Not
+	// configurable.
+	Alone bool `yaml:"-"`
+	// WasTag, beside a Tag of a rule that is not Alone, is the tag the
+	// rule's state had a container of its own under before (the Envoy
+	// door's layout until one caller's descriptors shared one). While it
+	// is set, a check also checks and charges the rule there, in the same
+	// all-or-nothing decision, and answers by the more used of the two: so
+	// gateways of both layouts running side by side hold a caller to one
+	// limit. Not configurable; the same characters as Tag.
+	WasTag string `yaml:"-"`
 	// Share marks a rule a split made (Directives.Split): its limit and
 	// burst are this gateway's part of one rule's, and the parts of all
 	// gateways sum to it. A share that grows took its units from another
@@ -167,6 +183,16 @@ func (r Rule) charge(cost int64) int64 {
 		return r.Cost
 	}
 	return cost
+}
+
+// container tells where a rule with a Tag keeps its state, for the deny
+// cache: "alone", or shared and maybe checked in its previous container
+// too (WasTag).
+func (r Rule) container() string {
+	if r.Alone {
+		return "alone"
+	}
+	return r.WasTag
 }
 
 // bucket is the rule's identity in the store: Bucket, else Name.
@@ -227,6 +253,10 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: bucket longer than %d bytes or holding braces, colons or spaces", ErrInvalidRule, r.Name, MaxBucketLen)
 	case len(r.Tag) > MaxBucketLen || strings.ContainsAny(r.Tag, "{}: \t\r\n") || (r.Tag != "" && r.Bucket == ""):
 		return fmt.Errorf("%w %q: tag longer than %d bytes, holding braces, colons or spaces, or without a bucket", ErrInvalidRule, r.Name, MaxBucketLen)
+	case r.Alone && r.Tag == "":
+		return fmt.Errorf("%w %q: alone without a tag", ErrInvalidRule, r.Name)
+	case len(r.WasTag) > MaxBucketLen || strings.ContainsAny(r.WasTag, "{}: \t\r\n") || (r.WasTag != "" && (r.Tag == "" || r.Alone)):
+		return fmt.Errorf("%w %q: previous tag longer than %d bytes, holding braces, colons or spaces, or without a shared tag", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Limit <= 0:
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
 	case r.Calendar != nil && r.validateCalendar() != nil:
@@ -301,10 +331,16 @@ func check(key string, rules []Rule, cost int64) error {
 		if err := checkWhole(key, r, rules[0].Whole.Gateway); err != nil {
 			return err
 		}
-		if seen[r.bucket()] {
+		// A bucket is one state, except where a check reads it in its
+		// previous container as well (see withWas).
+		b := r.bucket()
+		if r.Alone {
+			b += "\x00" + r.Tag
+		}
+		if seen[b] {
 			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.bucket())
 		}
-		seen[r.bucket()] = true
+		seen[b] = true
 	}
 	return nil
 }
