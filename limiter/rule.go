@@ -119,8 +119,8 @@ type Rule struct {
 	// a path), which would make the shared container grow with them. Not
 	// configurable.
 	Alone bool `yaml:"-"`
-	// WasTag, beside a Tag of a rule that is not Alone, is the tag the
-	// rule's state had a container of its own under before (the Envoy
+	// WasTag, beside a Tag, is the tag the rule's state had a container
+	// of its own under before (the Envoy
 	// door's layout until one caller's descriptors shared one). While it
 	// is set, a check also checks and charges the rule there, in the same
 	// all-or-nothing decision, and answers by the more used of the two: so
@@ -186,11 +186,10 @@ func (r Rule) charge(cost int64) int64 {
 }
 
 // container tells where a rule with a Tag keeps its state, for the deny
-// cache: "alone", or shared and maybe checked in its previous container
-// too (WasTag).
+// cache: alone or shared, and maybe in its previous container too.
 func (r Rule) container() string {
 	if r.Alone {
-		return "alone"
+		return "alone:" + r.WasTag
 	}
 	return r.WasTag
 }
@@ -255,8 +254,8 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w %q: tag longer than %d bytes, holding braces, colons or spaces, or without a bucket", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Alone && r.Tag == "":
 		return fmt.Errorf("%w %q: alone without a tag", ErrInvalidRule, r.Name)
-	case len(r.WasTag) > MaxBucketLen || strings.ContainsAny(r.WasTag, "{}: \t\r\n") || (r.WasTag != "" && (r.Tag == "" || r.Alone)):
-		return fmt.Errorf("%w %q: previous tag longer than %d bytes, holding braces, colons or spaces, or without a shared tag", ErrInvalidRule, r.Name, MaxBucketLen)
+	case len(r.WasTag) > MaxBucketLen || strings.ContainsAny(r.WasTag, "{}: \t\r\n") || (r.WasTag != "" && r.Tag == ""):
+		return fmt.Errorf("%w %q: previous tag longer than %d bytes, holding braces, colons or spaces, or without a tag", ErrInvalidRule, r.Name, MaxBucketLen)
 	case r.Limit <= 0:
 		return fmt.Errorf("%w %q: limit %d must be positive", ErrInvalidRule, r.Name, r.Limit)
 	case r.Calendar != nil && r.validateCalendar() != nil:

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -36,6 +37,11 @@ const (
 	benchKeys    = 100_000
 	benchCallers = 64
 )
+
+// benchDescriptors are a request of the load: caller k's three quotas.
+func benchDescriptors(k string) []*commonv3.RateLimitDescriptor {
+	return descs(desc("minute", "u"+k), desc("hour", "u"+k), desc("day", "u"+k))
+}
 
 // latencies collects per-call latencies from many goroutines.
 type latencies struct {
@@ -117,11 +123,7 @@ func benchRLS(b *testing.B, addr string) {
 			b.ReportAllocs()
 			parallel(b, func(w, k int) error {
 				s := strconv.Itoa(k)
-				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: descs(
-					desc("remote_address", "10."+s),
-					desc("user", "u"+s),
-					desc("path", "/p/"+strconv.Itoa(k%1000)),
-				)}
+				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: benchDescriptors(s)}
 				resp, err := clients[w%conns].ShouldRateLimit(context.Background(), req)
 				if err != nil {
 					return err

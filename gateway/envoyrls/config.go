@@ -86,6 +86,13 @@ type Config struct {
 	// limit, the application/problem+json body of the HTTP door, which
 	// Envoy sends as the 429's body, with its Content-Type).
 	ProblemBody *bool `yaml:"problem_body"`
+	// PreviousLayout also checks and charges each descriptor's bucket in
+	// the key of its own that releases before shared caller containers
+	// kept it in (limiter.Rule.WasTag): on while gateways of such a
+	// release still serve the same Redis, so that none of them gives a
+	// caller its limit a second time, then off (it costs a key a bucket
+	// again). Default false.
+	PreviousLayout bool `yaml:"previous_layout"`
 	// ShadowMode decides and reports every descriptor but never answers
 	// OVER_LIMIT, like ratelimit's SHADOW_MODE; default false.
 	ShadowMode bool `yaml:"shadow_mode"`

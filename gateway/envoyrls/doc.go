@@ -50,10 +50,11 @@
 //     Statuses of the descriptors that would have admitted it say OK with
 //     their unchanged remaining count.
 //   - Time is Redis's (TIME inside the script), never a gateway's clock.
-//   - A domain spreads over the Redis Cluster: a descriptor's bucket lives
-//     under the hash tag of its first entry that is not a generic_key (the
-//     entry naming the caller), so one caller's descriptors share a slot
-//     and one atomic call, and a request whose descriptors land in several
+//   - One caller's descriptors are one Redis key: a descriptor whose one
+//     unbounded value names the caller keeps its bucket in the caller's
+//     container, tagged by that value (see placement; docs/envoy.md), and
+//     a domain spreads over the Redis Cluster by its callers; a request
+//     whose descriptors land in several
 //     slots is decided across them (limiter.Redis.Allow): each slot's part
 //     atomically, all at once, and a denial gives back what the others
 //     charged before the answer. On one Redis server every request is one

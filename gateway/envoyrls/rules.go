@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -341,7 +342,10 @@ type entry struct{ key, value string }
 // the last entry applies, none if the walk ends early. bucketed are the
 // entries the descriptor's bucket is named by: entries itself, but with
 // the wildcard value for entries matched by a share_threshold wildcard.
-func (d *domain) match(entries []entry) (n *node, ok bool, bucketed []entry) {
+// Bit i of vary is set when entry i's value is not bounded by the
+// configuration: matched by a node of any value or a wildcard that does
+// not share (see placement).
+func (d *domain) match(entries []entry) (n *node, ok bool, bucketed []entry, vary uint64) {
 	n, bucketed = &d.root, entries
 	for i, e := range entries {
 		next := n.children[e.key+"_"+e.value]
@@ -358,23 +362,26 @@ func (d *domain) match(entries []entry) (n *node, ok bool, bucketed []entry) {
 					bucketed = slices.Clone(entries)
 				}
 				bucketed[i].value = next.value
+			} else if next != nil {
+				vary |= 1 << i
 			}
 		}
 		if next == nil {
 			next = n.children[e.key]
+			vary |= 1 << i
 		}
 		if next == nil {
-			return nil, false, nil
+			return nil, false, nil, 0
 		}
 		if i == len(entries)-1 {
-			return next, next.limit != nil, bucketed
+			return next, next.limit != nil, bucketed, vary
 		}
 		if len(next.children) == 0 {
-			return nil, false, nil
+			return nil, false, nil, 0
 		}
 		n = next
 	}
-	return nil, false, nil
+	return nil, false, nil, 0
 }
 
 // ruleName names a descriptor's rule in headers, metrics and events: the
@@ -423,19 +430,52 @@ func plain(s string) bool {
 	return s != ""
 }
 
-// bucket is the store identity of one request descriptor: a hash of the
-// domain and the request's entries (keys and values), as ratelimit keys
-// its counters by them, so every value of a wildcard or any-value
-// descriptor counts apart and the same entries share one bucket whichever
-// request carries them.
-// slotTag is the Redis Cluster hash tag of a descriptor's bucket
-// (limiter.Rule.Tag): a hash of its domain and its first entry that is
-// not a generic_key (the entry naming the caller: an address, a user, an
-// API key; generic_key names a rule), or of all its entries when each is
-// a generic_key. So the descriptors of one caller share a slot and are
-// decided in one atomic call, while a domain's callers spread over the
-// Cluster, and a descriptor every caller shares has a slot of its own.
-func slotTag(dom string, entries []entry) string {
+// placement is where a descriptor's bucket lives in Redis
+// (limiter.Rule's Tag, Alone and WasTag), from its entries and which of
+// them vary (see match). A descriptor with one entry that varies names a
+// caller by that value: it shares the container of the caller's
+// descriptors (tagged by the domain and the value alone, whatever its
+// key), so a request's descriptors of one caller are one key, read and
+// written once; the others in it are values the configuration names, so
+// the container holds one bucket per configured descriptor at most. One
+// with several varying entries (a caller and a path) would grow that
+// container with every value of the others: it has a key of its own,
+// under the first one's tag (same slot, same call). One whose entries
+// are all named by the configuration (generic_key's, a value a
+// descriptor lists) is shared by every caller: a key of its own, where
+// it always was. previous sets WasTag, the tag of the key of its own
+// every descriptor had before (see Config.PreviousLayout).
+func placement(dom string, entries []entry, vary uint64, previous bool) (tag string, alone bool, was string) {
+	old := previousTag(dom, entries)
+	i := -1
+	for j := range entries {
+		if vary&(1<<j) != 0 {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		return old, true, ""
+	}
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, s := range []string{dom, entries[i].value} {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	var sum [sha256.Size]byte
+	tag = "c" + hex.EncodeToString(h.Sum(sum[:0])[:8])
+	if previous {
+		was = old
+	}
+	return tag, bits.OnesCount64(vary) > 1, was
+}
+
+// previousTag is the tag of a descriptor's own key in releases before
+// callers' containers (and still, for a descriptor all of whose entries
+// the configuration names): a hash of the domain and its first entry that
+// is not a generic_key, or of all its entries when each is one.
+func previousTag(dom string, entries []entry) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	field := func(s string) {
@@ -457,6 +497,11 @@ func slotTag(dom string, entries []entry) string {
 	return "t" + hex.EncodeToString(h.Sum(sum[:0])[:8])
 }
 
+// bucket is the store identity of one request descriptor: a hash of the
+// domain and the request's entries (keys and values), as ratelimit keys
+// its counters by them, so every value of a wildcard or any-value
+// descriptor counts apart and the same entries share one bucket whichever
+// request carries them.
 func bucket(dom string, entries []entry) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte

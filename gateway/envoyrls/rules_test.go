@@ -251,7 +251,7 @@ func TestReadmeExamplesMatch(t *testing.T) {
 				t.Fatalf("no domain %q", tc.domain)
 			}
 			got := ""
-			if n, ok, _ := d.match(tc.give); ok {
+			if n, ok, _, _ := d.match(tc.give); ok {
 				l := n.limit
 				got = strings.TrimSpace(itoa(l.requestsPerUnit) + "/" + l.unit + flag(l.shadow, " shadow") + flag(l.unlimited, " unlimited"))
 			}
@@ -261,7 +261,7 @@ func TestReadmeExamplesMatch(t *testing.T) {
 		})
 	}
 	// Example 7's replaces is kept for the request-level pass.
-	n, _, _ := r.domains["example7"].match(entries("key_2", "value_2", "user", "bkthomps"))
+	n, _, _, _ := r.domains["example7"].match(entries("key_2", "value_2", "user", "bkthomps"))
 	if len(n.limit.replaces) != 1 || n.limit.replaces[0] != "specific_limit" {
 		t.Errorf("example7 replaces = %v, want [specific_limit]", n.limit.replaces)
 	}

@@ -284,6 +284,9 @@ type resolved struct {
 	entries  []entry
 	bucketed []entry // the entries the bucket is named by, if not entries
 	override bool
+	// vary: which entries' values the configuration does not bound (see
+	// match).
+	vary uint64
 	// configured is the limit the configuration gives the entries (nil:
 	// none), which an override replaced.
 	configured *limit
@@ -423,9 +426,11 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				}
 			}
 		}
-		n, ok, bucketed := dom.match(f.entries)
+		n, ok, bucketed, vary := dom.match(f.entries)
 		if ok {
-			f.lim, f.bucketed, f.configured = n.limit, bucketed, n.limit
+			f.lim, f.bucketed, f.configured, f.vary = n.limit, bucketed, n.limit, vary
+		} else {
+			f.vary = unnamed(f.entries)
 		}
 		if o := d.GetLimit(); o != nil {
 			switch cfg.LimitOverrides {
@@ -661,8 +666,21 @@ func (c Config) bucketRule(dom string, f resolved) gateway.Rule {
 		rule.Bucket = bucket(dom, f.entries)
 		rule.Bucket = limitBucket(rule.Rule)
 	}
-	rule.Tag = slotTag(dom, be)
+	rule.Tag, rule.Alone, rule.WasTag = placement(dom, be, f.vary, c.PreviousLayout)
 	return rule
+}
+
+// unnamed is match's vary for the entries of a descriptor no node
+// matches (an override's): every value but a generic_key's, which names a
+// rule.
+func unnamed(entries []entry) uint64 {
+	var vary uint64
+	for i, e := range entries {
+		if e.key != "generic_key" {
+			vary |= 1 << i
+		}
+	}
+	return vary
 }
 
 // sameLimit reports whether a and b, rules of one bucket, decide alike:
@@ -757,7 +775,7 @@ func (s *Service) DoorBucket(domain string, entries []gateway.DescriptorEntry) (
 		f.entries[i] = entry{e.Key, e.Value}
 		desc[i] = gateway.DescriptorEntry{Key: e.Key, Value: e.Value, Secret: secretValue(e.Key, e.Value)}
 	}
-	n, ok, bucketed := dom.match(f.entries)
+	n, ok, bucketed, vary := dom.match(f.entries)
 	switch {
 	case !ok:
 		return gateway.DoorBucket{}, fmt.Errorf("no descriptor of domain %q limits these entries", domain)
@@ -766,7 +784,7 @@ func (s *Service) DoorBucket(domain string, entries []gateway.DescriptorEntry) (
 	case n.limit.requestsPerUnit == 0:
 		return gateway.DoorBucket{}, fmt.Errorf("the entries' descriptor (%s) blocks every request (requests_per_unit: 0)", n.limit.ruleName)
 	}
-	f.lim, f.configured, f.bucketed = n.limit, n.limit, bucketed
+	f.lim, f.configured, f.bucketed, f.vary = n.limit, n.limit, bucketed, vary
 	rule := snap.cfg.bucketRule(dom.name, f)
 	return gateway.DoorBucket{Key: dom.tag, Rules: []limiter.Rule{rule.Rule}, Identity: identity(dom, []resolved{f}),
 		Domain: dom.name, Descriptor: desc}, nil

@@ -62,7 +62,7 @@ func TestDomainSpreadsOverCluster(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 11))
 			for range each {
 				k := strconv.Itoa(rng.IntN(benchKeys))
-				resp, err := r.try("bench", 0, desc("remote_address", "10."+k), desc("user", "u"+k), desc("path", "/p/"+strconv.Itoa(rng.IntN(1000))))
+				resp, err := r.try("bench", 0, benchDescriptors(k)...)
 				if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 					t.Errorf("ShouldRateLimit = %v, %v; want OK", resp, err)
 					return

@@ -47,7 +47,7 @@ func TestRatelimitTestConfigs(t *testing.T) {
 			{entries("midWild", "bar*b"), true},
 			{entries("noVal", "foo1"), true},
 		} {
-			if _, ok, _ := d.match(tc.give); ok != tc.want {
+			if _, ok, _, _ := d.match(tc.give); ok != tc.want {
 				t.Errorf("wildcard.yaml: match(%v) = %v, want %v", tc.give, ok, tc.want)
 			}
 		}
@@ -76,7 +76,7 @@ func TestRatelimitTestConfigs(t *testing.T) {
 			{entries("key7", "another_value"), "70/MINUTE"},
 		} {
 			got := ""
-			if n, ok, _ := d.match(tc.give); ok {
+			if n, ok, _, _ := d.match(tc.give); ok {
 				got = itoa(n.limit.requestsPerUnit) + "/" + n.limit.unit
 				if n.limit.unlimited {
 					got = "unlimited"
