@@ -303,10 +303,11 @@ func containerKey(prefix, key string, rule Rule) string {
 		// A container of its own ends with its bucket, after the last
 		// colon; a shared one with a colon, which no bucket's does: so no
 		// two collide.
+		// (A tag holds no brace: identityKey's escaping is not needed.)
 		if rule.Alone {
-			return identityKey(prefix, rule.Tag) + "::" + key + ":" + rule.Bucket
+			return prefix + ":{" + rule.Tag + "}::" + key + ":" + rule.Bucket
 		}
-		return identityKey(prefix, rule.Tag) + "::" + key + ":"
+		return prefix + ":{" + rule.Tag + "}::" + key + ":"
 	}
 	if rule.Bucket != "" {
 		return identityKey(prefix, key) + ":" + rule.Bucket

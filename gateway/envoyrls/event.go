@@ -42,7 +42,7 @@ func secretValue(key, value string) bool {
 	if len(value) > maxEventValue {
 		return true
 	}
-	if v := strings.ToLower(value); strings.HasPrefix(v, "bearer ") || strings.HasPrefix(v, "basic ") {
+	if len(value) >= 7 && strings.EqualFold(value[:7], "bearer ") || len(value) >= 6 && strings.EqualFold(value[:6], "basic ") {
 		return true
 	}
 	if urlSecret(value) {
@@ -67,6 +67,9 @@ func secretName(name string) bool {
 // (?access_token=…, ;jsessionid=…, #id_token=…), its name unescaped, so
 // no spelling of one is carried as sent.
 func urlSecret(value string) bool {
+	if !strings.ContainsAny(value, "@=") {
+		return false // no user:pass@, no parameter: the common case, at no cost
+	}
 	auth := value
 	if _, rest, ok := strings.Cut(value, "://"); ok {
 		auth = rest

@@ -169,9 +169,9 @@ func TestPreviousLayoutHoldsOldGateways(t *testing.T) {
 	}
 }
 
-// TestPreviousTagKeepsItsNames: the previous layout's tags are those its
-// releases computed (pinned, from 59a6d9b: a change would lose every old
-// key).
+// TestPreviousTagKeepsItsNames: the previous layout's tags and the buckets
+// are those its releases computed (pinned, from 59a6d9b: a change would
+// lose every old key and record).
 func TestPreviousTagKeepsItsNames(t *testing.T) {
 	for _, tc := range []struct {
 		entries []entry
@@ -183,6 +183,18 @@ func TestPreviousTagKeepsItsNames(t *testing.T) {
 	} {
 		if got := previousTag("lay", tc.entries); got != tc.want {
 			t.Errorf("previousTag(%v) = %s, want %s", tc.entries, got, tc.want)
+		}
+	}
+	// The buckets name the records in either layout.
+	for _, tc := range []struct {
+		entries []entry
+		want    string
+	}{
+		{[]entry{{"minute", "u1"}}, "e8180291fcf1136bf7d77a36c4a19facc"},
+		{[]entry{{"generic_key", "a"}, {"remote_address", "10.0.0.1"}, {"path", "/x"}}, "e6de68bd4924a68c54a4bc8e0985e9960"},
+	} {
+		if got := bucket("lay", tc.entries); got != tc.want {
+			t.Errorf("bucket(%v) = %s, want %s", tc.entries, got, tc.want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgelimit/edgelimit/limiter"
@@ -120,6 +121,9 @@ type limit struct {
 	multiplier      uint32 // of unit, in a request's override; 0 or 1: one unit
 	// ruleName is the rule's bounded name in headers, metrics and events.
 	ruleName string
+	// status is current's answer, made once for a configured limit:
+	// every response that reports it shares it (never changed once made).
+	status *rlsv3.RateLimitResponse_RateLimit
 }
 
 // Domains lists the configured domains, sorted.
@@ -320,6 +324,7 @@ func (n *node) load(dom, parent string, ds []yamlDescriptor) error {
 				}
 				l.replaces = append(l.replaces, rep.Name)
 			}
+			l.status = l.current()
 			child.limit = l
 		}
 		if err := child.load(dom, path, d.Descriptors); err != nil {
@@ -446,7 +451,6 @@ func plain(s string) bool {
 // it always was. previous sets WasTag, the tag of the key of its own
 // every descriptor had before (see Config.PreviousLayout).
 func placement(dom string, entries []entry, vary uint64, previous bool) (tag string, alone bool, was string) {
-	old := previousTag(dom, entries)
 	i := -1
 	for j := range entries {
 		if vary&(1<<j) != 0 {
@@ -455,20 +459,31 @@ func placement(dom string, entries []entry, vary uint64, previous bool) (tag str
 		}
 	}
 	if i < 0 {
-		return old, true, ""
+		return previousTag(dom, entries), true, ""
 	}
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	for _, s := range []string{dom, entries[i].value} {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		h.Write([]byte(s))
-	}
-	var sum [sha256.Size]byte
-	tag = "c" + hex.EncodeToString(h.Sum(sum[:0])[:8])
+	var buf [256]byte
+	b := appendField(appendField(buf[:0], dom), entries[i].value)
+	tag = hashName('c', b, 8)
 	if previous {
-		was = old
+		was = previousTag(dom, entries)
 	}
 	return tag, bits.OnesCount64(vary) > 1, was
+}
+
+// hashName is mark, then the first n bytes of b's SHA-256 in hex.
+func hashName(mark byte, b []byte, n int) string {
+	sum := sha256.Sum256(b)
+	var out [1 + 2*sha256.Size]byte
+	out[0] = mark
+	hex.Encode(out[1:], sum[:n])
+	return string(out[:1+2*n])
+}
+
+// appendField appends s length-prefixed, so that no two lists of fields
+// hash alike.
+func appendField(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // previousTag is the tag of a descriptor's own key in releases before
@@ -476,25 +491,17 @@ func placement(dom string, entries []entry, vary uint64, previous bool) (tag str
 // the configuration names): a hash of the domain and its first entry that
 // is not a generic_key, or of all its entries when each is one.
 func previousTag(dom string, entries []entry) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	field := func(s string) {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		h.Write([]byte(s))
-	}
-	field(dom)
+	var buf [256]byte
+	b := appendField(buf[:0], dom)
 	i := slices.IndexFunc(entries, func(e entry) bool { return e.key != "generic_key" })
 	if i < 0 {
 		for _, e := range entries {
-			field(e.key)
-			field(e.value)
+			b = appendField(appendField(b, e.key), e.value)
 		}
 	} else {
-		field(entries[i].key)
-		field(entries[i].value)
+		b = appendField(appendField(b, entries[i].key), entries[i].value)
 	}
-	var sum [sha256.Size]byte
-	return "t" + hex.EncodeToString(h.Sum(sum[:0])[:8])
+	return hashName('t', b, 8)
 }
 
 // bucket is the store identity of one request descriptor: a hash of the
@@ -503,17 +510,10 @@ func previousTag(dom string, entries []entry) string {
 // descriptor counts apart and the same entries share one bucket whichever
 // request carries them.
 func bucket(dom string, entries []entry) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	field := func(s string) { // length-prefixed: no two entry lists collide
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		h.Write([]byte(s))
-	}
-	field(dom)
+	var buf [256]byte
+	b := appendField(buf[:0], dom)
 	for _, e := range entries {
-		field(e.key)
-		field(e.value)
+		b = appendField(appendField(b, e.key), e.value)
 	}
-	var sum [sha256.Size]byte
-	return "e" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+	return hashName('e', b, 16)
 }

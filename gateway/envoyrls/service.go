@@ -412,12 +412,18 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	all := make([]resolved, len(descs))
 	var replacing map[string]bool // limit names other limits replace
 	var clientIP string
+	n := 0
+	for i, d := range descs {
+		if len(d.GetEntries()) > MaxEntries {
+			return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("descriptor %d: %d entries, at most %d", i, len(d.GetEntries()), MaxEntries))
+		}
+		n += len(d.GetEntries())
+	}
+	flat := make([]entry, n) // every descriptor's entries, in one allocation
 	for i, d := range descs {
 		es := d.GetEntries()
-		if len(es) > MaxEntries {
-			return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("descriptor %d: %d entries, at most %d", i, len(es), MaxEntries))
-		}
-		f := resolved{entries: make([]entry, len(es))}
+		f := resolved{entries: flat[:len(es):len(es)]}
+		flat = flat[len(es):]
 		for j, e := range es {
 			f.entries[j] = entry{e.GetKey(), e.GetValue()}
 			if e.GetKey() == "remote_address" && clientIP == "" {
@@ -546,26 +552,26 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if !v.Allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	results := map[string]limiter.RuleResult{}
-	if v.Known {
-		for _, rr := range v.Decision.Rules {
-			results[rr.Rule.Bucket] = rr
-		}
-	}
+	// One allocation for the statuses and one for their durations.
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(picks))
+	durs := make([]durationpb.Duration, len(picks))
 	for i, p := range picks {
 		if p.rule < 0 {
 			resp.Statuses[i] = unchecked(p)
 			continue
 		}
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: p.current}
-		rr, ok := results[rules[p.rule].Bucket]
+		st := &sts[i]
+		st.Code, st.CurrentLimit = rlsv3.RateLimitResponse_OK, p.current
+		rr, ok := result(v, rules[p.rule].Bucket)
 		switch {
 		case ok:
 			if !rr.Allowed && !rr.Rule.Shadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			st.LimitRemaining = uint32(min(max(0, rr.Remaining), math.MaxUint32))
-			st.DurationUntilReset = durationpb.New(rr.ResetAfter)
+			d := &durs[i]
+			d.Seconds, d.Nanos = int64(rr.ResetAfter/time.Second), int32(rr.ResetAfter%time.Second)
+			st.DurationUntilReset = d
 		case !v.Known && !v.Allowed:
 			// Failed closed: every checked descriptor refuses.
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -579,14 +585,53 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		h["Content-Type"] = []string{"application/problem+json"}
 	}
 	if *cfg.ResponseHeaders {
+		n := 0
+		for _, vs := range h {
+			n += len(vs)
+		}
+		hvs := make([]corev3.HeaderValue, 0, n)
+		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, 0, n)
 		for k, vs := range h {
 			for _, val := range vs {
-				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: strings.ToLower(k), Value: val})
+				hvs = append(hvs, corev3.HeaderValue{Key: lowerName(k), Value: val})
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &hvs[len(hvs)-1])
 			}
 		}
 		sortHeaders(resp.ResponseHeadersToAdd)
 	}
 	return resp, nil
+}
+
+// result is the decision's result for the rule of bucket, if a store
+// decided it.
+func result(v gateway.Verdict, bucket string) (limiter.RuleResult, bool) {
+	if !v.Known {
+		return limiter.RuleResult{}, false
+	}
+	for _, rr := range v.Decision.Rules {
+		if rr.Rule.Bucket == bucket {
+			return rr, true
+		}
+	}
+	return limiter.RuleResult{}, false
+}
+
+// lowerNames are the header names the gateway sets, in the lower case
+// gRPC metadata and HTTP/2 want, made once.
+var lowerNames = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining",
+		"X-Ratelimit-Reset", "Retry-After", "Content-Type"} {
+		m[k] = strings.ToLower(k)
+	}
+	return m
+}()
+
+func lowerName(k string) string {
+	if l, ok := lowerNames[k]; ok {
+		return l
+	}
+	return strings.ToLower(k)
 }
 
 // charged sets each rule's cost: what rules[j] is charged (charges[j]) less
@@ -701,6 +746,9 @@ func limitBucket(r limiter.Rule) string {
 
 // current is the limit as a descriptor status reports it.
 func (l *limit) current() *rlsv3.RateLimitResponse_RateLimit {
+	if l.status != nil {
+		return l.status
+	}
 	rl := &rlsv3.RateLimitResponse_RateLimit{Name: l.ruleName, RequestsPerUnit: l.requestsPerUnit,
 		Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[l.unit])}
 	if l.multiplier > 1 {
@@ -739,22 +787,20 @@ func overrideLimit(dom string, n *node, o *commonv3.RateLimitDescriptor_RateLimi
 // hash of every entry of every descriptor, which the event hashes again
 // with the gateway's key.
 func identity(d *domain, all []resolved) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	field := func(s string) { // length-prefixed, so no two requests collide
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		h.Write([]byte(s))
-	}
-	field(d.name)
+	b := make([]byte, 0, 512) // on the stack for most requests
+	b = appendField(b, d.name)
 	for _, f := range all {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f.entries)))])
+		b = binary.AppendUvarint(b, uint64(len(f.entries)))
 		for _, e := range f.entries {
-			field(e.key)
-			field(e.value)
+			b = appendField(appendField(b, e.key), e.value)
 		}
 	}
-	var sum [sha256.Size]byte
-	return d.tag + "|" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+	sum := sha256.Sum256(b)
+	out := make([]byte, len(d.tag)+1+32)
+	n := copy(out, d.tag)
+	out[n] = '|'
+	hex.Encode(out[n+1:], sum[:16])
+	return string(out)
 }
 
 // DoorBucket is where the service counts a descriptor of domain with
