@@ -44,6 +44,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,6 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if *check {
 		fc.Config = fc.Config.WithDefaults()
+		fc.GCPercent = fc.gcPercent()
 		if fc.Redis.Set() {
 			fc.Redis.WarmConns = fc.Redis.warmConns()
 		}
@@ -107,6 +109,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	log, err := boot.NewLogger(stdout, fc.LogLevel)
 	if err != nil {
 		return err
+	}
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(fc.gcPercent())
 	}
 	reg := boot.NewRegistry()
 

@@ -213,6 +213,8 @@ func TestInvalidConfig(t *testing.T) {
 			[]string{"kafka.embedded_listen port"}},
 		{"warm_conns out of range", []string{"-check", "-config", write("i.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"redis: {addr: 127.0.0.1:1, warm_conns: 1000}\n")}, nil,
 			[]string{"redis.warm_conns: 1000", "1 to 256"}},
+		{"gc_percent out of range", []string{"-check", "-config", write("j.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true)+"gc_percent: 10\n")}, nil,
+			[]string{"gc_percent: 10", "50 to 10000"}},
 		{"short admin token", []string{"-config", write("f.yaml", fmt.Sprintf(configTmpl, 1, "http://x", true))},
 			map[string]string{"EDGELIMIT_ADMIN_TOKEN": "short"}, []string{"admin_api.tokens.env", "16 characters"}},
 	}
@@ -284,7 +286,7 @@ func TestCheckPrintsRedacted(t *testing.T) {
 		!strings.Contains(s, "env: '[redacted]'") {
 		t.Errorf("-check output leaks or does not redact secrets:\n%s", s)
 	}
-	for _, want := range []string{"http://upstream.internal:8081", "retry_jitter: 3s", "store_deadline: 1s"} {
+	for _, want := range []string{"http://upstream.internal:8081", "retry_jitter: 3s", "store_deadline: 1s", "gc_percent: 400"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("-check output lacks %q:\n%s", want, s)
 		}
