@@ -139,7 +139,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 }
 
 func compilePlan(name string, rules []Rule, cfg Config) *plan {
-	p := &plan{name: name}
+	p := &plan{name: name, rules: make([]limiter.Rule, 0, len(rules)), policies: make([]FailurePolicy, 0, len(rules))}
 	for _, r := range rules {
 		pol := r.FailurePolicy
 		if pol == "" {

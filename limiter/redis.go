@@ -209,6 +209,11 @@ func New(rdb rediser, cfg Config) (*Redis, error) {
 // their container alone.
 func (r *Redis) Keys(key string, rules []Rule) []string {
 	cont, m := layout(rules)
+	return r.keys(key, rules, cont, m)
+}
+
+// keys is Keys for rules laid out as layout did.
+func (r *Redis) keys(key string, rules []Rule, cont []int, m int) []string {
 	old := r.cfg.PreviousLayout && rules[0].Whole.Gateway == ""
 	n := m
 	if old {
@@ -394,16 +399,19 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 		}
 		return r.allowAcross(ctx, key, rules, cost, groups)
 	}
-	keys, check := r.Keys(key, rules), rules
-	whole, split := wholeKey(key, rules)
-	if split {
+	check := rules
+	cont, m := layout(rules)
+	var keys []string
+	if whole, split := wholeKey(key, rules); split {
 		// The shares' container and the key's own (no previous layout:
 		// shares never had one there).
 		check = withWholes(rules)
-		keys = []string{keys[0], identityKey(r.cfg.Prefix, whole)}
+		keys = []string{containerKey(r.cfg.Prefix, key, rules[0]), identityKey(r.cfg.Prefix, whole)}
+		cont, m = layout(check)
+	} else {
+		keys = r.keys(key, rules, cont, m)
 	}
-	_, m := layout(check)
-	args := scriptArgs(check, cost, r.cfg.Now())
+	args := packArgs(check, cont, m, cost, r.cfg.Now())
 	// Numbered in the first container's sequence record (see allow.lua).
 	args[2] = 1
 	var (
@@ -427,7 +435,7 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 	if err != nil {
 		return Decision{}, sent, err
 	}
-	if split {
+	if len(check) != len(rules) {
 		d = joinWholes(d, rules)
 	}
 	return d, sent, nil
@@ -589,8 +597,20 @@ func (r *Redis) send(s *sender, first *call) {
 // argument of its own.
 func scriptArgs(rules []Rule, cost int64, now time.Time) []any {
 	cont, m := layout(rules)
-	b := make([]byte, 0, ruleSize*len(rules))
+	return packArgs(rules, cont, m, cost, now)
+}
+
+// packArgs is scriptArgs for rules laid out as layout did.
+func packArgs(rules []Rule, cont []int, m int, cost int64, now time.Time) []any {
+	// The rules' fields, then their record prefixes, in one allocation.
+	size := ruleSize * len(rules)
+	for _, rule := range rules {
+		size += len(rule.bucket()) + 2
+	}
+	b := make([]byte, 0, size)
 	args := make([]any, 4, 4+len(rules))
+	var kindsArr [MaxRules]byte
+	kinds := kindsArr[:0]
 	for i, rule := range rules {
 		kind, pn, pd := 0, int64(0), int64(0)
 		period, capacity := rule.Period.Microseconds(), rule.Capacity()
@@ -613,11 +633,7 @@ func scriptArgs(rules []Rule, cost int64, now time.Time) []any {
 			g := gcd(period, rate)
 			pn, pd = period/g, rate/g
 		}
-		name := rule.bucket()
-		prefix := make([]byte, 0, len(name)+2)
-		prefix = append(prefix, byte(len(name)))
-		prefix = append(prefix, name...)
-		args = append(args, append(prefix, byte(kind)))
+		kinds = append(kinds, byte(kind))
 		flags := kind
 		if rule.Shadow {
 			flags += 4
@@ -636,8 +652,17 @@ func scriptArgs(rules []Rule, cost int64, now time.Time) []any {
 		// (2^53) fits 7 bytes, signed.
 		b = le(b, rule.Cost, 7)
 	}
+	fields := b
+	for i, rule := range rules {
+		start := len(b)
+		name := rule.bucket()
+		b = append(b, byte(len(name)))
+		b = append(b, name...)
+		b = append(b, kinds[i])
+		args = append(args, b[start:len(b):len(b)])
+	}
 	// args[2] is 0 (not numbered) unless Allow numbers the decision.
-	args[0], args[1], args[2], args[3] = cost, m, 0, b
+	args[0], args[1], args[2], args[3] = cost, m, 0, fields[:len(fields):len(fields)]
 	return args
 }
 

@@ -460,13 +460,13 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// Replaced and unlimited descriptors are not checked; the rest become
 	// rules, one per distinct bucket.
 	picks := make([]pick, len(descs))
-	var rules []gateway.Rule
+	rules := make([]gateway.Rule, 0, min(len(descs), limiter.MaxRules))
 	// The call's cost is the request's hits_addend (events and metrics
 	// count it); a descriptor's own hits_addend is its rule's cost, all
 	// decided in the one atomic check.
 	cost := int64(max(1, req.GetHitsAddend()))
 	// rules[j] is charged charges[j] and given back gives[j] (is_negative_hits).
-	var charges, gives []int64
+	charges, gives := make([]int64, 0, cap(rules)), make([]int64, 0, cap(rules))
 	blocked := -1 // a descriptor whose limit is 0
 	for i, f := range all {
 		p := pick{rule: -1}
@@ -642,6 +642,13 @@ func lowerName(k string) string {
 // a request of more rules than one limiter call takes gives back only
 // once every charge is admitted (gateway.Call).
 func charged(rules []gateway.Rule, charges, gives []int64, cost int64, picks []pick) []gateway.Rule {
+	same := true
+	for j := range rules {
+		same = same && charges[j] == cost && gives[j] == 0
+	}
+	if same {
+		return rules // the common case: every rule charged the call's cost
+	}
 	at := make([]int, len(rules)) // rules[j]'s place in out; -1: left out
 	for j := range at {
 		at[j] = -1
