@@ -154,8 +154,8 @@ func (r *Redis) Reset(ctx context.Context, key string, rules []Rule) error {
 
 // Clear deletes the state of every rule of key's identity key, and the
 // previous layout's key of each rule it held. States of bucketed rules
-// (Rule.Bucket: the Envoy door's descriptors) live in keys of their own
-// that only their rules name: Reset them with their rules. The local deny
+// (Rule.Bucket: the Envoy door's descriptors) live in containers only
+// their rules name (Rule.Tag): Reset them with their rules. The local deny
 // cache forgets key.
 func (r *Redis) Clear(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
