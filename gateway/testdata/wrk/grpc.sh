@@ -85,7 +85,7 @@ per_process() {
 	awk -v results="$tmp/results" -v name="$1" -v s="$(($(ticks "$2") - s0))" -v r="$(($(ticks "$rpid") - r0))" -v n="$n" -v hz="$hz" -v line="$out" 'BEGIN {
 		for (i = 1; i <= split(line, f, /[ \t]+/); i++) if (f[i] == "req/s") rps = f[i - 1]
 		printf "   %-22s %8s req/s  server %6.1f us/request  redis %5.1f us/request\n", name, rps, s * 1e6 / hz / n, r * 1e6 / hz / n
-		printf "%s %s %.2f\n", (name ~ /door/ ? "door" : name ~ /^edgelimit/ ? "old" : "peer"), rps, r * 1e6 / hz / n >> results }'
+		printf "%s %s %.2f %.2f\n", (name ~ /door/ ? "door" : name ~ /^edgelimit/ ? "old" : "peer"), rps, r * 1e6 / hz / n, s * 1e6 / hz / n >> results }'
 	# Redis commandstats over the run: calls and usec per request, by command.
 	rcli INFO commandstats | tr -d '\r' | awk -F'[:,=]' -v n="$n" '/^cmdstat_/ && $3 > 0 {
 		sub(/^cmdstat_/, "", $1); printf "      %-14s %6.3f calls/request %7.2f us/call\n", $1, $3 / n, $5 / $3 }'
@@ -107,7 +107,7 @@ for r in $(seq "$ROUNDS"); do
 	fi
 done
 # The targets, on the means over the rounds of the per-process runs.
-awk '{ rps[$1] += $2; redis[$1] += $3; n[$1]++ }
+awk '{ rps[$1] += $2; redis[$1] += $3; server[$1] += $4; n[$1]++ }
 	END {
 		if (!n["door"] || !n["peer"]) exit
 		d = rps["door"] / n["door"]; p = rps["peer"] / n["peer"]; dr = redis["door"] / n["door"]; pr = redis["peer"] / n["peer"]
@@ -115,4 +115,6 @@ awk '{ rps[$1] += $2; redis[$1] += $3; n[$1]++ }
 		printf "\n%-40s %10s %10s %10s %8s  %s\n", "gRPC, each a process (mean of rounds)", "old", "door", "peer", "door/peer", "target"
 		printf "%-40s %10.0f %10.0f %10.0f %7.2fx  >= 1.3x %s\n", "decisions/s", od, d, p, d / p, (d >= 1.3 * p ? "yes" : "NO")
 		printf "%-40s %10.1f %10.1f %10.1f %7.2fx  <= 1.0x %s\n", "Redis CPU per decision (us)", ored, dr, pr, dr / pr, (dr <= pr ? "yes" : "NO")
+		ds = server["door"] / n["door"]; ps = server["peer"] / n["peer"]; os = n["old"] ? server["old"] / n["old"] : 0
+		printf "%-40s %10.1f %10.1f %10.1f %7.2fx  <= 0.75x %s\n", "server CPU per decision (us)", os, ds, ps, ds / ps, (ds <= 0.75 * ps ? "yes" : "NO")
 	}' "$tmp/results"
