@@ -1027,6 +1027,18 @@ func (m *gwModel) checkLower() {
 			if r.Algorithm == limiter.SlidingWindow {
 				tol += r.Limit // its first window may follow a quieter one
 			}
+			// A lowered capacity keeps what was used (configuration.md,
+			// "Changing a rule"): the bucket may enter the phase overdrawn
+			// by up to what an earlier phase's rule of its name held more.
+			var carried int64
+			for _, q := range m.phases[:pi] {
+				for _, o := range q.effective(k) {
+					if o.Name == r.Name {
+						carried = max(carried, o.Capacity()-r.Capacity())
+					}
+				}
+			}
+			tol += carried
 			want := new(big.Int).Quo(refill.Num(), refill.Denom()).Int64() - tol
 			checked++
 			if want > 0 {
