@@ -18,7 +18,10 @@ func TestImportGraph(t *testing.T) {
 		"limiter":         {},
 		"gateway/event":   {},
 		"gateway/publish": {"gateway/event"},
-		"gateway":         {"limiter", "gateway/event", "gateway/publish"},
+		// What a configuration says about limits, for the gateway and
+		// for the what-if and usage statements alike.
+		"gateway/plans": {"limiter"},
+		"gateway":       {"limiter", "gateway/event", "gateway/publish", "gateway/plans"},
 		// The Envoy rate limit door: a thin gRPC adapter on the gateway's
 		// exported enforcement step (gateway.Enforce).
 		"gateway/envoyrls": {"gateway", "limiter"},
@@ -93,6 +96,7 @@ func TestThirdPartyImports(t *testing.T) {
 	allowed := map[string][]string{
 		"limiter":         {"github.com/redis/go-redis/v9"},
 		"gateway/event":   {"google.golang.org/protobuf/encoding/protowire"},
+		"gateway/plans":   {},
 		"gateway/publish": {"github.com/twmb/franz-go/", "github.com/prometheus/client_golang/"},
 		// brotli and zstd: the gateway decodes the request bodies it reads
 		// for _method and API keys as upstreams inflate them.
@@ -126,6 +130,20 @@ func TestThirdPartyImports(t *testing.T) {
 			if !ok {
 				t.Errorf("%s imports %s; the policy allows only %v", pkg, imp, may)
 			}
+		}
+	}
+}
+
+// TestReadersLinkNoGateway: the consumer and analytics read the gateway's
+// contracts (the event, the plans), never its HTTP server.
+func TestReadersLinkNoGateway(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "./cmd/analytics", "./cmd/consumer").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.Contains(dep, "labstack") || dep == "github.com/edgelimit/edgelimit/gateway" {
+			t.Errorf("cmd/analytics or cmd/consumer links %s", dep)
 		}
 	}
 }

@@ -11,25 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgelimit/edgelimit/gateway/plans"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
 // ErrInvalidConfig wraps every problem Validate reports.
 var ErrInvalidConfig = errors.New("invalid gateway config")
-
-// FailurePolicy says what a rule does while the shared store is unavailable.
-type FailurePolicy string
-
-// Failure policies.
-const (
-	// FailOpen allows the request and counts it as fail-open.
-	FailOpen FailurePolicy = "open"
-	// FailClosed answers 503 with a Retry-After.
-	FailClosed FailurePolicy = "closed"
-	// FailLocal enforces this gateway's share of the limit (limit ÷
-	// Config.ExpectedGateways) in memory until the store returns.
-	FailLocal FailurePolicy = "local"
-)
 
 // UnknownKey says what happens to a request with an API key the
 // configuration does not know.
@@ -197,80 +184,24 @@ type Config struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 }
 
-// Plan is a named list of rules.
-type Plan struct {
-	Rules []Rule `yaml:"rules"`
-}
+// The plan, rule, key and route types are gateway/plans', where readers
+// that are no gateway (the what-if, usage statements) find them without
+// the HTTP server.
+type (
+	FailurePolicy = plans.FailurePolicy
+	Plan          = plans.Plan
+	Rule          = plans.Rule
+	APIKey        = plans.APIKey
+	Override      = plans.Override
+	Route         = plans.Route
+)
 
-// Rule is one limit of a plan: the limiter's rule (name, limit, period,
-// burst, algorithm, shadow; see limiter.Rule) and what to do when the
-// shared store cannot check it.
-type Rule struct {
-	limiter.Rule `yaml:",inline"`
-	// FailurePolicy overrides Config.FailurePolicy for this rule.
-	FailurePolicy FailurePolicy `yaml:"failure_policy"`
-}
-
-// APIKey is a known API key. The file holds its SHA-256, never the key.
-type APIKey struct {
-	// ID names the key in the limiter's keys and, when set, in decision
-	// events (key_name), so analysts see which customer a key is; default
-	// the first 16 hex digits of SHA256, which events do not carry. It is
-	// not secret.
-	ID string `yaml:"id"`
-	// SHA256 is the hex SHA-256 of the raw key.
-	SHA256 string `yaml:"sha256"`
-	// Plan limits the key.
-	Plan string `yaml:"plan"`
-	// Overrides replace parts of the plan's rules for this key, by rule name.
-	Overrides map[string]Override `yaml:"overrides"`
-}
-
-// Override changes one rule of a plan for one key; zero fields keep the
-// plan's value.
-type Override struct {
-	Limit  int64         `yaml:"limit"`
-	Period time.Duration `yaml:"period"`
-	Burst  int64         `yaml:"burst"`
-}
-
-// Route sends matching requests to an upstream.
-type Route struct {
-	// Name labels the route in metrics and events; default PathPrefix.
-	Name string `yaml:"name"`
-	// PathPrefix matches whole path segments: "/v1/users" matches
-	// "/v1/users" and "/v1/users/7" but not "/v1/users2"; a prefix ending
-	// in "/" matches anything below it.
-	PathPrefix string `yaml:"path_prefix"`
-	// Methods restricts the route; default any method but TRACE and
-	// TRACK, which get 405 unless the route lists them.
-	Methods []string `yaml:"methods"`
-	// Upstream names an entry of Config.Upstreams.
-	Upstream string `yaml:"upstream"`
-	// Plan, when set, limits every caller of this route by this plan, in a
-	// bucket of its own per caller and route, instead of the caller's plan.
-	Plan string `yaml:"plan"`
-	// Cost is how many units one request uses; default 1.
-	Cost int64 `yaml:"cost"`
-	// Exempt routes are proxied without any limit check (no limiter call,
-	// no rate-limit headers, no event), e.g. health checks.
-	Exempt bool `yaml:"exempt"`
-	// Upgrades are the protocols a request may switch to ("Connection:
-	// upgrade" with "Upgrade: websocket"), e.g. [websocket]; default none:
-	// such a request gets 400. A tunnel is charged once, as one request of
-	// the route's cost, and is closed after TunnelMaxDuration.
-	Upgrades []string `yaml:"upgrades"`
-	// TunnelMaxDuration bounds the lifetime of an upgraded connection;
-	// default DefaultTunnelMaxDuration (1h). The listener's read and write
-	// timeouts do not apply to a tunnel.
-	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
-	// ReadIdle and WriteIdle replace timeouts.read and timeouts.write, the
-	// idle bounds of a proxied exchange, for this route: e.g. a longer
-	// write bound for a stream whose events come minutes apart, a shorter
-	// read bound for an upload endpoint. Zero: the listener's.
-	ReadIdle  time.Duration `yaml:"read_idle"`
-	WriteIdle time.Duration `yaml:"write_idle"`
-}
+// Failure policies (plans.FailOpen …).
+const (
+	FailOpen   = plans.FailOpen
+	FailClosed = plans.FailClosed
+	FailLocal  = plans.FailLocal
+)
 
 // Upstream is a service behind the gateway.
 type Upstream struct {
@@ -410,15 +341,7 @@ func (c Config) WithDefaults() Config {
 	if len(c.Routes) > 0 {
 		routes := slices.Clone(c.Routes)
 		for i := range routes {
-			if routes[i].Name == "" {
-				routes[i].Name = routes[i].PathPrefix
-			}
-			if routes[i].Cost == 0 {
-				routes[i].Cost = 1
-			}
-			if routes[i].TunnelMaxDuration == 0 {
-				routes[i].TunnelMaxDuration = DefaultTunnelMaxDuration
-			}
+			routes[i] = routes[i].WithDefaults()
 		}
 		c.Routes = routes
 	}
@@ -640,7 +563,7 @@ func (c Config) Validate() error {
 		}
 	}
 
-	if err := c.FailurePolicy.validate(); err != nil {
+	if err := validPolicy(c.FailurePolicy); err != nil {
 		bad("failure_policy", "%v", err)
 	}
 	if c.ExpectedGateways < 1 {
@@ -708,14 +631,14 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 			bad(rf, "%v", err)
 		}
 		if r.FailurePolicy != "" {
-			if err := r.FailurePolicy.validate(); err != nil {
+			if err := validPolicy(r.FailurePolicy); err != nil {
 				bad(rf+".failure_policy", "%v", err)
 			}
 		}
 	}
 }
 
-func (p FailurePolicy) validate() error {
+func validPolicy(p FailurePolicy) error {
 	switch p {
 	case FailOpen, FailClosed, FailLocal:
 		return nil

@@ -6,13 +6,15 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/edgelimit/edgelimit/gateway/plans"
 )
 
 // probUpgrade is the problem type of an upgrade a route does not allow.
 const probUpgrade = "urn:edgelimit:problem:upgrade-not-allowed"
 
 // DefaultTunnelMaxDuration bounds an upgraded connection's lifetime.
-const DefaultTunnelMaxDuration = time.Hour
+const DefaultTunnelMaxDuration = plans.DefaultTunnelMaxDuration
 
 // upgradeOf is the protocol a request asks to switch to, lower-cased, or
 // "" when it asks for none. Like httputil.ReverseProxy, only an Upgrade

@@ -17,7 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/plans"
 	"github.com/edgelimit/edgelimit/internal/boot"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -143,13 +143,13 @@ func readCurrent(path, key string) (*currentWindow, error) {
 		return nil, fmt.Errorf("-rules: %w", err)
 	}
 	var doc struct {
-		Plans   map[string]gateway.Plan `yaml:"plans"`
-		APIKeys []gateway.APIKey        `yaml:"api_keys"`
+		Plans   map[string]plans.Plan `yaml:"plans"`
+		APIKeys []plans.APIKey        `yaml:"api_keys"`
 	}
 	if err := yaml.Unmarshal(text, &doc); err != nil {
 		return nil, fmt.Errorf("%w: -rules %s: %w", errUsage, path, err)
 	}
-	i := slices.IndexFunc(doc.APIKeys, func(k gateway.APIKey) bool { return k.ID == key })
+	i := slices.IndexFunc(doc.APIKeys, func(k plans.APIKey) bool { return k.ID == key })
 	if i < 0 {
 		return nil, fmt.Errorf("%w: -period current: no api_keys entry with id %q in %s (the current window is an API key's, by its id)", errUsage, key, path)
 	}

@@ -12,7 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/gateway"
+	"github.com/edgelimit/edgelimit/gateway/plans"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -26,9 +26,9 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	// Strict below plans: and routes:, with the file's own line numbers;
 	// the inline map takes the rest of a gateway file unread.
 	var doc struct {
-		Plans  map[string]gateway.Plan `yaml:"plans"`
-		Routes []gateway.Route         `yaml:"routes"`
-		Rest   map[string]yaml.Node    `yaml:",inline"`
+		Plans  map[string]plans.Plan `yaml:"plans"`
+		Routes []plans.Route         `yaml:"routes"`
+		Rest   map[string]yaml.Node  `yaml:",inline"`
 	}
 	if err := strict([]byte(rules), &doc); err != nil {
 		return analytics.Proposal{}, fmt.Errorf("rules: %w", err)
@@ -36,9 +36,9 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	if doc.Plans == nil {
 		return analytics.Proposal{}, errors.New("rules: no plans: section (the gateway's syntax: plans: {NAME: {rules: [...]}})")
 	}
-	plans, routes := doc.Plans, doc.Routes
+	byName, routes := doc.Plans, doc.Routes
 	p := analytics.Proposal{Plans: map[string][]limiter.Rule{}, Routes: map[string]analytics.ProposedRoute{}}
-	for name, plan := range plans {
+	for name, plan := range byName {
 		rs := make([]limiter.Rule, 0, len(plan.Rules))
 		for _, r := range plan.Rules {
 			rs = append(rs, r.Rule)
@@ -46,7 +46,8 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 		p.Plans[name] = rs
 	}
 	// The gateway's defaults: a route is named by its prefix and costs 1.
-	for _, rt := range (gateway.Config{Routes: routes}).WithDefaults().Routes {
+	for _, rt := range routes {
+		rt = rt.WithDefaults()
 		if rt.Exempt {
 			continue // never limited, never in the decisions
 		}
@@ -54,8 +55,8 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	}
 	if strings.TrimSpace(change) != "" {
 		var c struct {
-			Plan         string `yaml:"plan"`
-			gateway.Rule `yaml:",inline"`
+			Plan       string `yaml:"plan"`
+			plans.Rule `yaml:",inline"`
 		}
 		if err := strict([]byte(change), &c); err != nil {
 			return analytics.Proposal{}, fmt.Errorf("change: %w", err)

@@ -1,0 +1,118 @@
+// Package plans holds what a gateway configuration says about limits:
+// plans of rules, their failure policies, API keys with their overrides,
+// and routes. The gateway enforces them; the what-if and usage statements
+// read them from the same file, without the HTTP server.
+package plans
+
+import (
+	"time"
+
+	"github.com/edgelimit/edgelimit/limiter"
+)
+
+// FailurePolicy says what a rule does while the shared store is unavailable.
+type FailurePolicy string
+
+// Failure policies.
+const (
+	// FailOpen allows the request and counts it as fail-open.
+	FailOpen FailurePolicy = "open"
+	// FailClosed answers 503 with a Retry-After.
+	FailClosed FailurePolicy = "closed"
+	// FailLocal enforces this gateway's share of the limit (limit ÷
+	// the gateway's expected_gateways) in memory until the store returns.
+	FailLocal FailurePolicy = "local"
+)
+
+// DefaultTunnelMaxDuration bounds an upgraded connection's lifetime.
+const DefaultTunnelMaxDuration = time.Hour
+
+// Plan is a named list of rules.
+type Plan struct {
+	Rules []Rule `yaml:"rules"`
+}
+
+// Rule is one limit of a plan: the limiter's rule (name, limit, period,
+// burst, algorithm, shadow; see limiter.Rule) and what to do when the
+// shared store cannot check it.
+type Rule struct {
+	limiter.Rule `yaml:",inline"`
+	// FailurePolicy overrides the gateway's failure_policy for this rule.
+	FailurePolicy FailurePolicy `yaml:"failure_policy"`
+}
+
+// APIKey is a known API key. The file holds its SHA-256, never the key.
+type APIKey struct {
+	// ID names the key in the limiter's keys and, when set, in decision
+	// events (key_name), so analysts see which customer a key is; default
+	// the first 16 hex digits of SHA256, which events do not carry. It is
+	// not secret.
+	ID string `yaml:"id"`
+	// SHA256 is the hex SHA-256 of the raw key.
+	SHA256 string `yaml:"sha256"`
+	// Plan limits the key.
+	Plan string `yaml:"plan"`
+	// Overrides replace parts of the plan's rules for this key, by rule name.
+	Overrides map[string]Override `yaml:"overrides"`
+}
+
+// Override changes one rule of a plan for one key; zero fields keep the
+// plan's value.
+type Override struct {
+	Limit  int64         `yaml:"limit"`
+	Period time.Duration `yaml:"period"`
+	Burst  int64         `yaml:"burst"`
+}
+
+// Route sends matching requests to an upstream.
+type Route struct {
+	// Name labels the route in metrics and events; default PathPrefix.
+	Name string `yaml:"name"`
+	// PathPrefix matches whole path segments: "/v1/users" matches
+	// "/v1/users" and "/v1/users/7" but not "/v1/users2"; a prefix ending
+	// in "/" matches anything below it.
+	PathPrefix string `yaml:"path_prefix"`
+	// Methods restricts the route; default any method but TRACE and
+	// TRACK, which get 405 unless the route lists them.
+	Methods []string `yaml:"methods"`
+	// Upstream names an entry of the gateway's upstreams.
+	Upstream string `yaml:"upstream"`
+	// Plan, when set, limits every caller of this route by this plan, in a
+	// bucket of its own per caller and route, instead of the caller's plan.
+	Plan string `yaml:"plan"`
+	// Cost is how many units one request uses; default 1.
+	Cost int64 `yaml:"cost"`
+	// Exempt routes are proxied without any limit check (no limiter call,
+	// no rate-limit headers, no event), e.g. health checks.
+	Exempt bool `yaml:"exempt"`
+	// Upgrades are the protocols a request may switch to ("Connection:
+	// upgrade" with "Upgrade: websocket"), e.g. [websocket]; default none:
+	// such a request gets 400. A tunnel is charged once, as one request of
+	// the route's cost, and is closed after TunnelMaxDuration.
+	Upgrades []string `yaml:"upgrades"`
+	// TunnelMaxDuration bounds the lifetime of an upgraded connection;
+	// default DefaultTunnelMaxDuration (1h). The listener's read and write
+	// timeouts do not apply to a tunnel.
+	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
+	// ReadIdle and WriteIdle replace timeouts.read and timeouts.write, the
+	// idle bounds of a proxied exchange, for this route: e.g. a longer
+	// write bound for a stream whose events come minutes apart, a shorter
+	// read bound for an upload endpoint. Zero: the listener's.
+	ReadIdle  time.Duration `yaml:"read_idle"`
+	WriteIdle time.Duration `yaml:"write_idle"`
+}
+
+// WithDefaults is r with its defaults: named by its prefix, a cost of 1,
+// tunnels bounded by DefaultTunnelMaxDuration.
+func (r Route) WithDefaults() Route {
+	if r.Name == "" {
+		r.Name = r.PathPrefix
+	}
+	if r.Cost == 0 {
+		r.Cost = 1
+	}
+	if r.TunnelMaxDuration == 0 {
+		r.TunnelMaxDuration = DefaultTunnelMaxDuration
+	}
+	return r
+}
