@@ -48,8 +48,31 @@ type Call struct {
 	Descriptor []DescriptorEntry
 }
 
+// Outcome is what became of a Call, for an entry point that answers in
+// another protocol than HTTP (the Envoy door maps it to gRPC).
+type Outcome int
+
+// Outcomes of a Call.
+const (
+	// Allowed: the request may proceed (shadow rules and failing open
+	// included).
+	Allowed Outcome = iota
+	// OverLimit: a rule denied it, or it could not be decided as sent
+	// (Refuse).
+	OverLimit
+	// FailedClosed: the store was unavailable and a rule's failure policy
+	// refused it.
+	FailedClosed
+	// Canceled: the caller went away before a decision.
+	Canceled
+	// Refused: the limiter refused the call's input (its rules or cost).
+	Refused
+)
+
 // Verdict is the enforcement step's answer to a Call.
 type Verdict struct {
+	// Outcome is what became of the call; Status says the same in HTTP.
+	Outcome Outcome
 	// Status is what an HTTP entry point would answer: 200 allowed, 429
 	// over a limit, 503 failed closed, 499 the caller went away, 500 the
 	// limiter refused its input.
@@ -87,6 +110,18 @@ func (g *Gateway) Enforce(ctx context.Context, c Call, h http.Header) Verdict {
 	a := answerFor(h, v, st)
 	out := Verdict{Status: a.status, Allowed: v.allowed && !v.canceled && v.err == nil, Decision: v.d, Known: v.known,
 		Rules: v.rules, Mode: v.mode, Store: v.store, RetryAfter: a.retryAfter}
+	switch {
+	case v.canceled:
+		out.Outcome = Canceled
+	case v.err != nil:
+		out.Outcome = Refused
+	case out.Allowed:
+		out.Outcome = Allowed
+	case a.status == http.StatusServiceUnavailable:
+		out.Outcome = FailedClosed
+	default:
+		out.Outcome = OverLimit
+	}
 	if a.problem != nil {
 		p := *a.problem
 		if p.Title == "" {
@@ -128,5 +163,5 @@ func (g *Gateway) Refuse(c Call, detail string) Verdict {
 	g.count(v)
 	p := problem{Type: probUndecidable, Status: http.StatusTooManyRequests, Title: http.StatusText(http.StatusTooManyRequests), Detail: detail}
 	body, _ := json.Marshal(p)
-	return Verdict{Status: p.Status, Mode: v.mode, Store: v.store, Detail: detail, Problem: body}
+	return Verdict{Outcome: OverLimit, Status: p.Status, Mode: v.mode, Store: v.store, Detail: detail, Problem: body}
 }

@@ -543,13 +543,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
 		Domain: dom.name, Descriptor: eventDescriptor(all, picks, s.dropped),
 	}, h)
-	switch v.Status {
-	case 499:
+	switch v.Outcome {
+	case gateway.Canceled:
 		return nil, status.Error(codes.Canceled, "the caller went away before a decision")
-	case http.StatusInternalServerError:
+	case gateway.Refused:
 		return s.undecidable(snap, dom, len(descs), codes.Internal, "the limiter refused its input")
-	}
-	if !v.Allowed {
+	case gateway.OverLimit, gateway.FailedClosed:
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	// One allocation for the statuses and one for their durations.
