@@ -2,16 +2,17 @@ package envoyrls
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -21,7 +22,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/edgelimit/edgelimit/gateway"
 	"github.com/edgelimit/edgelimit/limiter"
@@ -293,18 +293,66 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if len(descs) > MaxDescriptors {
 		return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("%d descriptors, at most %d", len(descs), MaxDescriptors))
 	}
+	all, clientIP, err := resolve(cfg, dom, descs)
+	var u undecidableInput
+	if errors.As(err, &u) {
+		return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, string(u))
+	}
+	if err != nil {
+		return nil, err
+	}
+	c := checkOf(cfg, dom, descs, all, req.GetHitsAddend())
+	if c.blocked || len(c.rules) == 0 {
+		// requests_per_unit: 0 is ratelimit's block list: over the limit
+		// whatever the count, so no store call; all-or-nothing, nothing
+		// else is checked or consumed.
+		for i, p := range c.picks {
+			resp.Statuses[i] = unchecked(p)
+			if p.blocked {
+				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+				resp.Statuses[i].Code, resp.Statuses[i].CurrentLimit = rlsv3.RateLimitResponse_OVER_LIMIT, p.current
+			}
+		}
+		return resp, nil
+	}
+	h := http.Header{}
+	v := s.g.Enforce(ctx, gateway.Call{
+		Key: dom.tag, Identity: identity(dom, all), ClientIP: clientIP,
+		Plan: dom.name, Rules: c.rules, Cost: c.cost,
+		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
+		Domain: dom.name, Descriptor: eventDescriptor(all, c.picks, s.dropped),
+	}, h)
+	switch v.Outcome {
+	case gateway.Canceled:
+		return nil, status.Error(codes.Canceled, "the caller went away before a decision")
+	case gateway.Refused:
+		return s.undecidable(snap, dom, len(descs), codes.Internal, "the limiter refused its input")
+	case gateway.OverLimit, gateway.FailedClosed:
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	answer(resp, cfg, c, v, h)
+	return resp, nil
+}
 
-	// Resolve each descriptor to its limit, as ratelimit's GetLimit does.
-	all := make([]resolved, len(descs))
-	var replacing map[string]bool // limit names other limits replace
-	var clientIP string
+// undecidableInput is a request resolve cannot decide as sent; it says
+// why.
+type undecidableInput string
+
+func (u undecidableInput) Error() string { return string(u) }
+
+// resolve finds each descriptor's limit, as ratelimit's GetLimit does,
+// and the caller's address when a remote_address entry names one. A
+// request it cannot decide as sent is an undecidableInput; an override
+// the configuration refuses, a gRPC error.
+func resolve(cfg Config, dom *domain, descs []*commonv3.RateLimitDescriptor) (all []resolved, clientIP string, err error) {
 	n := 0
 	for i, d := range descs {
 		if len(d.GetEntries()) > MaxEntries {
-			return s.undecidable(snap, dom, len(descs), codes.InvalidArgument, fmt.Sprintf("descriptor %d: %d entries, at most %d", i, len(d.GetEntries()), MaxEntries))
+			return nil, "", undecidableInput(fmt.Sprintf("descriptor %d: %d entries, at most %d", i, len(d.GetEntries()), MaxEntries))
 		}
 		n += len(d.GetEntries())
 	}
+	all = make([]resolved, len(descs))
 	flat := make([]entry, n) // every descriptor's entries, in one allocation
 	for i, d := range descs {
 		es := d.GetEntries()
@@ -327,11 +375,30 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if o := d.GetLimit(); o != nil {
 			switch cfg.LimitOverrides {
 			case OverridesReject:
-				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: limit overrides are refused by this rate limit service", i)
+				return nil, "", status.Errorf(codes.InvalidArgument, "descriptor %d: limit overrides are refused by this rate limit service", i)
 			case OverridesHonor:
 				f.lim, f.override = overrideLimit(dom.name, n, o), true
 			}
 		}
+		all[i] = f
+	}
+	return all, clientIP, nil
+}
+
+// check is what a request asks the store: its rules, one per distinct
+// bucket, each with its cost, and what each descriptor resolved to.
+type check struct {
+	rules   []gateway.Rule
+	picks   []pick
+	cost    int64
+	blocked bool // a descriptor's limit is 0: refused without a store call
+}
+
+// checkOf turns the resolved descriptors into the check. Replaced and
+// unlimited descriptors are not checked.
+func checkOf(cfg Config, dom *domain, descs []*commonv3.RateLimitDescriptor, all []resolved, hits uint32) check {
+	var replacing map[string]bool // limit names other limits replace
+	for _, f := range all {
 		if f.lim != nil && len(f.lim.replaces) > 0 {
 			if replacing == nil {
 				replacing = map[string]bool{}
@@ -340,20 +407,13 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				replacing[r] = true
 			}
 		}
-		all[i] = f
 	}
-
-	// Replaced and unlimited descriptors are not checked; the rest become
-	// rules, one per distinct bucket.
-	picks := make([]pick, len(descs))
-	rules := make([]gateway.Rule, 0, min(len(descs), limiter.MaxRules))
 	// The call's cost is the request's hits_addend (events and metrics
 	// count it); a descriptor's own hits_addend is its rule's cost, all
 	// decided in the one atomic check.
-	cost := int64(max(1, req.GetHitsAddend()))
+	c := check{picks: make([]pick, len(descs)), rules: make([]gateway.Rule, 0, min(len(descs), limiter.MaxRules)), cost: int64(max(1, hits))}
 	// rules[j] is charged charges[j] and given back gives[j] (is_negative_hits).
-	charges, gives := make([]int64, 0, cap(rules)), make([]int64, 0, cap(rules))
-	blocked := -1 // a descriptor whose limit is 0
+	charges, gives := make([]int64, 0, cap(c.rules)), make([]int64, 0, cap(c.rules))
 	for i, f := range all {
 		p := pick{rule: -1}
 		switch {
@@ -368,23 +428,23 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			// never blocks.
 			p.current = f.lim.current()
 			if !f.lim.shadow && !cfg.ShadowMode {
-				p.blocked, blocked = true, i
+				p.blocked, c.blocked = true, true
 			}
 		default:
 			rule := cfg.bucketRule(dom.name, f)
-			j := slices.IndexFunc(rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
+			j := slices.IndexFunc(c.rules, func(r gateway.Rule) bool { return r.Bucket == rule.Bucket })
 			if j < 0 {
-				j = len(rules)
-				rules = append(rules, rule)
+				j = len(c.rules)
+				c.rules = append(c.rules, rule)
 			}
 			p.rule = j
 			p.current = f.lim.current()
-			c := cost
+			cost := c.cost
 			if h := descs[i].GetHitsAddend(); h != nil {
 				// Charged in full: a cut-down cost could fit under a limit
 				// (up to 2^32) the real one exceeds. Values past 2^53 (exact
 				// in the script's doubles) exceed every limit all the same.
-				c = int64(min(max(1, h.GetValue()), limiter.MaxCost))
+				cost = int64(min(max(1, h.GetValue()), limiter.MaxCost))
 			}
 			// Two descriptors of one bucket are one rule, charged once: at
 			// the higher cost, so neither is charged less than it asked;
@@ -394,95 +454,15 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				charges, gives = append(charges, 0), append(gives, 0)
 			}
 			if descs[i].GetIsNegativeHits() {
-				gives[j] = max(gives[j], c)
+				gives[j] = max(gives[j], cost)
 			} else {
-				charges[j] = max(charges[j], c)
+				charges[j] = max(charges[j], cost)
 			}
 		}
-		picks[i] = p
+		c.picks[i] = p
 	}
-	if blocked >= 0 {
-		// requests_per_unit: 0 is ratelimit's block list: over the limit
-		// whatever the count, so no store call; all-or-nothing, nothing
-		// else is checked or consumed.
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		for i, p := range picks {
-			resp.Statuses[i] = unchecked(p)
-			if p.blocked {
-				resp.Statuses[i].Code, resp.Statuses[i].CurrentLimit = rlsv3.RateLimitResponse_OVER_LIMIT, p.current
-			}
-		}
-		return resp, nil
+	if !c.blocked {
+		c.rules = charged(c.rules, charges, gives, c.cost, c.picks)
 	}
-	rules = charged(rules, charges, gives, cost, picks)
-	if len(rules) == 0 {
-		for i, p := range picks {
-			resp.Statuses[i] = unchecked(p)
-		}
-		return resp, nil
-	}
-
-	h := http.Header{}
-	v := s.g.Enforce(ctx, gateway.Call{
-		Key: dom.tag, Identity: identity(dom, all), ClientIP: clientIP,
-		Plan: dom.name, Rules: rules, Cost: cost,
-		Route: "envoy:" + dom.name, Method: "ShouldRateLimit",
-		Domain: dom.name, Descriptor: eventDescriptor(all, picks, s.dropped),
-	}, h)
-	switch v.Outcome {
-	case gateway.Canceled:
-		return nil, status.Error(codes.Canceled, "the caller went away before a decision")
-	case gateway.Refused:
-		return s.undecidable(snap, dom, len(descs), codes.Internal, "the limiter refused its input")
-	case gateway.OverLimit, gateway.FailedClosed:
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	// One allocation for the statuses and one for their durations.
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(picks))
-	durs := make([]durationpb.Duration, len(picks))
-	for i, p := range picks {
-		if p.rule < 0 {
-			resp.Statuses[i] = unchecked(p)
-			continue
-		}
-		st := &sts[i]
-		st.Code, st.CurrentLimit = rlsv3.RateLimitResponse_OK, p.current
-		rr, ok := result(v, rules[p.rule].Bucket)
-		switch {
-		case ok:
-			if !rr.Allowed && !rr.Rule.Shadow {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
-			st.LimitRemaining = uint32(min(max(0, rr.Remaining), math.MaxUint32))
-			d := &durs[i]
-			d.Seconds, d.Nanos = int64(rr.ResetAfter/time.Second), int32(rr.ResetAfter%time.Second)
-			st.DurationUntilReset = d
-		case !v.Known && !v.Allowed:
-			// Failed closed: every checked descriptor refuses.
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		}
-		resp.Statuses[i] = st
-	}
-	if !v.Allowed && len(v.Problem) > 0 && *cfg.ProblemBody {
-		// Envoy sends raw_body as the 429's body: the same problem the
-		// HTTP door answers, naming the violated descriptors.
-		resp.RawBody = v.Problem
-		h["Content-Type"] = []string{"application/problem+json"}
-	}
-	if *cfg.ResponseHeaders {
-		n := 0
-		for _, vs := range h {
-			n += len(vs)
-		}
-		hvs := make([]corev3.HeaderValue, 0, n)
-		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, 0, n)
-		for k, vs := range h {
-			for _, val := range vs {
-				hvs = append(hvs, corev3.HeaderValue{Key: lowerName(k), Value: val})
-				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &hvs[len(hvs)-1])
-			}
-		}
-		sortHeaders(resp.ResponseHeadersToAdd)
-	}
-	return resp, nil
+	return c
 }
