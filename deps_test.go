@@ -1,8 +1,12 @@
 package edgelimit_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -144,6 +148,30 @@ func TestReadersLinkNoGateway(t *testing.T) {
 	for _, dep := range strings.Fields(string(out)) {
 		if strings.Contains(dep, "labstack") || dep == "github.com/edgelimit/edgelimit/gateway" {
 			t.Errorf("cmd/analytics or cmd/consumer links %s", dep)
+		}
+	}
+}
+
+// TestRoomsStaySmall: no source file of the gateway, the consumer or
+// analytics grows past 600 lines; one that does holds more than one
+// concern and is split by it.
+func TestRoomsStaySmall(t *testing.T) {
+	for _, dir := range []string{"gateway", "consumer", "analytics"} {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if n := bytes.Count(b, []byte("\n")); n > 600 {
+				t.Errorf("%s has %d lines, over 600", path, n)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }
