@@ -219,20 +219,12 @@ func withWholes(rules []Rule) []Rule {
 }
 
 // joinWholes folds the decision d of withWholes(rules) into one result
-// per share: a share admits when it and its whole do, has what both have
-// left, and waits for both.
+// per share, of it and its whole (see both).
 func joinWholes(d Decision, rules []Rule) Decision {
 	n := len(rules)
 	rr := make([]RuleResult, n)
 	for i, r := range rules {
-		s, w := d.Rules[i], d.Rules[n+i]
-		rr[i] = RuleResult{
-			Rule:       r,
-			Allowed:    s.Allowed && w.Allowed,
-			Remaining:  min(s.Remaining, w.Remaining),
-			RetryAfter: max(s.RetryAfter, w.RetryAfter),
-			ResetAfter: max(s.ResetAfter, w.ResetAfter),
-		}
+		rr[i] = both(r, d.Rules[i], d.Rules[n+i])
 	}
 	out := decide(rr)
 	out.Time, out.Reason, out.Cached = d.Time, d.Reason, d.Cached

@@ -447,6 +447,19 @@ func (d Decision) Violated() []RuleResult {
 	return out
 }
 
+// both is rule's result where it was checked in two places, a and b (a
+// share and its whole; a bucket and its previous container): it admits
+// when both do, has what both have left, and waits for both.
+func both(rule Rule, a, b RuleResult) RuleResult {
+	return RuleResult{
+		Rule:       rule,
+		Allowed:    a.Allowed && b.Allowed,
+		Remaining:  min(a.Remaining, b.Remaining),
+		RetryAfter: max(a.RetryAfter, b.RetryAfter),
+		ResetAfter: max(a.ResetAfter, b.ResetAfter),
+	}
+}
+
 // decide fills Allowed and Binding from the per-rule results.
 func decide(rr []RuleResult) Decision {
 	d := Decision{Allowed: true, Rules: rr, Binding: -1}

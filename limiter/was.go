@@ -35,23 +35,15 @@ func withWas(rules []Rule) (out []Rule, was []int) {
 }
 
 // joinWas folds the decision d of withWas(rules) into one result per
-// rule: a rule admits when both of its containers do, has what both have
-// left, and waits for both.
+// rule (see both).
 func joinWas(d Decision, rules []Rule, was []int) Decision {
 	rr := make([]RuleResult, len(rules))
 	copy(rr, d.Rules[:len(rules)])
-	for k, i := range was {
-		a, b := rr[i], d.Rules[len(rules)+k]
-		rr[i] = RuleResult{
-			Rule:       rules[i],
-			Allowed:    a.Allowed && b.Allowed,
-			Remaining:  min(a.Remaining, b.Remaining),
-			RetryAfter: max(a.RetryAfter, b.RetryAfter),
-			ResetAfter: max(a.ResetAfter, b.ResetAfter),
-		}
-	}
 	for i := range rr {
 		rr[i].Rule = rules[i]
+	}
+	for k, i := range was {
+		rr[i] = both(rules[i], rr[i], d.Rules[len(rules)+k])
 	}
 	out := decide(rr)
 	out.Time, out.Reason, out.Cached = d.Time, d.Reason, d.Cached
