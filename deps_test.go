@@ -25,7 +25,10 @@ func TestImportGraph(t *testing.T) {
 		// What a configuration says about limits, for the gateway and
 		// for the what-if and usage statements alike.
 		"gateway/plans": {"limiter"},
-		"gateway":       {"limiter", "gateway/event", "gateway/publish", "gateway/plans"},
+		// How the frameworks behind the gateway read a request's fields,
+		// in its query and its body.
+		"gateway/bodyscan": {},
+		"gateway":          {"limiter", "gateway/event", "gateway/publish", "gateway/plans", "gateway/bodyscan"},
 		// The Envoy rate limit door: a thin gRPC adapter on the gateway's
 		// exported enforcement step (gateway.Enforce).
 		"gateway/envoyrls": {"gateway", "limiter"},
@@ -102,9 +105,10 @@ func TestThirdPartyImports(t *testing.T) {
 		"gateway/event":   {"google.golang.org/protobuf/encoding/protowire"},
 		"gateway/plans":   {},
 		"gateway/publish": {"github.com/twmb/franz-go/", "github.com/prometheus/client_golang/"},
-		// brotli and zstd: the gateway decodes the request bodies it reads
-		// for _method and API keys as upstreams inflate them.
-		"gateway": {"github.com/labstack/echo/v4", "github.com/prometheus/client_golang/", "github.com/andybalholm/brotli", "github.com/klauspost/compress/zstd"},
+		// brotli and zstd: the body scanner decodes the request bodies it
+		// reads for _method and API keys as upstreams inflate them.
+		"gateway/bodyscan": {"github.com/andybalholm/brotli", "github.com/klauspost/compress/zstd"},
+		"gateway":          {"github.com/labstack/echo/v4", "github.com/prometheus/client_golang/"},
 		// gRPC and Envoy's API types live in their own subpackage, so the
 		// HTTP gateway (and everything that imports it) does not carry them.
 		"gateway/envoyrls": {"google.golang.org/grpc", "github.com/envoyproxy/go-control-plane/envoy", "google.golang.org/protobuf/", "github.com/prometheus/client_golang/", "go.yaml.in/yaml/v3"},

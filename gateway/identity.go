@@ -4,11 +4,11 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/edgelimit/edgelimit/gateway/bodyscan"
 	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -120,7 +120,7 @@ func keyParams(cfg Config) []string {
 	var out []string
 	for _, p := range cfg.APIKeyParams {
 		if p != "-" {
-			out = append(out, paramName(p))
+			out = append(out, bodyscan.ParamName(p))
 		}
 	}
 	if !cfg.IgnoreBearer {
@@ -161,7 +161,7 @@ func apiKeyOf(h http.Header, rawQuery string, params []string, ignoreBearer bool
 		}
 	}
 	if rawQuery != "" && len(params) > 0 {
-		eachParam(rawQuery, params, key.add)
+		bodyscan.EachParam(rawQuery, params, key.add)
 	}
 	return key.v, !key.two
 }
@@ -207,81 +207,6 @@ func trimCredential(s string) string {
 		}
 		s = t
 	}
-}
-
-// eachParam calls fn with the decoded value of every query parameter
-// named one of names (normalised by paramName). It splits on ';' as well
-// as '&' (Python before 3.9.2 and some Java stacks do) and reads an
-// undecodable escape as it stands: no spelling the gateway passes over
-// may reach the upstream as one of these parameters.
-func eachParam(rawQuery string, names []string, fn func(value string)) {
-	for rawQuery != "" {
-		var pair string
-		if i := strings.IndexAny(rawQuery, "&;"); i >= 0 {
-			pair, rawQuery = rawQuery[:i], rawQuery[i+1:]
-		} else {
-			pair, rawQuery = rawQuery, ""
-		}
-		name, value, _ := strings.Cut(pair, "=")
-		if !slices.Contains(names, paramName(name)) {
-			continue
-		}
-		fn(unescape(value))
-	}
-}
-
-// paramName is a query parameter's name as frameworks look it up:
-// percent-decoded, lower-cased (ASP.NET ignores case); as PHP names it,
-// leading spaces dropped, cut at a NUL (PHP passes names on as C
-// strings), '.', ' ' and '[' made '_', and an array's "name[…]" as name;
-// and as Rack 2 (Rails 6 and 7.0) does, brackets around it dropped:
-// "[_method]" and "api_key]" are plain parameters there.
-func paramName(raw string) string {
-	raw = unescape(raw)
-	raw = strings.TrimLeft(raw, " ")
-	if i := strings.IndexByte(raw, 0); i >= 0 {
-		raw = raw[:i]
-	}
-	raw = strings.TrimLeft(raw, "[]")
-	if i := strings.IndexByte(raw, '['); i > 0 && strings.HasSuffix(raw, "]") {
-		raw = raw[:i]
-	}
-	raw = strings.TrimRight(raw, "]")
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.', ' ', '[':
-			return '_'
-		}
-		return unicode.ToLower(r)
-	}, raw)
-}
-
-// unescape decodes a query or form component as frameworks do: '+' is a
-// space, each %XX its byte and (ASP.NET) each %uXXXX its character, and
-// an escape that is neither stands as sent. url.QueryUnescape gives up
-// on the whole string at one bad escape, where PHP and Python decode the
-// rest: "_method%00%zz" was no _method here, "_method" to PHP.
-func unescape(s string) string {
-	if !strings.ContainsAny(s, "%+") {
-		return s
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '+':
-			b = append(b, ' ')
-		case c == '%' && i+2 < len(s) && ishex(s[i+1]) && ishex(s[i+2]):
-			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
-			i += 2
-		case c == '%' && i+5 < len(s) && (s[i+1] == 'u' || s[i+1] == 'U') && ishex(s[i+2]) && ishex(s[i+3]) && ishex(s[i+4]) && ishex(s[i+5]):
-			r := rune(unhex(s[i+2]))<<12 | rune(unhex(s[i+3]))<<8 | rune(unhex(s[i+4]))<<4 | rune(unhex(s[i+5]))
-			b = utf8.AppendRune(b, r)
-			i += 5
-		default:
-			b = append(b, c)
-		}
-	}
-	return string(b)
 }
 
 // oneValue gathers the values of what should be one header: the one

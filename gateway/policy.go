@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgelimit/edgelimit/gateway/bodyscan"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -27,7 +28,7 @@ type state struct {
 	trusted   []*net.IPNet
 	strip     headerSet     // removed from untrusted peers' requests
 	keyParams []string      // query parameters that carry an API key
-	bodyNames []string      // overrideParams and keyParams: a body read for both (scanBody)
+	bodyNames []string      // bodyscan.OverrideParams and keyParams: a body read for both (scanBody)
 	jitter    time.Duration // the most jitter added to Retry-After
 
 	// authFailure limits failed authentication by address; nil: off.
@@ -132,7 +133,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 		st.trusted = append(st.trusted, n)
 	}
 	st.keyParams = keyParams(cfg)
-	st.bodyNames = append(slices.Clone(overrideParams), st.keyParams...)
+	st.bodyNames = append(slices.Clone(bodyscan.OverrideParams), st.keyParams...)
 	st.strip = newHeaderSet(append(slices.Clone(cfg.StripHeaders), cfg.UserHeader, ProxySecretHeader)...)
 	st.jitter = cfg.RetryJitter
 	return st, nil

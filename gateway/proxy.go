@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/edgelimit/edgelimit/gateway/bodyscan"
 )
 
 // upstream proxies to one service. It survives reloads that leave its
@@ -167,7 +169,7 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
 		writeProblem(w, problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Route: route,
 			Detail: "The request body is larger than this gateway accepts."})
-	case errors.As(bodyErr, new(*bodyRefusal)):
+	case errors.As(bodyErr, new(*bodyscan.Refusal)):
 		refuseBody(w, u.m, route, bodyErr)
 	case bodyErr != nil && isTimeout(bodyErr):
 		u.m.upstreamErrors.WithLabelValues(route, "client_body").Inc()
@@ -200,17 +202,28 @@ func (u *upstream) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // refuseBody answers a request whose body the gateway refused (a
-// *bodyRefusal), before or while it streamed upstream: after the
+// *bodyscan.Refusal), before or while it streamed upstream: after the
 // decision, so with its rate-limit headers, and counted by its reason.
 func refuseBody(w http.ResponseWriter, m *metrics, route string, err error) {
-	var refused *bodyRefusal
+	var refused *bodyscan.Refusal
 	if !errors.As(err, &refused) {
-		refused = errBodyMalformed
+		refused = bodyscan.ErrMalformed
 	}
-	m.rejected.WithLabelValues(refused.reason).Inc()
-	p := refused.problem
-	p.Route = route
-	writeProblem(w, p)
+	m.rejected.WithLabelValues(refused.Reason).Inc()
+	typ, ok := bodyProblems[refused.Reason]
+	if !ok {
+		typ = probBadRequest
+	}
+	writeProblem(w, problem{Type: typ, Status: refused.Status, Detail: refused.Detail, Route: route})
+}
+
+// bodyProblems are the problem types of the body refusals that are not
+// plain bad requests.
+var bodyProblems = map[string]string{
+	"ambiguous_key":        probBodyKey,
+	"body_too_large":       probBodyTooLarge,
+	"unsupported_charset":  probUnsupportedCharset,
+	"unsupported_encoding": probUnsupportedEncoding,
 }
 
 func isTimeout(err error) bool {

@@ -186,20 +186,25 @@ type violation struct {
 
 // Problem types.
 const (
-	probRateLimited   = "urn:edgelimit:problem:rate-limited"
-	probOverCapacity  = "urn:edgelimit:problem:cost-exceeds-capacity"
-	probUndecidable   = "urn:edgelimit:problem:undecidable-request"
-	probUnavailable   = "urn:edgelimit:problem:limiter-unavailable"
-	probUnknownKey    = "urn:edgelimit:problem:unknown-api-key"
-	probKeyRequired   = "urn:edgelimit:problem:api-key-required"
-	probNoRoute       = "urn:edgelimit:problem:no-route"
-	probBodyTooLarge  = "urn:edgelimit:problem:body-too-large"
-	probUpstreamDown  = "urn:edgelimit:problem:upstream-unavailable"
-	probUpstreamSlow  = "urn:edgelimit:problem:upstream-timeout"
-	probClientTimeout = "urn:edgelimit:problem:request-timeout"
-	probInternal      = "urn:edgelimit:problem:internal"
-	probBadRequest    = "urn:edgelimit:problem:bad-request"
-	probForbidden     = "urn:edgelimit:problem:forbidden"
+	probRateLimited  = "urn:edgelimit:problem:rate-limited"
+	probOverCapacity = "urn:edgelimit:problem:cost-exceeds-capacity"
+	probUndecidable  = "urn:edgelimit:problem:undecidable-request"
+	probUnavailable  = "urn:edgelimit:problem:limiter-unavailable"
+	probUnknownKey   = "urn:edgelimit:problem:unknown-api-key"
+	probKeyRequired  = "urn:edgelimit:problem:api-key-required"
+	probNoRoute      = "urn:edgelimit:problem:no-route"
+	probBodyTooLarge = "urn:edgelimit:problem:body-too-large"
+	// A body naming an API key the request was not charged to.
+	probBodyKey = "urn:edgelimit:problem:api-key-in-body"
+	// A body the gateway must read but cannot decode.
+	probUnsupportedEncoding = "urn:edgelimit:problem:unsupported-content-encoding"
+	probUnsupportedCharset  = "urn:edgelimit:problem:unsupported-charset"
+	probUpstreamDown        = "urn:edgelimit:problem:upstream-unavailable"
+	probUpstreamSlow        = "urn:edgelimit:problem:upstream-timeout"
+	probClientTimeout       = "urn:edgelimit:problem:request-timeout"
+	probInternal            = "urn:edgelimit:problem:internal"
+	probBadRequest          = "urn:edgelimit:problem:bad-request"
+	probForbidden           = "urn:edgelimit:problem:forbidden"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {

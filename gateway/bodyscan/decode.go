@@ -1,4 +1,4 @@
-package gateway
+package bodyscan
 
 import (
 	"bufio"
@@ -14,49 +14,6 @@ import (
 	"github.com/andybalholm/brotli"
 	"github.com/klauspost/compress/zstd"
 )
-
-// A bodyRefusal ends a scanned body before the upstream has it whole:
-// the scanner returns it in place of the body's last byte, and the client
-// gets its status with the rate-limit headers of the decision already
-// made (refuseBody).
-type bodyRefusal struct {
-	reason string // rejected_total's
-	problem
-}
-
-func (e *bodyRefusal) Error() string { return e.Detail }
-
-// The reasons a scanned body is refused.
-var (
-	// errMethodOverride: a POST's form or JSON names another route's method.
-	errMethodOverride = &bodyRefusal{"method_override", problem{Type: probBadRequest, Status: http.StatusBadRequest,
-		Detail: "The body names, as _method (or X-HTTP-Method-Override), a method that this gateway limits on another route than POST; frameworks that honour it would run the request as that method. Send that method itself."}}
-	// errBodyKey: a form or JSON field names an API key other than the
-	// one the request was charged to (or one, where it was charged to
-	// the address): Laravel's input(), PHP's $_REQUEST and Rails' params
-	// read it, so the upstream could serve the request as that key.
-	errBodyKey = &bodyRefusal{"ambiguous_key", problem{Type: probBodyKey, Status: http.StatusBadRequest,
-		Detail: "The body carries an API key (api_key, access_token, …) other than the one this request was charged to; send one key, in X-API-Key, Authorization: Bearer or the query."}}
-	// errBodyKeyOnly: a body names an API key where the request carried
-	// none, and was charged to its address or user.
-	errBodyKeyOnly = &bodyRefusal{"ambiguous_key", problem{Type: probBodyKey, Status: http.StatusBadRequest,
-		Detail: "The body carries an API key (api_key, access_token, …), which this gateway does not identify callers by: the request was charged to its address, not to that key. Send the key in X-API-Key, Authorization: Bearer or the query."}}
-	// errDecodedTooLarge: the body inflates past max_body_bytes, past
-	// which the gateway would no longer read what the upstream inflates.
-	errDecodedTooLarge = &bodyRefusal{"body_too_large", problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge,
-		Detail: "The request body, decoded as its Content-Encoding says, is larger than this gateway accepts."}}
-	// errBodyMalformed: the body cannot be read to its end (a multipart
-	// form broken before its closing boundary, a corrupt compressed
-	// stream): what the upstream reads past that point, the gateway
-	// could not.
-	errBodyMalformed = &bodyRefusal{"malformed_body", problem{Type: probBadRequest, Status: http.StatusBadRequest,
-		Detail: "The request body cannot be read to its end as its Content-Type and Content-Encoding say (a malformed multipart form or compressed stream)."}}
-)
-
-// errContentTypes: a body with two different Content-Type fields, which
-// upstreams read differently.
-var errContentTypes = &bodyRefusal{"ambiguous_content_type", problem{Type: probBadRequest, Status: http.StatusBadRequest,
-	Detail: "The request has two different Content-Type fields, which services behind this gateway could read differently; send one."}}
 
 // checkCharset refuses a body the gateway reads whose Content-Type names
 // a charset other than an ASCII superset: Tomcat, Jetty, ASP.NET Core and
@@ -81,8 +38,8 @@ func checkCharset(contentType string) error {
 			v = v[:end]
 		}
 		if !asciiSuperset(v) {
-			return &bodyRefusal{"unsupported_charset", problem{Type: probUnsupportedCharset, Status: http.StatusUnsupportedMediaType,
-				Detail: fmt.Sprintf("The body's charset %q is not one this gateway reads a form or JSON in, and it must read this body; send UTF-8.", v)}}
+			return &Refusal{"unsupported_charset", http.StatusUnsupportedMediaType,
+				fmt.Sprintf("The body's charset %q is not one this gateway reads a form or JSON in, and it must read this body; send UTF-8.", v)}
 		}
 	}
 }
@@ -110,17 +67,6 @@ func asciiSuperset(charset string) bool {
 	}
 	return false
 }
-
-// The types of a 415 for a body the gateway cannot decode where it must
-// read it.
-// probBodyKey is the type of the 400 for a body naming an API key the
-// request was not charged to.
-const probBodyKey = "urn:edgelimit:problem:api-key-in-body"
-
-const (
-	probUnsupportedEncoding = "urn:edgelimit:problem:unsupported-content-encoding"
-	probUnsupportedCharset  = "urn:edgelimit:problem:unsupported-charset"
-)
 
 // maxCodings bounds the content codings a body may stack: each costs a
 // decoder's memory, and no client applies more than two.
@@ -175,13 +121,9 @@ func decoder(fields []string, bound int64) (func(r io.Reader, read func(io.Reade
 var errWindow = unsupportedEncoding(fmt.Sprintf("The body's brotli or zstd window is larger than this gateway decodes (%d MiB brotli, %d MiB zstd).",
 	1<<maxBrotliWindowBits>>20, maxZstdWindow>>20))
 
-func unsupportedEncoding(detail string) *bodyRefusal {
-	return &bodyRefusal{"unsupported_encoding", problem{Type: probUnsupportedEncoding, Status: http.StatusUnsupportedMediaType, Detail: detail}}
-}
-
 // decodeAll undoes codings on r, the last applied first, and hands the
 // decoded stream to read. Every decoder must read to its end cleanly: a
-// stream corrupt or cut short is errBodyMalformed.
+// stream corrupt or cut short is ErrMalformed.
 func decodeAll(r io.Reader, codings []string, read func(io.Reader) error, bound int64) error {
 	if len(codings) == 0 {
 		return read(r)
@@ -195,14 +137,14 @@ func decodeAll(r io.Reader, codings []string, read func(io.Reader) error, bound 
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(r)
 		if err != nil {
-			return errBodyMalformed
+			return ErrMalformed
 		}
 		return next(zr)
 	case "deflate":
 		zlibbed := func(r io.Reader) error {
 			zr, err := zlib.NewReader(r)
 			if err != nil {
-				return errBodyMalformed
+				return ErrMalformed
 			}
 			return next(zr)
 		}
@@ -213,10 +155,10 @@ func decodeAll(r io.Reader, codings []string, read func(io.Reader) error, bound 
 		if errs[0] == nil || errs[1] == nil {
 			return nil
 		}
-		if errors.Is(errs[0], errDecodedTooLarge) || errors.Is(errs[1], errDecodedTooLarge) {
-			return errDecodedTooLarge
+		if errors.Is(errs[0], ErrTooLarge) || errors.Is(errs[1], ErrTooLarge) {
+			return ErrTooLarge
 		}
-		return errBodyMalformed
+		return ErrMalformed
 	case "br":
 		br := bufio.NewReader(r)
 		if b, err := br.Peek(1); err == nil && brotliWindowBits(b[0]) > maxBrotliWindowBits {
@@ -232,7 +174,7 @@ func decodeAll(r io.Reader, codings []string, read func(io.Reader) error, bound 
 			// (ErrDecoderSizeExceeded), before its window is allocated.
 			zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderMaxMemory(uint64(bound)+1))
 		if err != nil {
-			return errBodyMalformed
+			return ErrMalformed
 		}
 		defer zr.Close()
 		return next(zr)
@@ -264,14 +206,14 @@ func readToEnd(r *limitReader, read func(io.Reader) error, bound int64) error {
 	err := read(s)
 	if _, cerr := io.Copy(io.Discard, s); cerr != nil || s.err != nil {
 		switch {
-		case errors.Is(s.err, errDecodedTooLarge) || errors.Is(s.err, zstd.ErrDecoderSizeExceeded):
-			return errDecodedTooLarge
+		case errors.Is(s.err, ErrTooLarge) || errors.Is(s.err, zstd.ErrDecoderSizeExceeded):
+			return ErrTooLarge
 		case errors.Is(s.err, zstd.ErrWindowSizeExceeded) && bound < maxZstdWindow:
-			return errDecodedTooLarge // the decoder caps the window at bound: it would hold more
+			return ErrTooLarge // the decoder caps the window at bound: it would hold more
 		case errors.Is(s.err, zstd.ErrWindowSizeExceeded):
 			return errWindow
 		}
-		return errBodyMalformed
+		return ErrMalformed
 	}
 	return err
 }
@@ -294,7 +236,7 @@ func (s *stickyReader) Read(p []byte) (int, error) {
 }
 
 // limitReader reads at most n bytes from r, and fails with
-// errDecodedTooLarge when r holds more: a body cut at the bound would
+// ErrTooLarge when r holds more: a body cut at the bound would
 // hide from the scan what the upstream inflates past it.
 type limitReader struct {
 	r io.Reader
@@ -303,14 +245,14 @@ type limitReader struct {
 
 func (l *limitReader) Read(p []byte) (int, error) {
 	if l.n < 0 {
-		return 0, errDecodedTooLarge
+		return 0, ErrTooLarge
 	}
 	if int64(len(p)) > l.n+1 {
 		p = p[:l.n+1]
 	}
 	n, err := l.r.Read(p)
 	if l.n -= int64(n); l.n < 0 {
-		return n + int(l.n), errDecodedTooLarge
+		return n + int(l.n), ErrTooLarge
 	}
 	return n, err
 }

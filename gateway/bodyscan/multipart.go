@@ -1,4 +1,4 @@
-package gateway
+package bodyscan
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ var errNoParts = errors.New("no multipart delimiter")
 // multipartFields reads the fields named names from a multipart body,
 // once by each of the boundaries its Content-Type may name. A body one of
 // them reads only part of (a malformed part, no closing delimiter) is
-// errBodyMalformed, and so is one that none of them reads at all:
+// ErrMalformed, and so is one that none of them reads at all:
 // frameworks differ on what they read past a malformed part (PHP skips to
 // the next delimiter line), and none of it would be seen here.
 func multipartFields(boundaries, names []string) parser {
@@ -33,11 +33,11 @@ func multipartFields(boundaries, names []string) parser {
 			case errors.Is(err, errNoParts):
 				none++
 			case err != nil:
-				return errBodyMalformed
+				return ErrMalformed
 			}
 		}
 		if none == len(errs) {
-			return errBodyMalformed
+			return ErrMalformed
 		}
 		return nil
 	}
@@ -72,8 +72,8 @@ func multipartRead(r io.Reader, b string, names []string, found func(name, value
 			return err
 		}
 		for _, n := range append(partNames(part.Header.Get("Content-Disposition")), rackNames(part.Header)...) {
-			if n = paramName(n); slices.Contains(names, n) {
-				v, _ := io.ReadAll(io.LimitReader(part, maxValue+1))
+			if n = ParamName(n); slices.Contains(names, n) {
+				v, _ := io.ReadAll(io.LimitReader(part, MaxValue+1))
 				found(n, string(v))
 				break
 			}

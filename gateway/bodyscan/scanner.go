@@ -1,10 +1,66 @@
-package gateway
+package bodyscan
 
 import (
 	"bytes"
 	"errors"
 	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
 )
+
+// Scan returns body wrapped in a scanner that reads it for the fields
+// named names (normalised by ParamName), as the frameworks behind the
+// gateway would read them, and ends the body with check's *Refusal for
+// the first field it refuses. A body of a type no framework reads fields
+// from is returned as it is. One the scan could not read to its end is
+// refused as well: what the scan could not read, the upstream may. A
+// body that cannot be read at all (two Content-Types, a charset or a
+// coding the scanner does not read) is refused at once, a *Refusal in
+// place of the scanner. Decoded, it is read up to maxBytes.
+func Scan(h http.Header, method string, body io.ReadCloser, names []string, maxBytes int64, check func(name, value string) error) (io.ReadCloser, error) {
+	types := h.Values("Content-Type")
+	if len(types) > 1 && slices.ContainsFunc(types[1:], func(t string) bool { return t != types[0] }) {
+		// One field (RFC 9110 §8.3), read here as the first; gunicorn's
+		// WSGI environ keeps the last, Kestrel and Puma join them.
+		return body, errContentTypes
+	}
+	contentType := h.Get("Content-Type")
+	if contentType == "" && !strings.EqualFold(method, http.MethodPost) {
+		return body, nil // only a POST is read as a form without a type (Rack)
+	}
+	parsers := bodyParsers(contentType, names)
+	if len(parsers) == 0 {
+		return body, nil
+	}
+	if err := checkCharset(contentType); err != nil {
+		return body, err
+	}
+	decode, err := decoder(h.Values("Content-Encoding"), maxBytes)
+	if err != nil {
+		return body, err
+	}
+	return newBodyScanner(body, func(r io.Reader) error {
+		var mu sync.Mutex
+		var refused error
+		err := decode(r, func(d io.Reader) error {
+			return parseEach(d, parsers, func(name, value string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if refused == nil {
+					refused = check(name, value)
+				}
+			})
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if refused != nil {
+			return refused
+		}
+		return err
+	}), nil
+}
 
 // bodyScanner passes a body through while a scan reads it, and holds
 // its last scanHold bytes back until the scan is done: the whole of a
@@ -16,7 +72,7 @@ import (
 // a key the scan then refused. The scan runs in a goroutine reading a
 // pipe the scanner writes each chunk to, so memory stays bounded whatever
 // the body's size; it ends when the body ends or is closed. Its error, a
-// *bodyRefusal, takes the held bytes' place.
+// *Refusal, takes the held bytes' place.
 type bodyScanner struct {
 	body    io.ReadCloser
 	pw      *io.PipeWriter
@@ -74,9 +130,9 @@ func (s *bodyScanner) Read(p []byte) (int, error) {
 		case err == io.EOF:
 			_ = s.pw.Close()
 			if verdict := <-s.done; verdict != nil {
-				var refused *bodyRefusal
+				var refused *Refusal
 				if !errors.As(verdict, &refused) {
-					refused = errBodyMalformed // what the scan could not read, the upstream may
+					refused = ErrMalformed // what the scan could not read, the upstream may
 				}
 				s.err = refused
 				break

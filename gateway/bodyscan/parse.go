@@ -1,4 +1,4 @@
-package gateway
+package bodyscan
 
 import (
 	"bufio"
@@ -7,15 +7,14 @@ import (
 	"errors"
 	"io"
 	"mime"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
 )
 
 // A parser reads a body and calls found with each field named one of
-// the names it was made for (normalised by paramName), and its value, cut
-// after maxValue bytes. found must be safe for concurrent use. It fails
+// the names it was made for (normalised by ParamName), and its value, cut
+// after MaxValue bytes. found must be safe for concurrent use. It fails
 // only when the body cannot be read to its end.
 type parser func(r io.Reader, found func(name, value string)) error
 
@@ -127,7 +126,7 @@ func boundaries(contentType string) []string {
 	return out
 }
 
-// trimName drops from a form field's raw name what paramName drops
+// trimName drops from a form field's raw name what ParamName drops
 // however many there are: leading spaces ('+', "%20"; PHP) and brackets
 // (Rack 2), and all but one of its trailing brackets (Rack 2). A run of
 // them must not outgrow maxName.
@@ -180,7 +179,7 @@ func formFields(names []string) parser {
 		inValue := false
 		flush := func() {
 			if len(name) <= maxName {
-				if n := paramName(string(name)); slices.Contains(names, n) {
+				if n := ParamName(string(name)); slices.Contains(names, n) {
 					found(n, unescape(string(value)))
 				}
 			}
@@ -198,7 +197,7 @@ func formFields(names []string) parser {
 			case c == '=' && !inValue:
 				inValue = true
 			case inValue:
-				if len(value) <= 3*maxValue { // escaped, up to maxValue+1 decoded
+				if len(value) <= 3*MaxValue { // escaped, up to MaxValue+1 decoded
 					value = append(value, c)
 				}
 			case cutAtNUL(name):
@@ -280,10 +279,6 @@ func jsonFields(names []string) parser {
 	}
 }
 
-// errJSONCharset: a JSON body in UTF-16 or UTF-32.
-var errJSONCharset = &bodyRefusal{"unsupported_charset", problem{Type: probUnsupportedCharset, Status: http.StatusUnsupportedMediaType,
-	Detail: "The JSON body is in UTF-16 or UTF-32, which this gateway does not read, and it must read this body; send UTF-8."}}
-
 // skipBOM drops a UTF-8 byte order mark at the start of a form or JSON:
 // body-parser (iconv-lite) and System.Text.Json drop it, so the first
 // field's name is read without it there.
@@ -294,10 +289,10 @@ func skipBOM(br *bufio.Reader) {
 }
 
 // nonString is what jsonMembers reports for a member that is a number,
-// a boolean, an array or an object: a value longer than maxValue, so
+// a boolean, an array or an object: a value longer than MaxValue, so
 // never the key a request was charged to. Laravel's input() hands such a
 // value on, and its token guard looks up 0 or ["key"] as a key.
-var nonString = strings.Repeat("?", maxValue+1)
+var nonString = strings.Repeat("?", MaxValue+1)
 
 // jsonMembers calls member with each top-level member of the JSON object
 // br holds but null ones: a string's value, nonString for others.
@@ -321,7 +316,7 @@ func jsonMembers(br *bufio.Reader, member func(key, value string)) {
 			return
 		}
 		if c == '"' {
-			v, ok := jsonString(br, maxValue)
+			v, ok := jsonString(br, MaxValue)
 			if !ok {
 				return
 			}
