@@ -13,7 +13,7 @@ import (
 // limit service, gateway/envoyrls) asks the enforcement step: the rules to
 // check, all-or-nothing, under one key, in one limiter call when they are
 // at most limiter.MaxRules, else in several, an earlier one's charge
-// given back when a later one refuses (see decideParts). It goes through
+// given back when a later one refuses (see decide). It goes through
 // the same step as proxied traffic and POST /v1/check: directives, the
 // store deadline and circuit breaker, the failure policies, the deny
 // cache, the decision event and the decision metrics.

@@ -32,7 +32,7 @@ type call struct {
 // request into a call and the verdict into its response (answerFor).
 func (g *Gateway) enforce(ctx context.Context, st *state, c *call) verdict {
 	g.applyDirectives(st, &c.id, &c.limits)
-	v := g.decideParts(ctx, st, c.limits, c.cost)
+	v := g.decide(ctx, st, c.limits, c.cost)
 	if p := c.limits.plan; p != nil && sameRules(v.rules, p.rules) {
 		v.policy = p.policy
 	}

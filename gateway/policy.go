@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
-	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -163,76 +162,6 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 	return p
 }
 
-// localRules are the rules this gateway enforces in memory while the
-// shared store is unavailable: those of l's rules (as directives left them)
-// whose policy is local, each at this gateway's share. Under a split the
-// rules already are this gateway's share, but for the reserve of the
-// gateways the split does not name: they share it, so each enforces its
-// local share of it.
-func (st *state) localRules(l limits) []limiter.Rule {
-	var out []limiter.Rule
-	for i, r := range l.rules {
-		if r.Shadow || l.plan.policies[i] != FailLocal {
-			continue
-		}
-		if !l.split || l.reserve {
-			r = localShare(r, int64(st.cfg.ExpectedGateways))
-		}
-		// This gateway's memory holds no fleet-wide bucket to check a
-		// share's whole against: the share alone is its part.
-		r.Whole = limiter.Whole{}
-		out = append(out, r)
-	}
-	return out
-}
-
-// localShare is one gateway's share of r when n gateways enforce it apart:
-// r's rate divided by n exactly, by stretching the period rather than
-// rounding the limit (2/min over 5 gateways is 2 per 5 min each, not 1/min
-// each), so the fleet never refills faster than r. Its capacity is
-// capacity/n rounded down, at least 1: when r's capacity is below n, the
-// first moment of an outage can admit n units over the fleet, at most n −
-// capacity more than r, and the rate holds from then on.
-func localShare(r limiter.Rule, n int64) limiter.Rule {
-	if n <= 1 {
-		return r
-	}
-	capacity := max(1, r.Capacity()/n)
-	if r.Calendar != nil {
-		// Each counts its share of the window's quota from the outage on;
-		// the window itself cannot be stretched.
-		r.Limit = max(1, r.Limit/n)
-		return r
-	}
-	if r.Algorithm == limiter.SlidingWindow {
-		// k per period·k·n/limit each: the fleet admits limit per period.
-		// It is compared in nanoseconds as a float: over hundreds of
-		// gateways a long period passes what a Duration holds, and the
-		// conversion would wrap to a negative period. k·n may fall short
-		// of the limit, so the period may also shrink; the limiter refuses
-		// one under a millisecond (limit 3 per 1ms over 2 gateways: 1 per
-		// 0.67ms), which failed every check of the outage with a 500. A
-		// period raised to 1ms admits less, never more.
-		k := max(1, r.Limit/n)
-		period := math.Ceil(float64(r.Period) * float64(k*n) / float64(r.Limit))
-		if period <= float64(limiter.MaxPeriod) {
-			r.Limit, r.Period = k, max(time.Millisecond, time.Duration(period))
-			return r
-		}
-	} else if r.Period <= limiter.MaxPeriod/time.Duration(n) {
-		r.Period *= time.Duration(n)
-		r.Burst = capacity
-		return r
-	}
-	// The stretched period is too long for the limiter: round the limit
-	// down instead, which under-admits rather than over.
-	r.Limit = max(1, r.Limit/n)
-	if r.Algorithm != limiter.SlidingWindow {
-		r.Burst = capacity
-	}
-	return r
-}
-
 // lookupKey finds a raw API key. The map is indexed by the first 8 bytes
 // of the key's SHA-256, so the lookup's timing reveals at most whether some
 // known key's hash starts like the presented key's hash, which without a
@@ -306,32 +235,4 @@ func (rt *route) matchPath(p string) bool {
 		return strings.HasPrefix(rest, "/")
 	}
 	return rest == "" || rest[0] == '/'
-}
-
-// limits is what one limiter call checks: the key, the rules and their
-// failure policies.
-type limits struct {
-	key  string
-	plan *plan
-	// split: a split directive gave this gateway its own share of rules.
-	split bool
-	// reserve: under the split, this gateway is one the split does not
-	// name, sharing the reserve with every other such gateway.
-	reserve bool
-	// rules are the plan's rules as directives leave them.
-	rules []limiter.Rule
-}
-
-// limitsFor computes the limiter key and the effective rules of a request.
-// It is the one place where the identity, the route and the plan meet, so
-// split and NAT directives (hot keys checked per gateway share, NAT-shared
-// IPs with raised limits) plug in here.
-func (st *state) limitsFor(id identity, rt *route) limits {
-	l := limits{key: id.key, plan: id.plan}
-	if rt != nil && rt.plan != nil {
-		l.plan = rt.plan
-		l.key = id.key + "|r:" + rt.Name
-	}
-	l.rules = l.plan.rules
-	return l
 }
