@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/edgelimit/edgelimit/analytics"
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 )
 
 // TestClientNetIPv4Mapped: one client seen as 192.0.2.7 and as

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 

@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/edgelimit/edgelimit/gateway/event"
 	"github.com/edgelimit/edgelimit/gateway/publish"
+	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )

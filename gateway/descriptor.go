@@ -1,6 +1,6 @@
 package gateway
 
-import "github.com/edgelimit/edgelimit/gateway/event"
+import "github.com/edgelimit/edgelimit/internal/event"
 
 // DescriptorEntry is one key/value pair of the rate limit descriptors an
 // entry point outside this package (Envoy's rate limit API) decided a Call

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 )
 
 // TestEventDescriptorBounds: whatever a Call carries, its event encodes:

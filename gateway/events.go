@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 )
 
 // publisher takes decision events. Publish must never block: the request

@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/edgelimit/edgelimit/gateway/bodyscan"
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 

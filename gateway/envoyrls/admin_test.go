@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/edgelimit/edgelimit/gateway"
-	"github.com/edgelimit/edgelimit/gateway/event"
+	"github.com/edgelimit/edgelimit/internal/event"
 )
 
 // TestAdminResetsADescriptorsBucket: the gateway's admin API, given the
