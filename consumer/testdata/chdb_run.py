@@ -10,7 +10,8 @@ from chdb import session
 
 steps = json.load(sys.stdin)
 out = []
-with tempfile.TemporaryDirectory() as d:
+# Mutations the steps started may still write to d when it is removed.
+with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
     s = session.Session(d)
     s.query("CREATE DATABASE IF NOT EXISTS edgelimit")
     s.query("USE edgelimit")
@@ -21,4 +22,5 @@ with tempfile.TemporaryDirectory() as d:
             out.append({"name": st["name"], "error": "", "result": text.split("\n", 1)[0]})
         except Exception as e:  # noqa: BLE001 - every failure is reported
             out.append({"name": st["name"], "error": str(e)[:2000], "result": ""})
+    s.close()
 json.dump(out, sys.stdout)
