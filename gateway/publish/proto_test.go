@@ -20,7 +20,7 @@ import (
 // decision.proto alone (parsed here, no generated code, nothing from the
 // event package's decoder), and the schema version from the record header.
 func TestPublishedRecordReadsWithProto(t *testing.T) {
-	md := testenv.ProtoMessage(t, "../event", "decision.proto", "Decision")
+	md := testenv.ProtoMessage(t, "../../internal/event", "decision.proto", "Decision")
 
 	brokers := map[string][]string{"kfake": newCluster(t, 1).ListenAddrs()}
 	if os.Getenv("EDGELIMIT_KAFKA_BROKERS") != "" || os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {
