@@ -19,10 +19,13 @@ vet:
 	cd tools && $(GO) vet ./...
 
 # test starts Redis (standalone + Cluster) and the other servers on free
-# loopback ports, runs all tests with -race, and stops the servers. tools/
-# is a module of its own (repository checks with heavy dependencies).
+# loopback ports, runs all tests with -race, and stops the servers; it
+# prints what a plain go test prints, then the ten slowest tests
+# (internal/testreport). tools/ is a module of its own (repository checks
+# with heavy dependencies).
 test:
-	deploy/local/testenv.sh sh -c '$(GO) test $(TESTFLAGS) ./... && cd tools && $(GO) test $(TESTFLAGS) ./...'
+	$(GO) build -o .run/testreport ./internal/testreport
+	deploy/local/testenv.sh bash -c 'set -o pipefail; $(GO) test $(TESTFLAGS) -json ./... 2>&1 | .run/testreport && cd tools && $(GO) test $(TESTFLAGS) ./...'
 
 # test-short runs without real servers (they skip).
 test-short:

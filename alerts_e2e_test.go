@@ -32,8 +32,9 @@ func TestFailOpenAlert(t *testing.T) {
 		t.Skip("waits for real alert windows (about two minutes)")
 	}
 	testenv.PrometheusURL(t) // skip or fail before starting anything
+	// It waits out real alert windows, and shares nothing it stops.
+	t.Parallel()
 	redisSrv := testenv.Private(t, "redis")
-	redis.SetLogger(quietRedis{}) // every failed dial while Redis is down is expected
 	rdb := redis.NewClient(&redis.Options{Addr: redisSrv.Get(t, "EDGELIMIT_REDIS_ADDR"), MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
 	lim, err := limiter.New(rdb, limiter.Config{})
@@ -129,6 +130,14 @@ func serveOn(t *testing.T, srv *http.Server) string {
 	return ln.Addr().String()
 }
 
+// quietRedis drops go-redis' log lines: every failed dial while a test's
+// Redis is down is expected. Set once, in TestMain: the logger is global,
+// and tests running in parallel log through it.
 type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietRedis{})
+	os.Exit(m.Run())
+}

@@ -15,6 +15,7 @@ import (
 // rollup insert failing, here on one shard only) still ends with every event
 // once in the raw table and every rollup: aborts delete on each shard.
 func TestFaultClusterExactlyOnce(t *testing.T) {
+	t.Parallel()
 	migrate := func(ctx context.Context, c driver.Conn) error { return Migrate(ctx, c, Retention{}) }
 	_, shards, ch := testenv.Distributed(t, migrate, CreateDistributed)
 

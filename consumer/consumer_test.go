@@ -19,6 +19,7 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	b := []string{"k:9092"}
 	const bad = "consumer: invalid config: "
 	tests := []struct {
@@ -53,6 +54,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
+	t.Parallel()
 	lo, hi := 100*time.Millisecond, 10*time.Second
 	tests := []struct {
 		attempt  int
@@ -77,6 +79,7 @@ func TestBackoff(t *testing.T) {
 // exactly N rows, each partition's offsets all present once, and every
 // rollup agrees with the raw table.
 func TestExactlyOnceIntoClickHouse(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 4, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		const n = 10_000
 		produce(t, kb.brokers, kb.topic, decisions(n))
@@ -111,6 +114,7 @@ func TestExactlyOnceIntoClickHouse(t *testing.T) {
 // coming: a second consumer joins, then the first leaves. Nothing is lost
 // and nothing is stored twice.
 func TestRebalance(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 4, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		cfg := kb.config()
 		cfg.BatchSize = 300
@@ -153,6 +157,7 @@ func TestRebalance(t *testing.T) {
 // TestPublishToClickHouse runs the whole path: the gateway's Publisher,
 // Kafka, this consumer, ClickHouse. Every published event is one row.
 func TestPublishToClickHouse(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 3, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		reg := prometheus.NewRegistry()
 		p, err := publish.New(publish.Config{Brokers: kb.brokers, Topic: kb.topic}, reg, nil)
@@ -190,6 +195,7 @@ func TestPublishToClickHouse(t *testing.T) {
 // and writes nothing more, rather than write a schema it does not know.
 // Started again it refuses at once, and its Migrate refuses too.
 func TestUpgradeOlderConsumerStops(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		ctx := context.Background()
 		ds := decisions(400)
@@ -345,6 +351,7 @@ func rowSet(t *testing.T, ch driver.Conn, q string) map[string]bool {
 // TestDeadLetter: records that do not decode go to the dead-letter topic
 // with their reason, and the good records around them are stored.
 func TestDeadLetter(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 1, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		good := decisions(300)
 		produce(t, kb.brokers, kb.topic, good[:100])
@@ -409,6 +416,7 @@ func headers(r *kgo.Record) map[string]string {
 // invisible to increase(), so the first failed attempt of a stage not
 // pre-created never moved EdgelimitConsumerRetrying.
 func TestRetryStagesVisibleAtZero(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	if _, err := newMetrics(reg); err != nil {
 		t.Fatal(err)

@@ -71,6 +71,7 @@ func crashCmd(t *testing.T, cfg Config, addr, db string) *exec.Cmd {
 // accepted a batch and before the offsets were committed, then runs a new
 // one: every event is stored exactly once.
 func TestCrashBetweenInsertAndCommit(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, db string) {
 		const n = 5000
 		produce(t, kb.brokers, kb.topic, decisions(n))

@@ -22,6 +22,7 @@ import (
 // installs it into a cache CI keeps). ClickHouse 18.16 runs the real-server
 // tests; this catches SQL that only 18.16 accepts.
 func TestCurrentClickHouse(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("../deploy/local/chdb.sh").Output()
 	if err != nil {
 		if os.Getenv("EDGELIMIT_REQUIRE_SERVERS") != "" {

@@ -30,6 +30,7 @@ func produceTo(t *testing.T, kb kafkaBackend, ds []event.Decision, part func(i i
 // window was empty and stored every repeat again; it now rebuilds the
 // window from the partition's stored tail when the partition is assigned.
 func TestFaultSameEventAfterRestart(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	ds := decisions(300)
@@ -73,6 +74,7 @@ func wantRepeatsDropped(t *testing.T, ch driver.Conn, n uint64, want float64, rs
 // takes a partition over; then events stored from that partition are
 // repeated in it. Its new owner, which never stored them, drops them.
 func TestFaultSameEventAfterRebalance(t *testing.T) {
+	t.Parallel()
 	ch, db := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	ds := decisions(300)

@@ -111,6 +111,7 @@ func failingView(t *testing.T, ch driver.Conn, table string) (drop func()) {
 // Each failed attempt is aborted and written again, so when the fault
 // clears every table holds each event once.
 func TestFaultViewFailsAtInsert(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	viewFailsAtInsert(t, kb, kb.config(), ch, ch, 3000)
@@ -138,6 +139,7 @@ func viewFailsAtInsert(t *testing.T, kb kafkaBackend, cfg Config, ch, failing dr
 // TestFaultViewFailsThenCrash (row 2): the same fault, then the consumer is
 // SIGKILLed mid-retry and a new one takes over once the fault is gone.
 func TestFaultViewFailsThenCrash(t *testing.T) {
+	t.Parallel()
 	addr := testenv.ClickHouseAddr(t)
 	ch, db := newDatabase(t, addr)
 	kb := realBackend(t, 2)
@@ -165,6 +167,7 @@ func TestFaultViewFailsThenCrash(t *testing.T) {
 // lost). The new owner claims them; the old one, when it wakes, is fenced
 // and writes nothing twice.
 func TestFaultSlowFlushRebalance(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	const n = 1000
@@ -195,6 +198,7 @@ func TestFaultSlowFlushRebalance(t *testing.T) {
 // tail belongs to the old topic id, so it is distrusted, loudly, and every
 // new event is stored.
 func TestFaultTopicRecreated(t *testing.T) {
+	t.Parallel()
 	ds := decisions(4500)
 	ch, kb := storedThenStopped(t, ds[:2000])
 
@@ -242,6 +246,7 @@ func TestFaultTopicRecreated(t *testing.T) {
 // records between are gone, and they are counted and logged instead of
 // vanishing without a trace.
 func TestRecordsLostCounted(t *testing.T) {
+	t.Parallel()
 	ds := decisions(300)
 	ch, kb := storedThenStopped(t, ds[:100])
 	produce(t, kb.brokers, kb.topic, ds[100:])
@@ -271,6 +276,7 @@ func TestRecordsLostCounted(t *testing.T) {
 // blocks the poisoned partition until the topic exists, the fourth for
 // good, and neither blocks another partition.
 func TestFaultDeadLetterFails(t *testing.T) {
+	t.Parallel()
 	// 1.5 MB of headers, first a big one, then many small ones: the dead
 	// letter would be as big as the original without a bound.
 	heavy := &kgo.Record{Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("abc")},
@@ -397,6 +403,7 @@ func alterMaxMessage(t *testing.T, brokers []string, topic string) {
 // They are stored at their Kafka time, so a batch never spans more days
 // than Kafka's own clock does.
 func TestFaultEventTimeFarOff(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	const n = 300
@@ -438,6 +445,7 @@ WHERE time >= ? AND time <= ? AND kafka_topic = ? AND kafka_partition = ?
 // day), measured by ClickHouse's own progress reports of every query the
 // resume makes. The old dedupe, run on the same day, reads all of it.
 func TestFaultDedupeBusyDay(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	ctx := context.Background()
@@ -502,6 +510,7 @@ func TestFaultDedupeBusyDay(t *testing.T) {
 // counted, and a good event time on a record without a usable Kafka
 // timestamp is kept.
 func TestFaultKafkaTimeUnstorable(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	before := time.Now().Add(-time.Minute)
@@ -539,6 +548,7 @@ func TestFaultKafkaTimeUnstorable(t *testing.T) {
 // here) nor after BatchSize records, which big poison records could make
 // gigabytes.
 func TestFaultDeadLetterFlood(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	const poison, size, budget = 400, 1 << 10, 64 << 10
@@ -572,6 +582,7 @@ func TestFaultDeadLetterFlood(t *testing.T) {
 // first copies, and in a later batch after those were stored. Each event
 // is stored once, everywhere, and every repeat counted.
 func TestFaultSameEventTwice(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	ds := decisions(300)
@@ -587,6 +598,7 @@ func TestFaultSameEventTwice(t *testing.T) {
 }
 
 func TestIDWindow(t *testing.T) {
+	t.Parallel()
 	w := newIDWindow(3)
 	id := func(b byte) [16]byte { return [16]byte{b} }
 	for b := range byte(5) {
@@ -638,6 +650,7 @@ func BenchmarkDropDuplicates(b *testing.B) {
 // time unread) and the original's kept in a header; the others are stored
 // in every table.
 func TestFaultEventOlderThanRetention(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	now := time.Now().UTC()

@@ -15,6 +15,7 @@ import (
 // TestKeyNamesStored: an event's key_name lands in the raw table and in the
 // key rollup, which also splits by method; users and IPs have none.
 func TestKeyNamesStored(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		ds := decisions(300)
 		for i := range ds {
@@ -67,6 +68,7 @@ func TestKeyNamesStored(t *testing.T) {
 // name and method, in the raw table and the key rollup, and the migration
 // is safe to run again.
 func TestKeyNamesMigration(t *testing.T) {
+	t.Parallel()
 	conn, _ := testenv.NewDatabase(t, testenv.ClickHouseAddr(t), "edgelimit_test")
 	ctx := context.Background()
 	migrateTo(t, conn, 4)
@@ -105,6 +107,7 @@ func TestKeyNamesMigration(t *testing.T) {
 // admin, a key reset or cleared) are kept in the raw table with their
 // action and actor, but are no requests: no rollup counts them.
 func TestAdminRecordsNotCounted(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		ds := decisions(200)
 		admin := 0
@@ -140,6 +143,7 @@ func TestAdminRecordsNotCounted(t *testing.T) {
 // accounting, its publisher's running totals) land in decisions_accounting
 // with every total, once each, and in no table of decisions or requests.
 func TestAccountingRecordsKeptApart(t *testing.T) {
+	t.Parallel()
 	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
 		ds := decisions(200)
 		var want []event.Accounting

@@ -13,6 +13,7 @@ import (
 // it stops committing and retries, and once the server is back it stores
 // everything, once. Then it stops ClickHouse before a consumer starts.
 func TestClickHouseOutage(t *testing.T) {
+	t.Parallel()
 	srv := testenv.Private(t, "clickhouse")
 	ch, _ := newDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR"))
 	kb := backends(t, 2)
@@ -92,6 +93,7 @@ func TestClickHouseOutage(t *testing.T) {
 // frozen lag gauge that reads 0 throughout. Once the broker is back the
 // consumer stores the rest, once.
 func TestKafkaOutageCounted(t *testing.T) {
+	t.Parallel()
 	srv := testenv.Private(t, "kafka")
 	brokers := srv.Brokers(t)
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
@@ -132,6 +134,7 @@ func TestKafkaOutageCounted(t *testing.T) {
 // EdgelimitConsumerLagSeconds alert), not read 0 until the wall clock has
 // caught up with that timestamp.
 func TestLagSecondsAfterFutureTimestamp(t *testing.T) {
+	t.Parallel()
 	srv := testenv.Private(t, "clickhouse")
 	ch, _ := newDatabase(t, srv.Get(t, "EDGELIMIT_CLICKHOUSE_ADDR"))
 	b := realBackend(t, 1)

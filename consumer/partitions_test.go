@@ -64,6 +64,7 @@ func (c *partitionLimitConn) Exec(ctx context.Context, query string, args ...any
 // refused that way retried the same batch for ever, storing nothing more:
 // it must write every event once, no INSERT over the limit.
 func TestFaultBatchOverManyPartitions(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 1)
 	const days = 150
@@ -156,6 +157,7 @@ func (b *limitedBatch) Send() error {
 // rolled the batch up in one INSERT per rollup, each refused whole: both
 // must write slices of whole days, and every table hold every decision.
 func TestBackfillOverManyPartitions(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	const limit, days = 10, 25
 	now := time.Now().UTC()

@@ -26,6 +26,7 @@ const schemaGolden = "testdata/schema.golden"
 // consumers of 002 left it, views and rollup rows included) end with the
 // schema of schemaGolden, and 003 copies the old rollup rows once.
 func TestSchemaGolden(t *testing.T) {
+	t.Parallel()
 	addr := testenv.ClickHouseAddr(t)
 	ctx := context.Background()
 

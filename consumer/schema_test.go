@@ -12,6 +12,7 @@ import (
 )
 
 func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t)) // migrated once
 	ctx := context.Background()
 	for range 2 {
@@ -53,6 +54,7 @@ func TestMigrateIdempotent(t *testing.T) {
 // TestCheckColumns: a column the insert writes but no migration created, or
 // created with another type, stops Migrate with the column's name.
 func TestCheckColumns(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t)) // Migrate checked decisionColumns
 	ctx := context.Background()
 	cols := slices.Clone(decisionColumns)
@@ -76,6 +78,7 @@ func TestCheckColumns(t *testing.T) {
 // TestAddColumnTwice: ClickHouse 18.16 has no ADD COLUMN IF NOT EXISTS, so
 // a migration adding a column must survive running again after a crash.
 func TestAddColumnTwice(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	ctx := context.Background()
 	const add = "ALTER TABLE decisions ADD COLUMN added_twice String DEFAULT ''"
@@ -92,6 +95,7 @@ func TestAddColumnTwice(t *testing.T) {
 }
 
 func TestMigrationsParse(t *testing.T) {
+	t.Parallel()
 	ms, err := migrations()
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +119,7 @@ func TestMigrationsParse(t *testing.T) {
 }
 
 func TestTTLVersion(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		major, minor int
 		want         bool
@@ -129,6 +134,7 @@ func TestTTLVersion(t *testing.T) {
 }
 
 func TestExpiryCutoff(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2025, 3, 1, 23, 0, 0, 0, time.UTC)
 	tests := []struct {
 		days int
@@ -144,6 +150,7 @@ func TestExpiryCutoff(t *testing.T) {
 }
 
 func TestDropExpired(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	ctx := context.Background()
 	ttl, err := SupportsTTL(ch)
@@ -197,6 +204,7 @@ func TestDropExpired(t *testing.T) {
 // CreateDistributed makes over Distributed tables is migration 008's, so
 // readers of a cluster filter by the same rule as readers of one server.
 func TestUncommittedViewOneText(t *testing.T) {
+	t.Parallel()
 	ms, err := migrations()
 	if err != nil {
 		t.Fatal(err)

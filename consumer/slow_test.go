@@ -61,6 +61,7 @@ func (c *slowConn) Exec(ctx context.Context, query string, args ...any) error {
 // they fit, store every event once (the timed-out attempts, whose raw rows
 // were written, aborted), and count the shrinking.
 func TestFaultSlowInsertShrinksBatch(t *testing.T) {
+	t.Parallel()
 	ch, _ := newDatabase(t, testenv.ClickHouseAddr(t))
 	kb := realBackend(t, 2)
 	ds := decisions(1000)

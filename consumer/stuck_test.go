@@ -57,6 +57,7 @@ func (c *stuckConn) Exec(ctx context.Context, query string, args ...any) error {
 // and its source offsets, counted in batches_dead_lettered_total; its
 // offsets must be committed past it, and partition 0 stored exactly once.
 func TestFaultStuckPartitionDeadLettered(t *testing.T) {
+	t.Parallel()
 	// Twice the floor: the first timeout halves the batch to the floor,
 	// where timeouts strike.
 	s := newStuckRig(t, 2*minBatchLimit, 10, 100*time.Millisecond)
@@ -115,6 +116,7 @@ func TestFaultStuckPartitionDeadLettered(t *testing.T) {
 // StuckAttempts timeouts there its batch goes; the rest of it, proven
 // stuck, goes one batch a timeout.
 func TestFaultStuckPartitionBounded(t *testing.T) {
+	t.Parallel()
 	s := newStuckRig(t, 10*minBatchLimit, 50, 50*time.Millisecond)
 	ch, kb, conn, cfg, r, healthy, stopLoad := s.ch, s.kb, s.conn, s.cfg, s.r, &s.healthy, s.stopLoad
 	const stuckRows = 10 * minBatchLimit
