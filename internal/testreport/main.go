@@ -19,6 +19,7 @@ import (
 
 // event is one line of test2json's output.
 type event struct {
+	Time       time.Time
 	Action     string
 	Package    string
 	ImportPath string // build-output, build-fail
@@ -49,6 +50,7 @@ func main() {
 func report(r io.Reader, w io.Writer, slowest int) (failed bool, err error) {
 	held := map[string][]string{} // package + test → output held until its end
 	var times []timing
+	var first, last time.Time // of the events: the first test binary's start, the last result
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -57,6 +59,12 @@ func report(r io.Reader, w io.Writer, slowest int) (failed bool, err error) {
 		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
 			fmt.Fprintf(w, "%s\n", line) // not an event: a build error, a server's line
 			continue
+		}
+		if !e.Time.IsZero() {
+			if first.IsZero() {
+				first = e.Time
+			}
+			last = e.Time
 		}
 		id := e.Package + " " + e.Test
 		switch {
@@ -97,7 +105,8 @@ func report(r io.Reader, w io.Writer, slowest int) (failed bool, err error) {
 		times = times[:slowest]
 	}
 	if len(times) > 0 {
-		fmt.Fprintf(w, "\nThe %d slowest tests:\n", len(times))
+		fmt.Fprintf(w, "\nTests ran for %s, from the first test binary's start to the last result. The %d slowest:\n",
+			last.Sub(first).Round(time.Second), len(times))
 		for _, t := range times {
 			fmt.Fprintf(w, "%8.1fs  %s  %s\n", t.elapsed.Seconds(), t.test, shortPackage(t.pkg))
 		}

@@ -10,6 +10,7 @@ import (
 // first, and a failure anywhere makes the report fail.
 func TestReport(t *testing.T) {
 	in := strings.Join([]string{
+		`{"Time":"2026-12-05T07:00:00Z","Action":"start","Package":"p"}`,
 		`{"Action":"run","Package":"p","Test":"TestFast"}`,
 		`{"Action":"output","Package":"p","Test":"TestFast","Output":"fast log\n"}`,
 		`{"Action":"pass","Package":"p","Test":"TestFast","Elapsed":0.5}`,
@@ -19,7 +20,7 @@ func TestReport(t *testing.T) {
 		`{"Action":"pass","Package":"p","Test":"TestSlow/sub","Elapsed":9}`,
 		`{"Action":"output","Package":"p","Output":"PASS\n"}`,
 		`{"Action":"output","Package":"p","Output":"ok  \tp\t7.5s\n"}`,
-		`{"Action":"pass","Package":"p","Elapsed":7.5}`,
+		`{"Time":"2026-12-05T07:04:10Z","Action":"pass","Package":"p","Elapsed":7.5}`,
 		`not json: a server's line`,
 	}, "\n")
 	var out strings.Builder
@@ -28,7 +29,7 @@ func TestReport(t *testing.T) {
 		t.Fatalf("report = %v, %v; want a pass", failed, err)
 	}
 	got := out.String()
-	for _, want := range []string{"ok  \tp\t7.5s\n", "not json: a server's line\n", "The 1 slowest tests:\n     7.0s  TestSlow  p\n"} {
+	for _, want := range []string{"ok  \tp\t7.5s\n", "not json: a server's line\n", "Tests ran for 4m10s, from the first test binary's start to the last result. The 1 slowest:\n     7.0s  TestSlow  p\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
 		}
