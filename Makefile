@@ -1,7 +1,9 @@
 # The two commands: `make run` brings the product up, `make test` runs every
 # test against real servers that it starts and stops itself.
 GO ?= go
-TESTFLAGS ?= -race -count=1 -timeout 30m
+# -p 3: three packages at once on two cores; their long tests mostly wait
+# (Kafka sessions, alert windows, failovers), so a third keeps the cores busy.
+TESTFLAGS ?= -race -count=1 -timeout 30m -p 3
 # The version every binary reports (-version, edgelimit_build_info).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
