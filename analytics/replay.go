@@ -14,19 +14,18 @@ import (
 // replayRun is one replay's state: the key in flight and the report's
 // counters.
 type replayRun struct {
-	q  WhatIfQuery
-	x  proposalIndex
-	rp *limiter.Replay
+	q     WhatIfQuery
+	names queryNames
+	// prop replays the proposal; ran the rules that ran, for the
+	// self-check (nil without them).
+	prop, ran *replayer
 
 	rep   WhatIfReport
+	check WhatIfSelfCheck
 	rules map[string]*WhatIfRule
 	hours map[int64]*WhatIfCounts
 
-	cur    WhatIfKey // the key in flight
-	bucket struct {
-		plan, route uint32
-		key         string
-	}
+	cur WhatIfKey // the key in flight
 
 	top, blocked, freed keyHeap
 }
@@ -34,11 +33,14 @@ type replayRun struct {
 func newReplayRun(q WhatIfQuery) *replayRun {
 	run := &replayRun{
 		q:     q,
-		x:     indexProposal(q.Proposal),
-		rp:    limiter.NewReplay(0),
+		names: namesOf(&q.Proposal, q.Ran),
 		rules: map[string]*WhatIfRule{},
 		hours: map[int64]*WhatIfCounts{},
 		rep:   WhatIfReport{Span: Span{From: q.From.UTC(), To: q.To.UTC()}, Plan: q.Plan, Route: q.Route, Key: q.KeyID},
+	}
+	run.prop = newReplayer(q.Proposal, &run.names)
+	if q.Ran != nil {
+		run.ran = newReplayer(*q.Ran, &run.names)
 	}
 	run.top.less = func(a, b *WhatIfKey) bool {
 		return a.WouldDeny < b.WouldDeny || a.WouldDeny == b.WouldDeny && a.KeyID > b.KeyID
@@ -76,24 +78,57 @@ func (run *replayRun) rule(name string) *WhatIfRule {
 func (run *replayRun) add(d *replayRow) error {
 	if d.key != run.cur.KeyID {
 		run.endKey()
-		run.rp.Reset()
+		run.prop.reset()
+		if run.ran != nil {
+			run.ran.reset()
+		}
 		kind := kindNames[0]
 		if int(d.kind) < len(kindNames) {
 			kind = kindNames[d.kind]
 		}
 		run.cur = WhatIfKey{KeyID: d.key, KeyKind: kind}
-		run.bucket.key = ""
 	}
 	run.rep.Read++
 	was := d.allowed == 0
-	would, err := run.decide(d)
+	would, dec, how, err := run.prop.decide(d)
 	if err != nil {
 		return err
+	}
+	var ranWould bool
+	ranHow := kept
+	if run.ran != nil {
+		if ranWould, _, ranHow, err = run.ran.decide(d); err != nil {
+			return err
+		}
+	}
+	switch how {
+	case kept:
+		run.rep.Kept++
+	case unreplayable:
+		run.rep.Unreplayable++
 	}
 	if d.counted == 0 {
 		return nil
 	}
 	run.rep.Counted++
+	if how == replayed {
+		for _, rr := range dec.Rules {
+			if !rr.Allowed {
+				if rr.Rule.Shadow {
+					run.rule(rr.Rule.Name).ShadowWouldDeny++
+				} else {
+					run.rule(rr.Rule.Name).WouldDeny++
+				}
+			}
+		}
+	}
+	if run.ran != nil {
+		if ranHow == replayed {
+			run.check.add(was, ranWould)
+		} else {
+			run.check.NotReplayed++
+		}
+	}
 	if d.store == 0 {
 		run.rep.NotByStore++
 	}
@@ -112,65 +147,81 @@ func (run *replayRun) add(d *replayRow) error {
 	return nil
 }
 
-// decide replays d and reports whether the proposal denies it; a decision
-// the proposal cannot replay keeps its stored verdict.
-func (run *replayRun) decide(d *replayRow) (bool, error) {
+// replayer replays one rule set (the proposal, or the rules that ran)
+// through its own model of the store.
+type replayer struct {
+	x      proposalIndex
+	names  *queryNames
+	rp     *limiter.Replay
+	bucket struct {
+		plan, route uint32
+		key         string
+	}
+}
+
+func newReplayer(p Proposal, names *queryNames) *replayer {
+	return &replayer{x: indexProposal(p, *names), names: names, rp: limiter.NewReplay(0)}
+}
+
+// How a replayer decided a stored decision.
+const (
+	replayed     = iota
+	kept         // of a plan the rule set does not name: as decided
+	unreplayable // no usable cost or key: as decided
+)
+
+// reset starts the next key with every bucket full.
+func (p *replayer) reset() {
+	p.rp.Reset()
+	p.bucket.key = ""
+}
+
+// decide replays d and reports whether the rule set denies it, with the
+// limiter's decision when it replayed it; a decision it cannot replay
+// keeps its stored verdict.
+func (p *replayer) decide(d *replayRow) (bool, limiter.Decision, int, error) {
 	was := d.allowed == 0
 	plan, cost, perRoute := d.plan, d.cost, false
-	if d.route > 0 && int(d.route) <= len(run.x.routes) {
-		rt := run.x.routes[d.route-1]
-		if p := run.x.routePlan[d.route-1]; p > 0 {
-			plan, perRoute = p, true
+	if d.route > 0 && int(d.route) <= len(p.x.routes) {
+		rt := p.x.routes[d.route-1]
+		if i := p.x.routePlan[d.route-1]; i > 0 {
+			plan, perRoute = i, true
 		}
 		if rt.Cost > 0 {
 			cost = rt.Cost
 		}
 	}
-	if plan == 0 || int(plan) > len(run.x.plans) {
-		run.rep.Kept++
-		return was, nil
+	if plan == 0 || int(plan) > len(p.x.plans) || p.x.plans[plan-1] == nil {
+		return was, limiter.Decision{}, kept, nil
 	}
 	if cost <= 0 {
-		run.rep.Unreplayable++
-		return was, nil
+		return was, limiter.Decision{}, unreplayable, nil
 	}
-	dec, err := run.rp.Allow(time.UnixMilli(d.atMS), run.bucketKey(d.key, plan, d.route, perRoute), run.x.plans[plan-1], cost)
+	dec, err := p.rp.Allow(time.UnixMilli(d.atMS), p.bucketKey(d.key, plan, d.route, perRoute), p.x.plans[plan-1], cost)
 	if errors.Is(err, limiter.ErrInput) {
-		run.rep.Unreplayable++
-		return was, nil
+		return was, limiter.Decision{}, unreplayable, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("replay: %w", err)
+		return false, limiter.Decision{}, 0, fmt.Errorf("replay: %w", err)
 	}
-	if d.counted != 0 {
-		for _, rr := range dec.Rules {
-			if !rr.Allowed {
-				if rr.Rule.Shadow {
-					run.rule(rr.Rule.Name).ShadowWouldDeny++
-				} else {
-					run.rule(rr.Rule.Name).WouldDeny++
-				}
-			}
-		}
-	}
-	return !dec.Allowed, nil
+	return !dec.Allowed, dec, replayed, nil
 }
 
 // bucketKey names the limiter key a decision spends, as the gateway keys
 // it: one bucket set per key and plan, and per key and route for a route
 // with a plan of its own. The last one is kept, since a key's decisions
 // mostly share one.
-func (run *replayRun) bucketKey(key string, plan, route uint32, perRoute bool) string {
-	b := &run.bucket
+func (p *replayer) bucketKey(key string, plan, route uint32, perRoute bool) string {
+	b := &p.bucket
 	if !perRoute {
 		route = 0
 	}
 	if b.key == "" || b.plan != plan || b.route != route {
 		b.plan, b.route = plan, route
 		if perRoute {
-			b.key = key + "|r:" + run.x.routeNames[route-1]
+			b.key = key + "|r:" + p.names.routes[route-1]
 		} else {
-			b.key = key + "|p:" + run.x.planNames[plan-1]
+			b.key = key + "|p:" + p.names.plans[plan-1]
 		}
 	}
 	return b.key
@@ -209,6 +260,18 @@ func (run *replayRun) report() WhatIfReport {
 	slices.SortFunc(rep.Hours, func(a, b WhatIfHour) int { return a.Hour.Compare(b.Hour) })
 	rep.TopKeys, rep.NewlyBlocked, rep.NewlyFreed = run.top.sorted(), run.blocked.sorted(), run.freed.sorted()
 	rep.Caveats = slices.Clone(whatIfCaveats)
+	if run.ran != nil {
+		c := run.check
+		if c.Requests > 0 {
+			c.Agreement = float64(c.Requests-c.NewlyDenied-c.NewlyAllowed) / float64(c.Requests)
+		}
+		if c.WasDenied > 0 {
+			c.DenialError = float64(c.WouldDeny-c.WasDenied) / float64(c.WasDenied)
+		}
+		rep.SelfCheck = &c
+	} else {
+		rep.Caveats = append(rep.Caveats, "the rules that ran were not given, so the replay did not check itself against what happened: give them (ran), or give the proposal as a changed rule (change) on them")
+	}
 	if rep.Kept > 0 {
 		rep.Caveats = append(rep.Caveats, fmt.Sprintf("%d decisions were of plans the proposal does not name and are counted as decided", rep.Kept))
 	}

@@ -136,6 +136,10 @@ func sortedNames[V any](m map[string]V) []string { return slices.Sorted(maps.Key
 type WhatIfQuery struct {
 	Range
 	Proposal Proposal
+	// Ran, when set, is the rules that ran: replayed over the same
+	// decisions beside the proposal and compared with what happened
+	// (WhatIfReport.SelfCheck).
+	Ran *Proposal
 	// Top is how many keys each key list holds; default 20, at most
 	// MaxWhatIfTop.
 	Top int
@@ -156,6 +160,11 @@ func (q WhatIfQuery) Validate() error {
 	}
 	if q.Top < 0 || q.Top > MaxWhatIfTop {
 		return fmt.Errorf("%w: top %d outside [0, %d]", ErrBadQuery, q.Top, MaxWhatIfTop)
+	}
+	if q.Ran != nil {
+		if err := q.Ran.Validate(); err != nil {
+			return fmt.Errorf("the rules that ran: %w", err)
+		}
 	}
 	return q.Proposal.Validate()
 }
@@ -207,6 +216,22 @@ type WhatIfHour struct {
 	WhatIfCounts
 }
 
+// WhatIfSelfCheck is the rules that ran, replayed over the same decisions
+// and compared with what happened: how far to trust the proposal's
+// answer. Its counts are of the decisions the replay decided: WouldDeny
+// what it denied, NewlyDenied and NewlyAllowed where it disagrees.
+type WhatIfSelfCheck struct {
+	WhatIfCounts
+	// NotReplayed were of plans the rules that ran do not name, or had
+	// no usable cost or key.
+	NotReplayed int64 `json:"not_replayed"`
+	// Agreement is the share of the decisions replayed that came out as
+	// they were decided; DenialError how far the replayed denials are
+	// from the real ones, as a share of them (0.02: 2 % more).
+	Agreement   float64 `json:"agreement"`
+	DenialError float64 `json:"denial_error"`
+}
+
 // WhatIfKey is one key's comparison.
 type WhatIfKey struct {
 	KeyID   string `json:"key_id"`
@@ -247,6 +272,9 @@ type WhatIfReport struct {
 	TopKeys      []WhatIfKey `json:"top_keys"`
 	NewlyBlocked []WhatIfKey `json:"newly_blocked"`
 	NewlyFreed   []WhatIfKey `json:"newly_freed"`
+	// SelfCheck is the rules that ran, replayed and compared with what
+	// happened; nil when the query did not give them.
+	SelfCheck *WhatIfSelfCheck `json:"self_check,omitempty"`
 	// Caveats says what this replay could not know.
 	Caveats  []string      `json:"caveats"`
 	Duration time.Duration `json:"duration_ns"`
@@ -277,27 +305,46 @@ var kindNames = [...]string{"unknown", "api_key", "user", "ip"}
 const noRoute = " none"
 
 // proposalIndex is a proposal in the query's terms: plans and routes by
-// 1-based place.
+// 1-based place in names the query was given (names), a plan the
+// proposal does not hold nil.
 type proposalIndex struct {
-	planNames  []string
-	plans      [][]limiter.Rule
-	routeNames []string
-	routes     []ProposedRoute
+	plans  [][]limiter.Rule
+	routes []ProposedRoute
 	// routePlan is, per route, its plan's place (0: the stored plan's).
 	routePlan []uint32
 }
 
-func indexProposal(p Proposal) proposalIndex {
+// queryNames are the plan and route names a replay's query looks up:
+// those of every rule set it replays, so one read serves them all.
+type queryNames struct {
+	plans, routes []string
+}
+
+func namesOf(ps ...*Proposal) queryNames {
+	plans, routes := map[string]bool{}, map[string]bool{}
+	for _, p := range ps {
+		if p == nil {
+			continue
+		}
+		for n := range p.Plans {
+			plans[n] = true
+		}
+		for n := range p.Routes {
+			routes[n] = true
+		}
+	}
+	return queryNames{plans: sortedNames(plans), routes: append([]string{noRoute}, sortedNames(routes)...)}
+}
+
+func indexProposal(p Proposal, names queryNames) proposalIndex {
 	var x proposalIndex
-	x.planNames = sortedNames(p.Plans)
-	for _, n := range x.planNames {
+	for _, n := range names.plans {
 		x.plans = append(x.plans, p.Plans[n])
 	}
-	x.routeNames = append([]string{noRoute}, sortedNames(p.Routes)...)
-	for _, n := range x.routeNames {
+	for _, n := range names.routes {
 		rt := p.Routes[n]
 		x.routes = append(x.routes, rt)
-		x.routePlan = append(x.routePlan, uint32(slices.Index(x.planNames, rt.Plan)+1))
+		x.routePlan = append(x.routePlan, uint32(slices.Index(names.plans, rt.Plan)+1))
 	}
 	return x
 }
@@ -341,7 +388,7 @@ func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error
 	scanErr := make(chan error, 1)
 	go func() {
 		defer close(full)
-		scanErr <- r.streamChunks(ctx, q.Range, run.x, chunks, full, empty)
+		scanErr <- r.streamChunks(ctx, q.Range, run.names, chunks, full, empty)
 	}()
 	var runErr error
 	for batch := range full {
@@ -414,7 +461,7 @@ func (r *Reader) whatIfChunks(ctx context.Context, rg Range, chunkRows int64) ([
 // taken from empty to full, until the chunks end or ctx does. The next
 // chunk's query is sent while this one is read, so the server sorts it in
 // the meantime.
-func (r *Reader) streamChunks(ctx context.Context, rg Range, x proposalIndex, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
+func (r *Reader) streamChunks(ctx context.Context, rg Range, names queryNames, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
 	type opened struct {
 		rows driver.Rows
 		err  error
@@ -423,7 +470,7 @@ func (r *Reader) streamChunks(ctx context.Context, rg Range, x proposalIndex, ch
 		ch := make(chan opened, 1)
 		go func() {
 			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi),
-				clickhouse.Named("plans", x.planNames), clickhouse.Named("routes", x.routeNames))...)
+				clickhouse.Named("plans", names.plans), clickhouse.Named("routes", names.routes))...)
 			ch <- opened{rows, err}
 		}()
 		return ch

@@ -22,6 +22,9 @@ type WhatIfRequest struct {
 	// Rules is the proposal (YAML), Change an optional changed rule (YAML).
 	Rules  string `json:"rules"`
 	Change string `json:"change"`
+	// Ran is the rules that ran (YAML), replayed for the self-check;
+	// default Rules when Change is given (the change is then to them).
+	Ran string `json:"ran"`
 	// From (default 24h ago) and To (default now), as ParseTime reads them.
 	From string `json:"from"`
 	To   string `json:"to"`
@@ -73,7 +76,7 @@ func (a *API) whatIf(w http.ResponseWriter, r *http.Request) error {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxWhatIfBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return fmt.Errorf("%w: body: want a JSON object {rules, change, from, to, plan, route, key, top} of at most %d bytes: %v", ErrBadQuery, maxWhatIfBody, err)
+		return fmt.Errorf("%w: body: want a JSON object {rules, change, ran, from, to, plan, route, key, top} of at most %d bytes: %v", ErrBadQuery, maxWhatIfBody, err)
 	}
 	q, err := a.whatIfQuery(req)
 	if err != nil {
@@ -108,14 +111,29 @@ func (a *API) whatIfQuery(req WhatIfRequest) (WhatIfQuery, error) {
 	if strings.TrimSpace(req.Rules) == "" {
 		return WhatIfQuery{}, fmt.Errorf("%w: rules: the proposal is empty; give plans in the gateway's YAML syntax", ErrBadQuery)
 	}
-	p, err := a.ParseProposal(req.Rules, req.Change)
-	if err != nil {
-		if !errors.Is(err, ErrBadQuery) {
-			err = fmt.Errorf("%w: %v", ErrBadQuery, err)
+	parse := func(what, rules, change string) (Proposal, error) {
+		p, err := a.ParseProposal(rules, change)
+		if err != nil && !errors.Is(err, ErrBadQuery) {
+			err = fmt.Errorf("%w: %s: %v", ErrBadQuery, what, err)
 		}
+		return p, err
+	}
+	p, err := parse("rules", req.Rules, req.Change)
+	if err != nil {
 		return WhatIfQuery{}, err
 	}
 	q := WhatIfQuery{Range: Range{From: from, To: to, Plan: req.Plan, Route: req.Route, KeyID: req.Key}, Proposal: p, Top: req.Top}
+	ran := req.Ran
+	if strings.TrimSpace(ran) == "" && strings.TrimSpace(req.Change) != "" {
+		ran = req.Rules
+	}
+	if strings.TrimSpace(ran) != "" {
+		r, err := parse("ran", ran, "")
+		if err != nil {
+			return WhatIfQuery{}, err
+		}
+		q.Ran = &r
+	}
 	if q.Top == 0 {
 		q.Top = 20
 	}

@@ -71,6 +71,18 @@ func TestWhatIfAPI(t *testing.T) {
 	if want := (analytics.WhatIfCounts{Requests: 18, WasDenied: 3, WouldDeny: 5, NewlyDenied: 4, NewlyAllowed: 2}); rep.Totals != want || len(rep.TopKeys) != 3 {
 		t.Errorf("report totals %+v with %d top keys, want %+v and 3", rep.Totals, len(rep.TopKeys), want)
 	}
+	if rep.SelfCheck != nil {
+		t.Errorf("self-check %+v without the rules that ran", rep.SelfCheck)
+	}
+	// The rules that ran, replayed beside the proposal: here the same
+	// rules, so the self-check's counts are the proposal's replayed ones.
+	resp, body = post(t, srv.URL+"/api/whatif", testToken, `{"rules": "plans: {}", "ran": "plans: {}", `+rng+`}`)
+	if err := json.Unmarshal(body, &rep); resp.StatusCode != http.StatusOK || err != nil {
+		t.Fatalf("POST /api/whatif with ran = %d %s", resp.StatusCode, body)
+	}
+	if c := rep.SelfCheck; c == nil || c.Requests+c.NotReplayed != rep.Totals.Requests || c.NotReplayed != 3 || c.WouldDeny != rep.Totals.WouldDeny-1 {
+		t.Errorf("self-check %+v beside totals %+v; want the 15 replayed decisions, 3 of plan gold not", c, rep.Totals)
+	}
 
 	for _, tt := range []struct {
 		name, body, detail string
@@ -79,6 +91,7 @@ func TestWhatIfAPI(t *testing.T) {
 		{"unknown field", `{"rules": "plans: {}", "bucket": "hour"}`, `unknown field "bucket"`},
 		{"empty proposal", `{` + rng + `}`, "the proposal is empty"},
 		{"parse error", `{"rules": "routes: []", ` + rng + `}`, "no plans: section"},
+		{"ran parse error", `{"rules": "plans: {}", "ran": "routes: []", ` + rng + `}`, "ran: rules: line 1: no plans: section"},
 		{"bad time", `{"rules": "plans: {}", "from": "yesterday"}`, `time "yesterday"`},
 		{"range too long", `{"rules": "plans: {}", "from": "-40d"}`, "at most 744h0m0s"},
 		{"top", `{"rules": "plans: {}", "top": 5000}`, "top 5000"},
@@ -150,7 +163,7 @@ func TestWhatIfBusy(t *testing.T) {
 func TestWhatIfDashboard(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv := whatIfAPI(t, fakeProposals)
-	frag := url.Values{"rules": {"plans: (the test's proposal)"}, "from": {whatIfStart.Add(-time.Minute).Format(time.RFC3339)},
+	frag := url.Values{"rules": {"plans: (the test's proposal)"}, "ran": {"plans: (the same)"}, "from": {whatIfStart.Add(-time.Minute).Format(time.RFC3339)},
 		"to": {whatIfStart.Add(time.Minute).Format(time.RFC3339)}, "top": {"5"}}
 	// The sign-in redirects to /, which keeps the fragment (RFC 9110 10.2.2).
 	signIn := signInPage(t, srv.URL+"/login#whatif?"+frag.Encode())
@@ -167,6 +180,7 @@ func TestWhatIfDashboard(t *testing.T) {
 		`<td>second</td><td class="num">0</td><td class="num">3</td>`,
 		`<td>b</td><td>api_key</td><td class="num">2</td><td class="num">2</td><td class="num">0</td>`,
 		"Caveat: 3 decisions were of plans the proposal does not name",
+		"Self-check: the rules that ran, replayed, decided ",
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("dashboard what-if lacks %s", want)

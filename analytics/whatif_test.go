@@ -218,3 +218,71 @@ func TestWhatIfValidate(t *testing.T) {
 		t.Errorf("Apply to a plan not in the proposal = %v, want a bad query", err)
 	}
 }
+
+// TestWhatIfSelfCheck: decisions made by the limiter's own model under
+// rules R, replayed with R as the rules that ran, agree with what happened
+// to the last decision, and the report says so; given rules that did not
+// run (stricter), the self-check shows the disagreement. Decisions of a
+// plan the rules that ran do not name are not replayed, and said so.
+func TestWhatIfSelfCheck(t *testing.T) {
+	conn := mustDatabase(t)
+	ran := []limiter.Rule{{Name: "second", Limit: 2, Period: time.Second, Burst: 4}}
+	model := limiter.NewReplay(0)
+	var rows []event.Decision
+	denied := 0
+	for k := range 5 {
+		key := "k" + string(rune('a'+k))
+		model.Reset()
+		for i := range 120 {
+			at := whatIfStart.Add(time.Duration(i*(70+30*k)) * time.Millisecond)
+			d, err := model.Allow(at, key+"|p:free", ran, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				denied++
+			}
+			rows = append(rows, event.Decision{Time: at, GatewayID: "gw-a", KeyID: key, KeyKind: event.KindAPIKey, ClientIP: "10.0.0.1",
+				Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1, BindingRule: "second"})
+		}
+	}
+	rows = append(rows, event.Decision{Time: whatIfStart, GatewayID: "gw-a", KeyID: "gold", KeyKind: event.KindAPIKey,
+		Route: "/v1/items", Method: "GET", Plan: "gold", Allowed: true, Cost: 1})
+	mustInsert(t, conn, rows)
+	r := analytics.NewReader(conn)
+	rg := analytics.Range{From: whatIfStart, To: whatIfStart.Add(time.Minute)}
+	proposal := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": {{Name: "second", Limit: 1, Period: time.Second}}}}
+
+	rep, err := r.WhatIf(context.Background(), analytics.WhatIfQuery{Range: rg, Proposal: proposal,
+		Ran: &analytics.Proposal{Plans: map[string][]limiter.Rule{"free": ran}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.SelfCheck
+	if denied < 50 || c == nil {
+		t.Fatalf("self-check %+v of %d decisions, %d denied: the traffic does not test it", c, len(rows), denied)
+	}
+	want := analytics.WhatIfSelfCheck{WhatIfCounts: analytics.WhatIfCounts{Requests: int64(len(rows) - 1), WasDenied: int64(denied), WouldDeny: int64(denied)},
+		NotReplayed: 1, Agreement: 1}
+	if *c != want {
+		t.Errorf("self-check of the rules that ran = %+v, want %+v", *c, want)
+	}
+	if rep.Totals.WouldDeny <= int64(denied) {
+		t.Errorf("the stricter proposal denies %d, no more than the %d denied: the test does not tell the two replays apart", rep.Totals.WouldDeny, denied)
+	}
+
+	rep, err = r.WhatIf(context.Background(), analytics.WhatIfQuery{Range: rg, Proposal: proposal, Ran: &proposal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := rep.SelfCheck; c == nil || c.Agreement >= 0.95 || c.DenialError <= 0 || c.NewlyDenied == 0 {
+		t.Errorf("self-check of rules that did not run = %+v; want the disagreement shown", c)
+	}
+	rep, err = r.WhatIf(context.Background(), analytics.WhatIfQuery{Range: rg, Proposal: proposal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.SelfCheck != nil || !strings.Contains(strings.Join(rep.Caveats, "\n"), "did not check itself") {
+		t.Errorf("without the rules that ran: self-check %+v, caveats %q; want none, and a caveat", rep.SelfCheck, rep.Caveats)
+	}
+}

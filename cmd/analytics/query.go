@@ -41,6 +41,7 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 		ip     = fs.String("ip", "", "nat-ips: that address's (or IPv6 /64's) history")
 		rules  = fs.String("rules", "", "whatif: the proposal, a YAML file with plans: (and routes:) in the gateway's syntax; a gateway config file does")
 		change = fs.String("change", "", "whatif: one changed rule of a plan in -rules, as YAML: '{plan: pro, name: per_minute, limit: 50, period: 1m}'")
+		ran    = fs.String("ran", "", "whatif: the rules that ran (a gateway config file does), replayed first to check the replay against what happened; default -rules when -change is given")
 	)
 	// The filter flags are the Range's filters: they fill it directly, and
 	// -from and -to its bounds below.
@@ -103,7 +104,7 @@ func query(ctx context.Context, cmd string, fs *boot.Flags, args []string, geten
 	var wq analytics.WhatIfQuery
 	if cmd == "whatif" {
 		// A bad proposal is reported before ClickHouse is dialled.
-		if wq, err = whatIfQuery(rg, *rules, *change, *top); err != nil {
+		if wq, err = whatIfQuery(rg, *rules, *change, *ran, *top); err != nil {
 			return err
 		}
 	}

@@ -78,21 +78,39 @@ func strict(b []byte, dst any) error {
 	return nil
 }
 
-// whatIfQuery reads "analytics whatif"'s proposal (-rules, -change) into
-// a query over rg (only its plan, route and key filters may be set).
-func whatIfQuery(rg analytics.Range, rulesFile, change string, top int) (analytics.WhatIfQuery, error) {
+// whatIfQuery reads "analytics whatif"'s proposal (-rules, -change) and
+// the rules that ran (-ran; else -rules when -change changes them) into a
+// query over rg (only its plan, route and key filters may be set).
+func whatIfQuery(rg analytics.Range, rulesFile, change, ranFile string, top int) (analytics.WhatIfQuery, error) {
 	if rulesFile == "" {
 		return analytics.WhatIfQuery{}, fmt.Errorf("%w: whatif needs -rules FILE: the plans to replay, in the gateway's YAML syntax", errUsage)
 	}
-	text, err := os.ReadFile(rulesFile)
+	read := func(file, change string) (analytics.Proposal, error) {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			return analytics.Proposal{}, err
+		}
+		p, err := parseProposal(string(text), change)
+		if err != nil {
+			return analytics.Proposal{}, fmt.Errorf("%s: %w", file, err)
+		}
+		return p, nil
+	}
+	p, err := read(rulesFile, change)
 	if err != nil {
 		return analytics.WhatIfQuery{}, fmt.Errorf("-rules: %w", err)
 	}
-	p, err := parseProposal(string(text), change)
-	if err != nil {
-		return analytics.WhatIfQuery{}, fmt.Errorf("%s: %w", rulesFile, err)
-	}
 	q := analytics.WhatIfQuery{Range: rg, Proposal: p, Top: top}
+	if ranFile == "" && strings.TrimSpace(change) != "" {
+		ranFile = rulesFile
+	}
+	if ranFile != "" {
+		ran, err := read(ranFile, "")
+		if err != nil {
+			return analytics.WhatIfQuery{}, fmt.Errorf("-ran: %w", err)
+		}
+		q.Ran = &ran
+	}
 	return q, q.Validate()
 }
 
@@ -119,6 +137,10 @@ func renderWhatIf(w io.Writer, format string, rep analytics.WhatIfReport) error 
 		{fmt.Sprintf("what-if %s to %s: %d decisions read, %d counted, %d kept as decided, %d keys (%d newly blocked, %d newly freed), %v",
 			ts(rep.From), ts(rep.To), rep.Read, rep.Counted, rep.Kept, rep.Keys, rep.KeysNewlyBlocked, rep.KeysNewlyFreed, rep.Duration.Round(time.Millisecond)),
 			table{header: head, rows: [][]string{counts(rep.Totals)}}},
+	}
+	if c := rep.SelfCheck; c != nil {
+		sections = append(sections, section{fmt.Sprintf("self-check: the rules that ran, replayed, decided %.2f %% of %d decisions as they were, and denied %d where %d were (%d not replayed)",
+			100*c.Agreement, c.Requests, c.WouldDeny, c.WasDenied, c.NotReplayed), table{header: head, rows: [][]string{counts(c.WhatIfCounts)}}})
 	}
 	rules := table{header: []string{"rule", "was_binding", "would_deny", "shadow_would_deny"}}
 	for _, r := range rep.Rules {
