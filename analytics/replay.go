@@ -30,13 +30,14 @@ type replayRun struct {
 	top, blocked, freed keyHeap
 }
 
-func newReplayRun(q WhatIfQuery) *replayRun {
+func newReplayRun(q WhatIfQuery, warmFrom time.Time) *replayRun {
 	run := &replayRun{
 		q:     q,
 		names: namesOf(&q.Proposal, q.Ran),
 		rules: map[string]*WhatIfRule{},
 		hours: map[int64]*WhatIfCounts{},
-		rep:   WhatIfReport{Span: Span{From: q.From.UTC(), To: q.To.UTC()}, Plan: q.Plan, Route: q.Route, Key: q.KeyID},
+		rep: WhatIfReport{Span: Span{From: q.From.UTC(), To: q.To.UTC()}, Plan: q.Plan, Route: q.Route, Key: q.KeyID,
+			WarmFrom: warmFrom.UTC().Truncate(time.Second)},
 	}
 	run.prop = newReplayer(q.Proposal, &run.names)
 	if q.Ran != nil {
@@ -88,7 +89,11 @@ func (run *replayRun) add(d *replayRow) error {
 		}
 		run.cur = WhatIfKey{KeyID: d.key, KeyKind: kind}
 	}
-	run.rep.Read++
+	if d.inRange == 0 {
+		run.rep.Warmed++
+	} else {
+		run.rep.Read++
+	}
 	was := d.allowed == 0
 	would, dec, how, err := run.prop.decide(d)
 	if err != nil {
@@ -100,6 +105,9 @@ func (run *replayRun) add(d *replayRow) error {
 		if ranWould, _, ranHow, err = run.ran.decide(d); err != nil {
 			return err
 		}
+	}
+	if d.inRange == 0 {
+		return nil
 	}
 	switch how {
 	case kept:
@@ -260,6 +268,13 @@ func (run *replayRun) report() WhatIfReport {
 	slices.SortFunc(rep.Hours, func(a, b WhatIfHour) int { return a.Hour.Compare(b.Hour) })
 	rep.TopKeys, rep.NewlyBlocked, rep.NewlyFreed = run.top.sorted(), run.blocked.sorted(), run.freed.sorted()
 	rep.Caveats = slices.Clone(whatIfCaveats)
+	if warm := rep.From.Sub(rep.WarmFrom); warm < maxWhatIfWarm {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("each key's buckets start full at %s, the longest rule's memory before the range, and are warmed by the %d decisions since",
+			rep.WarmFrom.Format(time.RFC3339), rep.Warmed))
+	} else {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("each key's buckets start full at %s, %v before the range (rules that remember longer than that are not warmed further), and are warmed by the %d decisions since",
+			rep.WarmFrom.Format(time.RFC3339), maxWhatIfWarm, rep.Warmed))
+	}
 	if run.ran != nil {
 		c := run.check
 		if c.Requests > 0 {

@@ -254,6 +254,10 @@ type WhatIfReport struct {
 	// counted as they were, too.
 	Kept         int64 `json:"kept"`
 	Unreplayable int64 `json:"unreplayable"`
+	// Warmed were decided before the range, since WarmFrom: replayed to
+	// fill the buckets as they were when the range began, not counted.
+	WarmFrom time.Time `json:"warm_from"`
+	Warmed   int64     `json:"warmed"`
 	// NotByStore were decided without the shared store (it was
 	// unavailable: fail open, fail closed or the local fallback); the
 	// replay decides them as if it had answered.
@@ -285,7 +289,46 @@ type WhatIfReport struct {
 var whatIfCaveats = []string{
 	"clients are replayed as they behaved: one denied more often might have backed off, one freed might have sent more",
 	"keys are replayed under their plan's rules: per-key overrides, split directives (hot keys) and NAT directives are not in the stored decisions and are not applied",
-	"each key's buckets start full at the start of the range",
+}
+
+// maxWhatIfWarm bounds how far before its range a replay reads to warm
+// the buckets: a rule of a longer period starts that far back, full.
+const maxWhatIfWarm = MaxWhatIfRange
+
+// warmFrom is where the replay starts reading: as far before the range
+// as the longest rule it replays remembers (a calendar rule: its longest
+// window), at most maxWhatIfWarm, so that a key drained at the range's
+// start is drained in the replay too.
+func (q WhatIfQuery) warmFrom() time.Time {
+	var longest time.Duration
+	for _, p := range []*Proposal{&q.Proposal, q.Ran} {
+		if p == nil {
+			continue
+		}
+		for _, rules := range p.Plans {
+			for _, r := range rules {
+				longest = max(longest, memory(r))
+			}
+		}
+	}
+	return q.From.Add(-min(longest, maxWhatIfWarm))
+}
+
+// memory is how long before a decision a rule's state can reach: its
+// period, or its calendar's longest window.
+func memory(r limiter.Rule) time.Duration {
+	if r.Calendar == nil {
+		return r.Period
+	}
+	switch r.Calendar.Unit() {
+	case limiter.Day:
+		return 25 * time.Hour // a day with a DST hour more
+	case limiter.Week:
+		return 8 * 24 * time.Hour
+	case limiter.Month:
+		return 32 * 24 * time.Hour
+	}
+	return 367 * 24 * time.Hour
 }
 
 // replayRow is one stored decision as the replay reads it (see
@@ -295,6 +338,7 @@ type replayRow struct {
 	atMS, cost                    int64
 	plan, route                   uint32
 	kind, counted, allowed, store uint8
+	inRange                       uint8 // 0: before the range, read to warm the buckets
 }
 
 // kindNames are the event's key kinds by number, as the query gives them.
@@ -374,12 +418,13 @@ func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error
 		"max_execution_time": int(WhatIfTimeout / time.Second),
 		"max_block_size":     8192,
 	}))
-	chunks, err := r.whatIfChunks(ctx, q.Range, cmp.Or(q.chunkRows, whatIfChunkRows))
+	warmFrom := q.warmFrom()
+	chunks, err := r.whatIfChunks(ctx, q.Range, warmFrom, cmp.Or(q.chunkRows, whatIfChunkRows))
 	if err != nil {
 		return WhatIfReport{}, err
 	}
 
-	run := newReplayRun(q)
+	run := newReplayRun(q, warmFrom)
 	full := make(chan []replayRow, whatIfBatches)
 	empty := make(chan []replayRow, whatIfBatches+1)
 	for range whatIfBatches + 1 {
@@ -388,7 +433,7 @@ func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error
 	scanErr := make(chan error, 1)
 	go func() {
 		defer close(full)
-		scanErr <- r.streamChunks(ctx, q.Range, run.names, chunks, full, empty)
+		scanErr <- r.streamChunks(ctx, q.Range, warmFrom, run.names, chunks, full, empty)
 	}()
 	var runErr error
 	for batch := range full {
@@ -423,8 +468,8 @@ type keyRange struct{ lo, hi string }
 
 // whatIfChunks cuts rg's keys into ranges of about whatIfChunkRows
 // decisions, reading the keys as a stream and keeping only the cuts.
-func (r *Reader) whatIfChunks(ctx context.Context, rg Range, chunkRows int64) ([]keyRange, error) {
-	rows, err := r.ch.Query(ctx, qWhatIfChunks, rg.args()...)
+func (r *Reader) whatIfChunks(ctx context.Context, rg Range, warmFrom time.Time, chunkRows int64) ([]keyRange, error) {
+	rows, err := r.ch.Query(ctx, qWhatIfChunks, append(rg.args(), clickhouse.Named("warm_from", warmFrom.UTC().Truncate(time.Second)))...)
 	if err != nil {
 		return nil, fmt.Errorf("query what-if chunks: %w", err)
 	}
@@ -461,7 +506,7 @@ func (r *Reader) whatIfChunks(ctx context.Context, rg Range, chunkRows int64) ([
 // taken from empty to full, until the chunks end or ctx does. The next
 // chunk's query is sent while this one is read, so the server sorts it in
 // the meantime.
-func (r *Reader) streamChunks(ctx context.Context, rg Range, names queryNames, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
+func (r *Reader) streamChunks(ctx context.Context, rg Range, warmFrom time.Time, names queryNames, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
 	type opened struct {
 		rows driver.Rows
 		err  error
@@ -469,7 +514,7 @@ func (r *Reader) streamChunks(ctx context.Context, rg Range, names queryNames, c
 	open := func(c keyRange) <-chan opened {
 		ch := make(chan opened, 1)
 		go func() {
-			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi),
+			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("warm_from", warmFrom.UTC().Truncate(time.Second)), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi),
 				clickhouse.Named("plans", names.plans), clickhouse.Named("routes", names.routes))...)
 			ch <- opened{rows, err}
 		}()
@@ -520,7 +565,7 @@ func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full ch
 	for rows.Next() {
 		batch = batch[:len(batch)+1]
 		d := &batch[len(batch)-1]
-		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.store); err != nil {
+		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.store, &d.inRange); err != nil {
 			return batch, fmt.Errorf("scan what-if decisions: %w", err)
 		}
 		if len(batch) == cap(batch) {

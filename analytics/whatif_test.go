@@ -96,6 +96,8 @@ func TestWhatIfReplay(t *testing.T) {
 	// capacity 1 is below the cost: both.
 	want := analytics.WhatIfReport{
 		Span: analytics.Span{From: q.From, To: q.To}, Read: 18, Counted: 18, Kept: 3, NotByStore: 1,
+		WarmFrom: q.From.Add(-time.Minute), // export's minute: the longest rule
+
 		Totals: analytics.WhatIfCounts{Requests: 18, WasDenied: 3, WouldDeny: 5, NewlyDenied: 4, NewlyAllowed: 2},
 		Rules: []analytics.WhatIfRule{
 			{Rule: "audit", ShadowWouldDeny: 9},
@@ -284,5 +286,42 @@ func TestWhatIfSelfCheck(t *testing.T) {
 	}
 	if rep.SelfCheck != nil || !strings.Contains(strings.Join(rep.Caveats, "\n"), "did not check itself") {
 		t.Errorf("without the rules that ran: self-check %+v, caveats %q; want none, and a caveat", rep.SelfCheck, rep.Caveats)
+	}
+}
+
+// TestWhatIfWarmsBuckets: a key drained before the range starts is
+// drained in the replay too. Ten requests spend a 10-an-hour rule 15
+// seconds before the range; the range's five all come out denied, as
+// they were, and the decisions before it are counted as warming, not in
+// the totals. Before, every bucket started full at the range's start,
+// and all five came out allowed.
+func TestWhatIfWarmsBuckets(t *testing.T) {
+	conn := mustDatabase(t)
+	rules := []limiter.Rule{{Name: "hour", Limit: 10, Period: time.Hour}}
+	model := limiter.NewReplay(0)
+	var rows []event.Decision
+	at := func(s int) time.Time { return whatIfStart.Add(time.Duration(s) * time.Second) }
+	for _, s := range []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 22, 23, 24} {
+		d, err := model.Allow(at(s), "k|p:free", rules, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, event.Decision{Time: at(s), GatewayID: "gw-a", KeyID: "k", KeyKind: event.KindAPIKey,
+			Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1, BindingRule: "hour"})
+	}
+	mustInsert(t, conn, rows)
+	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
+	rep, err := analytics.NewReader(conn).WhatIf(context.Background(), analytics.WhatIfQuery{
+		Range: analytics.Range{From: at(15), To: at(60)}, Proposal: ran, Ran: &ran})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := analytics.WhatIfCounts{Requests: 5, WasDenied: 5, WouldDeny: 5}
+	if rep.Totals != want || rep.Read != 5 || rep.Warmed != 10 || !rep.WarmFrom.Equal(at(15).Add(-time.Hour)) {
+		t.Errorf("replay of a key drained before the range: totals %+v, read %d, warmed %d from %v; want %+v, 5, 10 from %v",
+			rep.Totals, rep.Read, rep.Warmed, rep.WarmFrom, want, at(15).Add(-time.Hour))
+	}
+	if c := rep.SelfCheck; c == nil || c.Agreement != 1 {
+		t.Errorf("self-check %+v, want every decision reproduced", c)
 	}
 }

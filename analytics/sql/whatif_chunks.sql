@@ -1,5 +1,5 @@
--- whatif_chunks: the keys of [@from, @to) (optionally of one plan and one
--- key) with their decisions, in key order: what-if cuts the range into
+-- whatif_chunks: the keys of [@warm_from, @to) (optionally of one plan and
+-- one key) with their decisions, in key order: what-if cuts the range into
 -- chunks of whole keys from it (whatif.go), so that ClickHouse sorts one
 -- chunk at a time, never the range (a sort of 10M rows exceeds a server's
 -- memory limit). Streamed, never held: the reader keeps only boundaries.
@@ -7,7 +7,7 @@ SELECT
     key_id,
     toInt64(count()) AS decisions
 FROM decisions
-WHERE time >= @from AND time < @to
+WHERE time >= @warm_from AND time < @to
   AND {committed}
   AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)

@@ -14,7 +14,9 @@
 -- the store's verdict. The route is not filtered here: a key's requests on
 -- every route spend its buckets, so the replay reads them all and the
 -- route filter only chooses what is counted. event_id breaks ties within a
--- millisecond in the order the gateways made them.
+-- millisecond in the order the gateways made them. Decisions from
+-- @warm_from on, before @from, are read to warm the buckets (in_range 0):
+-- replayed, not counted.
 SELECT
     key_id,
     toUInt8(transform(key_kind, ['api_key', 'user', 'ip'], [1, 2, 3], 0)) AS kind,
@@ -25,11 +27,12 @@ SELECT
     toInt64(time) * 1000 + time_ms AS at_ms,
     cost,
     allowed,
-    toUInt8(store_status IN ('ok', 'local_cache')) AS by_store
+    toUInt8(store_status IN ('ok', 'local_cache')) AS by_store,
+    toUInt8(time >= @from) AS in_range
 FROM decisions
 WHERE key_id >= @lo AND key_id < @hi
   AND {committed}
-  AND time >= @from AND time < @to
+  AND time >= @warm_from AND time < @to
   AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)
 ORDER BY cityHash64(key_id), key_id, at_ms, event_id
