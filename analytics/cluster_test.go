@@ -54,7 +54,7 @@ func TestFaultClusterQueries(t *testing.T) {
 
 	args := map[string]any{
 		"from": fleetNow.Add(-15 * time.Minute).Truncate(time.Second), "to": fleetNow.Add(time.Minute).Truncate(time.Second),
-		"recent": fleetNow.Add(-time.Minute).Truncate(time.Second),
+		"recent": fleetNow.Add(-time.Minute).Truncate(time.Second), "warm_from": fleetNow.Add(-20 * time.Minute).Truncate(time.Second),
 		"bucket": "minute", "by": "key", "top": 5, "top_limit": 6, "limit": 50,
 		"min_requests": 10, "min_keys": 5, "min_user_agents": 5,
 		"key": "hot-1", "ip": "198.51.100.7", "rule": "", "route": "", "plan": "", "gateway": "",

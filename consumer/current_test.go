@@ -289,7 +289,7 @@ func bindPositional(t *testing.T, sql string, args ...any) string {
 
 // namedArgs are plausible values of every analytics parameter.
 var namedArgs = map[string]any{
-	"from": testStart.Add(-time.Hour), "to": testStart.Add(time.Hour), "recent": testStart,
+	"from": testStart.Add(-time.Hour), "to": testStart.Add(time.Hour), "recent": testStart, "warm_from": testStart.Add(-2 * time.Hour),
 	"bucket": "15m", "by": "key", "top": 5, "top_limit": 6, "limit": 10,
 	"min_requests": 1, "min_keys": 1, "min_user_agents": 1,
 	"key": "key-1", "ip": "10.0.0.1", "rule": "", "route": "", "plan": "", "gateway": "",
