@@ -82,6 +82,21 @@ var decisionColumns = []column{
 	col("acct_final", "UInt8", func(r *row) uint8 { return b2u(r.d.Accounting.Final) }),
 	col("seq", "Int64", func(r *row) int64 { return r.d.Seq }),
 	col("seq_epoch", "Int64", func(r *row) int64 { return unixNano(r.d.SeqEpoch) }),
+	col("nat_factor", "Float64", func(r *row) float64 { return r.d.NATFactor }),
+	col("split_gateways", "Array(String)", func(r *row) []string {
+		out := make([]string, len(r.d.Split))
+		for i, s := range r.d.Split {
+			out[i] = s.Gateway
+		}
+		return out
+	}),
+	col("split_shares", "Array(Float64)", func(r *row) []float64 {
+		out := make([]float64, len(r.d.Split))
+		for i, s := range r.d.Split {
+			out[i] = s.Share
+		}
+		return out
+	}),
 }
 
 // unixNano is t in Unix nanoseconds, 0 for the zero time.

@@ -223,6 +223,14 @@ func literal(t *testing.T, v any) string {
 		return "toDateTime('" + x.UTC().Format("2006-01-02 15:04:05") + "', 'UTC')"
 	case int, int32, int64, uint8, uint16, uint32, uint64:
 		return fmt.Sprint(x)
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case []float64:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			parts[i] = literal(t, e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
 	case []string:
 		parts := make([]string, len(x))
 		for i, e := range x {

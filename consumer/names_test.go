@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -192,6 +194,50 @@ func TestAccountingRecordsKeptApart(t *testing.T) {
 			if n := count(t, ch, "SELECT toUInt64("+sum+"(requests)) FROM "+table); n != uint64(len(ds)-len(want)) {
 				t.Errorf("%s counts %d requests, want %d (accounting records are not requests)", table, n, len(ds)-len(want))
 			}
+		}
+	})
+}
+
+// TestDirectivesStored: the directive an event says its gateway applied
+// (a NAT factor, a split's shares) lands in the raw table as it was sent,
+// for what-if replays; the other rows carry none.
+func TestDirectivesStored(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		ds := decisions(90)
+		for i := range ds {
+			switch i % 3 {
+			case 1:
+				ds[i].NATFactor = 2.5
+			case 2:
+				ds[i].Split = []event.SplitShare{{Gateway: "gw-a", Share: 0.75}, {Gateway: "*", Share: 0.25}}
+			}
+		}
+		produce(t, kb.brokers, kb.topic, ds)
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all rows in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= uint64(len(ds))
+		})
+		r.stop()
+		rows, err := ch.Query(context.Background(), `SELECT toString(nat_factor) AS nat, arrayStringConcat(split_gateways, ',') AS gws,
+			arrayStringConcat(arrayMap(s -> toString(s), split_shares), ',') AS shares, toUInt64(count())
+			FROM decisions GROUP BY nat, gws, shares ORDER BY nat, gws`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			var nat, gws, shares string
+			var n uint64
+			if err := rows.Scan(&nat, &gws, &shares, &n); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%s|%s|%s|%d", nat, gws, shares, n))
+		}
+		want := []string{"0|||30", "0|gw-a,*|0.75,0.25|30", "2.5|||30"}
+		if !slices.Equal(got, want) {
+			t.Errorf("directives stored %q, want %q", got, want)
 		}
 	})
 }

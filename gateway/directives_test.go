@@ -5,11 +5,13 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -165,5 +167,51 @@ func TestSplitSwitchTwoGateways(t *testing.T) {
 				t.Errorf("admitted %d (gw-a, gw-b: shared, split 15:5, shared, split 5:15: %v), want at most %d", n, got, want)
 			}
 		})
+	}
+}
+
+// TestEventsCarryDirectives: a decision whose rules a directive changed
+// says which, as the gateway applied it: a split key's events carry the
+// directive's shares, a NAT-raised address's its factor, so a what-if
+// replay can apply them; other decisions carry neither.
+func TestEventsCarryDirectives(t *testing.T) {
+	ctx := context.Background()
+	rig := newDirectiveRig(t)
+	up := newTestUpstream(t)
+	ev := &eventLog{}
+	a := startGateway(t, acmeConfig(up.URL, "gw-a"), Options{Store: rig.newStore(t), Directives: rig.watcher, Publisher: ev})
+	key := []string{"X-API-Key", "acme-raw-key"}
+	admitted(t, a.URL+"/x", 2, key...)
+	admitted(t, a.URL+"/x", 2)
+
+	exp := time.Now().Add(time.Minute)
+	if err := rig.store.WriteSplits(ctx, []limiter.SplitDirective{{Key: "api_key:" + acmeKeyID(), Shares: map[string]float64{"gw-b": 0.25, "gw-a": 0.75}, Expires: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rig.store.WriteNATs(ctx, []limiter.NATDirective{{Key: "ip:127.0.0.1", Factor: 3, Clients: 6, Expires: exp}}); err != nil {
+		t.Fatal(err)
+	}
+	rig.watcher.Refresh(ctx)
+	admitted(t, a.URL+"/x", 2, key...)
+	admitted(t, a.URL+"/x", 2)
+
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.all) != 8 {
+		t.Fatalf("%d events, want 8", len(ev.all))
+	}
+	split := []event.SplitShare{{Gateway: "gw-a", Share: 0.75}, {Gateway: "gw-b", Share: 0.25}}
+	for i, e := range ev.all {
+		directed := i >= 4
+		wantSplit, wantNAT := []event.SplitShare(nil), 0.0
+		switch {
+		case directed && e.KeyKind == event.KindAPIKey:
+			wantSplit = split
+		case directed && e.KeyKind == event.KindIP:
+			wantNAT = 3
+		}
+		if !slices.Equal(e.Split, wantSplit) || e.NATFactor != wantNAT {
+			t.Errorf("event %d (%v): split %v, NAT factor %v; want %v, %v", i, e.KeyKind, e.Split, e.NATFactor, wantSplit, wantNAT)
+		}
 	}
 }

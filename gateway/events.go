@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"hash"
 	"hash/fnv"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -101,7 +103,21 @@ func (g *Gateway) publish(c *call, v verdict) {
 		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
 		ev.Seq, ev.SeqEpoch = v.d.Seq, v.d.SeqEpoch
 	}
+	ev.NATFactor, ev.Split = c.limits.natFactor, eventShares(c.limits.shares)
 	g.pub.Publish(ev)
+}
+
+// eventShares are a split's shares as the event carries them, by gateway
+// name; nil for none. A directive has at most a few, one per gateway.
+func eventShares(shares map[string]float64) []event.SplitShare {
+	if len(shares) == 0 {
+		return nil
+	}
+	out := make([]event.SplitShare, 0, len(shares))
+	for _, gw := range slices.Sorted(maps.Keys(shares)) {
+		out = append(out, event.SplitShare{Gateway: gw, Share: shares[gw]})
+	}
+	return out[:min(len(out), event.MaxSplitShares)]
 }
 
 // eventMethods are the methods events name (RFC 9110's and PATCH).

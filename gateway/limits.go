@@ -23,6 +23,10 @@ type limits struct {
 	reserve bool
 	// rules are the plan's rules as directives leave them.
 	rules []limiter.Rule
+	// natFactor and shares are the directives that changed rules, for
+	// the decision event (what-if replays apply them as the gateway did).
+	natFactor float64
+	shares    map[string]float64
 }
 
 // limitsFor computes the limiter key and the effective rules of a request.
@@ -90,7 +94,7 @@ func (g *Gateway) directed(st *state, id *identity, l *limits, d *limiter.Direct
 	}
 	if id.kind == event.KindIP && len(d.NATs) > 0 {
 		if rules, ok := d.NAT(id.key, l.rules, now); ok {
-			l.rules, nat = rules, true
+			l.rules, l.natFactor, nat = rules, d.NATs[id.key].Factor, true
 		}
 	}
 	if len(d.Splits) > 0 && (st.cfg.SplitMaxPeriod <= 0 || longestPeriod(l.rules) <= st.cfg.SplitMaxPeriod) {
@@ -99,7 +103,7 @@ func (g *Gateway) directed(st *state, id *identity, l *limits, d *limiter.Direct
 			// "/gw:<this gateway>", or "/gw:*": the gateways a split does
 			// not name check the reserve in one bucket together.
 			l.key += strings.TrimPrefix(sk, dk)
-			l.rules, l.split = rules, true
+			l.rules, l.split, l.shares = rules, true, d.Splits[dk].Shares
 			l.reserve = strings.HasSuffix(sk, "/gw:"+limiter.OtherGateways)
 			split = true
 		}

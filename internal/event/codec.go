@@ -51,13 +51,17 @@ const (
 	fieldAccounting     = 23
 	fieldSeq            = 24
 	fieldSeqEpoch       = 25
-	maxField            = fieldSeqEpoch // the highest field number this code knows
+	fieldNATFactor      = 26
+	fieldSplit          = 27
+	maxField            = fieldSplit // the highest field number this code knows
 
 	// DescriptorEntry's and AdminAction's fields.
 	fieldEntryKey    = 1
 	fieldEntryValue  = 2
 	fieldAdminAction = 1
 	fieldAdminActor  = 2
+	fieldShareGW     = 1
+	fieldShare       = 2
 
 	// Accounting's fields.
 	fieldAcctRunStart    = 1
@@ -146,6 +150,14 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 			return dst, fmt.Errorf("encode descriptor entry %d: %w", i, err)
 		}
 	}
+	if len(d.Split) > MaxSplitShares {
+		return dst, fmt.Errorf("encode split: %d shares, at most %d: %w", len(d.Split), MaxSplitShares, ErrFieldTooLong)
+	}
+	for i, sh := range d.Split {
+		if err := checkString(sh.Gateway); err != nil {
+			return dst, fmt.Errorf("encode split share %d: %w", i, err)
+		}
+	}
 	for _, t := range [...]time.Time{d.Time, d.Accounting.RunStart, d.SeqEpoch} {
 		if !t.IsZero() && (t.Before(minTime) || t.After(maxTime)) {
 			return dst, fmt.Errorf("encode time %v: %w", t, ErrTimeRange)
@@ -196,6 +208,26 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 	b = appendVarintField(b, fieldSeq, protowire.EncodeZigZag(d.Seq))
 	if !d.SeqEpoch.IsZero() {
 		b = appendVarintField(b, fieldSeqEpoch, protowire.EncodeZigZag(d.SeqEpoch.UnixNano()))
+	}
+	if d.NATFactor != 0 {
+		b = appendTag(b, fieldNATFactor, protowire.Fixed64Type)
+		b = protowire.AppendFixed64(b, math.Float64bits(d.NATFactor))
+	}
+	for _, sh := range d.Split {
+		n := 0
+		if sh.Gateway != "" {
+			n += protowire.SizeTag(fieldShareGW) + protowire.SizeBytes(len(sh.Gateway))
+		}
+		if sh.Share != 0 {
+			n += protowire.SizeTag(fieldShare) + 8
+		}
+		b = appendTag(b, fieldSplit, protowire.BytesType)
+		b = binary.AppendUvarint(b, uint64(n))
+		b = appendString(b, fieldShareGW, sh.Gateway)
+		if sh.Share != 0 {
+			b = appendTag(b, fieldShare, protowire.Fixed64Type)
+			b = protowire.AppendFixed64(b, math.Float64bits(sh.Share))
+		}
 	}
 	return b, nil
 }
@@ -372,6 +404,32 @@ func (r *reader) other(d *Decision, num protowire.Number) error {
 		err := r.sint64(&ns)
 		if err == nil {
 			d.SeqEpoch = time.Unix(0, ns).UTC()
+		}
+		return err
+	case fieldNATFactor:
+		var bits uint64
+		err := r.fixed64(&bits)
+		d.NATFactor = math.Float64frombits(bits)
+		return err
+	case fieldSplit:
+		if len(d.Split) == MaxSplitShares {
+			return fmt.Errorf("more than %d split shares", MaxSplitShares)
+		}
+		var sh SplitShare
+		err := r.message(func(sub *reader, num protowire.Number) (bool, error) {
+			switch num {
+			case fieldShareGW:
+				return true, sub.string(&sh.Gateway)
+			case fieldShare:
+				var bits uint64
+				err := sub.fixed64(&bits)
+				sh.Share = math.Float64frombits(bits)
+				return true, err
+			}
+			return false, nil
+		})
+		if err == nil {
+			d.Split = append(d.Split, sh)
 		}
 		return err
 	}

@@ -95,7 +95,23 @@ type Decision struct {
 	// the shared store (see decision.proto); 0 and zero when none.
 	Seq      int64
 	SeqEpoch time.Time
+	// NATFactor and Split are the directive that changed the decision's
+	// rules, as the gateway applied it (see decision.proto); zero and nil
+	// when none did.
+	NATFactor float64
+	Split     []SplitShare
 }
+
+// SplitShare is one gateway's fraction of a split key's limits; Gateway
+// "*" stands for every gateway the split does not name.
+type SplitShare struct {
+	Gateway string
+	Share   float64
+}
+
+// MaxSplitShares is the most split shares Encode writes and Decode
+// accepts.
+const MaxSplitShares = 64
 
 // MaxDescriptorEntries is the most descriptor entries Encode writes and
 // Decode accepts: it bounds a record whatever a request carried.

@@ -34,6 +34,8 @@ func full() Decision {
 	d.Accounting = Accounting{RunStart: time.Unix(1_780_000_000, 5).UTC(), Decisions: 1000, Published: 990,
 		DroppedBufferFull: 1, DroppedBrokerError: 7, DroppedEncodeError: 1, DroppedClosed: 1, Final: true}
 	d.Seq, d.SeqEpoch = 1234, time.Unix(1_780_000_100, 7000).UTC()
+	d.NATFactor = 2.5
+	d.Split = []SplitShare{{Gateway: "gw-a", Share: 0.75}, {Gateway: "*", Share: 0.25}, {Share: 0}}
 	return d
 }
 
@@ -82,6 +84,18 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 	i64("seq", d.Seq)
 	if !d.SeqEpoch.IsZero() {
 		i64("seq_epoch_unix_nano", d.SeqEpoch.UnixNano())
+	}
+	set("nat_factor", protoreflect.ValueOfFloat64(d.NATFactor), d.NATFactor == 0)
+	if len(d.Split) > 0 {
+		list := m.Mutable(md.Fields().ByName("split")).List()
+		for _, sh := range d.Split {
+			sm := list.NewElement().Message()
+			setPair(sm, "gateway", sh.Gateway, "", "")
+			if sh.Share != 0 {
+				sm.Set(sm.Descriptor().Fields().ByName("share"), protoreflect.ValueOfFloat64(sh.Share))
+			}
+			list.Append(protoreflect.ValueOfMessage(sm))
+		}
 	}
 	if len(d.Descriptor) > 0 {
 		fd := md.Fields().ByName("descriptor")
