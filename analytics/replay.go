@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -145,7 +146,7 @@ func (run *replayRun) add(d *replayRow) error {
 	}
 	run.rep.Totals.add(was, would)
 	run.cur.add(was, would)
-	hour := d.atMS / 3_600_000
+	hour := d.atUS / 3_600_000_000
 	h := run.hours[hour]
 	if h == nil {
 		h = &WhatIfCounts{}
@@ -165,6 +166,14 @@ type replayer struct {
 		plan, route uint32
 		key         string
 	}
+	// last is directed's last result, for the input it had.
+	last struct {
+		inKey      string
+		inRules    []limiter.Rule
+		nat        float64
+		split, key string
+		rules      []limiter.Rule
+	}
 }
 
 func newReplayer(p Proposal, names *queryNames) *replayer {
@@ -182,6 +191,7 @@ const (
 func (p *replayer) reset() {
 	p.rp.Reset()
 	p.bucket.key = ""
+	p.last.inKey = ""
 }
 
 // decide replays d and reports whether the rule set denies it, with the
@@ -205,7 +215,9 @@ func (p *replayer) decide(d *replayRow) (bool, limiter.Decision, int, error) {
 	if cost <= 0 {
 		return was, limiter.Decision{}, unreplayable, nil
 	}
-	dec, err := p.rp.Allow(time.UnixMilli(d.atMS), p.bucketKey(d.key, plan, d.route, perRoute), p.x.plans[plan-1], cost)
+	at := time.UnixMicro(d.atUS)
+	key, rules := p.directed(d, p.bucketKey(d.key, plan, d.route, perRoute), p.x.plans[plan-1], at)
+	dec, err := p.rp.Allow(at, key, rules, cost)
 	if errors.Is(err, limiter.ErrInput) {
 		return was, limiter.Decision{}, unreplayable, nil
 	}
@@ -213,6 +225,40 @@ func (p *replayer) decide(d *replayRow) (bool, limiter.Decision, int, error) {
 		return false, limiter.Decision{}, 0, fmt.Errorf("replay: %w", err)
 	}
 	return !dec.Allowed, dec, replayed, nil
+}
+
+// directed applies to rules the directive the gateway applied to d, as
+// the gateway did (limiter.Directives: a NAT raise scales them; a split
+// checks this gateway's share in a bucket of its own, with the key's
+// whole), and returns the key and rules to check. The last result is
+// kept: a directed key's decisions mostly carry the same directive.
+func (p *replayer) directed(d *replayRow, key string, rules []limiter.Rule, at time.Time) (string, []limiter.Rule) {
+	if d.nat == 0 && d.split == "" {
+		return key, rules
+	}
+	c := &p.last
+	if c.inKey == key && c.nat == d.nat && c.split == d.split && len(c.inRules) == len(rules) && (len(rules) == 0 || &c.inRules[0] == &rules[0]) {
+		return c.key, c.rules
+	}
+	c.inKey, c.inRules, c.nat, c.split = key, rules, d.nat, d.split
+	never := time.Unix(1<<40, 0)
+	if d.nat > 0 {
+		ds := limiter.Directives{NATs: map[string]limiter.NATDirective{key: {Key: key, Factor: d.nat, Expires: never}}}
+		rules, _ = ds.NAT(key, rules, at)
+	}
+	if gateway, list, ok := strings.Cut(d.split, "\n"); ok {
+		shares := map[string]float64{}
+		for _, e := range strings.Split(list, "\t") {
+			name, v, _ := strings.Cut(e, " ")
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				shares[name] = f
+			}
+		}
+		ds := limiter.Directives{Splits: map[string]limiter.SplitDirective{key: {Key: key, Shares: shares, Expires: never}}}
+		key, rules, _ = ds.Split(key, gateway, rules, at)
+	}
+	c.key, c.rules = key, rules
+	return key, rules
 }
 
 // bucketKey names the limiter key a decision spends, as the gateway keys

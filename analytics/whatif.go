@@ -288,7 +288,7 @@ type WhatIfReport struct {
 // counts show.
 var whatIfCaveats = []string{
 	"clients are replayed as they behaved: one denied more often might have backed off, one freed might have sent more",
-	"keys are replayed under their plan's rules: per-key overrides, split directives (hot keys) and NAT directives are not in the stored decisions and are not applied",
+	"keys are replayed under their plan's rules (per-key overrides are not in the stored decisions), with the split (hot key) and NAT directives the gateways applied",
 }
 
 // maxWhatIfWarm bounds how far before its range a replay reads to warm
@@ -335,10 +335,14 @@ func memory(r limiter.Rule) time.Duration {
 // whatif_decisions.sql): plan and route by their place in the proposal.
 type replayRow struct {
 	key, rule                     string
-	atMS, cost                    int64
+	atUS, cost                    int64
 	plan, route                   uint32
 	kind, counted, allowed, store uint8
 	inRange                       uint8 // 0: before the range, read to warm the buckets
+	// nat and split are the directive the gateway applied (see
+	// whatif_decisions.sql): 0 and "" for none.
+	nat   float64
+	split string
 }
 
 // kindNames are the event's key kinds by number, as the query gives them.
@@ -565,7 +569,7 @@ func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full ch
 	for rows.Next() {
 		batch = batch[:len(batch)+1]
 		d := &batch[len(batch)-1]
-		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atMS, &d.cost, &d.allowed, &d.store, &d.inRange); err != nil {
+		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atUS, &d.cost, &d.allowed, &d.store, &d.inRange, &d.nat, &d.split); err != nil {
 			return batch, fmt.Errorf("scan what-if decisions: %w", err)
 		}
 		if len(batch) == cap(batch) {

@@ -97,6 +97,7 @@ var decisionColumns = []column{
 		}
 		return out
 	}),
+	col("time_us", "UInt16", func(r *row) uint16 { return uint16(r.d.Time.Nanosecond() / int(time.Microsecond) % 1000) }),
 }
 
 // unixNano is t in Unix nanoseconds, 0 for the zero time.

@@ -78,9 +78,16 @@ func (g *Gateway) publish(c *call, v verdict) {
 		return
 	}
 	now := g.now()
+	// The event's time is when the decision was made: the store's clock
+	// (Redis' TIME, to the microsecond), the same for every gateway, so a
+	// replay orders and times a key's decisions as the store did.
+	decided := now
+	if v.known && !v.d.Time.IsZero() {
+		decided = v.d.Time
+	}
 	ev := event.Decision{
 		ID:            event.NewID(now),
-		Time:          now,
+		Time:          decided,
 		GatewayID:     g.gatewayID,
 		KeyID:         g.keyID(&c.id),
 		KeyKind:       c.id.kind,

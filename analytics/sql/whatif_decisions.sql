@@ -10,13 +10,18 @@
 -- reads millions: the plan and the route as their 1-based places in the
 -- proposal's @plans and @routes (0: not named there), the key kind as the
 -- event's enum number, the binding rule only where the request was denied,
--- times as Unix milliseconds, and flags for the route filter (@route) and
+-- times as Unix microseconds, and flags for the route filter (@route) and
 -- the store's verdict. The route is not filtered here: a key's requests on
 -- every route spend its buckets, so the replay reads them all and the
--- route filter only chooses what is counted. event_id breaks ties within a
--- millisecond in the order the gateways made them. Decisions from
+-- route filter only chooses what is counted. Times are the store's clock
+-- where it decided, the same for every gateway, so a key's decisions come
+-- in the order the store made them; seq (the store's own numbering) breaks
+-- ties within a microsecond, then event_id. Decisions from
 -- @warm_from on, before @from, are read to warm the buckets (in_range 0):
--- replayed, not counted.
+-- replayed, not counted. The directive a gateway applied comes as it
+-- applied it: nat_factor (0: none), and split, '' for none, else the
+-- deciding gateway, a newline, and the shares as "gateway share" pairs
+-- joined by tabs (gateway ids hold neither).
 SELECT
     key_id,
     toUInt8(transform(key_kind, ['api_key', 'user', 'ip'], [1, 2, 3], 0)) AS kind,
@@ -24,15 +29,18 @@ SELECT
     toUInt32(indexOf(@routes, route)) AS route_index,
     toUInt8(@route = '' OR route = @route) AS counted,
     if(allowed = 0, binding_rule, '') AS denied_by,
-    toInt64(time) * 1000 + time_ms AS at_ms,
+    (toInt64(time) * 1000 + time_ms) * 1000 + time_us AS at_us,
     cost,
     allowed,
     toUInt8(store_status IN ('ok', 'local_cache')) AS by_store,
-    toUInt8(time >= @from) AS in_range
+    toUInt8(time >= @from) AS in_range,
+    nat_factor,
+    if(empty(split_gateways), '', concat(gateway_id, '\n',
+        arrayStringConcat(arrayMap((g, s) -> concat(g, ' ', toString(s)), split_gateways, split_shares), '\t'))) AS split
 FROM decisions
 WHERE key_id >= @lo AND key_id < @hi
   AND {committed}
   AND time >= @warm_from AND time < @to
   AND mode != 'admin'
   AND (@plan = '' OR plan = @plan)
-ORDER BY cityHash64(key_id), key_id, at_ms, event_id
+ORDER BY cityHash64(key_id), key_id, at_us, seq, event_id
