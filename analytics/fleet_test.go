@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ type pipelineFleet struct {
 	registries map[string]*prometheus.Registry // gateway id → its metrics
 	raw        map[string]string               // key id → raw key
 	client     *http.Client
+	answered   atomic.Int64 // requests answered: each one decision
 }
 
 // startFleet starts the pipeline with gateways gwIDs, plans, and an API key
@@ -100,17 +102,29 @@ func startFleet(t *testing.T, gwIDs []string, plans map[string]gateway.Plan, key
 			TrustedProxies: []string{"127.0.0.1"},
 			KeyHashSecret:  fleetSecret,
 			StoreDeadline:  time.Second,
+			AnonymousPlan:  anonymousPlan(plans),
 		}, gateway.Options{Store: lim, Publisher: pub, Logger: quiet, Directives: w, Registry: f.registries[id]})
 	}
 	return f
 }
 
-// send makes one request as key from ip with user agent ua through gateway
-// gw and returns its status, 0 when it failed (an error, unless the fleet
-// is stopping).
+// anonymousPlan is "anonymous" when plans has it: requests without a key
+// are then limited by their address under it.
+func anonymousPlan(plans map[string]gateway.Plan) string {
+	if _, ok := plans["anonymous"]; ok {
+		return "anonymous"
+	}
+	return ""
+}
+
+// send makes one request as key ("": none) from ip with user agent ua
+// through gateway gw and returns its status, 0 when it failed (an error,
+// unless the fleet is stopping).
 func (f *pipelineFleet) send(t *testing.T, gw, key, ip, ua string) int {
 	req, _ := http.NewRequestWithContext(f.ctx, http.MethodGet, f.urls[gw]+"/v1/items", nil)
-	req.Header.Set("X-API-Key", f.raw[key])
+	if key != "" {
+		req.Header.Set("X-API-Key", f.raw[key])
+	}
 	req.Header.Set("X-Forwarded-For", ip)
 	req.Header.Set("User-Agent", ua)
 	resp, err := f.client.Do(req)
@@ -122,6 +136,7 @@ func (f *pipelineFleet) send(t *testing.T, gw, key, ip, ua string) int {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	f.answered.Add(1)
 	return resp.StatusCode
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"sort"
@@ -54,10 +55,14 @@ func TestPipelineDetection(t *testing.T) {
 		}
 	}
 	gwIDs := []string{"gw-a", "gw-b", "gw-c"}
-	f := startFleet(t, gwIDs, map[string]gateway.Plan{
+	plans := map[string]gateway.Plan{
 		"free": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "minute", Limit: 100000, Period: time.Minute}}}},
 		"hot":  {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "second", Limit: hotLimit, Period: time.Second}}}},
-	}, keys)
+		// Requests without a key, by address: the NAT raises apply to them.
+		"anonymous": {Rules: []gateway.Rule{{Rule: limiter.Rule{Name: "ip_second", Limit: 2, Period: time.Second, Burst: 4}}}},
+	}
+	f := startFleet(t, gwIDs, plans, keys)
+	began := time.Now().UTC()
 	t.Parallel()
 	watchers, registries := f.watchers, f.registries
 	var wg sync.WaitGroup
@@ -177,6 +182,15 @@ func TestPipelineDetection(t *testing.T) {
 		}
 	}
 
+	// Keyless requests from the NAT addresses (raised) and from another
+	// (not), across the gateways, for the replay below.
+	for i := range 40 {
+		for _, ip := range append(slices.Clone(natIPs), "10.7.7.7") {
+			f.send(t, gwIDs[i%3], "", ip, "browser") // 429s expected
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
 	// The key cools: the split goes from every gateway, and the key is
 	// checked in the shared bucket again (no more split applications).
 	testenv.WaitFor(t, 150*time.Second, "the split to be lifted from every gateway", func() bool {
@@ -195,6 +209,51 @@ func TestPipelineDetection(t *testing.T) {
 	}
 	if after := splitsApplied(t, registries["gw-a"]); after != before || before == 0 {
 		t.Errorf("split applications on gw-a went %v → %v after the key cooled; want some before, none after", before, after)
+	}
+
+	// The what-if's self-check: the rules that ran, replayed over the
+	// whole run (split and NAT raises in force for part of it), reproduce
+	// what the gateways decided.
+	answered := f.answered.Load()
+	testenv.WaitFor(t, 60*time.Second, "every decision in ClickHouse", func() bool {
+		var n uint64
+		err := f.conn.QueryRow(context.Background(), "SELECT count() FROM decisions").Scan(&n)
+		return err == nil && int64(n) >= answered
+	})
+	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{}}
+	for name, p := range plans {
+		for _, r := range p.Rules {
+			ran.Plans[name] = append(ran.Plans[name], r.Rule)
+		}
+	}
+	wi, err := analytics.NewReader(f.conn).WhatIf(context.Background(), analytics.WhatIfQuery{
+		Range: analytics.Range{From: began.Add(-time.Second), To: time.Now().Add(2 * time.Second)}, Proposal: ran, Ran: &ran})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var split, nat int
+	rows, err := f.conn.Query(context.Background(), "SELECT toUInt64(countIf(notEmpty(split_gateways))), toUInt64(countIf(nat_factor > 0)) FROM decisions")
+	if err == nil {
+		for rows.Next() {
+			var a, b uint64
+			err = rows.Scan(&a, &b)
+			split, nat = int(a), int(b)
+		}
+		rows.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := wi.SelfCheck
+	t.Logf("what-if self-check over the run: %d of %d decisions reproduced (%.3f %%), %d denied where %d were; %d under the split, %d NAT-raised",
+		c.Requests-c.NewlyDenied-c.NewlyAllowed, c.Requests, 100*c.Agreement, c.WouldDeny, c.WasDenied, split, nat)
+	if c.Requests != answered || split < 100 || nat < 40 || c.WasDenied < 50 {
+		t.Errorf("self-check over %d decisions (%d answered), %d split, %d NAT-raised, %d denied: the run does not test the replay",
+			c.Requests, answered, split, nat, c.WasDenied)
+	}
+	if c.Agreement < 0.995 || math.Abs(float64(c.WouldDeny-c.WasDenied)) > 0.005*float64(c.WasDenied) {
+		t.Errorf("the rules that ran, replayed, reproduced %.3f %% of the decisions and denied %d where %d were; want ≥ 99.5 %% and within 0.5 %%",
+			100*c.Agreement, c.WouldDeny, c.WasDenied)
 	}
 }
 
