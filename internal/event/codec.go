@@ -407,10 +407,7 @@ func (r *reader) other(d *Decision, num protowire.Number) error {
 		}
 		return err
 	case fieldNATFactor:
-		var bits uint64
-		err := r.fixed64(&bits)
-		d.NATFactor = math.Float64frombits(bits)
-		return err
+		return r.double(&d.NATFactor)
 	case fieldSplit:
 		if len(d.Split) == MaxSplitShares {
 			return fmt.Errorf("more than %d split shares", MaxSplitShares)
@@ -421,10 +418,7 @@ func (r *reader) other(d *Decision, num protowire.Number) error {
 			case fieldShareGW:
 				return true, sub.string(&sh.Gateway)
 			case fieldShare:
-				var bits uint64
-				err := sub.fixed64(&bits)
-				sh.Share = math.Float64frombits(bits)
-				return true, err
+				return true, sub.double(&sh.Share)
 			}
 			return false, nil
 		})
@@ -512,6 +506,14 @@ func (r *reader) enum(dst *uint8) error {
 		return fmt.Errorf("enum value %d", v)
 	}
 	*dst = uint8(v)
+	return err
+}
+
+// double reads a protobuf double (a little-endian IEEE 754 fixed64).
+func (r *reader) double(dst *float64) error {
+	var bits uint64
+	err := r.fixed64(&bits)
+	*dst = math.Float64frombits(bits)
 	return err
 }
 
