@@ -237,15 +237,11 @@ func TestWhatIfSelfCheck(t *testing.T) {
 		model.Reset()
 		for i := range 120 {
 			at := whatIfStart.Add(time.Duration(i*(70+30*k)) * time.Millisecond)
-			d, err := model.Allow(at, key+"|p:free", ran, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			d := modelDecision(t, model, at, key, ran)
 			if !d.Allowed {
 				denied++
 			}
-			rows = append(rows, event.Decision{Time: at, GatewayID: "gw-a", KeyID: key, KeyKind: event.KindAPIKey, ClientIP: "10.0.0.1",
-				Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1, BindingRule: "second"})
+			rows = append(rows, d)
 		}
 	}
 	rows = append(rows, event.Decision{Time: whatIfStart, GatewayID: "gw-a", KeyID: "gold", KeyKind: event.KindAPIKey,
@@ -302,12 +298,7 @@ func TestWhatIfWarmsBuckets(t *testing.T) {
 	var rows []event.Decision
 	at := func(s int) time.Time { return whatIfStart.Add(time.Duration(s) * time.Second) }
 	for _, s := range []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 22, 23, 24} {
-		d, err := model.Allow(at(s), "k|p:free", rules, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, event.Decision{Time: at(s), GatewayID: "gw-a", KeyID: "k", KeyKind: event.KindAPIKey,
-			Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1, BindingRule: "hour"})
+		rows = append(rows, modelDecision(t, model, at(s), "k", rules))
 	}
 	mustInsert(t, conn, rows)
 	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
@@ -387,15 +378,11 @@ func TestWhatIfReplaysMicroseconds(t *testing.T) {
 	denied := 0
 	for i := range 600 {
 		at := whatIfStart.Add(time.Duration(i) * 730 * time.Microsecond)
-		d, err := model.Allow(at, "k|p:free", rules, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := modelDecision(t, model, at, "k", rules)
 		if !d.Allowed {
 			denied++
 		}
-		rows = append(rows, event.Decision{Time: at, GatewayID: "gw-a", KeyID: "k", KeyKind: event.KindAPIKey,
-			Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1})
+		rows = append(rows, d)
 	}
 	mustInsert(t, conn, rows)
 	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
@@ -407,4 +394,17 @@ func TestWhatIfReplaysMicroseconds(t *testing.T) {
 	if c := rep.SelfCheck; c == nil || c.Agreement != 1 || denied < 100 {
 		t.Errorf("self-check %+v (%d of %d denied); want every decision reproduced, at least 100 denied", c, denied, len(rows))
 	}
+}
+
+// modelDecision decides one request of key at at under rules with the
+// limiter's own model, and returns it as a gateway of plan free records
+// it, the binding rule the first.
+func modelDecision(t *testing.T, model *limiter.Replay, at time.Time, key string, rules []limiter.Rule) event.Decision {
+	t.Helper()
+	d, err := model.Allow(at, key+"|p:free", rules, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return event.Decision{Time: at, GatewayID: "gw-a", KeyID: key, KeyKind: event.KindAPIKey, ClientIP: "10.0.0.1",
+		Route: "/v1/items", Method: "GET", Plan: "free", Allowed: d.Allowed, Cost: 1, BindingRule: rules[0].Name}
 }
