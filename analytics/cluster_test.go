@@ -60,7 +60,7 @@ func TestFaultClusterQueries(t *testing.T) {
 		"key": "hot-1", "ip": "198.51.100.7", "rule": "", "route": "", "plan": "", "gateway": "",
 		"kind": "", "method": "", "tz": "Asia/Kolkata",
 		"lo": "", "hi": "~", "plans": []string{"free", "pro"}, "routes": []string{" none", "/v1/orders"},
-		"by_key": 1, "by_plan": 1, "by_route": 1, "by_day": 1, "all_keys": 1, "keys": []string{"hot-1"},
+		"by_key": 1, "by_plan": 1, "by_route": 1, "by_day": 1, "all_keys": 1, "keys": []string{"hot-1"}, "key_names": []string{" none", "acme"},
 	}
 	queries := analytics.Queries()
 	if len(queries) == 0 {

@@ -90,6 +90,9 @@ func (run *replayRun) add(d *replayRow) error {
 		}
 		run.cur = WhatIfKey{KeyID: d.key, KeyKind: kind}
 	}
+	if d.grant != 0 {
+		return run.grant(d)
+	}
 	if d.inRange == 0 {
 		run.rep.Warmed++
 	} else {
@@ -156,6 +159,33 @@ func (run *replayRun) add(d *replayRow) error {
 	return nil
 }
 
+// grant replays an admin grant: the window's allowance after it, less
+// the rule's limit as it ran (the self-check's rules, else the
+// proposal's), is what the window had been granted in all, and each
+// rule set's window gets as much, if its rule of that name is a calendar
+// rule.
+func (run *replayRun) grant(d *replayRow) error {
+	ran := run.ran
+	if ran == nil {
+		ran = run.prop
+	}
+	_, rules, ok := ran.rules(d)
+	i := slices.IndexFunc(rules, func(r limiter.Rule) bool { return r.Name == d.rule && r.Calendar != nil })
+	if !ok || i < 0 {
+		return nil
+	}
+	granted := d.grantLimit - rules[i].Limit
+	for _, p := range []*replayer{run.prop, run.ran} {
+		if p != nil {
+			if err := p.grant(d, granted); err != nil {
+				return err
+			}
+		}
+	}
+	run.rep.Grants++
+	return nil
+}
+
 // replayer replays one rule set (the proposal, or the rules that ran)
 // through its own model of the store.
 type replayer struct {
@@ -199,24 +229,19 @@ func (p *replayer) reset() {
 // keeps its stored verdict.
 func (p *replayer) decide(d *replayRow) (bool, limiter.Decision, int, error) {
 	was := d.allowed == 0
-	plan, cost, perRoute := d.plan, d.cost, false
-	if d.route > 0 && int(d.route) <= len(p.x.routes) {
-		rt := p.x.routes[d.route-1]
-		if i := p.x.routePlan[d.route-1]; i > 0 {
-			plan, perRoute = i, true
-		}
-		if rt.Cost > 0 {
-			cost = rt.Cost
-		}
-	}
-	if plan == 0 || int(plan) > len(p.x.plans) || p.x.plans[plan-1] == nil {
+	key, rules, ok := p.rules(d)
+	if !ok {
 		return was, limiter.Decision{}, kept, nil
+	}
+	cost := d.cost
+	if d.route > 0 && int(d.route) <= len(p.x.routes) && p.x.routes[d.route-1].Cost > 0 {
+		cost = p.x.routes[d.route-1].Cost
 	}
 	if cost <= 0 {
 		return was, limiter.Decision{}, unreplayable, nil
 	}
 	at := time.UnixMicro(d.atUS)
-	key, rules := p.directed(d, p.bucketKey(d.key, plan, d.route, perRoute), p.x.plans[plan-1], at)
+	key, rules = p.directed(d, key, rules, at)
 	dec, err := p.rp.Allow(at, key, rules, cost)
 	if errors.Is(err, limiter.ErrInput) {
 		return was, limiter.Decision{}, unreplayable, nil
@@ -225,6 +250,44 @@ func (p *replayer) decide(d *replayRow) (bool, limiter.Decision, int, error) {
 		return false, limiter.Decision{}, 0, fmt.Errorf("replay: %w", err)
 	}
 	return !dec.Allowed, dec, replayed, nil
+}
+
+// rules is the bucket key and the rules the rule set checks d under, as
+// the gateway chose them: a route's own plan in a bucket per key and
+// route, else the key's plan (the key's own rules, if it has them); not
+// ok when the rule set does not name the plan.
+func (p *replayer) rules(d *replayRow) (string, []limiter.Rule, bool) {
+	plan, perRoute := d.plan, false
+	if d.route > 0 && int(d.route) <= len(p.x.routes) {
+		if i := p.x.routePlan[d.route-1]; i > 0 {
+			plan, perRoute = i, true
+		}
+	}
+	if plan == 0 || int(plan) > len(p.x.plans) || p.x.plans[plan-1] == nil {
+		return "", nil, false
+	}
+	rules := p.x.plans[plan-1]
+	if d.keyName > 0 && int(d.keyName) <= len(p.x.keys) && !perRoute {
+		if k := p.x.keys[d.keyName-1]; k.rules != nil && k.plan == plan {
+			rules = k.rules
+		}
+	}
+	return p.bucketKey(d.key, plan, d.route, perRoute), rules, true
+}
+
+// grant gives d's window of its calendar rule granted units in all, as
+// the gateway's grant did to the key's shared bucket (a split never
+// applies to a calendar rule).
+func (p *replayer) grant(d *replayRow, granted int64) error {
+	key, rules, ok := p.rules(d)
+	i := slices.IndexFunc(rules, func(r limiter.Rule) bool { return r.Name == d.rule && r.Calendar != nil })
+	if !ok || i < 0 {
+		return nil
+	}
+	if err := p.rp.Grant(time.UnixMicro(d.atUS), key, rules[i], granted); err != nil && !errors.Is(err, limiter.ErrInput) {
+		return fmt.Errorf("replay grant: %w", err)
+	}
+	return nil
 }
 
 // directed applies to rules the directive the gateway applied to d, as
@@ -320,6 +383,9 @@ func (run *replayRun) report() WhatIfReport {
 	} else {
 		rep.Caveats = append(rep.Caveats, fmt.Sprintf("each key's buckets start full at %s, %v before the range (rules that remember longer than that are not warmed further), and are warmed by the %d decisions since",
 			rep.WarmFrom.Format(time.RFC3339), maxWhatIfWarm, rep.Warmed))
+	}
+	if rep.Grants > 0 {
+		rep.Caveats = append(rep.Caveats, fmt.Sprintf("%d admin grants were replayed where they were made", rep.Grants))
 	}
 	if run.ran != nil {
 		c := run.check

@@ -1,16 +1,12 @@
 package analytics
 
 import (
-	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -48,6 +44,19 @@ type Proposal struct {
 	Plans map[string][]limiter.Rule
 	// Routes, by route name, override what the stored decisions say.
 	Routes map[string]ProposedRoute
+	// Keys, by key name (an API key's configured id, the decisions'
+	// key_name), are the keys with rules of their own: their plan's rules
+	// with the key's overrides applied. As in the gateway, they replace
+	// the plan's rules where the key's own plan limits it, not under a
+	// route's plan. Apply does not change them: give them after a change.
+	Keys map[string]ProposedKey
+}
+
+// ProposedKey is one key's own rules.
+type ProposedKey struct {
+	// Plan is the key's plan, whose rules Rules replace for it.
+	Plan  string
+	Rules []limiter.Rule
 }
 
 // ProposedRoute is what a proposal says about one route.
@@ -113,6 +122,20 @@ func (p Proposal) Validate() error {
 				errs = append(errs, fmt.Errorf("%w: plan %q: duplicate rule %q", ErrBadQuery, name, r.Name))
 			}
 			seen[r.Name] = true
+		}
+	}
+	for _, name := range sortedNames(p.Keys) {
+		k := p.Keys[name]
+		if _, ok := p.Plans[k.Plan]; !ok {
+			errs = append(errs, fmt.Errorf("%w: key %q: plan %q is not in the proposal", ErrBadQuery, name, k.Plan))
+		}
+		if name == "" || name == noKey {
+			errs = append(errs, fmt.Errorf("%w: a key with rules of its own has no name", ErrBadQuery))
+		}
+		for i, r := range k.Rules {
+			if err := r.Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("%w: key %q rule %d: %v", ErrBadQuery, name, i, err))
+			}
 		}
 	}
 	for _, name := range sortedNames(p.Routes) {
@@ -258,6 +281,9 @@ type WhatIfReport struct {
 	// fill the buckets as they were when the range began, not counted.
 	WarmFrom time.Time `json:"warm_from"`
 	Warmed   int64     `json:"warmed"`
+	// Grants are the admin grants replayed (from WarmFrom on): each
+	// gives its window the allowance it gave the real one.
+	Grants int64 `json:"grants"`
 	// NotByStore were decided without the shared store (it was
 	// unavailable: fail open, fail closed or the local fallback); the
 	// replay decides them as if it had answered.
@@ -288,7 +314,7 @@ type WhatIfReport struct {
 // counts show.
 var whatIfCaveats = []string{
 	"clients are replayed as they behaved: one denied more often might have backed off, one freed might have sent more",
-	"keys are replayed under their plan's rules (per-key overrides are not in the stored decisions), with the split (hot key) and NAT directives the gateways applied",
+	"keys are replayed under their plan's rules with their own overrides (an API key without an id has no name in the decisions, so its overrides cannot apply), the split (hot key) and NAT directives the gateways applied, and the admin grants made; admin resets are not replayed",
 }
 
 // maxWhatIfWarm bounds how far before its range a replay reads to warm
@@ -343,14 +369,24 @@ type replayRow struct {
 	// whatif_decisions.sql): 0 and "" for none.
 	nat   float64
 	split string
+	// keyName is the key's place in the query's key names (0: none).
+	keyName uint32
+	// grant marks an admin grant of rule's window: grantLimit is the
+	// window's allowance after it.
+	grant      uint8
+	grantLimit int64
 }
 
 // kindNames are the event's key kinds by number, as the query gives them.
 var kindNames = [...]string{"unknown", "api_key", "user", "ip"}
 
-// noRoute stands first in the routes a query looks up, so the list is
-// never empty; no route is named so (route names hold no spaces).
-const noRoute = " none"
+// noRoute and noKey stand first in the routes and key names a query
+// looks up, so the lists are never empty; no route or key is named so
+// (their names hold no spaces).
+const (
+	noRoute = " none"
+	noKey   = " none"
+)
 
 // proposalIndex is a proposal in the query's terms: plans and routes by
 // 1-based place in names the query was given (names), a plan the
@@ -360,16 +396,24 @@ type proposalIndex struct {
 	routes []ProposedRoute
 	// routePlan is, per route, its plan's place (0: the stored plan's).
 	routePlan []uint32
+	// keys are, per key name, its plan's place and its own rules (nil:
+	// the plan's).
+	keys []indexedKey
+}
+
+type indexedKey struct {
+	plan  uint32
+	rules []limiter.Rule
 }
 
 // queryNames are the plan and route names a replay's query looks up:
 // those of every rule set it replays, so one read serves them all.
 type queryNames struct {
-	plans, routes []string
+	plans, routes, keys []string
 }
 
 func namesOf(ps ...*Proposal) queryNames {
-	plans, routes := map[string]bool{}, map[string]bool{}
+	plans, routes, keys := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, p := range ps {
 		if p == nil {
 			continue
@@ -380,8 +424,12 @@ func namesOf(ps ...*Proposal) queryNames {
 		for n := range p.Routes {
 			routes[n] = true
 		}
+		for n := range p.Keys {
+			keys[n] = true
+		}
 	}
-	return queryNames{plans: sortedNames(plans), routes: append([]string{noRoute}, sortedNames(routes)...)}
+	return queryNames{plans: sortedNames(plans), routes: append([]string{noRoute}, sortedNames(routes)...),
+		keys: append([]string{noKey}, sortedNames(keys)...)}
 }
 
 func indexProposal(p Proposal, names queryNames) proposalIndex {
@@ -394,195 +442,13 @@ func indexProposal(p Proposal, names queryNames) proposalIndex {
 		x.routes = append(x.routes, rt)
 		x.routePlan = append(x.routePlan, uint32(slices.Index(names.plans, rt.Plan)+1))
 	}
+	for _, n := range names.keys {
+		k, ok := p.Keys[n]
+		if !ok {
+			x.keys = append(x.keys, indexedKey{})
+			continue
+		}
+		x.keys = append(x.keys, indexedKey{plan: uint32(slices.Index(names.plans, k.Plan) + 1), rules: k.Rules})
+	}
 	return x
-}
-
-// WhatIf replays the stored decisions of q's range through q.Proposal with
-// the limiter's own model (limiter.Replay), one key at a time in time
-// order, and compares. Memory holds one key's buckets, the report's
-// counters and its top lists, never the range: rows stream from
-// ClickHouse in key order, in chunks of whole keys that the server sorts
-// one at a time (the next one while this one is replayed). The replay ends
-// at WhatIfTimeout or when ctx does (a client that went away).
-func (r *Reader) WhatIf(ctx context.Context, q WhatIfQuery) (WhatIfReport, error) {
-	start := time.Now()
-	if q.Top == 0 {
-		q.Top = 20
-	}
-	if err := q.Validate(); err != nil {
-		return WhatIfReport{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, WhatIfTimeout)
-	defer cancel()
-	// The server stops too, not only this side. Blocks of 8192 rows, not
-	// 65536: the driver decodes a block whole, and two queries' blocks
-	// (this chunk's and the next's) are what the replay's memory is; a
-	// quarter of it, for a few more round trips.
-	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
-		"max_execution_time": int(WhatIfTimeout / time.Second),
-		"max_block_size":     8192,
-	}))
-	warmFrom := q.warmFrom()
-	chunks, err := r.whatIfChunks(ctx, q.Range, warmFrom, cmp.Or(q.chunkRows, whatIfChunkRows))
-	if err != nil {
-		return WhatIfReport{}, err
-	}
-
-	run := newReplayRun(q, warmFrom)
-	full := make(chan []replayRow, whatIfBatches)
-	empty := make(chan []replayRow, whatIfBatches+1)
-	for range whatIfBatches + 1 {
-		empty <- make([]replayRow, 0, whatIfBatch)
-	}
-	scanErr := make(chan error, 1)
-	go func() {
-		defer close(full)
-		scanErr <- r.streamChunks(ctx, q.Range, warmFrom, run.names, chunks, full, empty)
-	}()
-	var runErr error
-	for batch := range full {
-		if runErr == nil {
-			for i := range batch {
-				if runErr = run.add(&batch[i]); runErr != nil {
-					cancel() // stops the scanner; drain what it sent
-					break
-				}
-			}
-		}
-		empty <- batch[:0]
-	}
-	if err := <-scanErr; runErr == nil && err != nil {
-		runErr = err
-	}
-	if runErr != nil {
-		return WhatIfReport{}, runErr
-	}
-	rep := run.report()
-	rep.Duration = time.Since(start)
-	return rep, nil
-}
-
-// whatIfChunkRows is about how many decisions one chunk holds: what
-// ClickHouse sorts at once (about 100 MB on the server), twice over while
-// the next chunk is sorted. A key with more decisions is a chunk of its own.
-const whatIfChunkRows = 1 << 19
-
-// keyRange is a chunk: the keys in [lo, hi).
-type keyRange struct{ lo, hi string }
-
-// whatIfChunks cuts rg's keys into ranges of about whatIfChunkRows
-// decisions, reading the keys as a stream and keeping only the cuts.
-func (r *Reader) whatIfChunks(ctx context.Context, rg Range, warmFrom time.Time, chunkRows int64) ([]keyRange, error) {
-	rows, err := r.ch.Query(ctx, qWhatIfChunks, append(rg.args(), clickhouse.Named("warm_from", warmFrom.UTC().Truncate(time.Second)))...)
-	if err != nil {
-		return nil, fmt.Errorf("query what-if chunks: %w", err)
-	}
-	defer rows.Close()
-	var out []keyRange
-	var key, last string
-	var n, sum int64
-	for rows.Next() {
-		if err := rows.Scan(&key, &n); err != nil {
-			return nil, fmt.Errorf("scan what-if chunks: %w", err)
-		}
-		if len(out) == 0 || sum >= chunkRows {
-			if len(out) > 0 {
-				out[len(out)-1].hi = key
-			}
-			out = append(out, keyRange{lo: key})
-			sum = 0
-		}
-		sum += n
-		last = key
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read what-if chunks: %w", err)
-	}
-	if len(out) > 0 {
-		// The smallest string after the last key: the bound stays a
-		// plain comparison the primary key can serve.
-		out[len(out)-1].hi = last + "\x00"
-	}
-	return out, nil
-}
-
-// streamChunks queries each chunk's decisions and sends them in batches
-// taken from empty to full, until the chunks end or ctx does. The next
-// chunk's query is sent while this one is read, so the server sorts it in
-// the meantime.
-func (r *Reader) streamChunks(ctx context.Context, rg Range, warmFrom time.Time, names queryNames, chunks []keyRange, full chan<- []replayRow, empty <-chan []replayRow) error {
-	type opened struct {
-		rows driver.Rows
-		err  error
-	}
-	open := func(c keyRange) <-chan opened {
-		ch := make(chan opened, 1)
-		go func() {
-			rows, err := r.ch.Query(ctx, qWhatIf, append(rg.args(), clickhouse.Named("warm_from", warmFrom.UTC().Truncate(time.Second)), clickhouse.Named("lo", c.lo), clickhouse.Named("hi", c.hi),
-				clickhouse.Named("plans", names.plans), clickhouse.Named("routes", names.routes))...)
-			ch <- opened{rows, err}
-		}()
-		return ch
-	}
-	var next <-chan opened
-	defer func() {
-		// A query sent ahead and not read: wait for it (ctx ends it
-		// soon) and close it, so no goroutine or connection outlives us.
-		if next != nil {
-			if o := <-next; o.err == nil {
-				o.rows.Close()
-			}
-		}
-	}()
-	if len(chunks) > 0 {
-		next = open(chunks[0])
-	}
-	batch := <-empty
-	for i := range chunks {
-		o := <-next
-		next = nil
-		if o.err != nil {
-			return fmt.Errorf("query what-if decisions: %w", o.err)
-		}
-		if i+1 < len(chunks) {
-			next = open(chunks[i+1])
-		}
-		var err error
-		if batch, err = scanChunk(ctx, o.rows, batch, full, empty); err != nil {
-			return err
-		}
-	}
-	if len(batch) > 0 {
-		select {
-		case full <- batch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return ctx.Err()
-}
-
-// scanChunk reads one chunk's rows into batch, sending each full batch
-// and taking the next from empty; it returns the batch being filled.
-func scanChunk(ctx context.Context, rows driver.Rows, batch []replayRow, full chan<- []replayRow, empty <-chan []replayRow) ([]replayRow, error) {
-	defer rows.Close()
-	for rows.Next() {
-		batch = batch[:len(batch)+1]
-		d := &batch[len(batch)-1]
-		if err := rows.Scan(&d.key, &d.kind, &d.plan, &d.route, &d.counted, &d.rule, &d.atUS, &d.cost, &d.allowed, &d.store, &d.inRange, &d.nat, &d.split); err != nil {
-			return batch, fmt.Errorf("scan what-if decisions: %w", err)
-		}
-		if len(batch) == cap(batch) {
-			select {
-			case full <- batch:
-			case <-ctx.Done():
-				return batch, ctx.Err()
-			}
-			batch = <-empty
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return batch, fmt.Errorf("read what-if decisions: %w", err)
-	}
-	return batch, nil
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -188,5 +189,115 @@ func TestWhatIfMatchesGateway(t *testing.T) {
 	// to the millisecond.
 	if float64(off) > 0.02*float64(yDenied) {
 		t.Errorf("per key, the replay's denials differ from the gateway's by %d in all (%.2f %%), want ≤ 2 %%", off, 100*float64(off)/float64(yDenied))
+	}
+}
+
+// TestWhatIfReplaysOverridesAndGrants: a real gateway on a real Redis
+// limits three API keys of one plan, one with overrides of both its rules
+// and one that on-call grants more of its daily quota mid-traffic. The
+// self-check (the rules that ran, the overrides and the grant among them)
+// reproduces every decision; replayed under the plan's rules alone, or
+// without the grant, it did not.
+func TestWhatIfReplaysOverridesAndGrants(t *testing.T) {
+	conn := mustDatabase(t)
+	rdb, prefix := mustRedis(t)
+	ctx := context.Background()
+	day := limiter.MustCalendar(limiter.Day, "UTC", "")
+	plan := []limiter.Rule{
+		{Name: "second", Limit: 10, Period: time.Second, Burst: 5},
+		{Name: "daily", Limit: 15, Calendar: day},
+	}
+	big := map[string]gateway.Override{"second": {Limit: 20, Burst: 10}, "daily": {Limit: 40}}
+	keys := []gateway.APIKey{apiKey("big", "raw-big-"+prefix, "free"), apiKey("small", "raw-small-"+prefix, "free"),
+		apiKey("plain", "raw-plain-"+prefix, "free")}
+	keys[0].Overrides = big
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix, DenyCache: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &eventLog{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(up.Close)
+	gw, err := gateway.New(gateway.Config{
+		GatewayID: "gw-o", Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		Plans:   map[string]gateway.Plan{"free": {Rules: []gateway.Rule{{Rule: plan[0]}, {Rule: plan[1]}}}},
+		APIKeys: keys, StoreDeadline: time.Second,
+		Upstreams: map[string]gateway.Upstream{"app": {URL: up.URL}},
+		Routes:    []gateway.Route{{Name: "api", PathPrefix: "/", Upstream: "app"}},
+	}, gateway.Options{Store: lim, Publisher: log, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	traffic := httptest.NewServer(gw.Handler())
+	t.Cleanup(traffic.Close)
+	const token = "whatif-grant-token-0123456789abcdef"
+	admin, err := gateway.NewAdmin(gw, gateway.AdminConfig{Tokens: map[string]gateway.Secret{"oncall": token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	admin.Register(mux)
+	adminSrv := httptest.NewServer(mux)
+	t.Cleanup(adminSrv.Close)
+
+	client := &http.Client{Timeout: 5 * time.Second}
+	do := func(req *http.Request) int {
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", req.Method, req.URL.Path, err)
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	from := time.Now().UTC().Add(-time.Second)
+	admitted := map[string]int{}
+	var mu sync.Mutex
+	var load sync.WaitGroup
+	for _, name := range []string{"big", "small", "plain"} {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			for i := range 80 {
+				if name == "small" && i == 50 {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, adminSrv.URL+gateway.AdminPath+"/grant?api_key=small&rule=daily&units=10", nil)
+					req.Header.Set("Authorization", "Bearer "+token)
+					if code := do(req); code != http.StatusOK {
+						t.Errorf("grant = %d", code)
+					}
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, traffic.URL+"/v1/items", nil)
+				req.Header.Set("X-API-Key", "raw-"+name+"-"+prefix)
+				if do(req) == http.StatusOK {
+					mu.Lock()
+					admitted[name]++
+					mu.Unlock()
+				}
+				time.Sleep(25 * time.Millisecond)
+			}
+		}()
+	}
+	load.Wait()
+	// The traffic tests both: the overrides admitted more than the plan
+	// could, and the grant admitted what the plan's quota had refused.
+	if admitted["big"] <= 15 || admitted["plain"] != 15 || admitted["small"] <= 15 {
+		t.Fatalf("admitted %v; want big and small past the plan's daily 15, plain at it", admitted)
+	}
+	n, denied := log.counts()
+	mustInsert(t, conn, log.events)
+
+	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": plan}, Keys: map[string]analytics.ProposedKey{
+		"big": {Plan: "free", Rules: []limiter.Rule{big["second"].Apply(gateway.Rule{Rule: plan[0]}).Rule, big["daily"].Apply(gateway.Rule{Rule: plan[1]}).Rule}}}}
+	rep, err := analytics.NewReader(conn).WhatIf(ctx, analytics.WhatIfQuery{
+		Range: analytics.Range{From: from, To: time.Now().UTC().Add(2 * time.Second)}, Proposal: ran, Ran: &ran})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.SelfCheck
+	t.Logf("%d decisions (%d denied, admitted %v), %d grant; self-check %+v", n, denied, admitted, rep.Grants, c)
+	if rep.Grants != 1 || c == nil || c.Requests != int64(n-1) || c.Agreement != 1 || c.WasDenied != int64(denied) {
+		t.Errorf("replayed %d grants, self-check %+v; want the grant and all %d decisions (%d denied) reproduced", rep.Grants, c, n-1, denied)
 	}
 }

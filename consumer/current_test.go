@@ -303,7 +303,7 @@ var namedArgs = map[string]any{
 	"key": "key-1", "ip": "10.0.0.1", "rule": "", "route": "", "plan": "", "gateway": "",
 	"kind": "api_key", "method": "GET", "tz": "Asia/Kathmandu",
 	"lo": "", "hi": "~", "plans": []string{"free"}, "routes": []string{" none", "/v1/orders"},
-	"by_key": 1, "by_plan": 0, "by_route": 1, "by_day": 1, "all_keys": 0, "keys": []string{"key-1", "acme"},
+	"by_key": 1, "by_plan": 0, "by_route": 1, "by_day": 1, "all_keys": 0, "keys": []string{"key-1", "acme"}, "key_names": []string{" none", "acme"},
 }
 
 // bindNamed fills each @name (after dropping comment lines, as the driver

@@ -97,7 +97,7 @@ func (a *Admin) grant(w http.ResponseWriter, r *http.Request, actor string) {
 		gv := grantSetView{Scope: scopeName(s), Limit: rule.Limit, Granted: g.Granted, Count: g.Count, Remaining: g.Remaining,
 			WindowStart: g.Start.In(rule.Calendar.Location()), WindowEnd: g.End.In(rule.Calendar.Location())}
 		v.Grants = append(v.Grants, gv)
-		a.auditGrant(t, s, actor, rule, gv)
+		a.auditGrant(t, s, actor, rule, gv, g.Time)
 		a.log.Info("admin key grant", append(attrs, "rule_set", gv.Scope, "granted", g.Granted, "remaining", g.Remaining,
 			"window_start", g.Start, "window_end", g.End)...)
 	}
@@ -118,12 +118,17 @@ func (a *Admin) grant(w http.ResponseWriter, r *http.Request, actor string) {
 // auditGrant publishes a grant's decision-stream record: mode admin,
 // action "grant", the rule as the binding rule, the window's allowance
 // after it (limit + granted) as limit and what it still admits as
-// remaining; cost 0, so no reader counts it as usage.
-func (a *Admin) auditGrant(t target, s ruleSet, actor string, rule limiter.Rule, g grantSetView) {
+// remaining; cost 0, so no reader counts it as usage. Its time is the
+// store's when it granted (at; the gateway's when zero), the clock of the
+// decisions around it, so a what-if replays it in its place among them.
+func (a *Admin) auditGrant(t target, s ruleSet, actor string, rule limiter.Rule, g grantSetView, at time.Time) {
 	if a.g.pub == nil {
 		return
 	}
-	now := a.g.now()
+	now := at
+	if now.IsZero() {
+		now = a.g.now()
+	}
 	store := event.StoreOK
 	if !a.g.shared {
 		store = event.StoreUnknown

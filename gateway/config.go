@@ -344,19 +344,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func applyOverride(r Rule, o Override) Rule {
-	if o.Limit != 0 {
-		r.Limit = o.Limit
-	}
-	if o.Period != 0 {
-		r.Period = o.Period
-	}
-	if o.Burst != 0 {
-		r.Burst = o.Burst
-	}
-	return r
-}
-
 // MarshalYAML prints the upstream as configured but for a password in its
 // URL, which is redacted: what -check prints is safe to paste.
 func (u Upstream) MarshalYAML() (any, error) {

@@ -96,7 +96,7 @@ func compile(cfg Config, ups map[string]*upstream) (*state, error) {
 			rules := slices.Clone(cfg.Plans[k.Plan].Rules)
 			for i, r := range rules {
 				if o, ok := k.Overrides[r.Name]; ok {
-					rules[i] = applyOverride(r, o)
+					rules[i] = o.Apply(r)
 				}
 			}
 			ak.plan = compilePlan(k.Plan, rules, cfg)

@@ -121,7 +121,7 @@ func (c Config) Validate() error {
 				bad(ofield, "plan %q has no rule %q", k.Plan, rule)
 				continue
 			}
-			if err := applyOverride(plan.Rules[j], o).Rule.Validate(); err != nil {
+			if err := o.Apply(plan.Rules[j]).Rule.Validate(); err != nil {
 				bad(ofield, "%v", err)
 			}
 		}

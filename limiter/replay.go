@@ -49,3 +49,19 @@ func (r *Replay) Allow(at time.Time, key string, rules []Rule, cost int64) (Deci
 	r.at = at
 	return r.m.Allow(context.Background(), key, rules, cost)
 }
+
+// Grant sets what key's window of the calendar rule at time at has been
+// granted in all to granted (at least 0), as a recorded grant left it:
+// Memory.Grant adds units, so the replay asks it for one more and
+// corrects by what that reports.
+func (r *Replay) Grant(at time.Time, key string, rule Rule, granted int64) error {
+	r.at = at
+	g, err := r.m.Grant(context.Background(), key, rule, 1)
+	if err != nil {
+		return err
+	}
+	if units := max(0, granted) - g.Granted; units != 0 {
+		_, err = r.m.Grant(context.Background(), key, rule, units)
+	}
+	return err
+}

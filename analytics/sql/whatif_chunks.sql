@@ -9,7 +9,7 @@ SELECT
 FROM decisions
 WHERE time >= @warm_from AND time < @to
   AND {committed}
-  AND mode != 'admin'
+  AND (mode != 'admin' OR admin_action = 'grant')
   AND (@plan = '' OR plan = @plan)
   AND (@key = '' OR key_id = @key)
 GROUP BY key_id

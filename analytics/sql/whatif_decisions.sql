@@ -21,14 +21,20 @@
 -- replayed, not counted. The directive a gateway applied comes as it
 -- applied it: nat_factor (0: none), and split, '' for none, else the
 -- deciding gateway, a newline, and the shares as "gateway share" pairs
--- joined by tabs (gateway ids hold neither).
+-- joined by tabs (gateway ids hold neither). The key's name (an API
+-- key's configured id) comes as its 1-based place in @key_names, the keys
+-- whose rules are overridden (0: not named there). An admin grant comes
+-- as a row of its own (grant 1, cost 0): its rule as denied_by and the
+-- window's allowance after it as grant_limit (see the gateway's
+-- auditGrant); resets and clears do not, and are not replayed.
 SELECT
     key_id,
     toUInt8(transform(key_kind, ['api_key', 'user', 'ip'], [1, 2, 3], 0)) AS kind,
     toUInt32(indexOf(@plans, plan)) AS plan_index,
     toUInt32(indexOf(@routes, route)) AS route_index,
     toUInt8(@route = '' OR route = @route) AS counted,
-    if(allowed = 0, binding_rule, '') AS denied_by,
+    toUInt32(indexOf(@key_names, key_name)) AS key_name_index,
+    if(allowed = 0 OR mode = 'admin', binding_rule, '') AS denied_by,
     (toInt64(time) * 1000 + time_ms) * 1000 + time_us AS at_us,
     cost,
     allowed,
@@ -36,11 +42,13 @@ SELECT
     toUInt8(time >= @from) AS in_range,
     nat_factor,
     if(empty(split_gateways), '', concat(gateway_id, '\n',
-        arrayStringConcat(arrayMap((g, s) -> concat(g, ' ', toString(s)), split_gateways, split_shares), '\t'))) AS split
+        arrayStringConcat(arrayMap((g, s) -> concat(g, ' ', toString(s)), split_gateways, split_shares), '\t'))) AS split,
+    toUInt8(mode = 'admin') AS grant,
+    if(mode = 'admin', rule_limit, 0) AS grant_limit
 FROM decisions
 WHERE key_id >= @lo AND key_id < @hi
   AND {committed}
   AND time >= @warm_from AND time < @to
-  AND mode != 'admin'
+  AND (mode != 'admin' OR admin_action = 'grant')
   AND (@plan = '' OR plan = @plan)
 ORDER BY cityHash64(key_id), key_id, at_us, seq, event_id

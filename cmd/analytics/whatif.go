@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,9 +27,10 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	// Strict below plans: and routes:, with the file's own line numbers;
 	// the inline map takes the rest of a gateway file unread.
 	var doc struct {
-		Plans  map[string]plans.Plan `yaml:"plans"`
-		Routes []plans.Route         `yaml:"routes"`
-		Rest   map[string]yaml.Node  `yaml:",inline"`
+		Plans   map[string]plans.Plan `yaml:"plans"`
+		Routes  []plans.Route         `yaml:"routes"`
+		APIKeys []plans.APIKey        `yaml:"api_keys"`
+		Rest    map[string]yaml.Node  `yaml:",inline"`
 	}
 	if err := strict([]byte(rules), &doc); err != nil {
 		return analytics.Proposal{}, fmt.Errorf("rules: %w", err)
@@ -65,6 +67,25 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 		if p, err = p.Apply(analytics.RuleChange{Plan: c.Plan, Rule: c.Rule.Rule}); err != nil {
 			return analytics.Proposal{}, err
 		}
+	}
+	// A key's overrides apply to its plan as changed, as the gateway
+	// would apply them to the changed file.
+	for i, k := range doc.APIKeys {
+		if len(k.Overrides) == 0 || k.ID == "" {
+			continue // no rules of its own, or no name in the decisions
+		}
+		rules := slices.Clone(p.Plans[k.Plan])
+		for name, o := range k.Overrides {
+			j := slices.IndexFunc(rules, func(r limiter.Rule) bool { return r.Name == name })
+			if j < 0 {
+				return analytics.Proposal{}, fmt.Errorf("rules: api_keys[%d].overrides.%s: plan %q has no rule %q", i, name, k.Plan, name)
+			}
+			rules[j] = o.Apply(plans.Rule{Rule: rules[j]}).Rule
+		}
+		if p.Keys == nil {
+			p.Keys = map[string]analytics.ProposedKey{}
+		}
+		p.Keys[k.ID] = analytics.ProposedKey{Plan: k.Plan, Rules: rules}
 	}
 	return p, p.Validate()
 }

@@ -49,6 +49,13 @@ func TestParseProposal(t *testing.T) {
 	if _, ok := p.Routes["health"]; ok {
 		t.Error("the exempt route health is in the proposal")
 	}
+	// globex's override of minute applies over the change, as the
+	// gateway would apply it to the changed file; acme has none.
+	wantGlobex := analytics.ProposedKey{Plan: "free", Rules: slices.Clone(wantFree)}
+	wantGlobex.Rules[0].Limit, wantGlobex.Rules[0].Burst = 300, 50
+	if diff := cmp.Diff(map[string]analytics.ProposedKey{"globex": wantGlobex}, p.Keys); diff != "" {
+		t.Errorf("keys (-want +got):\n%s", diff)
+	}
 
 	p, err = parseProposal("plans:\n  free:\n    rules:\n      - {name: second, limit: 5, period: 1s, algorithm: sliding_window}\n", "")
 	if err != nil || len(p.Plans["free"]) != 1 || p.Plans["free"][0].Algorithm != limiter.SlidingWindow {
@@ -64,6 +71,8 @@ func TestParseProposal(t *testing.T) {
 		{"bad rule", "plans:\n  free:\n    rules:\n      - {name: m, limit: 0, period: 1m}\n", "", "limit 0 must be positive"},
 		{"bad period", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: soon}\n", "", "line 4: cannot unmarshal"},
 		{"change of unknown plan", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\n", "{plan: gold, name: m, limit: 2, period: 1m}", `plan "gold" is not in the proposal`},
+		{"override of no rule", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\napi_keys:\n  - {id: k, plan: free, sha256: ab, overrides: {h: {limit: 3}}}\n", "", `api_keys[0].overrides.h: plan "free" has no rule "h"`},
+		{"bad override", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\napi_keys:\n  - {id: k, plan: free, sha256: ab, overrides: {m: {limit: -3}}}\n", "", `key "k" rule 0`},
 		{"misspelt change", "plans:\n  free:\n    rules:\n      - {name: m, limit: 1, period: 1m}\n", "{plan: free, name: m, limits: 2}", "change: "},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,6 +64,20 @@ type Override struct {
 	Burst  int64         `yaml:"burst"`
 }
 
+// Apply is r with o's non-zero fields in place of its own.
+func (o Override) Apply(r Rule) Rule {
+	if o.Limit != 0 {
+		r.Limit = o.Limit
+	}
+	if o.Period != 0 {
+		r.Period = o.Period
+	}
+	if o.Burst != 0 {
+		r.Burst = o.Burst
+	}
+	return r
+}
+
 // Route sends matching requests to an upstream.
 type Route struct {
 	// Name labels the route in metrics and events; default PathPrefix.
