@@ -115,16 +115,19 @@ stop_gateway() {
 # wrk_run TARGET LABEL MODE [ARG]: flushes Redis (every side meets the
 # same keys), warms up for 2 s, then runs wrk for DURATION and sets
 # requests, rps, p99_ms, non2xx, and over the measured run alone Redis's
-# CPU seconds (cpu), commands (cmds, those a script calls included) and
-# script calls (scripts: EVAL, EVALSHA, FCALL and their _RO forms).
+# CPU seconds (cpu), commands (cmds, those a script calls included),
+# script calls (scripts: EVAL, EVALSHA, FCALL and their _RO forms) and the
+# server's own CPU per request in microseconds (server_us, from
+# /proc/PID/stat: the gateway's, or the peer's when TARGET is the peer).
 wrk_run() {
-	local target=$1 label=$2 s0 s1 u0 u1
+	local target=$1 label=$2 s0 s1 u0 u1 p0 p1 pid=$gw_pid
 	shift 2
+	[ "$target" = "$gw" ] || pid=${peer_pid:-}
 	rcli FLUSHALL >/dev/null
 	wrk -t2 -c"$CONNS" -d2s -s "$here/bench.lua" "http://$target" -- "$@" >/dev/null
-	s0=$(redis_counters) u0=$(unavailable "$target")
+	s0=$(redis_counters) u0=$(unavailable "$target") p0=$(proc_ticks "$pid")
 	wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$here/bench.lua" "http://$target" -- "$@" >"$tmp/wrk.out"
-	s1=$(redis_counters) u1=$(unavailable "$target")
+	s1=$(redis_counters) u1=$(unavailable "$target") p1=$(proc_ticks "$pid")
 	if [ "$u1" != "$u0" ]; then
 		echo "   WARNING $label: $((u1 - u0)) checks the store did not decide (store_unavailable_total)"
 		record unavailable "$label" "$((u1 - u0))"
@@ -139,8 +142,11 @@ wrk_run() {
 			p = v * (u == "us" ? 0.001 : u == "s" ? 1000 : u == "m" ? 60000 : 1) }
 		/Non-2xx/ { x = $NF }
 		END { printf "%d %.0f %.3f %d\n", n, r, p, x + 0 }' "$tmp/wrk.out")
-	printf '   %-22s %8s req/s  p99 %7s ms  %s requests, %s non-2xx\n' "$label" "$rps" "$p99_ms" "$requests" "$non2xx"
+	server_us=$(awk -v a="$p0" -v b="$p1" -v n="$requests" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')
+	printf '   %-22s %8s req/s  p99 %7s ms  %s requests, %s non-2xx, server CPU %s us/req\n' "$label" "$rps" "$p99_ms" "$requests" "$non2xx" "$server_us"
 }
+# proc_ticks PID: the process's user + system CPU in clock ticks.
+proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 # redis_counters prints Redis's CPU seconds (used_cpu_sys + used_cpu_user),
 # total_commands_processed and the calls of scripts, from one INFO.
 redis_counters() {
@@ -174,6 +180,7 @@ check_run() {
 	[ "$2" = check ] || return 0
 	record check_rps "$1" "$rps"
 	record check_p99 "$1" "$p99_ms"
+	record check_us "$1" "$server_us"
 	record cpu_us "$1" "$(per_request "$cpu" 1e6 %.2f)"
 	record check_cmds "$1" "$(per_request "$cmds" 1 %.2f)"
 	record check_scripts "$1" "$(per_request "$scripts" 1 %.3f)"
@@ -245,19 +252,24 @@ case_memory() {
 # case_proxy: the exempt route first in odd rounds, the limited first in
 # even ones, like events_pair.
 case_proxy() {
-	local off limited
+	local off limited off_us limited_us
 	if [ $((round % 2)) = 1 ]; then
 		wrk_run "$gw" "proxy exempt $1" proxy /off
-		off=$rps
+		off=$rps off_us=$server_us
 		wrk_run "$gw" "proxy limited $1" proxy
-		limited=$rps
+		limited=$rps limited_us=$server_us
 	else
 		wrk_run "$gw" "proxy limited $1" proxy
-		limited=$rps
+		limited=$rps limited_us=$server_us
 		wrk_run "$gw" "proxy exempt $1" proxy /off
-		off=$rps
+		off=$rps off_us=$server_us
 	fi
 	record proxy_pct "$1" "$(awk -v a="$limited" -v b="$off" 'BEGIN { printf "%.1f", 100 * a / b }')"
+	record proxy_off_rps "$1" "$off"
+	record proxy_limited_rps "$1" "$limited"
+	record proxy_off_us "$1" "$off_us"
+	record proxy_limited_us "$1" "$limited_us"
+	record proxy_extra_us "$1" "$(awk -v a="$limited_us" -v b="$off_us" 'BEGIN { printf "%.1f", a - b }')"
 }
 # case_body: a small JSON POST on the limited route, which the gateway
 # reads for API keys while it streams to the upstream (gateway/override.go).
@@ -286,6 +298,7 @@ case_hot() {
 case_denied() {
 	wrk_run "$gw" "denied $1" check hot-denied
 	record denied_rps "$1" "$rps"
+	record denied_us "$1" "$server_us"
 	record denied_scripts "$1" "$(per_request "$scripts" 1 %.3f)"
 }
 # case_peer: envoyproxy/ratelimit with its README's variables (Redis over
@@ -303,6 +316,7 @@ case_peer() {
 		"$peer" >"$tmp/peer.log" 2>&1 &
 	local pid=$!
 	pids+=("$pid")
+	peer_pid=$pid
 	for _ in $(seq 100); do
 		curl -fsS -o /dev/null "http://127.0.0.1:$port/healthcheck" 2>/dev/null && break
 		sleep 0.1
@@ -310,6 +324,7 @@ case_peer() {
 	curl -fsS -o /dev/null "http://127.0.0.1:$port/healthcheck" || { cat "$tmp/peer.log" >&2; exit 1; }
 	wrk_run "127.0.0.1:$port" "peer" peer
 	record check_rps peer "$rps"
+	record check_us peer "$server_us"
 	record check_p99 peer "$p99_ms"
 	record cpu_us peer "$(per_request "$cpu" 1e6 %.2f)"
 	record check_cmds peer "$(per_request "$cmds" 1 %.2f)"
@@ -317,6 +332,7 @@ case_peer() {
 	if want denied; then
 		wrk_run "127.0.0.1:$port" "peer denied" peer 10.9.9.9
 		record denied_rps peer "$rps"
+		record denied_us peer "$server_us"
 	fi
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
@@ -359,6 +375,8 @@ awk -v base="$BASE" '
 	# peer(m, k, dir): new against k times the peer, at least (dir 1) or at most (-1).
 	function peer(m, k, dir,   w, p) { w = v(m, "new"); p = v(m, "peer"); return w == "" || p == "" ? "-" : sprintf("%s (%.2fx)", met(dir > 0 ? w >= k * p : w <= k * p), w / p) }
 	function ratio(m, k,   o, w) { o = v(m, "old"); w = v(m, "new"); return o == "" || w == "" ? "-" : sprintf("%s (%.2fx)", met(w >= k * o), w / o) }
+	# old_le(m): new at most old.
+	function old_le(m,   o, w) { o = v(m, "old"); w = v(m, "new"); return o == "" || w == "" ? "-" : sprintf("%s (%.2fx)", met(w <= o), w / o) }
 	END {
 		printf "\n%-44s %10s %10s %10s  %-16s %s\n", "case (mean of the rounds; old = " base ")", "old", "new", "peer", "target", "met?"
 		row("1 Redis CPU per HTTP decision (us)", "cpu_us", "%.2f", "<= 1.0x peer", peer("cpu_us", 1, -1))
@@ -368,13 +386,21 @@ awk -v base="$BASE" '
 		row("  Redis keys per identity", "mem_keys", "%.2f", "-", "-")
 		row("3 /v1/check vs peer /json (req/s)", "check_rps", "%.0f", ">= 1.6x peer", peer("check_rps", 1.6, 1))
 		row("  /v1/check p99 (ms, wrk)", "check_p99", "%.2f", "-", "-")
+		row("  server CPU per check (us)", "check_us", "%.1f", "-", "-")
 		row("4 proxy limited / exempt route (%)", "proxy_pct", "%.1f", ">= 75", ge("proxy_pct", 75))
+		row("  proxy exempt route (req/s)", "proxy_off_rps", "%.0f", "-", "-")
+		row("  proxy limited route (req/s)", "proxy_limited_rps", "%.0f", "-", "-")
+		row("  gateway CPU, exempt route (us/req)", "proxy_off_us", "%.1f", "-", "-")
+		row("  gateway CPU, limited route (us/req)", "proxy_limited_us", "%.1f", "-", "-")
+		row("  limited - exempt gateway CPU (us/req)", "proxy_extra_us", "%.1f", "<= 25", le("proxy_extra_us", 25))
 		row("  proxy limited, JSON POST body (req/s)", "body_rps", "%.0f", "-", "-")
 		row("5 events on: req/s lost (%)", "events_cost", "%.1f", "<= 5", le("events_cost", 5))
 		row("6 check p99 at half load (ms, histogram)", "open_p99", "%.3f", "<= 1", le("open_p99", 1))
 		row("  request p99 at half load (ms, client)", "open_client_p99", "%.2f", "-", "-")
 		row("7 hot key within limits (req/s)", "hot_rps", "%.0f", "-", "-")
-		row("8 over-limit key: deny cache vs the peer (req/s)", "denied_rps", "%.0f", ">= 1.5x peer", peer("denied_rps", 1.5, 1))
+		row("8 over-limit key: deny cache vs the peer (req/s)", "denied_rps", "%.0f", ">= 1.8x peer", peer("denied_rps", 1.8, 1))
+		row("  deny cache vs old (req/s)", "denied_rps", "%.0f", ">= 1.0x old", ratio("denied_rps", 1))
+		row("  server CPU per denial (us)", "denied_us", "%.1f", "<= old", old_le("denied_us"))
 		row("  script calls per denial", "denied_scripts", "%.3f", "-", "-")
 		if (bad) printf "WARNING: %d checks were not decided by the store (see above): those figures flatter their gateway\n", bad
 	}' "$tmp/results"
