@@ -26,12 +26,16 @@ type Config struct {
 	Prefix string
 	// Batch is the most checks sent in one pipeline; default 128.
 	Batch int
-	// Senders is how many pipelines may be in flight at once; default 2.
+	// Senders is how many pipelines may be in flight at once; default 1.
 	// Batching happens only when all senders are busy, so a lone request
 	// never waits; under load, fewer senders make longer pipelines, and a
 	// pipeline's round trip (a write and a read, for the gateway and for
-	// Redis) costs more CPU than a check in it. Two keep one pipeline
-	// filling while the other is in flight.
+	// Redis, and the script call's own cost) costs more CPU than a check
+	// in it. One keeps the next pipeline filling while this one is in
+	// flight: on the proxy path (decisions spread out by the proxying
+	// between them) two senders made pipelines of 5.5 checks, one of 10,
+	// for 8 % less Redis CPU and 7 % more requests a second; the check
+	// path, batched well either way, was unchanged.
 	Senders int
 	// DenyCache is how many keys the local deny cache holds; default 65536.
 	// Negative disables the cache.
@@ -60,7 +64,7 @@ func (c Config) withDefaults() Config {
 		c.Batch = 128
 	}
 	if c.Senders <= 0 {
-		c.Senders = 2
+		c.Senders = 1
 	}
 	if c.Coalesce <= 0 {
 		c.Coalesce = 32

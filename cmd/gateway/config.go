@@ -69,8 +69,10 @@ type redisConfig struct {
 	WarmConns int `yaml:"warm_conns"`
 }
 
-// defaultWarmConns: the limiter runs two pipelines at once (its senders),
-// and the key admin API and the directive watcher use one each.
+// defaultWarmConns: the limiter's pipeline (its sender; a check that
+// finds it in flight waits for the next one), the key admin API and the
+// directive watcher use one each, and one is spare for a pipeline a
+// Cluster node answers slowly.
 const defaultWarmConns = 4
 
 // maxWarmConns bounds warm_conns: connections a gateway holds on every
