@@ -215,9 +215,12 @@ func TestPipelineDetection(t *testing.T) {
 	// whole run (split and NAT raises in force for part of it), reproduce
 	// what the gateways decided.
 	answered := f.answered.Load()
-	testenv.WaitFor(t, 60*time.Second, "every decision in ClickHouse", func() bool {
+	// Committed, as the replay reads them: a batch's rows are in the
+	// table before its commit, and the replay leaves them out until then.
+	testenv.WaitFor(t, 60*time.Second, "every decision committed in ClickHouse", func() bool {
 		var n uint64
-		err := f.conn.QueryRow(context.Background(), "SELECT count() FROM decisions").Scan(&n)
+		err := f.conn.QueryRow(context.Background(),
+			"SELECT count() FROM decisions WHERE batch_id NOT IN (SELECT batch_id FROM decisions_uncommitted)").Scan(&n)
 		return err == nil && int64(n) >= answered
 	})
 	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{}}

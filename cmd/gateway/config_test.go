@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestRedisPreviousLayout: redis.previous_layout reaches the limiter the
@@ -58,7 +59,7 @@ func TestRedisPreviousLayout(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			st, err := openStore(ctx, fc, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+			st, err := openStore(ctx, fc, prometheus.NewRegistry(), slog.New(slog.NewJSONHandler(io.Discard, nil)))
 			if err != nil {
 				t.Fatalf("openStore(%s): %v", tt.give, err)
 			}

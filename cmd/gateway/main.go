@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	st, err := openStore(ctx, fc, log)
+	st, err := openStore(ctx, fc, reg, log)
 	if err != nil {
 		return err
 	}
@@ -381,7 +381,7 @@ func (s store) close() {
 	}
 }
 
-func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, error) {
+func openStore(ctx context.Context, fc fileConfig, reg prometheus.Registerer, log *slog.Logger) (store, error) {
 	rc := fc.Redis
 	if !rc.Set() {
 		log.Warn("no Redis configured: using the in-memory store, so limits hold per gateway process, not across gateways")
@@ -407,6 +407,10 @@ func openStore(ctx context.Context, fc fileConfig, log *slog.Logger) (store, err
 	if err != nil {
 		rdb.Close()
 		return store{}, fmt.Errorf("%w: redis: %w", errConfig, err)
+	}
+	if err := boot.RegisterRedisPool(reg, rdb); err != nil {
+		rdb.Close()
+		return store{}, err
 	}
 	// A Redis that is down now is the failure policy's business, not a
 	// reason to refuse to start; wrong credentials or an untrusted

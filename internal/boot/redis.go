@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -260,4 +261,34 @@ type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
+
+// RegisterRedisPool exposes rdb's connection pool on reg, read at each
+// scrape: a miss is a call that found no idle connection and dialled one
+// (TLS and AUTH included) within its own deadline, so on a ready gateway
+// misses should not move while its load holds steady.
+func RegisterRedisPool(reg prometheus.Registerer, rdb redis.UniversalClient) error {
+	// A pipeline pool of its own (RedisTuning.OnePool off) counts apart.
+	stat := func(f func(*redis.PoolStats) uint32) func() float64 {
+		return func() float64 {
+			s := rdb.PoolStats()
+			n := f(s)
+			if s.PipelineStats != nil {
+				n += f((*redis.PoolStats)(s.PipelineStats))
+			}
+			return float64(n)
+		}
+	}
+	return errors.Join(
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgelimit_redis_pool_hits_total",
+			Help: "Redis calls that found an idle connection in the pool."}, stat(func(s *redis.PoolStats) uint32 { return s.Hits }))),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgelimit_redis_pool_misses_total",
+			Help: "Redis calls that found no idle connection and dialled one."}, stat(func(s *redis.PoolStats) uint32 { return s.Misses }))),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "edgelimit_redis_pool_timeouts_total",
+			Help: "Redis calls that waited for a connection past the pool timeout."}, stat(func(s *redis.PoolStats) uint32 { return s.Timeouts }))),
+		reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgelimit_redis_pool_connections",
+			Help: "Connections open to Redis (every node)."}, stat(func(s *redis.PoolStats) uint32 { return s.TotalConns }))),
+		reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "edgelimit_redis_pool_idle_connections",
+			Help: "Idle connections in the pool (every node)."}, stat(func(s *redis.PoolStats) uint32 { return s.IdleConns }))),
+	)
 }
