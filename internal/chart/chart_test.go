@@ -129,8 +129,8 @@ func TestChartAlertsAreTheRepositorys(t *testing.T) {
 	}
 }
 
-// TestChartRefusesBadValues: values that cannot work fail the render with
-// what to fix.
+// TestChartRefusesBadValues: values that cannot work, or that name no
+// setting (values.schema.json), fail the render with what to fix.
 func TestChartRefusesBadValues(t *testing.T) {
 	helm := chart.Helm(t)
 	for _, tt := range []struct {
@@ -140,7 +140,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 	}{
 		{"consumers past the partitions", []string{"consumer.replicas=7", "kafka.partitions=6"}, "consumer.replicas 7 is more than kafka.partitions 6"},
 		{"sentinel without sentinels", []string{"redis.mode=sentinel", "redis.sentinelMaster=m"}, "redis.sentinelAddrs is required"},
-		{"unknown redis mode", []string{"redis.mode=ring"}, `redis.mode "ring"`},
+		{"unknown redis mode", []string{"redis.mode=ring"}, "at '/redis/mode': value must be one of"},
+		{"misspelt value", []string{"gateway.replica=3"}, "additional properties 'replica' not allowed"},
+		{"secret without its key", []string{"redis.password.secret=s", "redis.password.key="}, "/redis/password/key"},
 		{"no key hash secret", []string{"keyHashSecret.name="}, "keyHashSecret.name is required"},
 		{"door without domains", []string{"gateway.door.enabled=true"}, "gateway.door.domains"},
 		{"autoscaler upside down", []string{"gateway.hpa.enabled=true", "gateway.hpa.minReplicas=5", "gateway.hpa.maxReplicas=2"}, "minReplicas is above maxReplicas"},
