@@ -34,9 +34,13 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// HelmModule is the helm CLI the tests render with: Helm 4 (the chart is
-// apiVersion v2, which Helm 3 reads too).
-const HelmModule = "helm.sh/helm/v4/cmd/helm@v4.3.2"
+// The helm CLIs the chart is checked with, built from the Go module
+// proxy: Helm 4 renders every test; Helm 3 must lint it and render the
+// same objects (the chart is apiVersion v2, which both read).
+const (
+	Helm4 = "helm.sh/helm/v4/cmd/helm@v4.3.2"
+	Helm3 = "helm.sh/helm/v3/cmd/helm@v3.21.4"
+)
 
 // Dir is the chart's directory.
 func Dir() string {
@@ -58,63 +62,76 @@ func ValueSets() map[string]string {
 // with prometheus-operator serves, so its objects render too.
 var PrometheusOperatorAPIs = []string{"monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1/ServiceMonitor"}
 
-var (
-	helmOnce sync.Once
-	helmPath string
-	helmErr  error
-)
+// builds are the helm binaries by module, each built once per test
+// process (*build).
+var builds sync.Map
 
-// Helm returns the path of the helm binary, built once per machine into
-// the user cache (go install of HelmModule; the first build takes a
-// minute or two, later runs reuse it). It fails the test if it cannot.
-func Helm(t testing.TB) string {
-	t.Helper()
-	helmOnce.Do(func() {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
-		}
-		version := HelmModule[strings.LastIndexByte(HelmModule, '@')+1:]
-		dir := filepath.Join(cache, "edgelimit", "helm-"+version)
-		helmPath = filepath.Join(dir, "helm")
-		if _, err := os.Stat(helmPath); err == nil {
-			return
-		}
-		// Built aside and renamed into place: packages tested at once may
-		// build it at once.
-		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-			helmErr = err
-			return
-		}
-		tmp, err := os.MkdirTemp(filepath.Dir(dir), "build-")
-		if err != nil {
-			helmErr = err
-			return
-		}
-		defer os.RemoveAll(tmp)
-		cmd := exec.Command("go", "install", HelmModule)
-		cmd.Env = append(os.Environ(), "GOBIN="+tmp)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helmErr = fmt.Errorf("go install %s: %v\n%s", HelmModule, err, out)
-			return
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			helmErr = err
-			return
-		}
-		helmErr = os.Rename(filepath.Join(tmp, "helm"), helmPath)
-	})
-	if helmErr != nil {
-		t.Fatalf("the helm CLI: %v", helmErr)
-	}
-	return helmPath
+type build struct {
+	once sync.Once
+	path string
+	err  error
 }
 
-// Run runs helm with args and returns its standard output; a failure
+// Helm returns the path of Helm 4's binary (see HelmOf).
+func Helm(t testing.TB) string { return HelmOf(t, Helm4) }
+
+// HelmOf returns the path of module's helm binary, built once per machine
+// into the user cache (go install; the first build takes a minute or two,
+// later runs reuse it). It fails the test if it cannot.
+func HelmOf(t testing.TB, module string) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(module, &build{})
+	b := v.(*build)
+	b.once.Do(func() { b.path, b.err = install(module) })
+	if b.err != nil {
+		t.Fatalf("the helm CLI: %v", b.err)
+	}
+	return b.path
+}
+
+func install(module string) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	version := module[strings.LastIndexByte(module, '@')+1:]
+	dir := filepath.Join(cache, "edgelimit", "helm-"+version)
+	path := filepath.Join(dir, "helm")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	// Built aside and renamed into place: packages tested at once may
+	// build it at once.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "build-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	cmd := exec.Command("go", "install", module)
+	cmd.Env = append(os.Environ(), "GOBIN="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go install %s: %v\n%s", module, err, out)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return path, os.Rename(filepath.Join(tmp, "helm"), path)
+}
+
+// Run runs Helm 4 with args and returns its standard output; a failure
 // fails the test with its standard error.
 func Run(t testing.TB, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(Helm(t), args...)
+	return RunWith(t, Helm(t), args...)
+}
+
+// RunWith is Run with the helm binary at helm.
+func RunWith(t testing.TB, helm string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(helm, args...)
 	// Helm's own state (repositories, cache) stays in the test's dirs.
 	home := t.TempDir()
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
@@ -135,18 +152,26 @@ type Object struct {
 	Value      any
 }
 
-// Render renders the chart with the value file (empty: its defaults) and
-// extra helm arguments, and decodes every object strictly.
+// Render renders the chart with Helm 4, the value file (empty: its
+// defaults) and extra helm arguments, and decodes every object strictly.
 func Render(t testing.TB, values string, extra ...string) []Object {
 	t.Helper()
-	args := []string{"template", "edge", Dir(), "--namespace", "edge"}
+	return RenderWith(t, Helm(t), values, extra...)
+}
+
+// RenderWith is Render with the helm binary at helm.
+func RenderWith(t testing.TB, helm, values string, extra ...string) []Object {
+	t.Helper()
+	// Helm 3's template assumes Kubernetes 1.20 unless told; the chart
+	// needs 1.30 (its pre-stop sleep).
+	args := []string{"template", "edge", Dir(), "--namespace", "edge", "--kube-version", "v1.30.0"}
 	if values != "" {
 		args = append(args, "-f", values)
 	}
 	for _, api := range PrometheusOperatorAPIs {
 		args = append(args, "--api-versions", api)
 	}
-	out := Run(t, append(args, extra...)...)
+	out := RunWith(t, helm, append(args, extra...)...)
 	var objs []Object
 	for _, doc := range bytes.Split(out, []byte("\n---")) {
 		doc = bytes.TrimSpace(doc)

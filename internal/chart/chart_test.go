@@ -196,3 +196,35 @@ func TestChartVersionIsSemver(t *testing.T) {
 		t.Errorf("Chart.yaml apiVersion %q, want v2 (Helm 3 and 4)", c.APIVersion)
 	}
 }
+
+// TestChartHelm3: Helm 3 lints the chart and renders, for every value set,
+// the very objects Helm 4 does.
+func TestChartHelm3(t *testing.T) {
+	helm3 := chart.HelmOf(t, chart.Helm3)
+	for name, values := range chart.ValueSets() {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chart.Dir()}
+			if values != "" {
+				args = append(args, "-f", values)
+			}
+			if out := chart.RunWith(t, helm3, args...); !strings.Contains(string(out), "0 chart(s) failed") {
+				t.Errorf("helm 3 lint:\n%s", out)
+			}
+			v3, v4 := chart.RenderWith(t, helm3, values), chart.Render(t, values)
+			type named struct {
+				Kind, Name string
+				Value      any
+			}
+			flat := func(objs []chart.Object) []named {
+				var out []named
+				for _, o := range objs {
+					out = append(out, named{o.Kind, o.Name, o.Value})
+				}
+				return out
+			}
+			if diff := cmp.Diff(flat(v4), flat(v3)); diff != "" {
+				t.Errorf("Helm 3 renders other objects than Helm 4 (-4 +3):\n%s", diff)
+			}
+		})
+	}
+}
