@@ -16,9 +16,12 @@ type checker interface {
 }
 
 // denialCache is a store's memory of its own recent denials
-// (*limiter.Redis has one), asked while the store is unavailable.
+// (*limiter.Redis has one), asked before the store's deadline is set up
+// and while the store is unavailable.
 type denialCache interface {
 	CachedDenial(key string, rules []limiter.Rule, cost int64) (limiter.Decision, bool)
+	// AllowUncached is Allow without asking the cache again.
+	AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
 }
 
 // verdict is the outcome of one request's limit check, whichever store or
@@ -107,10 +110,11 @@ func (g *Gateway) decideOne(ctx context.Context, st *state, l limits, cost int64
 		g.m.storeUnavailable.WithLabelValues("circuit_open").Inc()
 		return g.fallback(ctx, st, l, cost, event.StoreUnavailable, start)
 	}
-	if dc, ok := g.store.(denialCache); ok && cost > 0 {
+	dc, asked := g.store.(denialCache)
+	if asked {
 		// The store's own deny cache, asked before the store's deadline
 		// is set up (a context and a timer): the abusive client's answer
-		// is the cheap one. The store's Allow would answer the same.
+		// is the cheap one, and the store's Allow would answer the same.
 		if d, ok := dc.CachedDenial(l.key, l.rules, cost); ok {
 			g.breaker.abandon(probe) // answered without asking the store
 			lat := g.now().Sub(start)
@@ -120,7 +124,13 @@ func (g *Gateway) decideOne(ctx context.Context, st *state, l limits, cost int64
 	}
 	budget, short := storeBudget(ctx, st.cfg.StoreDeadline)
 	cctx, cancel := context.WithTimeout(ctx, budget)
-	d, err := g.store.Allow(cctx, l.key, l.rules, cost)
+	var d limiter.Decision
+	var err error
+	if asked {
+		d, err = dc.AllowUncached(cctx, l.key, l.rules, cost)
+	} else {
+		d, err = g.store.Allow(cctx, l.key, l.rules, cost)
+	}
 	cancel()
 	lat := g.now().Sub(start)
 	if err == nil {

@@ -187,6 +187,17 @@ func (s *modelStore) Allow(ctx context.Context, key string, rules []limiter.Rule
 	return s.uncached.Allow(ctx, key, rules, cost)
 }
 
+// AllowUncached is Allow for a gateway that asked CachedDenial first.
+func (s *modelStore) AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	if s.down.Load() {
+		return limiter.Decision{}, errors.New("run limiter script: dial tcp 127.0.0.1:6379: connect: connection refused")
+	}
+	if s.cache.Load() {
+		return s.cached.AllowUncached(ctx, key, rules, cost)
+	}
+	return s.uncached.Allow(ctx, key, rules, cost)
+}
+
 func (s *modelStore) CachedDenial(key string, rules []limiter.Rule, cost int64) (limiter.Decision, bool) {
 	if !s.cache.Load() {
 		return limiter.Decision{}, false

@@ -349,7 +349,20 @@ func legacyKey(prefix, key, bucket string, algo Algorithm) string {
 // rule with a Cost of its own is charged that instead). If any enforced
 // rule denies, no rule consumes. An error means the store
 // failed; the decision is then unknown.
+//
+// A denial is remembered in the local deny cache, which Allow asks first
+// (CachedDenial); AllowUncached is Allow for a caller that asked it
+// itself, before setting up the call.
 func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
+	return r.allow(ctx, key, rules, cost, true)
+}
+
+// AllowUncached is Allow without asking the deny cache (see Allow).
+func (r *Redis) AllowUncached(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
+	return r.allow(ctx, key, rules, cost, false)
+}
+
+func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64, cached bool) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
 		return Decision{}, err
 	}
@@ -357,9 +370,8 @@ func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64)
 		d.Time = r.cfg.Now()
 		return d, nil
 	}
-	if r.deny != nil {
-		if d, ok := r.deny.get(key, rules, cost, r.cfg.Now()); ok {
-			r.cached.Add(1)
+	if cached {
+		if d, ok := r.CachedDenial(key, rules, cost); ok {
 			return d, nil
 		}
 	}
