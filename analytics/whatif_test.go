@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -301,12 +302,7 @@ func TestWhatIfWarmsBuckets(t *testing.T) {
 		rows = append(rows, modelDecision(t, model, at(s), "k", rules))
 	}
 	mustInsert(t, conn, rows)
-	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
-	rep, err := analytics.NewReader(conn).WhatIf(context.Background(), analytics.WhatIfQuery{
-		Range: analytics.Range{From: at(15), To: at(60)}, Proposal: ran, Ran: &ran})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := replayRan(t, conn, rules, at(15), at(60))
 	want := analytics.WhatIfCounts{Requests: 5, WasDenied: 5, WouldDeny: 5}
 	if rep.Totals != want || rep.Read != 5 || rep.Warmed != 10 || !rep.WarmFrom.Equal(at(15).Add(-time.Hour)) {
 		t.Errorf("replay of a key drained before the range: totals %+v, read %d, warmed %d from %v; want %+v, 5, 10 from %v",
@@ -353,12 +349,7 @@ func TestWhatIfAppliesDirectives(t *testing.T) {
 		add(whatIfStart.Add(time.Duration(i)*25*time.Millisecond), "gw-a", "nat", event.KindIP, "nat|p:free", nat, event.Decision{NATFactor: 3})
 	}
 	mustInsert(t, conn, rows)
-	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
-	rep, err := analytics.NewReader(conn).WhatIf(context.Background(), analytics.WhatIfQuery{
-		Range: analytics.Range{From: whatIfStart, To: whatIfStart.Add(time.Minute)}, Proposal: ran, Ran: &ran})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := replayRan(t, conn, rules, whatIfStart, whatIfStart.Add(time.Minute))
 	c := rep.SelfCheck
 	if c == nil || c.Requests != 500 || c.Agreement != 1 || c.WasDenied < 100 {
 		t.Errorf("self-check %+v; want 500 decisions, at least 100 denied, all reproduced", c)
@@ -385,15 +376,23 @@ func TestWhatIfReplaysMicroseconds(t *testing.T) {
 		rows = append(rows, d)
 	}
 	mustInsert(t, conn, rows)
-	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
-	rep, err := analytics.NewReader(conn).WhatIf(context.Background(), analytics.WhatIfQuery{
-		Range: analytics.Range{From: whatIfStart, To: whatIfStart.Add(time.Minute)}, Proposal: ran, Ran: &ran})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := replayRan(t, conn, rules, whatIfStart, whatIfStart.Add(time.Minute))
 	if c := rep.SelfCheck; c == nil || c.Agreement != 1 || denied < 100 {
 		t.Errorf("self-check %+v (%d of %d denied); want every decision reproduced, at least 100 denied", c, denied, len(rows))
 	}
+}
+
+// replayRan replays the stored decisions of [from, to) under plan free's
+// rules as both the proposal and the rules that ran, for the self-check.
+func replayRan(t *testing.T, conn driver.Conn, rules []limiter.Rule, from, to time.Time) analytics.WhatIfReport {
+	t.Helper()
+	ran := analytics.Proposal{Plans: map[string][]limiter.Rule{"free": rules}}
+	rep, err := analytics.NewReader(conn).WhatIf(context.Background(), analytics.WhatIfQuery{
+		Range: analytics.Range{From: from, To: to}, Proposal: ran, Ran: &ran})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
 
 // modelDecision decides one request of key at at under rules with the
