@@ -33,8 +33,9 @@ type storeCall struct {
 	ok    bool
 }
 
-// recordingStore is the gateway's *limiter.Redis, every Allow recorded.
-// Embedding keeps its other methods (the denial cache) visible.
+// recordingStore is the gateway's *limiter.Redis, every store call
+// recorded: Allow, and AllowUncached, which the gateway calls after asking
+// the deny cache itself. Embedding keeps the cache (CachedDenial) visible.
 type recordingStore struct {
 	*limiter.Redis
 	mu    sync.Mutex
@@ -42,8 +43,17 @@ type recordingStore struct {
 }
 
 func (s *recordingStore) Allow(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	return s.record(ctx, key, rules, cost, s.Redis.Allow)
+}
+
+func (s *recordingStore) AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	return s.record(ctx, key, rules, cost, s.Redis.AllowUncached)
+}
+
+func (s *recordingStore) record(ctx context.Context, key string, rules []limiter.Rule, cost int64,
+	call func(context.Context, string, []limiter.Rule, int64) (limiter.Decision, error)) (limiter.Decision, error) {
 	start := time.Now()
-	d, err := s.Redis.Allow(ctx, key, rules, cost)
+	d, err := call(ctx, key, rules, cost)
 	s.mu.Lock()
 	s.calls = append(s.calls, storeCall{start: start, took: time.Since(start), ok: err == nil})
 	s.mu.Unlock()
