@@ -262,12 +262,18 @@ func (r *Redis) await(ctx context.Context, calls []*call) {
 // a calendar rule's names it by the windows around at (see allow.lua).
 func giveBackArgs(rules []Rule, at time.Time) []any {
 	args := scriptArgs(rules, 1, at)
+	nameWindows(rules, args, at)
+	return args
+}
+
+// nameWindows has each sliding window of rules that gives back (negative
+// Cost) in args (packArgs') name the window at holds (see giveBackArgs).
+func nameWindows(rules []Rule, args []any, at time.Time) {
 	b := args[3].([]byte)
 	for i, rule := range rules {
-		if rule.algorithm() == SlidingWindow {
+		if rule.algorithm() == SlidingWindow && rule.Cost < 0 {
 			w := at.UnixMicro() / rule.Period.Microseconds()
 			copy(b[ruleSize*i+17:], le(nil, w, 6))
 		}
 	}
-	return args
 }

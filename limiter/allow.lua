@@ -26,8 +26,13 @@
 --              rule (all calendar rules) rcost more units in the window
 --              now holds (negative takes back, never below no grant)
 --   m          the number of containers
---   seq        1: the check numbers its decision (cost > 0 only) in the
---              sequence record of its first container; 0: it does not
+--   seq        bit 1: the check numbers its decision (cost > 0 only) in
+--              the sequence record of its first container; bit 2: every
+--              charge admits (a settlement: what a request used beyond
+--              its reservation, known after its answer), overdrawing a
+--              rule past its capacity, its debt capped at one capacity (a
+--              token bucket's tokens at minus its capacity, a window's
+--              count at twice its limit or limit + grant + limit)
 --   rules      the n rules' fields, each struct-packed '<BI5I6I5I6I7i7'
 --              (37 bytes), all in one string. They name no state, so one
 --              compiled plan serves every identity with the same rules:
@@ -320,7 +325,7 @@ end
 -- general checks one call's rules the long way (see the header); keys[k0 +
 -- 1 .. k0 + nk] are its keys, got (when the fast path already read them)
 -- its containers' values, false where absent.
-local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
+local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
   -- The rules: R[i] = {name, flags, limit, period, capacity, pn, pd, rcost},
   -- byname[c][name] their indexes by container: a split's check names each
   -- rule twice, its share in the shares' container and its whole in the
@@ -582,6 +587,9 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         if after < 0 then after = 0 end
       elseif after <= room then
         ok = 1
+      elseif over then
+        ok = 1
+        if after > room + limit then after = cur > room + limit and cur or room + limit end
       elseif rc <= limit then
         -- the next window admits a cost up to the limit
         retry = left
@@ -617,7 +625,7 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         conv = sl ~= limit or sP ~= period or ocapu ~= capu or taken[i]
       end
       local need = rc * MICRO
-      if rc < 0 or tokens >= need then
+      if rc < 0 or tokens >= need or over then
         ok = 1
       elseif rc <= cap then
         retry = wait(need - tokens, pn, pd)
@@ -627,6 +635,8 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
       -- before/after: the rule's state if nothing or this request is consumed
       local rest = tokens - need
       if rest > capu then rest = capu end
+      -- (a settlement's debt stops at one capacity, or where it already was)
+      if over and rest < -capu then rest = tokens < -capu and tokens or -capu end
       brem, breset = floor(tokens / MICRO), wait(capu - tokens, pn, pd)
       if brem < 0 then brem = 0 end
       local fmt, c1 = PTB0, nil
@@ -689,7 +699,12 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got)
         if after < 0 then after = 0 end
       else
         local room = limit - after
-        if room >= 0 and prev * k <= room * D then ok = 1 end
+        if room >= 0 and prev * k <= room * D then
+          ok = 1
+        elseif over then
+          ok = 1
+          if after > 2 * limit then after = cur > 2 * limit and cur or 2 * limit end
+        end
       end
       if ok == 1 and cost > 0 then
         arem = limit - after - ceil_div(pafter * k, D)
@@ -823,7 +838,7 @@ end
 -- table of its own but the MGET's.
 local GOT, LEN, OFF, X, Y, RES, PARTS, NEED, DIRTY, TAIL = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
-local function fast(P, keys, k0, nk, cost, args, a, now, num)
+local function fast(P, keys, k0, nk, cost, args, a, now, num, over)
   local m, n, rules = P.m, P.n, P.rules
   local got, len, off = GOT, LEN, OFF
   for c = 1, m do len[c] = 0 end
@@ -899,7 +914,9 @@ local function fast(P, keys, k0, nk, cost, args, a, now, num)
       local need = rc * MICRO
       local rest = tokens - need
       if rest > capu then rest = capu end
-      if rc < 0 or tokens >= need then
+      -- (a settlement's debt stops at one capacity, or where it already was)
+      if over and rest < -capu then rest = tokens < -capu and tokens or -capu end
+      if rc < 0 or tokens >= need or over then
         ok = 1
       elseif rc <= r.cap then
         retry = wait(need - tokens, pn, pd)
@@ -928,6 +945,9 @@ local function fast(P, keys, k0, nk, cost, args, a, now, num)
         if after < 0 then after = 0 end
       elseif after <= limit and prev * k <= (limit - after) * D then
         ok = 1
+      elseif over then
+        ok = 1
+        if after > 2 * limit then after = cur > 2 * limit and cur or 2 * limit end
       elseif rc <= limit then
         retry = window_retry(cur, prev, limit, rc, left, period)
       end
@@ -1003,7 +1023,7 @@ end
 
 -- decide runs the rules of one check: fast when it can, else general;
 -- and whether fast numbered the decision (num, see check).
-local function decide(keys, k0, nk, cost, m, blob, args, a, now, num)
+local function decide(keys, k0, nk, cost, m, blob, args, a, now, num, over)
   if cost > 0 then
     local P = plans[blob]
     if not P then
@@ -1012,12 +1032,12 @@ local function decide(keys, k0, nk, cost, m, blob, args, a, now, num)
       if P then plans[blob], nplans = P, nplans + 1 end
     end
     if P and P.m == m then
-      local res, got = fast(P, keys, k0, nk, cost, args, a, now, num)
+      local res, got = fast(P, keys, k0, nk, cost, args, a, now, num, over)
       if res then return res, true end
-      return general(keys, k0, nk, cost, m, blob, args, a, now, got), false
+      return general(keys, k0, nk, cost, m, blob, args, a, now, got, over), false
     end
   end
-  return general(keys, k0, nk, cost, m, blob, args, a, now, nil), false
+  return general(keys, k0, nk, cost, m, blob, args, a, now, nil, over), false
 end
 
 -- renumber counts one more decision in the sequence record of container
@@ -1056,8 +1076,9 @@ end
 -- check runs one check of the call and numbers its decision when asked:
 -- fast does in its own write, general is followed by renumber.
 local function check(keys, k0, nk, cost, m, seq, blob, args, a, now)
-  local num = seq > 0 and cost > 0
-  local res, numbered = decide(keys, k0, nk, cost, m, blob, args, a, now, num)
+  local num = seq % 2 == 1 and cost > 0
+  local over = seq >= 2 and cost > 0
+  local res, numbered = decide(keys, k0, nk, cost, m, blob, args, a, now, num, over)
   if num and not numbered and type(res) == 'string' then
     res = res .. renumber(keys[k0 + 1], now)
   end

@@ -250,15 +250,15 @@ func (m *Memory) Inspect(_ context.Context, key string, rules []Rule) (KeyState,
 		rs := RuleState{Rule: rule.bucket(), Algorithm: rule.algorithm(), Found: st != nil}
 		switch rule.algorithm() {
 		case FixedWindow:
-			e := fixedWindow(st, rule, 0, now)
+			e := fixedWindow(st, rule, 0, now, false)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 			rs.Count, rs.Granted = e.next.cur, e.next.granted
 		case SlidingWindow:
-			e := slidingWindow(st, rule, 0, now)
+			e := slidingWindow(st, rule, 0, now, false)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 			rs.Count, rs.Previous = e.next.cur, e.next.prev
 		default:
-			e := tokenBucket(st, rule, 0, now)
+			e := tokenBucket(st, rule, 0, now, false)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 		}
 		ks.Rules[i] = rs
@@ -369,7 +369,7 @@ func (m *Memory) Grant(_ context.Context, key string, rule Rule, units int64) (G
 	at := m.now()
 	now := at.UnixMicro()
 	st, other := m.lookup(key, rule, now)
-	e := fixedWindow(st, rule, 0, now)
+	e := fixedWindow(st, rule, 0, now, false)
 	next := e.next
 	next.granted = min(maxGrant, max(0, next.granted+units))
 	m.put(key, ruleKey("mem", key, rule), next)

@@ -77,6 +77,12 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		d.Time = m.now()
 		return d, nil
 	}
+	return m.allow(key, rules, cost, false), nil
+}
+
+// allow is Allow's check of valid rules; over makes it a settlement
+// (see Redis.Settle): every charge admits, overdrawing.
+func (m *Memory) allow(key string, rules []Rule, cost int64, over bool) Decision {
 	// A split's check is decided with each share's whole (see
 	// Directives.Split), whose state is the key's own.
 	check, owner := rules, make([]string, 0, 2*len(rules))
@@ -112,17 +118,17 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 		c := rule.charge(cost)
 		switch rule.algorithm() {
 		case FixedWindow:
-			evals[i] = fixedWindow(st, rule, c, now)
+			evals[i] = fixedWindow(st, rule, c, now, over)
 			if other != nil {
 				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
 			}
 		case SlidingWindow:
-			evals[i] = slidingWindow(st, rule, c, now)
+			evals[i] = slidingWindow(st, rule, c, now, over)
 			if other != nil {
 				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
 			}
 		default:
-			evals[i] = tokenBucket(st, rule, c, now)
+			evals[i] = tokenBucket(st, rule, c, now, over)
 			if other != nil && c <= rule.Capacity() {
 				evals[i].converted, evals[i].convExpires = true, now+evals[i].before.reset+micro
 			}
@@ -167,7 +173,7 @@ func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) 
 	if split {
 		d = joinWholes(d, rules)
 	}
-	return d, nil
+	return d
 }
 
 // lookup returns rule's state for key at now; nil when it has none. A
@@ -411,7 +417,7 @@ func refilled(st *memState, now int64) int64 {
 // state: forgotten, it would start full at the new capacity): the units
 // moved from another gateway's share. A share that shrinks clamps: its
 // growth added nothing, so nothing is taken back.
-func tokenBucket(st *memState, r Rule, cost, now int64) eval {
+func tokenBucket(st *memState, r Rule, cost, now int64, over bool) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	capu := r.Capacity() * micro
 	tokens, ts := capu, now
@@ -441,12 +447,17 @@ func tokenBucket(st *memState, r Rule, cost, now int64) eval {
 		need = max(tokens-capu, min(-cost, r.Capacity())*-micro)
 	}
 	rate := limit * micro
-	if tokens >= need {
+	if tokens >= need || over {
 		e.ok = true
 	} else {
 		e.retry = waitMicros(need-tokens, period, rate)
 	}
 	rest := tokens - need
+	if over && rest < -capu {
+		// A settlement's debt stops at one capacity, or where it was.
+		rest = min(tokens, -capu)
+	}
+	need = tokens - rest
 	e.used = need
 	e.before.remaining = max(0, tokens) / micro
 	e.before.reset = waitMicros(capu-tokens, period, rate)
@@ -518,7 +529,7 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // written under another period carries what it had used at now into the
 // current window of the new period; a changed limit needs nothing, counts
 // are in units.
-func slidingWindow(st *memState, r Rule, cost, now int64) eval {
+func slidingWindow(st *memState, r Rule, cost, now int64, over bool) eval {
 	limit, period := r.Limit, r.Period.Microseconds()
 	w := now / period
 	into := now - w*period
@@ -566,6 +577,11 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 	case room >= 0 && prev*k <= room*swDenom:
 		e.ok = true
 		e.after.remaining, e.after.reset = state(cur + cost)
+	case over:
+		// A settlement overdraws, its debt stopping at the limit again.
+		cost = max(cur, min(cur+cost, 2*limit)) - cur
+		e.used, e.ok = cost, true
+		e.after.remaining, e.after.reset = state(cur + cost)
 	case cost > limit:
 		// only a shadow rule gets here; no wait helps
 	case room >= 0 && maxWeight(prev, room) >= 1:
@@ -593,7 +609,7 @@ func slidingWindow(st *memState, r Rule, cost, now int64) eval {
 // back across the boundary) is kept as the window; one of an earlier
 // window still running by its own length (the rule's calendar changed)
 // carries its count and grant into the window that holds now.
-func fixedWindow(st *memState, r Rule, cost, now int64) eval {
+func fixedWindow(st *memState, r Rule, cost, now int64, over bool) eval {
 	start, end := r.Calendar.Bounds(time.UnixMicro(now))
 	ws, wl := start.UnixMicro(), end.UnixMicro()-start.UnixMicro()
 	var cur, granted int64
@@ -627,6 +643,11 @@ func fixedWindow(st *memState, r Rule, cost, now int64) eval {
 	switch {
 	case giveBack || cur+cost <= room:
 		e.ok = true
+		e.after.remaining, e.after.reset = state(cur + cost)
+	case over:
+		// A settlement overdraws, its debt stopping at the limit again.
+		cost = max(cur, min(cur+cost, room+r.Limit)) - cur
+		e.used, e.ok = cost, true
 		e.after.remaining, e.after.reset = state(cur + cost)
 	case cost <= r.Limit:
 		// the next window admits a cost up to the limit

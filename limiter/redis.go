@@ -415,6 +415,19 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 		}
 		return r.allowAcross(ctx, key, rules, cost, groups)
 	}
+	return r.decideOne(ctx, key, rules, cost, how{seq: true, at: r.cfg.Now()})
+}
+
+// how is what kind of call decideOne makes: a numbered decision (seq), or
+// a settlement (over: every charge admits, overdrawing; see Settle), its
+// give-backs named by the windows around at.
+type how struct {
+	seq, over bool
+	at        time.Time
+}
+
+// decideOne is decide's check of rules that one call can carry.
+func (r *Redis) decideOne(ctx context.Context, key string, rules []Rule, cost int64, h how) (Decision, time.Time, error) {
 	check := rules
 	cont, m := layout(rules)
 	var keys []string
@@ -427,9 +440,16 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 	} else {
 		keys = r.keys(key, rules, cont, m)
 	}
-	args := packArgs(check, cont, m, cost, r.cfg.Now())
-	// Numbered in the first container's sequence record (see allow.lua).
-	args[2] = 1
+	args := packArgs(check, cont, m, cost, h.at)
+	// Numbered in the first container's sequence record, or a settlement
+	// (see allow.lua's seq).
+	switch {
+	case h.over:
+		nameWindows(check, args, h.at)
+		args[2] = 2
+	case h.seq:
+		args[2] = 1
+	}
 	var (
 		res  any
 		sent time.Time
@@ -447,7 +467,7 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 	if cerr != nil {
 		return Decision{}, sent, fmt.Errorf("run limiter script: %w", cerr)
 	}
-	d, err := parseReply(res, check, true)
+	d, err := parseReply(res, check, h.seq && !h.over)
 	if err != nil {
 		return Decision{}, sent, err
 	}
