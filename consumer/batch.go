@@ -98,6 +98,8 @@ var decisionColumns = []column{
 		return out
 	}),
 	col("time_us", "UInt16", func(r *row) uint16 { return uint16(r.d.Time.Nanosecond() / int(time.Microsecond) % 1000) }),
+	col("reserved", "Int64", func(r *row) int64 { return r.d.Reserved }),
+	col("settled", "Int64", func(r *row) int64 { return r.d.Settled }),
 }
 
 // unixNano is t in Unix nanoseconds, 0 for the zero time.

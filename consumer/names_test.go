@@ -141,6 +141,56 @@ func TestAdminRecordsNotCounted(t *testing.T) {
 	})
 }
 
+// TestSettlementsCountCostNotRequests: settlement records (mode
+// settlement: what an admitted request on a token route used beyond its
+// reservation) keep their reserved and settled tokens in the raw table;
+// the key rollup adds their cost to the allowed cost, so a key's costs
+// sum to what it used, and no rollup counts them as requests.
+func TestSettlementsCountCostNotRequests(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, 2, func(t *testing.T, kb kafkaBackend, ch driver.Conn, _ string) {
+		ds := decisions(200)
+		var settlements int64
+		for i := range ds {
+			if i%4 == 0 {
+				// 3 reserved, i%7 used: some give back, some overdraw
+				ds[i].Mode, ds[i].Allowed = event.ModeSettlement, true
+				ds[i].Reserved, ds[i].Settled = 3, int64(i%7)
+				ds[i].Cost = ds[i].Settled - ds[i].Reserved
+				ds[i].Seq, ds[i].SeqEpoch = 0, time.Time{}
+				settlements++
+			}
+		}
+		want := int64(0)
+		for _, d := range ds {
+			if d.Allowed {
+				want += d.Cost
+			}
+		}
+		produce(t, kb.brokers, kb.topic, ds)
+		r := start(t, kb.config(), ch, nil)
+		testenv.WaitFor(t, 60*time.Second, "all rows in ClickHouse", func() bool {
+			return count(t, ch, "SELECT count() FROM decisions") >= uint64(len(ds))
+		})
+		r.stop()
+		if n := count(t, ch, "SELECT count() FROM decisions WHERE mode = 'settlement' AND reserved = 3 AND cost = settled - reserved"); n != uint64(settlements) {
+			t.Errorf("raw table holds %d settlement records as produced, want %d", n, settlements)
+		}
+		if n := count(t, ch, "SELECT toUInt64(sum(allowed_cost)) FROM decisions_by_key_1m"); int64(n) != want {
+			t.Errorf("the key rollup's allowed cost is %d, want %d (decisions' and settlements')", n, want)
+		}
+		for table, sum := range map[string]string{"decisions_by_key_1m": "sum", "decisions_key_history_1m": "sum",
+			"decisions_by_ip_1m": "countMerge", "decisions_by_gateway_1m": "countMerge"} {
+			if n := count(t, ch, "SELECT toUInt64("+sum+"(requests)) FROM "+table); n != uint64(int64(len(ds))-settlements) {
+				t.Errorf("%s counts %d requests, want %d (settlements are not requests)", table, n, int64(len(ds))-settlements)
+			}
+		}
+		if n := count(t, ch, "SELECT toUInt64(sum(allowed_requests)) FROM decisions_by_key_1m"); n == 0 {
+			t.Error("the key rollup counts no allowed requests")
+		}
+	})
+}
+
 // TestAccountingRecordsKeptApart: a gateway's accounting records (mode
 // accounting, its publisher's running totals) land in decisions_accounting
 // with every total, once each, and in no table of decisions or requests.

@@ -15,6 +15,9 @@ type call struct {
 	id     identity
 	limits limits
 	cost   int64
+	// reserved is a token route's reservation (see tokens.go), which its
+	// events count as the cost; 0 elsewhere.
+	reserved int64
 	// route names the route in metrics and events ("check" for a decision
 	// API call that names none).
 	route     string

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/edgelimit/edgelimit/internal/event"
 )
@@ -85,9 +86,29 @@ func (g *Gateway) publish(c *call, v verdict) {
 	if v.known && !v.d.Time.IsZero() {
 		decided = v.d.Time
 	}
-	ev := event.Decision{
+	ev := g.callEvent(c, now)
+	ev.Time, ev.Allowed, ev.Cost, ev.StoreStatus, ev.Mode, ev.CheckLatency = decided, v.allowed, c.cost, v.store, v.mode, v.latency
+	ev.Domain, ev.Descriptor = c.domain, g.eventDescriptor(c.descriptor)
+	if v.known && len(v.d.Rules) > 0 {
+		b := v.d.BindingRule()
+		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
+		ev.Seq, ev.SeqEpoch = v.d.Seq, v.d.SeqEpoch
+	}
+	ev.NATFactor, ev.Split = c.limits.natFactor, eventShares(c.limits.shares)
+	if c.reserved > 0 {
+		// On a token route the cost counts tokens: the reservation here,
+		// the settlement record the rest.
+		ev.Cost = c.reserved
+	}
+	g.pub.Publish(ev)
+}
+
+// callEvent is the part of an event of call c that names the caller and
+// the request; now names the event.
+func (g *Gateway) callEvent(c *call, now time.Time) event.Decision {
+	return event.Decision{
 		ID:            event.NewID(now),
-		Time:          decided,
+		Time:          now,
 		GatewayID:     g.gatewayID,
 		KeyID:         g.keyID(&c.id),
 		KeyKind:       c.id.kind,
@@ -96,22 +117,8 @@ func (g *Gateway) publish(c *call, v verdict) {
 		Route:         c.route,
 		Method:        c.method,
 		Plan:          c.limits.plan.name,
-		Allowed:       v.allowed,
-		Cost:          c.cost,
-		StoreStatus:   v.store,
-		Mode:          v.mode,
-		CheckLatency:  v.latency,
 		KeyName:       c.id.name,
-		Domain:        c.domain,
-		Descriptor:    g.eventDescriptor(c.descriptor),
 	}
-	if v.known && len(v.d.Rules) > 0 {
-		b := v.d.BindingRule()
-		ev.BindingRule, ev.Limit, ev.Remaining = b.Rule.Name, b.Rule.Limit, b.Remaining
-		ev.Seq, ev.SeqEpoch = v.d.Seq, v.d.SeqEpoch
-	}
-	ev.NATFactor, ev.Split = c.limits.natFactor, eventShares(c.limits.shares)
-	g.pub.Publish(ev)
 }
 
 // eventShares are a split's shares as the event carries them, by gateway

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -375,7 +376,7 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	if rt.Exempt {
-		g.proxy(w, r, p, rt, st, st.peerTrusted(r))
+		g.proxy(w, r, p, rt, st, st.peerTrusted(r), nil)
 		return nil
 	}
 	id, ierr := st.identify(r)
@@ -385,17 +386,39 @@ func (g *Gateway) handle(c echo.Context) error {
 		return nil
 	}
 	q.limits = st.limitsFor(id, rt)
-	if a := answerFor(w.Header(), g.enforce(r.Context(), st, &q), st); a.status != http.StatusOK {
+	var use *tokenUse
+	if rt.Tokens != nil {
+		// A token budget: the reservation is checked with the other rules.
+		var body []byte
+		if rt.Tokens.Reserve.BodyField != "" {
+			b, p := readBody(w, r, st.cfg.MaxBodyBytes, idle)
+			if p != nil {
+				p.Route = rt.Name
+				g.refuse(w, r, st, prefetchReasons[p.Status], rt.Name, *p)
+				return nil
+			}
+			body = b
+		}
+		use = &tokenUse{t: rt.Tokens, reserved: reservation(rt.Tokens, r.Header, body)}
+		q.limits.withReservation(use.reserved)
+		q.reserved = use.reserved
+		w.Header()[hReserved] = []string{strconv.FormatInt(use.reserved, 10)}
+	}
+	v := g.enforce(r.Context(), st, &q)
+	if a := answerFor(w.Header(), v, st); a.status != http.StatusOK {
 		a.write(w)
 		return nil
 	}
-	g.proxy(w, r, p, rt, st, id.peerTrusted)
+	g.proxy(w, r, p, rt, st, id.peerTrusted, use)
+	if use != nil {
+		g.settle(r.Context(), w.Header(), st, &q, v, use)
+	}
 	return nil
 }
 
 // proxy sends an allowed request upstream to the normalised path p, its
-// body bounded.
-func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool) {
+// body bounded; use, on a token route, learns what its answer used.
+func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, st *state, peerTrusted bool, use *tokenUse) {
 	t := g.boot.Timeouts
 	if rt.ReadIdle > 0 {
 		t.Read = rt.ReadIdle
@@ -414,7 +437,7 @@ func (g *Gateway) proxy(w *echo.Response, r *http.Request, p string, rt *route, 
 		defer dl.arm(func() { cancel(errIdle) })()
 		r = r.WithContext(ctx)
 	}
-	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip}
+	info := &proxyInfo{route: rt.Name, path: p, peerTrusted: peerTrusted, trustedHops: st.cfg.TrustedHops > 0, strip: st.strip, tokens: use}
 	if r.Body != nil && r.Body != http.NoBody {
 		// A scan holds bytes back, so the client's progress is marked as
 		// it is read, not only as the upstream gets it.

@@ -34,9 +34,9 @@ type limits struct {
 // split and NAT directives (hot keys checked per gateway share, NAT-shared
 // IPs with raised limits) plug in here.
 func (st *state) limitsFor(id identity, rt *route) limits {
-	l := limits{key: id.key, plan: id.plan}
+	l := limits{key: id.key, plan: id.plan.forRoute(rt)}
 	if rt != nil && rt.plan != nil {
-		l.plan = rt.plan
+		l.plan = rt.plan.forRoute(rt)
 		l.key = id.key + "|r:" + rt.Name
 	}
 	l.rules = l.plan.rules

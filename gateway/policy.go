@@ -42,6 +42,11 @@ type plan struct {
 	policies []FailurePolicy
 	local    bool // some enforced rule fails locally
 	closed   bool // some enforced rule fails closed
+	// tokens indexes the rules that count tokens (plans.UnitTokens);
+	// noTokens is the plan of the others, which routes without a tokens
+	// setting check (nil: no rule counts tokens).
+	tokens   []int
+	noTokens *plan
 }
 
 type apiKey struct {
@@ -159,6 +164,7 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 		}
 	}
 	p.policy = policyHeader(p.rules)
+	tokenPlan(p, rules, cfg)
 	return p
 }
 

@@ -36,6 +36,8 @@ type proxyInfo struct {
 	trustedHops bool
 	strip       headerSet
 	body        *bodyReader
+	// tokens, on a token route, reads the answer's usage.
+	tokens *tokenUse
 }
 
 type proxyInfoKey struct{}
@@ -86,6 +88,9 @@ func newUpstream(name string, cfg Upstream, m *metrics, log *slog.Logger) *upstr
 				// unwrapped.)
 				scrubRate(resp.Trailer)
 				resp.Body = &trailerScrub{ReadCloser: resp.Body, resp: resp}
+			}
+			if info, _ := resp.Request.Context().Value(proxyInfoKey{}).(*proxyInfo); info != nil && info.tokens != nil {
+				info.tokens.onResponse(resp)
 			}
 			return nil
 		},

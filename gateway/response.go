@@ -22,7 +22,7 @@ const (
 )
 
 // rateHeaders are the headers a gateway owns; upstream copies are dropped.
-var rateHeaders = []string{hLimit, hRemaining, hReset, hPolicy, hRateLimit}
+var rateHeaders = []string{hLimit, hRemaining, hReset, hPolicy, hRateLimit, hReserved, hSettled}
 
 // setRateHeaders writes the rate-limit headers wherever their values are
 // known: RateLimit-Policy from the rules in force (always known), the rest
@@ -45,16 +45,7 @@ func setRateHeaders(h http.Header, v verdict) {
 	// Every value but the policy, in one buffer and then one string:
 	// RateLimit, then X-RateLimit-Limit, -Remaining and -Reset.
 	var arr [256]byte
-	b := arr[:0]
-	for _, rr := range v.d.Rules {
-		if rr.Rule.Shadow {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = appendItem(b, rr.Rule.Name, "r", rr.Remaining, "t", seconds(rr.ResetAfter))
-	}
+	b := appendRateList(arr[:0], v.d.Rules)
 	rl := len(b)
 	bind := v.d.BindingRule()
 	visible := !bind.Rule.Shadow
@@ -82,6 +73,22 @@ func setRateHeaders(h http.Header, v verdict) {
 		add(hRemaining, text[ends[0]:ends[1]])
 		add(hReset, text[ends[1]:ends[2]])
 	}
+}
+
+// appendRateList appends the RateLimit value of rr: each enforced rule's
+// remaining units and seconds until full.
+func appendRateList(b []byte, rr []limiter.RuleResult) []byte {
+	start := len(b)
+	for _, r := range rr {
+		if r.Rule.Shadow {
+			continue
+		}
+		if len(b) > start {
+			b = append(b, ", "...)
+		}
+		b = appendItem(b, r.Rule.Name, "r", r.Remaining, "t", seconds(r.ResetAfter))
+	}
+	return b
 }
 
 // policyHeader is the RateLimit-Policy value of rules: "" when every rule

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgelimit/edgelimit/gateway/plans"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -207,6 +208,9 @@ func (c Config) Validate() error {
 				bad(fmt.Sprintf("%s.upgrades[%d]", field, j), "h2c would tunnel HTTP/2 requests past the gateway's routes and limits, charged once")
 			}
 		}
+		if r.Tokens != nil {
+			c.validateTokens(bad, field+".tokens", r)
+		}
 		notNegative(bad, field+".tunnel_max_duration", r.TunnelMaxDuration)
 		notNegative(bad, field+".read_idle", r.ReadIdle)
 		notNegative(bad, field+".write_idle", r.WriteIdle)
@@ -283,6 +287,7 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 	if len(p.Rules) > limiter.MaxRules {
 		bad(field+".rules", "%d rules, at most %d", len(p.Rules), limiter.MaxRules)
 	}
+	validatePlanUnits(bad, field, p)
 	seen := map[string]bool{}
 	for i, r := range p.Rules {
 		rf := fmt.Sprintf("%s.rules[%d]", field, i)
@@ -300,6 +305,11 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 			if err := validPolicy(r.FailurePolicy); err != nil {
 				bad(rf+".failure_policy", "%v", err)
 			}
+		}
+		switch r.Unit {
+		case "", plans.UnitRequests, plans.UnitTokens:
+		default:
+			bad(rf+".unit", "%q is not %q or %q", r.Unit, plans.UnitRequests, plans.UnitTokens)
 		}
 	}
 }

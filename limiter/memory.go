@@ -433,7 +433,7 @@ func tokenBucket(st *memState, r Rule, cost, now int64, over bool) eval {
 		ts = max(now, st.ts)
 	}
 	var e eval
-	if cost > r.Capacity() {
+	if cost > r.Capacity() && !over {
 		// Only a shadow rule gets here (overCapacity answers the others);
 		// no wait helps, and cost × 10^6 might not fit.
 		e.before.remaining, e.before.reset = max(0, tokens)/micro, waitMicros(capu-tokens, period, limit*micro)

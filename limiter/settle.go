@@ -7,11 +7,13 @@ import (
 )
 
 // settleRules is rules as a settlement of delta charges them: each rule
-// delta more units (a positive delta at most its capacity: the most a
-// settlement can overdraw it by), or -delta back. It reports bad input
-// as Allow does, and rules a settlement cannot charge: a bucket under a
-// Tag (the Envoy door's, which settles nothing) is decided across slots,
-// where a charge that may not be denied has no all-or-nothing to keep.
+// delta more units, or -delta back. A charge above twice a token
+// bucket's or a sliding window's capacity is cut there: the debt stops at
+// one capacity below empty anyway, and so micro-tokens stay exact. It
+// reports bad input as Allow does, and rules a settlement cannot charge:
+// a bucket under a Tag (the Envoy door's, which settles nothing) is
+// decided across slots, where a charge that may not be denied has no
+// all-or-nothing to keep.
 func settleRules(key string, rules []Rule, delta int64) ([]Rule, error) {
 	if err := validate(key, rules, 1); err != nil {
 		return nil, err
@@ -25,8 +27,8 @@ func settleRules(key string, rules []Rule, delta int64) ([]Rule, error) {
 			return nil, fmt.Errorf("%w: %w %q: a settlement cannot charge a bucket under a tag", ErrInput, ErrInvalidRule, r.Name)
 		}
 		r.Cost = delta
-		if delta > 0 {
-			r.Cost = min(delta, r.Capacity())
+		if delta > 0 && r.Calendar == nil {
+			r.Cost = min(delta, 2*r.Capacity())
 		}
 		out[i] = r
 	}
@@ -39,8 +41,7 @@ func settleRules(key string, rules []Rule, delta int64) ([]Rule, error) {
 // it used less. It always admits: a charge past a rule's limit overdraws
 // it, a token bucket's tokens going negative and a window's count past
 // its limit, so later checks wait for the refill; the debt stops at one
-// capacity (a window's: the limit again), and a delta above a rule's
-// capacity charges the capacity. A give-back comes off the window the
+// capacity (a window's: the limit again). A give-back comes off the window the
 // reservation was charged in, at (its Decision.Time), or off none once
 // that has ended, and never fills a rule past its capacity.
 //
@@ -58,6 +59,12 @@ func (r *Redis) Settle(ctx context.Context, key string, rules []Rule, delta int6
 	// Each rule carries its charge (Cost): the call's cost only says "a
 	// check" (a negative one is another of the script's modes).
 	d, _, err := r.decideOne(ctx, key, rules, 1, how{over: true, at: at})
+	if err == nil && delta < 0 && r.deny != nil {
+		// What came back may admit a check this gateway cached a denial
+		// of (other gateways' caches hold theirs at most until the retry
+		// they gave: under-admission, never over).
+		r.deny.forget(key)
+	}
 	return d, err
 }
 

@@ -73,6 +73,7 @@ func TestSettle(t *testing.T) {
 				}
 				// 100 more: the debt stops at one capacity (10 below empty).
 				remaining(s.Settle(ctx, key, rules, 100, res.Time))
+				remaining(s.Settle(ctx, key, rules, 1, res.Time))
 				// So 10 back leaves it empty, and 5 more leave 5.
 				if got := remaining(s.Settle(ctx, key, rules, -10, res.Time)); got != 0 {
 					t.Fatalf("10 back after the debt's cap: remaining %d, want 0", got)

@@ -32,6 +32,6 @@ WHERE key_id GLOBAL IN (
   )
   AND time >= @recent AND time < @to
   AND {committed}
-  AND mode != 'admin'
+  AND mode NOT IN ('admin', 'settlement')
 GROUP BY key_id, key_kind, gateway_id
 ORDER BY key_id, key_kind, gateway_id

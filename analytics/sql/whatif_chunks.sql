@@ -10,6 +10,7 @@ FROM decisions
 WHERE time >= @warm_from AND time < @to
   AND {committed}
   AND (mode != 'admin' OR admin_action = 'grant')
+  AND mode != 'settlement'
   AND (@plan = '' OR plan = @plan)
   AND (@key = '' OR key_id = @key)
 GROUP BY key_id

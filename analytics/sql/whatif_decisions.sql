@@ -50,5 +50,6 @@ WHERE key_id >= @lo AND key_id < @hi
   AND {committed}
   AND time >= @warm_from AND time < @to
   AND (mode != 'admin' OR admin_action = 'grant')
+  AND mode != 'settlement'
   AND (@plan = '' OR plan = @plan)
 ORDER BY cityHash64(key_id), key_id, at_us, seq, event_id

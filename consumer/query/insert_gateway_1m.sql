@@ -20,6 +20,6 @@ SELECT
 FROM {stage}
 -- mode admin: an operator's audit record (a reset), not a request; mode
 -- accounting: a gateway's accounting record.
-WHERE mode NOT IN ('admin', 'accounting')
+WHERE mode NOT IN ('admin', 'accounting', 'settlement')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, gateway_id, batch_id

@@ -14,8 +14,8 @@ SELECT
     batch_id,
     key_name,
     method,
-    count() AS requests,
-    sum(toUInt64(allowed)) AS allowed_requests,
+    sum(toUInt64(mode != 'settlement')) AS requests,
+    sum(toUInt64(allowed = 1 AND mode != 'settlement')) AS allowed_requests,
     sum(toUInt64(allowed = 0)) AS denied_requests,
     sum(cost) AS total_cost,
     sum(if(allowed = 1, cost, toInt64(0))) AS allowed_cost,
@@ -26,7 +26,9 @@ SELECT
     sum(toUInt64(mode = 'local_fallback')) AS local_fallback
 FROM {stage}
 -- mode admin: an operator's audit record (a reset), not a request; mode
--- accounting: a gateway's accounting record.
+-- accounting: a gateway's accounting record. A settlement (allowed, its
+-- cost what the request used beyond its reservation) counts its cost, not
+-- a request.
 WHERE mode NOT IN ('admin', 'accounting')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY minute, key_id, key_kind, binding_rule, route, plan, gateway_id, batch_id, key_name, method

@@ -10,6 +10,6 @@ SELECT
     minState(seq) AS seq_lo,
     maxState(seq) AS seq_hi
 FROM {stage}
-WHERE mode NOT IN ('admin', 'accounting')
+WHERE mode NOT IN ('admin', 'accounting', 'settlement')
   AND (SELECT count() FROM decisions_aborts WHERE batch_id = ?) = 0
 GROUP BY key_id, seq_epoch, minute, batch_id

@@ -39,7 +39,74 @@ type Rule struct {
 	limiter.Rule `yaml:",inline"`
 	// FailurePolicy overrides the gateway's failure_policy for this rule.
 	FailurePolicy FailurePolicy `yaml:"failure_policy"`
+	// Unit is what the rule counts: requests (the default: each request
+	// its route's cost) or tokens (a token budget: on a route with a
+	// Tokens setting, each request reserves tokens before it is proxied
+	// and settles what its answer used after; other routes leave the rule
+	// out of their checks).
+	Unit Unit `yaml:"unit"`
 }
+
+// Unit is what a rule counts.
+type Unit string
+
+// Units.
+const (
+	UnitRequests Unit = "requests"
+	UnitTokens   Unit = "tokens"
+)
+
+// Tokens says how a route's requests are charged to the token rules of
+// the caller's plan (see Rule.Unit): reserved before the request is
+// proxied, checked with every other rule in the one atomic call, then
+// settled by what the answer says it used.
+type Tokens struct {
+	Reserve Reserve `yaml:"reserve"`
+	Settle  Settle  `yaml:"settle"`
+	// Unsettled is what a request is charged when its settlement has no
+	// usage to go by (the upstream failed, the client went away before
+	// the answer ended, the answer reported none): keep (the default:
+	// the reservation stands) or refund (nothing: it is given back).
+	Unsettled Unsettled `yaml:"unsettled"`
+}
+
+// Reserve says how many tokens a request reserves: the number the
+// request names (a top-level field of its JSON body, or a header), else
+// Default; at most Max.
+type Reserve struct {
+	// BodyField names a top-level number of the request's JSON body, e.g.
+	// max_tokens. The body is then read before the decision.
+	BodyField string `yaml:"body_field"`
+	// Header names a request header holding the number.
+	Header string `yaml:"header"`
+	// Default is reserved when the request names no number (or one that
+	// is no positive integer); 0 means Max.
+	Default int64 `yaml:"default"`
+	// Max is the most one request reserves: a larger number is reserved
+	// at Max (and settled at what it used). Required; at most the
+	// capacity of every token rule.
+	Max int64 `yaml:"max"`
+}
+
+// Settle says where an answer reports the tokens it used: a response
+// header or trailer, else a field of the OpenAI-style usage object (in
+// a JSON body, or in an event of a text/event-stream answer: the last
+// that carries one).
+type Settle struct {
+	Header string `yaml:"header"`
+	// Usage names the usage object's field: default total_tokens (unless
+	// Header is set and Usage is "-": the header alone).
+	Usage string `yaml:"usage"`
+}
+
+// Unsettled is Tokens.Unsettled's rule.
+type Unsettled string
+
+// Unsettled rules.
+const (
+	UnsettledKeep   Unsettled = "keep"
+	UnsettledRefund Unsettled = "refund"
+)
 
 // APIKey is a known API key. The file holds its SHA-256, never the key.
 type APIKey struct {
@@ -108,6 +175,10 @@ type Route struct {
 	// default DefaultTunnelMaxDuration (1h). The listener's read and write
 	// timeouts do not apply to a tunnel.
 	TunnelMaxDuration time.Duration `yaml:"tunnel_max_duration"`
+	// Tokens, when set, makes the route charge the token rules of the
+	// caller's plan: reserved before the request, settled after its
+	// answer (see Tokens).
+	Tokens *Tokens `yaml:"tokens"`
 	// ReadIdle and WriteIdle replace timeouts.read and timeouts.write, the
 	// idle bounds of a proxied exchange, for this route: e.g. a longer
 	// write bound for a stream whose events come minutes apart, a shorter

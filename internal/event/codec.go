@@ -53,7 +53,9 @@ const (
 	fieldSeqEpoch       = 25
 	fieldNATFactor      = 26
 	fieldSplit          = 27
-	maxField            = fieldSplit // the highest field number this code knows
+	fieldReserved       = 28
+	fieldSettled        = 29
+	maxField            = fieldSettled // the highest field number this code knows
 
 	// DescriptorEntry's and AdminAction's fields.
 	fieldEntryKey    = 1
@@ -229,6 +231,8 @@ func AppendEncode(dst []byte, d Decision) ([]byte, error) {
 			b = protowire.AppendFixed64(b, math.Float64bits(sh.Share))
 		}
 	}
+	b = appendVarintField(b, fieldReserved, protowire.EncodeZigZag(d.Reserved))
+	b = appendVarintField(b, fieldSettled, protowire.EncodeZigZag(d.Settled))
 	return b, nil
 }
 
@@ -331,7 +335,7 @@ func DecodeInto(d *Decision, b []byte) error {
 		fieldBindingRule: &d.BindingRule, fieldLimit: &d.Limit, fieldRemaining: &d.Remaining,
 		fieldCost: &d.Cost, fieldStoreStatus: (*uint8)(&d.StoreStatus), fieldMode: (*uint8)(&d.Mode),
 		fieldCheckLatencyNS: (*int64)(&d.CheckLatency), fieldKeyName: &d.KeyName, fieldDomain: &d.Domain,
-		fieldSeq: &d.Seq,
+		fieldSeq: &d.Seq, fieldReserved: &d.Reserved, fieldSettled: &d.Settled,
 	}
 	r := reader{b: b}
 	for len(r.b) > 0 {

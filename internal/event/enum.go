@@ -11,7 +11,7 @@ import (
 var (
 	keyKindNames     = [...]string{"unknown", "api_key", "user", "ip"}
 	storeStatusNames = [...]string{"unknown", "ok", "unavailable", "timeout", "local_cache"}
-	modeNames        = [...]string{"unknown", "enforced", "shadow", "fail_open", "fail_closed", "local_fallback", "admin", "accounting"}
+	modeNames        = [...]string{"unknown", "enforced", "shadow", "fail_open", "fail_closed", "local_fallback", "admin", "accounting", "settlement"}
 )
 
 // String returns the kind's name: unknown, api_key, user or ip. A value this

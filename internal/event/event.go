@@ -54,6 +54,7 @@ const (
 	ModeLocalFallback             // the store failed; decided in local memory
 	ModeAdmin                     // no decision: an operator's audit record (Decision.Admin)
 	ModeAccounting                // no decision: a gateway's accounting record (Decision.Accounting)
+	ModeSettlement                // no decision: what an admitted request used (Decision.Reserved)
 )
 
 // Decision is one rate-limit decision. It never holds a raw API key: KeyID
@@ -100,6 +101,10 @@ type Decision struct {
 	// when none did.
 	NATFactor float64
 	Split     []SplitShare
+	// Reserved and Settled are set on a settlement record only
+	// (ModeSettlement): what the request's check reserved and what its
+	// answer used; its Cost is Settled - Reserved.
+	Reserved, Settled int64
 }
 
 // SplitShare is one gateway's fraction of a split key's limits; Gateway

@@ -36,6 +36,7 @@ func full() Decision {
 	d.Seq, d.SeqEpoch = 1234, time.Unix(1_780_000_100, 7000).UTC()
 	d.NATFactor = 2.5
 	d.Split = []SplitShare{{Gateway: "gw-a", Share: 0.75}, {Gateway: "*", Share: 0.25}, {Share: 0}}
+	d.Reserved, d.Settled = 4000, 4321
 	return d
 }
 
@@ -86,6 +87,8 @@ func toDynamic(tb testing.TB, md protoreflect.MessageDescriptor, d Decision) *dy
 		i64("seq_epoch_unix_nano", d.SeqEpoch.UnixNano())
 	}
 	set("nat_factor", protoreflect.ValueOfFloat64(d.NATFactor), d.NATFactor == 0)
+	i64("reserved", d.Reserved)
+	i64("settled", d.Settled)
 	if len(d.Split) > 0 {
 		list := m.Mutable(md.Fields().ByName("split")).List()
 		for _, sh := range d.Split {
