@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgelimit/edgelimit/gateway/plans"
 	"github.com/edgelimit/edgelimit/internal/event"
+	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -468,5 +469,53 @@ func TestReservation(t *testing.T) {
 		if got := reservation(both, h, []byte(c.body)); got != c.want {
 			t.Errorf("header %q, body %s: reserved %d, want %d", c.header, c.body, got, c.want)
 		}
+	}
+}
+
+// TestTokenSettlementWithoutStore: while the shared store is unavailable,
+// a reservation the local fallback charged is settled in the gateway's
+// memory, where the next request sees it; one the failure policy let
+// through unchecked is recorded (its settlement event, the metric) but
+// charges nothing.
+func TestTokenSettlementWithoutStore(t *testing.T) {
+	up := newLLMUpstream(t, 0)
+	for _, policy := range []FailurePolicy{FailLocal, FailOpen} {
+		t.Run(string(policy), func(t *testing.T) {
+			lim := storeOn(t, newRedisClient(testenv.Serve(t, nil)), "")
+			cfg := llmConfig(up.URL, 1000, 24*time.Hour, plans.Tokens{Reserve: plans.Reserve{BodyField: "max_tokens", Max: 500}})
+			cfg.FailurePolicy = policy
+			cfg.StoreDeadline = testDeadline
+			cfg.Breaker = BreakerConfig{Failures: 1, Open: time.Hour}
+			ev := &eventLog{}
+			gw := startGateway(t, cfg, Options{Store: lim, Publisher: ev})
+			send := func() reply {
+				return do(t, http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(`{"max_tokens":300,"usage":42,"stream":true}`), "Content-Type", "application/json")
+			}
+			if r := send(); r.status != http.StatusOK {
+				t.Fatalf("status %d", r.status)
+			}
+			all := ev.await(t, func(all []event.Decision) bool { return settlements(all) == 1 })
+			s := all[len(all)-1]
+			if s.Mode != event.ModeSettlement || s.Reserved != 300 || s.Settled != 42 {
+				t.Fatalf("settlement %+v, want 300 reserved, 42 settled", s)
+			}
+			r := send()
+			rl := r.header.Get(hRateLimit)
+			switch policy {
+			case FailLocal:
+				// 1000 - 42 settled - 300 reserved now.
+				if !strings.Contains(rl, `"tokens";r=658;`) {
+					t.Errorf("local fallback after a settlement of 42: RateLimit %q, want tokens r=658", rl)
+				}
+				// (a streamed answer is settled before its end: both are)
+				if n := counter(t, gw.m.settlements.WithLabelValues("ok")); n != 2 {
+					t.Errorf("settlements{ok} = %v, want 2", n)
+				}
+			case FailOpen:
+				if n := counter(t, gw.m.settlements.WithLabelValues("unchecked")); n != 2 {
+					t.Errorf("settlements{unchecked} = %v, want 2", n)
+				}
+			}
+		})
 	}
 }
