@@ -60,6 +60,12 @@
 --              differ by seconds agree; a Redis time outside all three is
 --              an error. A calendar rule's give-back comes off the window
 --              Go named current, or off none once that has ended.
+--              An in-flight rule (kind 0 with pn 0) admits at most limit
+--              requests of the key at once: a check takes a lease on a
+--              slot, lease id pd, for period us (rcost 1; taking a lease
+--              the record already holds renews it, admitted whatever the
+--              count), and rcost -1 releases it. Its record lists the
+--              leases (kind 4); one past its expiry is no lease.
 --   prefix     n arguments: each rule's record prefix, its bucket's name
 --              length (1 byte), the name, its kind (1 byte), as its
 --              record in a container starts (see below). A split's
@@ -92,6 +98,7 @@
 --      period us I6
 --   3: window start us I7, window length us I6, count in it I5, units
 --      granted in it I5
+--   4: leases I2, then per lease its id I7 and expiry us I7
 -- so a record remembers the rule it was written under. A record with an
 -- empty name and kind 3 is no rule's: it is the sequence record, last in
 -- the first container of a numbered check, its "window" the sequence's
@@ -161,7 +168,8 @@ local RULE, RULESIZE = '<BI5I6I5I6I7i7', 37
 -- The sequence record (see the header): empty name, kind 3, epoch us,
 -- length us, count, 0; SEQSIZE bytes, starting SEQHEAD.
 local SEQREC, SEQHEAD, SEQSIZE = '<BBI7I6I5I5', '\0\3', 25
--- A record's size after its name and kind, by kind.
+-- A record's size after its name and kind, by kind; an in-flight record's
+-- (kind 4) by its leases (recsize).
 local SIZES = {[0] = 24, [1] = 28, [2] = 22, [3] = 23}
 -- The standard libraries, read at the first call: a library's code runs
 -- at FUNCTION LOAD without them.
@@ -199,6 +207,25 @@ local function reduce(b, c)
 end
 
 local function ceil_div(a, b) return floor((a + b - 1) / b) end
+
+-- the size of a record of kind at p (after its name and kind) in s
+local function recsize(kind, s, p)
+  if kind == 4 then return 2 + 14 * unpack_s('<I2', s, p) end
+  return SIZES[kind]
+end
+
+-- the leases of an in-flight record at p in s still running at now: a
+-- list of {id, expiry}
+local function leases(s, p, now)
+  local n, q = unpack_s('<I2', s, p)
+  local out = {}
+  for _ = 1, n do
+    local id, exp
+    id, exp, q = unpack_s('<I7I7', s, q)
+    if exp > now then out[#out + 1] = {id, exp} end
+  end
+  return out
+end
 
 -- the previous window's weight (in 1/D) when left us of the window remain
 local function weight(left, period)
@@ -258,6 +285,13 @@ end
 -- How long (us) a record of a rule not in this call still needs to be
 -- kept, by the rule it was written under; nil once it reads as full.
 local function foreign_need(now, kind, s, p)
+  if kind == 4 then
+    local need = nil
+    for _, l in ipairs(leases(s, p, now)) do
+      if not need or l[2] - now > need then need = l[2] - now end
+    end
+    return need
+  end
   if kind == 3 then
     local ws, wl = unpack_s(CAL, s, p)
     if ws + wl > now then return ws + wl - now end
@@ -293,6 +327,13 @@ local function expiry(now, need) return ceil((now + need) / 1000) + 1000 end
 local function family(kind)
   if kind == 1 then return 0 end
   return kind
+end
+
+-- a rule's family, by its fields R[i] (see general): an in-flight rule's
+-- records are kind 4
+local function rfamily(r)
+  if r.inflight then return 4 end
+  return family(r[2] % 4)
 end
 
 -- The calendar window holding now, from the windows in rule r's fields
@@ -335,6 +376,7 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
     local pre = args[a + i]
     local name = sub(pre, 2, #pre - 1)
     local r = {name, unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)}
+    r.inflight = r[2] % 4 == 0 and r[6] == 0
     R[i] = r
     local c = floor(r[2] / 16) + 1
     if not byname[c] then byname[c] = {} end
@@ -373,6 +415,7 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
       while p0 <= len do
         local name, kind, p = unpack_s('Bc0B', s, p0)
         local size = SIZES[kind]
+        if kind == 4 then size = recsize(kind, s, p) end
         if not size then
           return redis.error_reply('limiter: unknown state kind ' .. kind .. ' in ' .. keys[k0 + c])
         end
@@ -382,8 +425,10 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
         if cost == -2 then
           names[#names + 1] = name
           names[#names + 1] = kind
-        elseif r and floor(r[2] / 16) + 1 == c and family(kind) == family(r[2] % 4) then
-          if kind == 3 then
+        elseif r and floor(r[2] / 16) + 1 == c and family(kind) == rfamily(r) then
+          if kind == 4 then
+            st[i] = leases(s, p, now)
+          elseif kind == 3 then
             st[i] = {unpack_s(CAL, s, p)}
           elseif kind == 2 then
             st[i] = {unpack_s(SW, s, p)}
@@ -394,8 +439,9 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
           raw[i] = sub(s, p0, e - 1)
         elseif r and floor(r[2] / 16) + 1 == c then
           -- the rule's record under its other algorithm (the algorithm
-          -- changed): converted below, never kept beside the rule's own
-          other[i], oraw[i] = {kind, s, p}, sub(s, p0, e - 1)
+          -- changed): converted below, never kept beside the rule's own;
+          -- leases and counts do not convert: the rule starts afresh
+          if kind ~= 4 and not r.inflight then other[i], oraw[i] = {kind, s, p}, sub(s, p0, e - 1) end
         else
           local need = foreign_need(now, kind, s, p)
           if need then
@@ -449,13 +495,13 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
     -- them), and an HMGET only for an old key that is there.
     local missing = {}
     for i = 1, n do
-      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 then missing[#missing + 1] = keys[k0 + m + i] end
+      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 and not R[i].inflight then missing[#missing + 1] = keys[k0 + m + i] end
     end
     if #missing == 0 or redis.call('EXISTS', unpack_t(missing)) == 0 then legacy = false end
   end
   if legacy then
     for i = 1, n do
-      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 then
+      if not st[i] and not other[i] and R[i][2] % 4 ~= 3 and not R[i].inflight then
         local r = R[i]
         if r[2] % 4 == 2 then
           local h = redis.call('HMGET', keys[k0 + m + i], 'w', 'c', 'p', 'P')
@@ -567,7 +613,45 @@ local function general(keys, k0, nk, cost, m, blob, args, a, now, got, over)
     local s = st[i]
     local ok, retry, brem, breset, arem, areset = 0, 0, 0, 0, 0, 0
 
-    if kind == 3 then
+    if r.inflight then
+      -- in flight: the leases running at now (s), this check's lease pd
+      local live, mine, lease = s or {}, nil, r[7]
+      local last, first = 0, nil
+      for j, l in ipairs(live) do
+        if l[1] == lease then mine = j end
+        if l[2] - now > last then last = l[2] - now end
+        if not first or l[2] < first then first = l[2] end
+      end
+      brem, breset = limit - #live, last
+      if brem < 0 then brem = 0 end
+      counts[i] = {#live, 0}
+      if rc < 0 then
+        ok = 1
+        if mine then table.remove(live, mine) end
+      elseif mine then
+        -- a renewal: admitted whatever the count
+        ok = 1
+        live[mine] = {lease, now + period}
+      elseif #live < limit then
+        ok = 1
+        live[#live + 1] = {lease, now + period}
+      else
+        -- a slot frees when an answer ends, or at the first lease's
+        -- expiry: a second at most
+        retry = first - now
+        if retry > MICRO then retry = MICRO end
+      end
+      if ok == 1 and cost > 0 then
+        arem, areset = limit - #live, 0
+        if arem < 0 then arem = 0 end
+        local rec = {pack('Bc0B<I2', #name, name, 4, #live)}
+        for _, l in ipairs(live) do
+          rec[#rec + 1] = pack('<I7I7', l[1], l[2])
+          if l[2] - now > areset then areset = l[2] - now end
+        end
+        writes[i] = concat(rec)
+      end
+    elseif kind == 3 then
       -- calendar: a fixed window, limit plus its grant
       local ws, wl, cur, grant, conv = calendar_state(s, CW[i][1], CW[i][2], now)
       conv = conv or taken[i]
@@ -806,8 +890,9 @@ local function compile(blob, m)
   for i = 1, n do
     local f, limit, period, cap, pn, pd, rc = unpack_s(RULE, blob, RULESIZE * (i - 1) + 1)
     local kind, c = f % 4, floor(f / 16) + 1
-    -- (a give-back into a named window, and a calendar rule, are general's)
-    if c > m or kind == 3 or (kind == 2 and rc < 0 and pn > 0) then return nil end
+    -- (a give-back into a named window, a calendar rule and an in-flight
+    -- rule are general's)
+    if c > m or kind == 3 or (kind == 2 and rc < 0 and pn > 0) or (kind == 0 and pn == 0) then return nil end
     local r = {kind = kind, enforced = floor(f / 4) % 2 == 0, limit = limit, period = period,
       cap = cap, capu = cap * MICRO, pn = pn, pd = pd, rc = rc, c = c}
     -- size: the record after its name and kind; suf: its rule fields
@@ -1051,7 +1136,7 @@ local function renumber(key, now)
     local p0, len = 1, #s
     while p0 <= len do
       local name, kind, p = unpack_s('Bc0B', s, p0)
-      local e = p + SIZES[kind]
+      local e = p + recsize(kind, s, p)
       if name == '' and kind == 3 then
         local e0, wl, n0 = unpack_s('<I7I6I5', s, p)
         if e0 + wl > now then epoch, n = e0, n0 + 1 end

@@ -202,6 +202,11 @@ func denyHold(d Decision) time.Duration {
 		if !rr.Allowed && rr.Rule.Calendar != nil {
 			hold = min(hold, calendarDenyHold)
 		}
+		if !rr.Allowed && rr.Rule.Algorithm == InFlight {
+			// A slot frees whenever an answer ends, on any gateway: such
+			// a denial is not cached.
+			return 0
+		}
 	}
 	return hold
 }

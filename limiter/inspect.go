@@ -179,8 +179,8 @@ func (r *Redis) Clear(ctx context.Context, key string) error {
 		if kind == 2 {
 			algo = SlidingWindow
 		}
-		if kind != 3 {
-			// (the previous layout had no calendar rules)
+		if kind < 3 {
+			// (the previous layout had no calendar or in-flight rules)
 			old = append(old, legacyKey(r.cfg.Prefix, key, name, algo))
 		}
 	}
@@ -253,6 +253,10 @@ func (m *Memory) Inspect(_ context.Context, key string, rules []Rule) (KeyState,
 			e := fixedWindow(st, rule, 0, now, false)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
 			rs.Count, rs.Granted = e.next.cur, e.next.granted
+		case InFlight:
+			e := inFlight(st, rule, 0, now)
+			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
+			rs.Count = int64(len(e.next.leases))
 		case SlidingWindow:
 			e := slidingWindow(st, rule, 0, now, false)
 			rs.Remaining, rs.ResetAfter = e.before.remaining, time.Duration(e.before.reset)*time.Microsecond
@@ -278,7 +282,7 @@ func (m *Memory) Reset(_ context.Context, key string, rules []Rule) error {
 	defer m.mu.Unlock()
 	for _, rule := range rules {
 		// the rule's state under any algorithm, as allow.lua drops it
-		for _, algo := range families {
+		for _, algo := range append(families, InFlight) {
 			if st := m.state[legacyKey("mem", key, rule.bucket(), algo)]; st != nil {
 				m.drop(st)
 			}

@@ -43,6 +43,8 @@ type memState struct {
 	window, cur, prev int64
 	// granted is what Grant added to a calendar window
 	granted int64
+	// leases are an in-flight rule's: their expiries (µs) by lease id
+	leases  map[uint64]int64
 	expires int64 // µs: from then on the state reads as full
 
 	key    string
@@ -71,6 +73,9 @@ func NewMemory(now func() time.Time, maxKeys int) *Memory {
 // with a Cost of its own is charged that instead.
 func (m *Memory) Allow(_ context.Context, key string, rules []Rule, cost int64) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
+		return Decision{}, err
+	}
+	if err := leased(rules); err != nil {
 		return Decision{}, err
 	}
 	if d, ok := overCapacity(rules, cost); ok {
@@ -122,6 +127,8 @@ func (m *Memory) allow(key string, rules []Rule, cost int64, over bool) Decision
 			if other != nil {
 				evals[i].converted, evals[i].convExpires = true, evals[i].next.expires
 			}
+		case InFlight:
+			evals[i] = inFlight(st, rule, c, now)
 		case SlidingWindow:
 			evals[i] = slidingWindow(st, rule, c, now, over)
 			if other != nil {
@@ -187,6 +194,9 @@ func (m *Memory) lookup(key string, rule Rule, now int64) (st, other *memState) 
 	algo := rule.algorithm()
 	if st = m.state[ruleKey("mem", key, rule)]; st != nil && st.expires > now {
 		return st, nil
+	}
+	if algo == InFlight {
+		return nil, nil // leases convert to nothing, nor from anything
 	}
 	var used int64
 	for _, oa := range families {
@@ -467,6 +477,49 @@ func tokenBucket(st *memState, r Rule, cost, now int64, over bool) eval {
 	if st != nil && (st.limit != limit || st.period != period || st.capacity != r.Capacity()) {
 		e.converted, e.convExpires = true, now+e.before.reset+micro
 	}
+	return e
+}
+
+// inFlight mirrors allow.lua's in-flight rule: at most r.Limit leases
+// running at once; cost 1 takes r.Lease (renews it, when the key holds
+// it), -1 releases it.
+func inFlight(st *memState, r Rule, cost, now int64) eval {
+	live := map[uint64]int64{}
+	if st != nil {
+		for id, exp := range st.leases {
+			if exp > now {
+				live[id] = exp
+			}
+		}
+	}
+	state := func() (rem, reset int64) {
+		for _, exp := range live {
+			reset = max(reset, exp-now)
+		}
+		return max(0, r.Limit-int64(len(live))), reset
+	}
+	var e eval
+	e.before.remaining, e.before.reset = state()
+	first := int64(math.MaxInt64)
+	for _, exp := range live {
+		first = min(first, exp)
+	}
+	_, mine := live[r.Lease]
+	switch {
+	case cost < 0:
+		e.ok = true
+		delete(live, r.Lease)
+	case cost == 0:
+		e.ok = int64(len(live)) < r.Limit || mine
+	case mine || int64(len(live)) < r.Limit:
+		e.ok = true
+		live[r.Lease] = now + r.Period.Microseconds()
+	default:
+		// a slot frees when an answer ends, or at the first expiry
+		e.retry = min(first-now, micro)
+	}
+	e.after.remaining, e.after.reset = state()
+	e.next = memState{limit: r.Limit, period: r.Period.Microseconds(), capacity: r.Limit, leases: live, expires: now + e.after.reset + micro}
 	return e
 }
 

@@ -341,6 +341,8 @@ func legacyKey(prefix, key, bucket string, algo Algorithm) string {
 		suffix = "sw"
 	case FixedWindow:
 		suffix = "fw"
+	case InFlight:
+		suffix = "if"
 	}
 	return identityKey(prefix, key) + ":" + bucket + ":" + suffix
 }
@@ -364,6 +366,9 @@ func (r *Redis) AllowUncached(ctx context.Context, key string, rules []Rule, cos
 
 func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64, cached bool) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
+		return Decision{}, err
+	}
+	if err := leased(rules); err != nil {
 		return Decision{}, err
 	}
 	if d, ok := overCapacity(rules, cost); ok {
@@ -659,6 +664,10 @@ func packArgs(rules []Rule, cont []int, m int, cost int64, now time.Time) []any 
 			kind = 3
 			w := rule.Calendar.bounds(now)
 			period, capacity, pn, pd = w[2]-w[1], (w[1]-w[0])/1000, w[3]-w[2], w[1]
+		case rule.algorithm() == InFlight:
+			// kind 0 with pn 0 (see allow.lua): the lease in pd, its
+			// length in period
+			pd = int64(rule.Lease)
 		case rule.algorithm() == SlidingWindow:
 			kind = 2
 		default:
@@ -685,8 +694,13 @@ func packArgs(rules []Rule, cont []int, m int, cost int64, now time.Time) []any 
 		b = le(b, pn, 6)
 		b = le(b, pd, 7)
 		// 0 when the rule is charged the call's cost; |Cost| ≤ MaxCost
-		// (2^53) fits 7 bytes, signed.
-		b = le(b, rule.Cost, 7)
+		// (2^53) fits 7 bytes, signed. An in-flight rule takes (1) or
+		// gives back (-1) one slot.
+		c := rule.Cost
+		if rule.algorithm() == InFlight {
+			c = rule.charge(cost)
+		}
+		b = le(b, c, 7)
 	}
 	fields := b
 	for i, rule := range rules {

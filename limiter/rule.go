@@ -37,7 +37,16 @@ const (
 	// most Limit (plus the window's Grant). It is a calendar rule's
 	// algorithm, and only theirs.
 	FixedWindow Algorithm = "fixed_window"
+	// InFlight admits at most Limit requests of a key at once: a check
+	// takes a lease on a slot (Rule.Lease) for Period, released when the
+	// answer ends (Redis.Release) and renewed while it lasts; a lease
+	// whose holder died is reclaimed when its Period has passed. Each
+	// request takes one slot, whatever the call's cost.
+	InFlight Algorithm = "in_flight"
 )
+
+// MaxInFlight is the most requests an in-flight rule may admit at once.
+const MaxInFlight = 10000
 
 // Limits on input, checked before any store call.
 const (
@@ -155,6 +164,10 @@ type Rule struct {
 	// any rule it changes nothing when another rule of the check denies.
 	// From -MaxCost to MaxCost. Not configurable.
 	Cost int64 `yaml:"-"`
+	// Lease names the slot an InFlight rule's check takes (renews, when
+	// the key already holds it), or its Release gives back: unique per
+	// request, not zero, at most 56 bits. Not configurable.
+	Lease uint64 `yaml:"-"`
 }
 
 // Whole is the rule a split's share (Rule.Share) was cut from: the same
@@ -179,6 +192,13 @@ func (w Whole) rule(r Rule) Rule {
 // charge is what the rule is charged in a check of cost: Cost when set,
 // negative for a give-back.
 func (r Rule) charge(cost int64) int64 {
+	if r.Algorithm == InFlight {
+		// one slot a request, whatever it costs
+		if r.Cost < 0 || cost < 0 {
+			return -1
+		}
+		return 1
+	}
 	if r.Cost != 0 {
 		return r.Cost
 	}
@@ -275,6 +295,13 @@ func (r Rule) Validate() error {
 	}
 	switch r.Algorithm {
 	case "", TokenBucket, SlidingWindow, FixedWindow:
+	case InFlight:
+		switch {
+		case r.Calendar != nil:
+			return fmt.Errorf("%w %q: an in-flight rule counts requests at once, not per calendar window", ErrInvalidRule, r.Name)
+		case r.Limit > MaxInFlight:
+			return fmt.Errorf("%w %q: at most %d requests in flight", ErrInvalidRule, r.Name, MaxInFlight)
+		}
 	default:
 		return fmt.Errorf("%w %q: unknown algorithm %q (want %q or %q)", ErrInvalidRule, r.Name, r.Algorithm, TokenBucket, SlidingWindow)
 	}
@@ -340,6 +367,16 @@ func check(key string, rules []Rule, cost int64) error {
 			return fmt.Errorf("%w %q: duplicate name", ErrInvalidRule, r.bucket())
 		}
 		seen[b] = true
+	}
+	return nil
+}
+
+// leased reports an in-flight rule of a check without a lease of its own.
+func leased(rules []Rule) error {
+	for _, r := range rules {
+		if r.Algorithm == InFlight && (r.Lease == 0 || r.Lease >= 1<<56) {
+			return fmt.Errorf("%w: %w %q: an in-flight check needs a lease id (1 to 2^56-1)", ErrInput, ErrInvalidRule, r.Name)
+		}
 	}
 	return nil
 }
