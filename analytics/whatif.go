@@ -316,6 +316,7 @@ var whatIfCaveats = []string{
 	"clients are replayed as they behaved: one denied more often might have backed off, one freed might have sent more",
 	"keys are replayed under their plan's rules with their own overrides (an API key without an id has no name in the decisions, so its overrides cannot apply), the split (hot key) and NAT directives the gateways applied, and the admin grants made; admin resets are not replayed",
 	"a token route's requests are replayed by what they reserved (their decisions' cost, charged to every rule of their plan), not by what their answers used: token budgets (unit: tokens) and the settlements after the answers are not replayed",
+	"in-flight limits (in_flight: N) are not replayed: the decisions do not say how long their answers lasted",
 }
 
 // maxWhatIfWarm bounds how far before its range a replay reads to warm

@@ -322,7 +322,7 @@ func (a *Admin) resolve(r *http.Request, st *state) (target, *problem) {
 // setFor is the rule set rt (nil: a route without a plan of its own)
 // checks for t's identity, as limitsFor computes it.
 func (t target) setFor(st *state, rt *route) ruleSet {
-	l := st.limitsFor(t.id, rt)
+	l := st.limitsFor(t.id, rt, false)
 	if rt != nil && rt.plan != nil {
 		return ruleSet{scope: "route", route: rt.Name, l: l}
 	}

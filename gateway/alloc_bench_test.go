@@ -97,7 +97,7 @@ func BenchmarkEnforce(b *testing.B) {
 			for b.Loop() {
 				clear(h)
 				id := identity{kind: event.KindIP, key: "ip:10.1.2.3", plan: st.anonymous, clientIP: "10.1.2.3"}
-				c := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "limited", method: http.MethodGet, userAgent: "wrk"}
+				c := call{id: id, limits: st.limitsFor(id, nil, false), cost: 1, route: "limited", method: http.MethodGet, userAgent: "wrk"}
 				if a := answerFor(h, g.enforce(ctx, st, &c), st); a.status != http.StatusOK {
 					b.Fatalf("status %d", a.status)
 				}
@@ -161,7 +161,7 @@ func BenchmarkPublish(b *testing.B) {
 	st := g.st.Load()
 	v := g.decide(context.Background(), st, limits{key: "ip:10.1.2.3", plan: st.anonymous}, 1)
 	id := identity{kind: event.KindIP, key: "ip:10.1.2.3", plan: st.anonymous, clientIP: "10.1.2.3"}
-	c := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "limited", method: http.MethodGet, userAgent: "wrk"}
+	c := call{id: id, limits: st.limitsFor(id, nil, false), cost: 1, route: "limited", method: http.MethodGet, userAgent: "wrk"}
 	b.ReportAllocs()
 	for b.Loop() {
 		c.id.keyID = "" // computed once per request, so once per iteration

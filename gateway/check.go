@@ -202,7 +202,7 @@ func (g *Gateway) checkCall(w http.ResponseWriter, r *http.Request, st *state) (
 			return bad(http.StatusNotFound, probNoRoute, "No route matches this method and path.")
 		}
 	}
-	c := call{id: id, limits: st.limitsFor(id, rt), cost: req.Cost, route: "check", method: eventMethod(req.Method), userAgent: r.UserAgent()}
+	c := call{id: id, limits: st.limitsFor(id, rt, true), cost: req.Cost, route: "check", method: eventMethod(req.Method), userAgent: r.UserAgent()}
 	if rt != nil {
 		c.route = rt.Name
 	}

@@ -55,7 +55,7 @@ func enforceN(t *testing.T, g *Gateway, n int) int {
 	ok := 0
 	for range n {
 		id := k.identity()
-		q := call{id: id, limits: st.limitsFor(id, nil), cost: 1, route: "test", method: http.MethodGet}
+		q := call{id: id, limits: st.limitsFor(id, nil, false), cost: 1, route: "test", method: http.MethodGet}
 		v := g.enforce(t.Context(), st, &q)
 		if v.err != nil {
 			t.Fatal(v.err)

@@ -385,7 +385,8 @@ func (g *Gateway) handle(c echo.Context) error {
 		writeProblem(w, g.failedAuth(r.Context(), w.Header(), st, ierr, q))
 		return nil
 	}
-	q.limits = st.limitsFor(id, rt)
+	q.limits = st.limitsFor(id, rt, false)
+	q.limits.hold()
 	var use *tokenUse
 	if rt.Tokens != nil {
 		// A token budget: the reservation is checked with the other rules.
@@ -409,10 +410,13 @@ func (g *Gateway) handle(c echo.Context) error {
 		a.write(w)
 		return nil
 	}
-	g.proxy(w, r, p, rt, st, id.peerTrusted, use)
+	// Deferred: ReverseProxy panics (http.ErrAbortHandler) when the
+	// client goes away mid-answer, and the answer's end is then too.
 	if use != nil {
-		g.settle(r.Context(), w.Header(), st, &q, v, use)
+		defer g.settle(r.Context(), w.Header(), st, &q, v, use)
 	}
+	defer g.hold(st, &q, v).release()
+	g.proxy(w, r, p, rt, st, id.peerTrusted, use)
 	return nil
 }
 

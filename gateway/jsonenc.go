@@ -145,6 +145,9 @@ func appendViolation(b []byte, v *violation) []byte {
 	o.rule(v.Name, v.Limit, v.WindowSeconds, v.Capacity)
 	o.int("remaining", v.Remaining)
 	o.optInt("retry_after_seconds", v.RetryAfterSeconds)
+	if v.InFlight {
+		o.bool("in_flight", true)
+	}
 	return append(o.b, '}')
 }
 

@@ -29,14 +29,15 @@ type limits struct {
 	shares    map[string]float64
 }
 
-// limitsFor computes the limiter key and the effective rules of a request.
+// limitsFor computes the limiter key and the effective rules of a request
+// (of the check API: check).
 // It is the one place where the identity, the route and the plan meet, so
 // split and NAT directives (hot keys checked per gateway share, NAT-shared
 // IPs with raised limits) plug in here.
-func (st *state) limitsFor(id identity, rt *route) limits {
-	l := limits{key: id.key, plan: id.plan.forRoute(rt)}
+func (st *state) limitsFor(id identity, rt *route, check bool) limits {
+	l := limits{key: id.key, plan: id.plan.forRoute(rt, check)}
 	if rt != nil && rt.plan != nil {
-		l.plan = rt.plan.forRoute(rt)
+		l.plan = rt.plan.forRoute(rt, check)
 		l.key = id.key + "|r:" + rt.Name
 	}
 	l.rules = l.plan.rules
@@ -166,6 +167,12 @@ func localShare(r limiter.Rule, n int64) limiter.Rule {
 		return r
 	}
 	capacity := max(1, r.Capacity()/n)
+	if inFlight(r) {
+		// Slots, not a rate: each gateway holds its share at once (at
+		// least one), for as long as its answers last.
+		r.Limit = max(1, r.Limit/n)
+		return r
+	}
 	if r.Calendar != nil {
 		// Each counts its share of the window's quota from the outage on;
 		// the window itself cannot be stretched.

@@ -25,6 +25,7 @@ type metrics struct {
 	rejected         *prometheus.CounterVec   // reason: unknown_key, key_required, no_route, body_too_large, method_override, ambiguous_key, …
 	reloads          *prometheus.CounterVec   // result
 	settlements      *prometheus.CounterVec   // result
+	leases           *prometheus.CounterVec   // result
 }
 
 const ns = "edgelimit_gateway"
@@ -55,6 +56,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		upstreamErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "upstream_errors_total", Help: "Proxied requests that failed, by route and kind (timeout, unreachable, client_body)."}, []string{"route", "kind"}),
 		rejected:       f.NewCounterVec(prometheus.CounterOpts{Name: "rejected_total", Help: "Requests refused before any limit was checked, by reason."}, []string{"reason"}),
 		reloads:        f.NewCounterVec(prometheus.CounterOpts{Name: "config_reloads_total", Help: "Configuration reloads by result (ok, failed)."}, []string{"result"}),
+		leases: f.NewCounterVec(prometheus.CounterOpts{Name: "inflight_leases_total",
+			Help: "In-flight slots' lease operations by result: renewed, renew_lost (the lease had lapsed and every slot was taken), renew_failed and release_failed (the store failed: the slot expires with its lease), released."}, []string{"result"}),
 		settlements: f.NewCounterVec(prometheus.CounterOpts{Name: "settlements_total",
 			Help: "Token reservations settled after the answer, by result: ok (the store charged or gave back the difference), none (the answer used what was reserved), unchecked (no store had charged the reservation: failed open or closed), failed (the store failed: the reservation stands)."}, []string{"result"}),
 	}
@@ -68,6 +71,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"ok", "none", "unchecked", "failed"} {
 		m.settlements.WithLabelValues(r)
+	}
+	for _, r := range []string{"renewed", "renew_lost", "renew_failed", "released", "release_failed"} {
+		m.leases.WithLabelValues(r)
 	}
 	return m
 }

@@ -673,7 +673,7 @@ func (m *gwModel) call(p, k, gw int, cost int64) gwEvent {
 	} else {
 		id = identity{kind: event.KindIP, key: ipKey(gwModelIP), clientIP: gwModelIP, plan: st.anonymous}
 	}
-	q := call{id: id, limits: st.limitsFor(id, nil), cost: cost, route: "model", method: http.MethodGet}
+	q := call{id: id, limits: st.limitsFor(id, nil, false), cost: cost, route: "model", method: http.MethodGet}
 	v := g.enforce(context.Background(), st, &q)
 	e := gwEvent{key: k, phase: p, gw: gw, cost: cost, allowed: v.allowed, mode: v.mode, rules: v.rules}
 	if v.err != nil {

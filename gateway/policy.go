@@ -42,11 +42,12 @@ type plan struct {
 	policies []FailurePolicy
 	local    bool // some enforced rule fails locally
 	closed   bool // some enforced rule fails closed
-	// tokens indexes the rules that count tokens (plans.UnitTokens);
-	// noTokens is the plan of the others, which routes without a tokens
-	// setting check (nil: no rule counts tokens).
-	tokens   []int
-	noTokens *plan
+	// tokens and inflight index the rules that count tokens
+	// (plans.UnitTokens) and requests in flight; noTokens and forCheck
+	// are the plans routes without a tokens setting and the check API
+	// check instead (nil: the same rules). See planVariants.
+	tokens, inflight   []int
+	noTokens, forCheck *plan
 }
 
 type apiKey struct {
@@ -150,7 +151,7 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 		if pol == "" {
 			pol = cfg.FailurePolicy
 		}
-		lr := r.Rule
+		lr := r.Limiter()
 		p.rules = append(p.rules, lr)
 		p.policies = append(p.policies, pol)
 		if lr.Shadow {
@@ -164,7 +165,7 @@ func compilePlan(name string, rules []Rule, cfg Config) *plan {
 		}
 	}
 	p.policy = policyHeader(p.rules)
-	tokenPlan(p, rules, cfg)
+	planVariants(p, rules, cfg)
 	return p
 }
 

@@ -51,7 +51,7 @@ func setRateHeaders(h http.Header, v verdict) {
 	visible := !bind.Rule.Shadow
 	var ends [3]int
 	if visible {
-		for i, n := range [3]int64{bind.Rule.Capacity(), bind.Remaining, seconds(bind.ResetAfter)} {
+		for i, n := range [3]int64{bind.Rule.Capacity(), bind.Remaining, seconds(resetOf(bind))} {
 			b = strconv.AppendInt(b, n, 10)
 			ends[i] = len(b)
 		}
@@ -86,9 +86,19 @@ func appendRateList(b []byte, rr []limiter.RuleResult) []byte {
 		if len(b) > start {
 			b = append(b, ", "...)
 		}
-		b = appendItem(b, r.Rule.Name, "r", r.Remaining, "t", seconds(r.ResetAfter))
+		b = appendItem(b, r.Rule.Name, "r", r.Remaining, "t", seconds(resetOf(r)))
 	}
 	return b
+}
+
+// resetOf is what a rule's result says of when to come back: when it is
+// full again, or for an in-flight rule (whose slots free when answers
+// end, not by time) its retry.
+func resetOf(r limiter.RuleResult) time.Duration {
+	if inFlight(r.Rule) {
+		return r.RetryAfter
+	}
+	return r.ResetAfter
 }
 
 // policyHeader is the RateLimit-Policy value of rules: "" when every rule
@@ -97,8 +107,8 @@ func policyHeader(rules []limiter.Rule) string {
 	var arr [256]byte
 	b := arr[:0]
 	for _, r := range rules {
-		if r.Shadow {
-			continue
+		if r.Shadow || inFlight(r) {
+			continue // (an in-flight rule promises no rate)
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
@@ -189,6 +199,8 @@ type violation struct {
 	// RetryAfterSeconds is this rule's own wait, rounded up, without
 	// jitter; absent when no wait helps.
 	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+	// InFlight marks an in-flight rule: Limit requests at once, no window.
+	InFlight bool `json:"in_flight,omitempty"`
 }
 
 // Problem types.
@@ -273,6 +285,9 @@ func violationOf(rr limiter.RuleResult, withRetry bool) violation {
 	if withRetry {
 		v.RetryAfterSeconds = seconds(rr.RetryAfter)
 	}
+	if inFlight(rr.Rule) {
+		v.WindowSeconds, v.InFlight = 0, true
+	}
 	return v
 }
 
@@ -284,6 +299,9 @@ func describe(rr []limiter.RuleResult) string {
 			per = r.Rule.Calendar.String()
 		}
 		parts[i] = fmt.Sprintf("rule %q allows %d per %s", r.Rule.Name, r.Rule.Limit, per)
+		if inFlight(r.Rule) {
+			parts[i] = fmt.Sprintf("rule %q allows %d requests in flight at once (retry when one of them ends)", r.Rule.Name, r.Rule.Limit)
+		}
 	}
 	return strings.Join(parts, "; ")
 }

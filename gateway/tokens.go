@@ -137,35 +137,50 @@ func hasBody(m string) bool {
 	return true
 }
 
-// validatePlanUnits refuses a plan whose rules all count tokens: routes
-// without a tokens setting leave token rules out, and would check nothing.
+// validatePlanUnits refuses a plan without a rule of requests: routes
+// without a tokens setting leave token rules out, and the check API
+// in-flight rules too, and would check nothing.
 func validatePlanUnits(bad func(field, format string, args ...any), field string, p Plan) {
-	if len(p.Rules) > 0 && !slices.ContainsFunc(p.Rules, func(r Rule) bool { return r.Unit != plans.UnitTokens }) {
-		bad(field+".rules", "every rule counts tokens: add a rule of requests (e.g. a request rate), or routes without a tokens setting would check nothing")
+	if len(p.Rules) > 0 && !slices.ContainsFunc(p.Rules, func(r Rule) bool { return r.Unit != plans.UnitTokens && r.InFlight == 0 }) {
+		bad(field+".rules", "every rule counts tokens or requests in flight: add a rule of requests (e.g. a request rate), or the check API and routes without a tokens setting would check nothing")
 	}
 }
 
-// tokenPlan adds to p (compiled from rules) what a token budget needs:
-// which rules count tokens, and the plan of the others, which routes
-// without a tokens setting check instead.
-func tokenPlan(p *plan, rules []Rule, cfg Config) {
-	var others []Rule
+// planVariants adds to p (compiled from rules) which of its rules count
+// tokens and which requests in flight, and the plans of the others: the
+// one routes without a tokens setting check (noTokens), and the one the
+// check API checks (forCheck), which holds no slots either.
+func planVariants(p *plan, rules []Rule, cfg Config) {
+	var noTokens, forCheck []Rule
 	for i, r := range rules {
-		if r.Unit == plans.UnitTokens {
+		switch {
+		case r.Unit == plans.UnitTokens:
 			p.tokens = append(p.tokens, i)
-		} else {
-			others = append(others, r)
+		case r.InFlight != 0:
+			p.inflight = append(p.inflight, i)
+			noTokens = append(noTokens, r)
+		default:
+			noTokens = append(noTokens, r)
+			forCheck = append(forCheck, r)
 		}
 	}
-	if len(p.tokens) > 0 && len(others) > 0 {
-		p.noTokens = compilePlan(p.name, others, cfg)
+	if len(p.tokens) > 0 && len(noTokens) > 0 {
+		p.noTokens = compilePlan(p.name, noTokens, cfg)
+	}
+	if len(forCheck) < len(rules) && len(forCheck) > 0 {
+		p.forCheck = compilePlan(p.name, forCheck, cfg)
 	}
 }
 
-// forRoute is the plan a request on route rt checks: p itself on a route
-// that settles tokens, else p without its token rules.
-func (p *plan) forRoute(rt *route) *plan {
-	if p.noTokens != nil && (rt == nil || rt.Tokens == nil) {
+// forRoute is the plan a request on route rt (nil: one without a plan
+// of its own) checks: p itself on a route that settles tokens, else p
+// without its token rules; for the check API (check), which neither
+// settles nor sees an answer end, without its in-flight rules too.
+func (p *plan) forRoute(rt *route, check bool) *plan {
+	switch {
+	case check && p.forCheck != nil:
+		return p.forCheck
+	case (rt == nil || rt.Tokens == nil) && p.noTokens != nil:
 		return p.noTokens
 	}
 	return p
@@ -177,11 +192,12 @@ func (l *limits) withReservation(n int64) {
 	if len(l.plan.tokens) == 0 {
 		return
 	}
-	rules := slices.Clone(l.plan.rules)
-	for _, i := range l.plan.tokens {
-		rules[i].Cost = n
+	if sameRules(l.rules, l.plan.rules) {
+		l.rules = slices.Clone(l.rules)
 	}
-	l.rules = rules
+	for _, i := range l.plan.tokens {
+		l.rules[i].Cost = n
+	}
 }
 
 // reservation is what a request on a route with tokens t reserves: the

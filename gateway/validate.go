@@ -122,7 +122,7 @@ func (c Config) Validate() error {
 				bad(ofield, "plan %q has no rule %q", k.Plan, rule)
 				continue
 			}
-			if err := o.Apply(plan.Rules[j]).Rule.Validate(); err != nil {
+			if err := o.Apply(plan.Rules[j]).Limiter().Validate(); err != nil {
 				bad(ofield, "%v", err)
 			}
 		}
@@ -298,7 +298,12 @@ func (c Config) validatePlan(name string, p Plan, bad func(field, format string,
 			bad(rf+".name", "duplicate rule %q", r.Name)
 		}
 		seen[r.Name] = true
-		if err := r.Rule.Validate(); err != nil {
+		if r.InFlight != 0 {
+			validateInFlight(bad, rf, r)
+		} else if r.Lease != 0 {
+			bad(rf+".lease", "only an in-flight rule (in_flight: N) has a lease")
+		}
+		if err := r.Limiter().Validate(); err != nil {
 			bad(rf, "%v", err)
 		}
 		if r.FailurePolicy != "" {

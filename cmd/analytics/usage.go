@@ -159,7 +159,7 @@ func readCurrent(path, key string) (*currentWindow, error) {
 	}
 	cur := &currentWindow{id: key}
 	for _, r := range plan.Rules {
-		cur.rules = append(cur.rules, r.Rule)
+		cur.rules = append(cur.rules, r.Limiter())
 		if r.Calendar != nil && cur.cal == nil {
 			cur.rule, cur.cal = r.Rule, r.Calendar
 		}

@@ -43,6 +43,9 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 	for name, plan := range byName {
 		rs := make([]limiter.Rule, 0, len(plan.Rules))
 		for _, r := range plan.Rules {
+			if r.InFlight != 0 {
+				continue // not replayed: see analytics' caveats
+			}
 			rs = append(rs, r.Rule)
 		}
 		p.Plans[name] = rs
@@ -76,6 +79,9 @@ func parseProposal(rules, change string) (analytics.Proposal, error) {
 		}
 		rules := slices.Clone(p.Plans[k.Plan])
 		for name, o := range k.Overrides {
+			if slices.ContainsFunc(doc.Plans[k.Plan].Rules, func(r plans.Rule) bool { return r.Name == name && r.InFlight != 0 }) {
+				continue // not replayed
+			}
 			j := slices.IndexFunc(rules, func(r limiter.Rule) bool { return r.Name == name })
 			if j < 0 {
 				return analytics.Proposal{}, fmt.Errorf("rules: api_keys[%d].overrides.%s: plan %q has no rule %q", i, name, k.Plan, name)

@@ -45,6 +45,31 @@ type Rule struct {
 	// and settles what its answer used after; other routes leave the rule
 	// out of their checks).
 	Unit Unit `yaml:"unit"`
+	// InFlight, when set, makes the rule admit at most this many requests
+	// of a key at once across every gateway, instead of a rate (it has no
+	// limit or period then): a request holds a slot until its answer
+	// ends, streams and upgraded connections included.
+	InFlight int64 `yaml:"in_flight"`
+	// Lease is how long an in-flight slot outlives a gateway that died
+	// holding it: a live gateway renews its slots every Lease/3; default
+	// DefaultLease.
+	Lease time.Duration `yaml:"lease"`
+}
+
+// DefaultLease is an in-flight rule's default Lease.
+const DefaultLease = 30 * time.Second
+
+// Limiter is the rule as the limiter checks it: an in-flight rule's
+// limit is InFlight and its period the lease.
+func (r Rule) Limiter() limiter.Rule {
+	lr := r.Rule
+	if r.InFlight != 0 {
+		lr.Algorithm, lr.Limit, lr.Period = limiter.InFlight, r.InFlight, r.Lease
+		if lr.Period == 0 {
+			lr.Period = DefaultLease
+		}
+	}
+	return lr
 }
 
 // Unit is what a rule counts.
@@ -133,7 +158,9 @@ type Override struct {
 
 // Apply is r with o's non-zero fields in place of its own.
 func (o Override) Apply(r Rule) Rule {
-	if o.Limit != 0 {
+	if o.Limit != 0 && r.InFlight != 0 {
+		r.InFlight = o.Limit
+	} else if o.Limit != 0 {
 		r.Limit = o.Limit
 	}
 	if o.Period != 0 {
