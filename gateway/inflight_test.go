@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelimit/edgelimit/gateway/plans"
+	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/internal/testenv"
 	"github.com/edgelimit/edgelimit/limiter"
 )
@@ -183,6 +185,58 @@ func TestInFlightConfig(t *testing.T) {
 		_ = json.Unmarshal(r.body, &resp)
 		if r.status != http.StatusOK || !resp.Allowed || strings.Contains(r.header.Get(hRateLimit), "concurrent") {
 			t.Fatalf("the check API with an in-flight rule: %d %s %q", r.status, r.body, r.header.Get(hRateLimit))
+		}
+	}
+}
+
+// TestClientGoneMidAnswer: a client that goes away in the middle of a
+// streamed answer (ReverseProxy then aborts the handler) gives its
+// in-flight slot back at once and its token reservation is settled by
+// the route's rule: the answer's end is its leaving.
+func TestClientGoneMidAnswer(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[]}\n\n")
+		w.(http.Flusher).Flush()
+		if r.URL.Path != "/v1/chat/completions/slow" {
+			_, _ = io.WriteString(w, "data: {\"usage\":{\"total_tokens\":7}}\n\n")
+			return
+		}
+		select { // the usage never comes
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	cfg := llmConfig(up.URL, 1000, 24*time.Hour, plans.Tokens{Reserve: plans.Reserve{Default: 100, Max: 500}})
+	p := cfg.Plans["llm"]
+	p.Rules = append(p.Rules, Rule{Rule: limiter.Rule{Name: "concurrent"}, InFlight: 1})
+	cfg.Plans["llm"] = p
+	lim, _ := redisStore(t)
+	ev := &eventLog{}
+	gw := startGateway(t, cfg, Options{Store: lim, Publisher: ev})
+
+	conn, br := rawConn(t, gw.URL, "POST /v1/chat/completions/slow HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the slow answer: %v, %v", resp, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // its first event
+		t.Fatal(err)
+	}
+	if r := do(t, http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader("{}")); r.status != http.StatusTooManyRequests {
+		t.Fatalf("while the slow answer holds the slot: %d, want 429", r.status)
+	}
+	conn.Close()
+	testenv.WaitFor(t, 30*time.Second, "the gone client's slot to come back", func() bool {
+		return do(t, http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader("{}")).status == http.StatusOK
+	})
+	all := ev.await(t, func(all []event.Decision) bool { return settlements(all) >= 2 })
+	for _, e := range all {
+		if e.Mode == event.ModeSettlement && e.Settled != 7 && (e.Reserved != 100 || e.Settled != 100) {
+			t.Errorf("settlement %+v: the gone client's should keep its reservation (100), the other settle 7", e)
 		}
 	}
 }
