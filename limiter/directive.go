@@ -161,6 +161,10 @@ func (d *Directives) Split(key, gateway string, rules []Rule, now time.Time) (st
 			// gateways hold the whole limit, so the others share one
 			// bucket of a single unit per MaxPeriod rather than add to it.
 			r.Limit, r.Burst, r.Period = 1, 1, MaxPeriod
+			if r.Algorithm == InFlight {
+				// slots, not a rate: one, held no longer than a lease
+				r.Burst, r.Period = 0, whole.Period
+			}
 		} else {
 			r.Limit = limits[i]
 			if bursts != nil {

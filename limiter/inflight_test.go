@@ -207,3 +207,63 @@ func TestInFlightReclaimedOnTime(t *testing.T) {
 		t.Fatal("not reclaimed at its period after the renewal")
 	}
 }
+
+// TestInFlightUnderASplit: a split's shares of an in-flight rule hold
+// their slots with the key's whole: the gateways together never hold more
+// than the rule's, a share that gets no unit holds one slot for a lease
+// (not for ever), and releases free both.
+func TestInFlightUnderASplit(t *testing.T) {
+	ctx := context.Background()
+	rule := Rule{Name: "inflight", Limit: 4, Period: time.Minute, Algorithm: InFlight}
+	for name, mk := range inFlightStores() {
+		t.Run(name, func(t *testing.T) {
+			s, _ := mk(t)
+			key := uniqueKey(t)
+			d := splitOf(key, map[string]float64{"a": 0.5, "b": 0.5})
+			type held struct {
+				key   string
+				rules []Rule
+			}
+			var holds []held
+			var id uint64
+			take := func(gw string) bool {
+				k, rules, ok := d.Split(key, gw, []Rule{rule}, time.Now())
+				if !ok {
+					t.Fatal("no split")
+				}
+				id++
+				rules[0].Lease = id
+				dec, err := s.Allow(ctx, k, rules, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dec.Allowed {
+					holds = append(holds, held{k, rules})
+				}
+				return dec.Allowed
+			}
+			n := 0
+			for range 5 {
+				for _, gw := range []string{"a", "b", "c"} {
+					if take(gw) {
+						n++
+					}
+				}
+			}
+			if n != 4 {
+				t.Fatalf("the split's gateways held %d slots of the rule's 4", n)
+			}
+			if k, rules, _ := d.Split(key, "c", []Rule{rule}, time.Now()); rules[0].Period != rule.Period {
+				t.Errorf("a gateway the split does not name holds its slot for %v (key %s), want the lease %v", rules[0].Period, k, rule.Period)
+			}
+			for _, h := range holds {
+				if _, err := s.Release(ctx, h.key, h.rules); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !take("a") || !take("b") {
+				t.Fatal("after the releases, the shares' slots did not come back")
+			}
+		})
+	}
+}
