@@ -240,3 +240,48 @@ func TestClientGoneMidAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminShowsInFlight: the key admin API shows an in-flight rule's
+// free slots while an answer holds one, and a reset frees them.
+func TestAdminShowsInFlight(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		if r.URL.Path != "/hold" {
+			return
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	cfg := adminConfig(up.URL)
+	cfg.Plans["pro"] = Plan{Rules: []Rule{
+		{Rule: limiter.Rule{Name: "minute", Limit: 100, Period: time.Minute}},
+		{Rule: limiter.Rule{Name: "concurrent"}, InFlight: 1},
+	}}
+	lim, _ := redisStore(t)
+	rig := startAdminOn(t, cfg, Options{Store: lim}, map[string]Secret{"oncall": testAdminToken})
+	key := []string{"X-API-Key", rawAPIKey}
+	conn, br := rawConn(t, rig.gw.URL, "GET /hold HTTP/1.1\r\nHost: gw\r\nX-API-Key: "+rawAPIKey+"\r\n\r\n")
+	defer conn.Close()
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the held answer: %v, %v", resp, err)
+	}
+	r := rulesOf(t, rig.show(t, "api_key=alice"), "plan", "")
+	if len(r) != 2 || r[1].Algorithm != "in_flight" || !r[1].Found || r[1].Remaining != 0 {
+		t.Fatalf("while an answer holds the one slot: %+v", r)
+	}
+	if n := admitted(t, rig.gw.URL+"/a", 1, key...); n != 0 {
+		t.Fatal("a second request got the one slot")
+	}
+	if resp := rig.call(t, http.MethodPost, "reset?api_key=alice", "Authorization", "Bearer "+testAdminToken); resp.status != http.StatusOK {
+		t.Fatalf("reset = %d %s", resp.status, resp.body)
+	}
+	if n := admitted(t, rig.gw.URL+"/a", 1, key...); n != 1 {
+		t.Fatal("the slot was not freed by the reset")
+	}
+}
