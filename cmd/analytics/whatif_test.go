@@ -38,8 +38,13 @@ func TestParseProposal(t *testing.T) {
 	if diff := cmp.Diff(wantFree, p.Plans["free"]); diff != "" {
 		t.Errorf("plan free (-want +got):\n%s", diff)
 	}
-	if len(p.Plans) != 4 {
-		t.Errorf("plans %v, want the example's 4", slices.Sorted(maps.Keys(p.Plans)))
+	if len(p.Plans) != 5 {
+		t.Errorf("plans %v, want the example's 5", slices.Sorted(maps.Keys(p.Plans)))
+	}
+	// The in-flight rule is not replayed; the token budget is, by the
+	// reservations.
+	if got := len(p.Plans["llm"]); got != 2 {
+		t.Errorf("plan llm replays %d rules, want 2 (not its in-flight rule)", got)
 	}
 	for name, want := range map[string]analytics.ProposedRoute{"search": {Plan: "search", Cost: 1}, "export": {Cost: 10}, "api": {Cost: 1}} {
 		if got := p.Routes[name]; got != want {
