@@ -391,7 +391,7 @@ func (g *Gateway) handle(c echo.Context) error {
 	if rt.Tokens != nil {
 		// A token budget: the reservation is checked with the other rules.
 		var body []byte
-		if rt.Tokens.Reserve.BodyField != "" {
+		if readsBody(rt.Tokens) {
 			b, p := readBody(w, r, st.cfg.MaxBodyBytes, idle)
 			if p != nil {
 				p.Route = rt.Name

@@ -80,6 +80,9 @@ func (c Config) validateTokens(bad func(field, format string, args ...any), fiel
 			bad(field+".reserve.body_field", "route methods %v never carry a body to read %q from", r.Methods, rs.BodyField)
 		}
 	}
+	if rs.BodyBytesPerToken < 0 {
+		bad(field+".reserve.body_bytes_per_token", "%d is negative", rs.BodyBytesPerToken)
+	}
 	if rs.Header != "" && !validHeaderName(rs.Header) {
 		bad(field+".reserve.header", "%q is not a header name", rs.Header)
 	}
@@ -228,7 +231,15 @@ func reservation(t *plans.Tokens, h http.Header, body []byte) int64 {
 			n = t.Reserve.Max
 		}
 	}
+	if per := t.Reserve.BodyBytesPerToken; per > 0 {
+		n += (int64(len(body)) + per - 1) / per
+	}
 	return min(n, t.Reserve.Max)
+}
+
+// readsBody says whether a request's reservation needs its body.
+func readsBody(t *plans.Tokens) bool {
+	return t.Reserve.BodyField != "" || t.Reserve.BodyBytesPerToken > 0
 }
 
 // positive reads a positive integer (a JSON number may say 100.0).

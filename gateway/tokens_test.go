@@ -307,6 +307,11 @@ func TestTokenSettlement(t *testing.T) {
 		{"no usage refunds", plans.Tokens{Reserve: plans.Reserve{Default: 100, Max: 1000}, Unsettled: plans.UnsettledRefund}, []step{
 			{`{"no_usage":true,"stream":true}`, 100, 0, 1000},
 		}},
+		// A client that leaves before the usage pays for its prompt as
+		// estimated from the body: 4 bytes a token.
+		{"prompt estimated", plans.Tokens{Reserve: plans.Reserve{Default: 10, BodyBytesPerToken: 4, Max: 500}}, []step{
+			{promptBody, 10 + (int64(len(promptBody))+3)/4, 10 + (int64(len(promptBody))+3)/4, 1000 - 10 - (int64(len(promptBody))+3)/4},
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -371,6 +376,10 @@ func TestTokenSettlement(t *testing.T) {
 		})
 	}
 }
+
+// promptBody is a request with a prompt of 400 bytes and no usage in its
+// answer.
+var promptBody = `{"no_usage":true,"stream":true,"messages":[{"content":"` + strings.Repeat("x", 400) + `"}]}`
 
 // TestTokenConfigErrors: what a token budget cannot mean is refused at load.
 func TestTokenConfigErrors(t *testing.T) {
@@ -469,6 +478,15 @@ func TestReservation(t *testing.T) {
 		if got := reservation(both, h, []byte(c.body)); got != c.want {
 			t.Errorf("header %q, body %s: reserved %d, want %d", c.header, c.body, got, c.want)
 		}
+	}
+	// The prompt's estimate: 4 bytes a token, on top, within max.
+	est := &plans.Tokens{Reserve: plans.Reserve{BodyField: "max_tokens", BodyBytesPerToken: 4, Max: 1000}}
+	prompt := `{"max_tokens":100,"messages":[{"content":"` + strings.Repeat("x", 373) + `"}]}`
+	if got, want := reservation(est, http.Header{}, []byte(prompt)), int64(100+(len(prompt)+3)/4); got != want {
+		t.Errorf("with the prompt's estimate: reserved %d, want %d", got, want)
+	}
+	if got := reservation(est, http.Header{}, []byte(`{"max_tokens":999,"p":"`+strings.Repeat("x", 400)+`"}`)); got != 1000 {
+		t.Errorf("with the prompt's estimate past max: reserved %d, want 1000", got)
 	}
 }
 

@@ -107,6 +107,12 @@ type Reserve struct {
 	// Default is reserved when the request names no number (or one that
 	// is no positive integer); 0 means Max.
 	Default int64 `yaml:"default"`
+	// BodyBytesPerToken, when set, adds the request body's size divided by
+	// it (rounded up) to the reservation: an estimate of the prompt's
+	// tokens, which the answer alone reports, so that a client leaving
+	// before the usage arrives still pays for its prompt. The body is then
+	// read before the decision.
+	BodyBytesPerToken int64 `yaml:"body_bytes_per_token"`
 	// Max is the most one request reserves: a larger number is reserved
 	// at Max (and settled at what it used). Required; at most the
 	// capacity of every token rule.
