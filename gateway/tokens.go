@@ -337,9 +337,18 @@ func (u *tokenUse) onResponse(resp *http.Response) {
 	resp.Body = &usageTap{ReadCloser: resp.Body, u: u, resp: resp, kind: kind, field: field}
 }
 
+// nonNegative reads a count of tokens: an integer, as JSON may write it
+// (12 or 12.0).
 func nonNegative(s string) (int64, bool) {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	return n, err == nil && n >= 0 && n <= limiter.MaxCost
+	s = strings.TrimSpace(s)
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return n, n >= 0 && n <= limiter.MaxCost
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != float64(int64(f)) || f < 0 || f > limiter.MaxCost {
+		return 0, false
+	}
+	return int64(f), true
 }
 
 // How an answer reports its usage.

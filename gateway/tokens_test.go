@@ -431,6 +431,9 @@ func TestUsageTapReadsLongAnswers(t *testing.T) {
 		{"text/event-stream", "data: {\"x\":\"" + strings.Repeat("y", maxUsageLine+5) + "\",\"usage\":{\"total_tokens\":1}}\n\ndata: {\"usage\":{\"total_tokens\":88}}\n\ndata: [DONE]\n\n", 88},
 		{"text/event-stream", "data: {\"usage\":{\"total_tokens\":5}}\n\ndata: {\"usage\":{\"total_tokens\":6}}", 6},
 		{"text/plain", `{"usage":{"total_tokens":5}}`, -1},
+		{"application/json; charset=utf-8", `{"usage":{"total_tokens":12.0}}`, 12},
+		{"application/json", `{"usage":{"total_tokens":-4}}`, -1},
+		{"application/json", `{"usage":{"total_tokens":1.5}}`, -1},
 	}
 	for i, c := range cases {
 		u := &tokenUse{t: &plans.Tokens{}, reserved: 3}
