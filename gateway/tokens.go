@@ -285,10 +285,8 @@ func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, idle time.D
 type tokenUse struct {
 	t        *plans.Tokens
 	reserved int64
-	// answered: the upstream answered (a status); complete: its body was
-	// read to its end.
-	answered, complete bool
-	status             int
+	// complete: the answer's body was read to its end.
+	complete bool
 	// used is the tokens the answer reported (header, trailer or usage),
 	// when found.
 	used  int64
@@ -310,7 +308,6 @@ func (u *tokenUse) settled() int64 {
 // onResponse is the proxy's ModifyResponse step of a token route: the
 // usage header, and a tap on the body for the usage object and trailers.
 func (u *tokenUse) onResponse(resp *http.Response) {
-	u.answered, u.status = true, resp.StatusCode
 	if h := u.t.Settle.Header; h != "" {
 		if n, ok := nonNegative(resp.Header.Get(h)); ok {
 			u.used, u.found = n, true
