@@ -282,13 +282,9 @@ func (g *Gateway) giveBack(ctx context.Context, st *state, l limits, v *verdict,
 	if len(rules) == 0 {
 		return
 	}
-	var store checker = g.store
-	if v.mode == event.ModeLocalFallback {
-		store = g.local
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.cfg.StoreDeadline)
 	defer cancel()
-	d, err := store.Allow(ctx, l.key, rules, 1)
+	d, err := g.chargedBy(*v).Allow(ctx, l.key, rules, 1)
 	if err != nil {
 		g.m.giveBackFailed.Inc()
 		g.log.Warn("give back the charge of a refused request", "rules", len(rules), "error", err.Error())
@@ -299,6 +295,19 @@ func (g *Gateway) giveBack(ctx context.Context, st *state, l limits, v *verdict,
 		out[at[j]].Remaining, out[at[j]].ResetAfter = rr.Remaining, rr.ResetAfter
 	}
 	v.d.Rules = out
+}
+
+// chargedBy is the store that decided v, and charged what it admitted:
+// the local fallback's memory, or the shared store; nil when no store
+// decided (the failure policy let it through or refused it).
+func (g *Gateway) chargedBy(v verdict) checker {
+	switch {
+	case !v.known:
+		return nil
+	case v.mode == event.ModeLocalFallback:
+		return g.local
+	}
+	return g.store
 }
 
 // merge is the verdict of a request decided in parts (decide): the

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"time"
 
-	"github.com/edgelimit/edgelimit/internal/event"
 	"github.com/edgelimit/edgelimit/limiter"
 )
 
@@ -82,8 +81,8 @@ type holding struct {
 // took none (no in-flight rule, or the failure policy let it through
 // without a store).
 func (g *Gateway) hold(st *state, c *call, v verdict) *holding {
-	if !v.known || !v.d.Allowed {
-		return nil
+	if len(c.limits.plan.inflight) == 0 || !v.known || !v.d.Allowed {
+		return nil // (every proxied request asks: the usual answer first)
 	}
 	var rules []limiter.Rule
 	for _, rr := range v.d.Rules {
@@ -94,15 +93,7 @@ func (g *Gateway) hold(st *state, c *call, v verdict) *holding {
 	if len(rules) == 0 {
 		return nil
 	}
-	var store checker = g.store
-	switch v.mode {
-	case event.ModeLocalFallback:
-		store = g.local
-	case event.ModeEnforced, event.ModeShadow:
-	default:
-		return nil
-	}
-	ls, ok := store.(leaser)
+	ls, ok := g.chargedBy(v).(leaser)
 	if !ok {
 		return nil
 	}

@@ -30,7 +30,15 @@ func prefetch(w http.ResponseWriter, r *http.Request, maxBody int64, idle time.D
 	if len(r.TransferEncoding) == 0 || r.Body == nil || r.Body == http.NoBody || upgradeOf(r.Header) != "" || expectsContinue(r.Header) {
 		return nil
 	}
-	limit := min(prefetchBytes, maxBody)
+	_, p := readAhead(w, r, min(prefetchBytes, maxBody), maxBody, idle)
+	return p
+}
+
+// readAhead reads up to limit bytes of r's body and puts them back in
+// front of the rest: the problem to refuse the request with (before its
+// decision) when the body is malformed within them, makes no progress
+// for idle, or is longer than maxBody; else the bytes read.
+func readAhead(w http.ResponseWriter, r *http.Request, limit, maxBody int64, idle time.Duration) ([]byte, *problem) {
 	var buf bytes.Buffer
 	// Each read gets the whole idle timeout, as the proxied body's do
 	// (see deadlines): the listener's is a total from the request's start.
@@ -38,17 +46,17 @@ func prefetch(w http.ResponseWriter, r *http.Request, maxBody int64, idle time.D
 	n, err := buf.ReadFrom(&idleReader{r: io.LimitReader(r.Body, limit+1), idle: idle, rc: rc})
 	switch {
 	case err != nil && isTimeout(err):
-		return &problem{Type: probClientTimeout, Status: http.StatusRequestTimeout,
+		return nil, &problem{Type: probClientTimeout, Status: http.StatusRequestTimeout,
 			Detail: "The request body could not be read from the client in time."}
 	case err != nil:
-		return &problem{Type: probBadRequest, Status: http.StatusBadRequest,
-			Detail: "The request body's chunked encoding is malformed, or the body ended early."}
+		return nil, &problem{Type: probBadRequest, Status: http.StatusBadRequest,
+			Detail: "The request body's framing is malformed (its chunked encoding), or the body ended early."}
 	case n > maxBody:
-		return &problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge,
+		return nil, &problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge,
 			Detail: fmt.Sprintf("The request body is larger than %d bytes.", maxBody)}
 	}
 	r.Body = &prefetched{Reader: io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), body: r.Body}
-	return nil
+	return buf.Bytes(), nil
 }
 
 // prefetchReasons are rejected_total's reasons of prefetch's refusals.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -242,41 +241,19 @@ func readsBody(t *plans.Tokens) bool {
 	return t.Reserve.BodyField != "" || t.Reserve.BodyBytesPerToken > 0
 }
 
-// positive reads a positive integer (a JSON number may say 100.0).
+// positive reads a positive count of tokens (see nonNegative).
 func positive(s string) (int64, bool) {
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		return n, n > 0
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f != float64(int64(f)) || f <= 0 || f > limiter.MaxCost {
-		return 0, false
-	}
-	return int64(f), true
+	n, ok := nonNegative(s)
+	return n, ok && n > 0
 }
 
-// readBody reads the whole of r's body (at most maxBody bytes, each read
-// within idle) before the decision, and puts it back: the problem to
-// refuse the request with when it cannot, else the bytes.
+// readBody reads the whole of r's body (at most maxBody bytes) before the
+// decision, and puts it back (see readAhead).
 func readBody(w http.ResponseWriter, r *http.Request, maxBody int64, idle time.Duration) ([]byte, *problem) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	var buf bytes.Buffer
-	rc := http.NewResponseController(w)
-	n, err := buf.ReadFrom(&idleReader{r: io.LimitReader(r.Body, maxBody+1), idle: idle, rc: rc})
-	switch {
-	case err != nil && isTimeout(err):
-		return nil, &problem{Type: probClientTimeout, Status: http.StatusRequestTimeout,
-			Detail: "The request body could not be read from the client in time."}
-	case err != nil:
-		return nil, &problem{Type: probBadRequest, Status: http.StatusBadRequest,
-			Detail: "The request body's encoding is malformed, or the body ended early."}
-	case n > maxBody:
-		return nil, &problem{Type: probBodyTooLarge, Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("The request body is larger than %d bytes.", maxBody)}
-	}
-	r.Body = &prefetched{Reader: bytes.NewReader(buf.Bytes()), body: r.Body}
-	return buf.Bytes(), nil
+	return readAhead(w, r, maxBody, maxBody, idle)
 }
 
 // tokenUse is what a proxied request on a token route learns of its
@@ -492,25 +469,16 @@ func (g *Gateway) settle(ctx context.Context, h http.Header, st *state, c *call,
 	var after *limiter.Decision
 	if delta != 0 {
 		result = "unchecked"
-		if rules := settledRules(c.limits.plan, v); len(rules) > 0 {
-			var store checker = g.store
-			if v.mode == event.ModeLocalFallback {
-				store = g.local
-			}
-			s, ok := store.(settler)
-			switch {
-			case !ok:
-			case v.mode != event.ModeEnforced && v.mode != event.ModeShadow && v.mode != event.ModeLocalFallback:
-			default:
-				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.cfg.StoreDeadline)
-				d, err := s.Settle(sctx, c.limits.key, rules, delta, v.d.Time)
-				cancel()
-				if err != nil {
-					result = "failed"
-					g.log.Warn("settle a token reservation", "route", c.route, "delta", delta, "error", err.Error())
-				} else {
-					result, after = "ok", &d
-				}
+		s, ok := g.chargedBy(v).(settler)
+		if rules := settledRules(c.limits.plan, v); len(rules) > 0 && ok {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.cfg.StoreDeadline)
+			d, err := s.Settle(sctx, c.limits.key, rules, delta, v.d.Time)
+			cancel()
+			if err != nil {
+				result = "failed"
+				g.log.Warn("settle a token reservation", "route", c.route, "delta", delta, "error", err.Error())
+			} else {
+				result, after = "ok", &d
 			}
 		}
 	}
