@@ -68,7 +68,7 @@ func newDenyCache(size int) *denyCache {
 // holds. A denial of key under conflicting settings of one of rules is
 // dropped on the way.
 func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (Decision, bool) {
-	kh, fp := fingerprint(key, rules)
+	kh := keyHash(key)
 	s := &c.shards[kh%denyShards]
 	s.mu.RLock()
 	kd := s.m[kh]
@@ -76,6 +76,7 @@ func (c *denyCache) get(key string, rules []Rule, cost int64, now time.Time) (De
 		s.mu.RUnlock()
 		return Decision{}, false
 	}
+	fp := rulesHash(kh, rules)
 	var (
 		e           denyEntry
 		found, drop bool
@@ -173,7 +174,7 @@ func (r *Redis) ForgetDenial(key string, rules []Rule) {
 
 // forget drops every denial of key.
 func (c *denyCache) forget(key string) {
-	kh, _ := fingerprint(key, nil)
+	kh := keyHash(key)
 	s := &c.shards[kh%denyShards]
 	s.mu.Lock()
 	s.remove(kh, key, func(denyEntry) bool { return true })

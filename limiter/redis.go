@@ -812,9 +812,21 @@ func replyInts(res []any, want, n int) ([]int64, error) {
 // fingerprint hashes key (kh) and key with rules (fp): a denial of key
 // under rules answers only a check under the very same rules.
 func fingerprint(key string, rules []Rule) (kh, fp uint64) {
+	kh = keyHash(key)
+	return kh, rulesHash(kh, rules)
+}
+
+// keyHash is fingerprint's kh alone: a lookup that finds no entry for the
+// key (most checks) needs no hash of the rules.
+func keyHash(key string) uint64 {
 	h := newHash()
 	h.str(key)
-	kh = h.sum
+	return h.sum
+}
+
+// rulesHash is fingerprint's fp, from the key's hash kh.
+func rulesHash(kh uint64, rules []Rule) uint64 {
+	h := &fnv{sum: kh}
 	for _, r := range rules {
 		h.str(r.Name)
 		h.str(r.Bucket)
@@ -822,7 +834,7 @@ func fingerprint(key string, rules []Rule) (kh, fp uint64) {
 		h.str(r.container())
 		r.settings(h)
 	}
-	return kh, h.sum
+	return h.sum
 }
 
 // settings hashes what a check sends of r besides the state it names.
