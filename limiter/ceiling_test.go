@@ -72,6 +72,17 @@ func BenchmarkCeiling(b *testing.B) {
 		a = append(a, len(keys))
 		pipe.Do(ctx, append(a, args...)...)
 	}
+	// coalescedFloor sends the checks as coalesced does, to a script that
+	// only reads and writes each check's container (floorCoalesced).
+	coalescedFloor := func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
+		var ks []string
+		var args []any
+		for i, k := range keys {
+			ks = append(ks, k...)
+			args = append(args, checkArgs(k, rules[i], cost)...)
+		}
+		floorCoalesced.EvalSha(ctx, pipe, ks, append([]any{len(keys)}, args...)...)
+	}
 	floor := func(script *redis.Script) queue {
 		return func(pipe redis.Pipeliner, keys [][]string, rules [][]Rule, cost int64) {
 			for _, k := range keys {
@@ -105,6 +116,7 @@ func BenchmarkCeiling(b *testing.B) {
 		{"door-coalesced", l, door, coalesced, nil},
 		{"floor-call", l, plan, floor(floorCall), floorCall},
 		{"floor-read-write", l, plan, floor(floorReadWrite), floorReadWrite},
+		{"floor-coalesced", l, plan, coalescedFloor, floorCoalesced},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			// Fresh identities each run.
@@ -205,6 +217,24 @@ local t = redis.call('TIME')
 redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[3], 'PXAT', (tonumber(t[1]) + 86400) * 1000)
 return {1, 1, 99, 0, 600000000, 1, 4999, 0, 36000000000, 1, 49999, 0, 86400000000, tonumber(t[1])}`)
+
+// floorCoalesced is floorReadWrite for a call of many checks, its KEYS
+// and ARGV as allow.lua's: what a coalesced call costs Redis whatever
+// the script computes. Each check writes a container of its rules' size
+// (their prefixes and states) and replies a string of allow.lua's size.
+var floorCoalesced = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out, k0, a = {}, 0, 1
+for j = 1, tonumber(ARGV[1]) do
+  local nk, blob = tonumber(ARGV[a + 1]), ARGV[a + 5]
+  local n = #blob / 37
+  redis.call('GET', KEYS[k0 + 1])
+  redis.call('SET', KEYS[k0 + 1], string.rep('x', n * 32 + 21), 'PXAT', string.format('%d', now / 1000 + 86400000))
+  out[j] = string.rep('y', 1 + 21 * n + 7 + 14)
+  k0, a = k0 + nk, a + 5 + n
+end
+return out`)
 
 // redisCPU is Redis' CPU time so far, system and user, in seconds.
 func redisCPU(tb testing.TB, rdb *redis.Client) float64 {
