@@ -34,7 +34,7 @@ type storeCall struct {
 }
 
 // recordingStore is the gateway's *limiter.Redis, every store call
-// recorded: Allow, and AllowUncached, which the gateway calls after asking
+// recorded: Allow, and AllowUncachedWithin, which the gateway calls after asking
 // the deny cache itself. Embedding keeps the cache (CachedDenial) visible.
 type recordingStore struct {
 	*limiter.Redis
@@ -46,8 +46,10 @@ func (s *recordingStore) Allow(ctx context.Context, key string, rules []limiter.
 	return s.record(ctx, key, rules, cost, s.Redis.Allow)
 }
 
-func (s *recordingStore) AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
-	return s.record(ctx, key, rules, cost, s.Redis.AllowUncached)
+func (s *recordingStore) AllowUncachedWithin(ctx context.Context, within time.Duration, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+	return s.record(ctx, key, rules, cost, func(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+		return s.Redis.AllowUncachedWithin(ctx, within, key, rules, cost)
+	})
 }
 
 func (s *recordingStore) record(ctx context.Context, key string, rules []limiter.Rule, cost int64,

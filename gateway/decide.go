@@ -20,8 +20,9 @@ type checker interface {
 // and while the store is unavailable.
 type denialCache interface {
 	CachedDenial(key string, rules []limiter.Rule, cost int64) (limiter.Decision, bool)
-	// AllowUncached is Allow without asking the cache again.
-	AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
+	// AllowUncachedWithin is Allow without asking the cache again, given
+	// within to answer in (no context and timer of its own per request).
+	AllowUncachedWithin(ctx context.Context, within time.Duration, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error)
 }
 
 // verdict is the outcome of one request's limit check, whichever store or
@@ -123,15 +124,15 @@ func (g *Gateway) decideOne(ctx context.Context, st *state, l limits, cost int64
 		}
 	}
 	budget, short := storeBudget(ctx, st.cfg.StoreDeadline)
-	cctx, cancel := context.WithTimeout(ctx, budget)
 	var d limiter.Decision
 	var err error
 	if asked {
-		d, err = dc.AllowUncached(cctx, l.key, l.rules, cost)
+		d, err = dc.AllowUncachedWithin(ctx, budget, l.key, l.rules, cost)
 	} else {
+		cctx, cancel := context.WithTimeout(ctx, budget)
 		d, err = g.store.Allow(cctx, l.key, l.rules, cost)
+		cancel()
 	}
-	cancel()
 	lat := g.now().Sub(start)
 	if err == nil {
 		if d.Cached || d.Reason != "" {

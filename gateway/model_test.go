@@ -187,14 +187,16 @@ func (s *modelStore) Allow(ctx context.Context, key string, rules []limiter.Rule
 	return s.uncached.Allow(ctx, key, rules, cost)
 }
 
-// AllowUncached is Allow for a gateway that asked CachedDenial first.
-func (s *modelStore) AllowUncached(ctx context.Context, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
+// AllowUncachedWithin is Allow for a gateway that asked CachedDenial first.
+func (s *modelStore) AllowUncachedWithin(ctx context.Context, within time.Duration, key string, rules []limiter.Rule, cost int64) (limiter.Decision, error) {
 	if s.down.Load() {
 		return limiter.Decision{}, errors.New("run limiter script: dial tcp 127.0.0.1:6379: connect: connection refused")
 	}
 	if s.cache.Load() {
-		return s.cached.AllowUncached(ctx, key, rules, cost)
+		return s.cached.AllowUncachedWithin(ctx, within, key, rules, cost)
 	}
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
 	return s.uncached.Allow(ctx, key, rules, cost)
 }
 

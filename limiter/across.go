@@ -67,7 +67,7 @@ func (r *Redis) chargeThenGiveBack(ctx context.Context, key string, rules []Rule
 			at = append(at, i)
 		}
 	}
-	d, _, err := r.decide(ctx, key, charges, cost)
+	d, _, err := r.decide(ctx, key, charges, cost, 0)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -76,7 +76,7 @@ func (r *Redis) chargeThenGiveBack(ctx context.Context, key string, rules []Rule
 		rr[at[j]] = res
 	}
 	if d.Allowed {
-		g, _, err := r.decide(ctx, key, gives, cost)
+		g, _, err := r.decide(ctx, key, gives, cost, 0)
 		if err != nil {
 			// The charges stand for an admitted request; what was to be
 			// given back was not: the limiter's favour.
@@ -239,7 +239,7 @@ func (r *Redis) slotCall(ctx context.Context, key string, rules []Rule, args []a
 func (r *Redis) await(ctx context.Context, calls []*call) {
 	sent := make([]bool, len(calls))
 	for i, c := range calls {
-		sent[i] = r.submit(c)
+		sent[i] = r.submit(c, nil)
 	}
 	for i, c := range calls {
 		if !sent[i] {

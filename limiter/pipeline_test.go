@@ -37,10 +37,21 @@ func TestPooledCallsKeepTheirAnswers(t *testing.T) {
 					// Gone before, during or after its pipeline.
 					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(j%5)*50*time.Microsecond)
 				}
-				d, err := l.Allow(ctx, uniqueKey(t), rules, 1)
+				var (
+					d   Decision
+					err error
+				)
+				if j%3 == 1 {
+					// The same by the pooled call's own timer, which
+					// the call's next user must not hear.
+					d, err = l.AllowUncachedWithin(ctx, time.Duration(j%5)*5*time.Millisecond+50*time.Microsecond, uniqueKey(t), rules, 1)
+				} else {
+					d, err = l.Allow(ctx, uniqueKey(t), rules, 1)
+				}
 				// Its deadline may show as the socket's timeout before the
 				// context's own timer has run.
 				_, gone := ctx.Deadline()
+				gone = gone || j%3 == 1
 				cancel()
 				switch {
 				case err != nil && gone && errors.Is(err, ErrBadScriptData):

@@ -149,6 +149,19 @@ type call struct {
 	res  any
 	err  error
 	done chan struct{}
+	// deadline, when set, bounds the call besides ctx, without a context
+	// of its own: timer (kept with the pooled call) wakes its caller then,
+	// and the sender bounds the pipeline by it (see AllowUncachedWithin).
+	deadline time.Time
+	timer    *time.Timer
+}
+
+// bound is c's deadline: its own, else its context's.
+func (c *call) bound() (time.Time, bool) {
+	if !c.deadline.IsZero() {
+		return c.deadline, true
+	}
+	return c.ctx.Deadline()
 }
 
 // sender is the state of one pipeline slot, reused by every pipeline that
@@ -172,7 +185,7 @@ func (r *Redis) newCall(ctx context.Context, keys []string, containers int, args
 // recycle returns c to the pool. Only a caller that received c's done
 // signal (or whose c was never queued) may: no sender touches c after.
 func (r *Redis) recycle(c *call) {
-	*c = call{done: c.done}
+	*c = call{done: c.done, timer: c.timer}
 	r.calls.Put(c)
 }
 
@@ -356,15 +369,27 @@ func legacyKey(prefix, key, bucket string, algo Algorithm) string {
 // (CachedDenial); AllowUncached is Allow for a caller that asked it
 // itself, before setting up the call.
 func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
-	return r.allow(ctx, key, rules, cost, true)
+	return r.allow(ctx, key, rules, cost, true, 0)
 }
 
 // AllowUncached is Allow without asking the deny cache (see Allow).
 func (r *Redis) AllowUncached(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
-	return r.allow(ctx, key, rules, cost, false)
+	return r.allow(ctx, key, rules, cost, false, 0)
 }
 
-func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64, cached bool) (Decision, error) {
+// AllowUncachedWithin is AllowUncached given within (> 0) to answer in,
+// besides ctx: past it the check fails with context.DeadlineExceeded. It
+// costs no context and timer a check, as a ctx with that deadline would
+// (the gateway's store deadline, on every request): the timer is kept
+// with the pooled call, and a pipeline's deadline is set from its calls'.
+func (r *Redis) AllowUncachedWithin(ctx context.Context, within time.Duration, key string, rules []Rule, cost int64) (Decision, error) {
+	if within <= 0 {
+		return Decision{}, fmt.Errorf("run limiter script: %w", context.DeadlineExceeded)
+	}
+	return r.allow(ctx, key, rules, cost, false, within)
+}
+
+func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64, cached bool, within time.Duration) (Decision, error) {
 	if err := validate(key, rules, cost); err != nil {
 		return Decision{}, err
 	}
@@ -384,7 +409,7 @@ func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64,
 	if hasWas(rules) {
 		check, was = withWas(rules)
 	}
-	d, sent, err := r.decide(ctx, key, check, cost)
+	d, sent, err := r.decide(ctx, key, check, cost, within)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -399,8 +424,10 @@ func (r *Redis) allow(ctx context.Context, key string, rules []Rule, cost int64,
 
 // decide is Allow's check of valid rules, not in the deny cache: in one
 // call where it can be, else across calls (see allowAcross); it also
-// returns when it was sent, for the deny cache.
-func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64) (Decision, time.Time, error) {
+// returns when it was sent, for the deny cache. within (> 0) bounds it
+// besides ctx (see AllowUncachedWithin).
+func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64, within time.Duration) (Decision, time.Time, error) {
+	at := r.cfg.Now()
 	// Rules without a Tag all live under the key's tag: one slot, and no
 	// slots to compute on the common path.
 	var groups [][]int
@@ -413,6 +440,12 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 		groups = chunks(groups, len(rules), MaxRules)
 	}
 	if len(groups) > 1 {
+		if within > 0 {
+			// (a check across slots, rare: bounded by a context)
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, within)
+			defer cancel()
+		}
 		if mixed(rules) {
 			sent := r.cfg.Now()
 			d, err := r.chargeThenGiveBack(ctx, key, rules, cost)
@@ -420,15 +453,20 @@ func (r *Redis) decide(ctx context.Context, key string, rules []Rule, cost int64
 		}
 		return r.allowAcross(ctx, key, rules, cost, groups)
 	}
-	return r.decideOne(ctx, key, rules, cost, how{seq: true, at: r.cfg.Now()})
+	h := how{seq: true, at: at}
+	if within > 0 {
+		h.deadline = at.Add(within)
+	}
+	return r.decideOne(ctx, key, rules, cost, h)
 }
 
 // how is what kind of call decideOne makes: a numbered decision (seq), or
 // a settlement (over: every charge admits, overdrawing; see Settle), its
-// give-backs named by the windows around at.
+// give-backs named by the windows around at; deadline, when set, bounds
+// the call besides ctx (see AllowUncachedWithin).
 type how struct {
-	seq, over bool
-	at        time.Time
+	seq, over    bool
+	at, deadline time.Time
 }
 
 // decideOne is decide's check of rules that one call can carry.
@@ -461,8 +499,18 @@ func (r *Redis) decideOne(ctx context.Context, key string, rules []Rule, cost in
 		cerr error
 	)
 	for try, waited := 0, time.Duration(0); ; try++ {
-		res, sent, cerr = r.check(ctx, keys, m, args)
-		if !isTryAgain(cerr) || !r.awaitMigration(ctx, try, &waited) {
+		res, sent, cerr = r.check(ctx, h.deadline, keys, m, args)
+		if !isTryAgain(cerr) {
+			break
+		}
+		if !h.deadline.IsZero() {
+			// Waiting out a migration (rare) reads the deadline off ctx.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, h.deadline)
+			defer cancel()
+			h.deadline = time.Time{}
+		}
+		if !r.awaitMigration(ctx, try, &waited) {
 			break
 		}
 	}
@@ -483,22 +531,51 @@ func (r *Redis) decideOne(ctx context.Context, key string, rules []Rule, cost in
 }
 
 // check runs the script once for Allow, through a pipeline: its reply,
-// when it was sent, and the error of the call or of ctx.
-func (r *Redis) check(ctx context.Context, keys []string, containers int, args []any) (any, time.Time, error) {
+// when it was sent, and the error of the call, of ctx, or of deadline
+// (when set) passing.
+func (r *Redis) check(ctx context.Context, deadline time.Time, keys []string, containers int, args []any) (any, time.Time, error) {
 	c := r.newCall(ctx, keys, containers, args)
-	if !r.submit(c) {
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		c.deadline = deadline
+		left := time.Until(deadline)
+		if c.timer == nil {
+			c.timer = time.NewTimer(left)
+		} else {
+			c.timer.Reset(left)
+		}
+		expired = c.timer.C
+	}
+	if !r.submit(c, expired) {
+		err := ctx.Err()
+		if err == nil {
+			err = context.DeadlineExceeded
+		}
+		c.stop()
 		r.recycle(c)
-		return nil, time.Time{}, ctx.Err()
+		return nil, time.Time{}, err
 	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
 		// c stays the sender's: it is not recycled.
+		c.stop()
 		return nil, time.Time{}, ctx.Err()
+	case <-expired:
+		return nil, time.Time{}, context.DeadlineExceeded
 	}
+	c.stop()
 	res, err, sent := c.res, c.err, c.sent
 	r.recycle(c)
 	return res, sent, err
+}
+
+// stop stops c's timer, if it has one running: a pooled call's timer
+// fires for no later use.
+func (c *call) stop() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 }
 
 // Waiting out a migrating slot (see awaitMigration): the first wait, the
@@ -562,9 +639,9 @@ func (r *Redis) CachedDenial(key string, rules []Rule, cost int64) (Decision, bo
 }
 
 // submit sends c at once when a sender is idle; otherwise it queues c for
-// the next pipeline. It gives up (false) when c's context ends first, so a
-// full queue never holds a caller past its deadline.
-func (r *Redis) submit(c *call) bool {
+// the next pipeline. It gives up (false) when c's context ends or expired
+// fires first, so a full queue never holds a caller past its deadline.
+func (r *Redis) submit(c *call, expired <-chan time.Time) bool {
 	select {
 	case s := <-r.slots:
 		go r.send(s, c)
@@ -585,6 +662,8 @@ func (r *Redis) submit(c *call) bool {
 		go r.send(s, c)
 		return true
 	case <-c.ctx.Done():
+		return false
+	case <-expired:
 		return false
 	}
 }

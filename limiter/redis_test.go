@@ -475,12 +475,21 @@ func TestHungStoreHonoursDeadlines(t *testing.T) {
 	const deadline = 50 * time.Millisecond
 	var wg sync.WaitGroup
 	var late atomic.Int64
-	for range 20 {
+	for i := range 20 {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), deadline)
-			defer cancel()
 			start := time.Now()
-			_, err := l.Allow(ctx, uniqueKey(t), rules, 1)
+			var err error
+			if i%2 == 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				_, err = l.Allow(ctx, uniqueKey(t), rules, 1)
+			} else {
+				// The gateway's way: the deadline without a context.
+				_, err = l.AllowUncachedWithin(context.Background(), deadline, uniqueKey(t), rules, 1)
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("AllowUncachedWithin against a hung store: %v, want a deadline exceeded", err)
+				}
+			}
 			if err == nil {
 				t.Error("Allow against a hung store returned no error")
 			}

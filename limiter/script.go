@@ -68,7 +68,7 @@ func (r *Redis) run(s *sender, batch []*call) {
 		ctx = context.WithoutCancel(ctx)
 		var latest time.Time
 		for _, c := range batch {
-			dl, ok := c.ctx.Deadline()
+			dl, ok := c.bound()
 			if !ok {
 				latest = time.Time{}
 				break
@@ -82,13 +82,27 @@ func (r *Redis) run(s *sender, batch []*call) {
 			ctx, cancel = context.WithDeadline(ctx, latest)
 			defer cancel()
 		}
+	} else if dl := batch[0].deadline; !dl.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
 	}
+	var now time.Time
 	live := make([]*call, 0, len(batch))
 	for _, c := range batch {
-		if c.ctx.Err() != nil {
+		err := c.ctx.Err()
+		if err == nil && !c.deadline.IsZero() {
+			if now.IsZero() {
+				now = time.Now()
+			}
+			if !now.Before(c.deadline) {
+				err = context.DeadlineExceeded
+			}
+		}
+		if err != nil {
 			// Its caller is gone: don't spend Redis time on it. That is its
 			// error; the pipeline's own context may well be live.
-			c.err = c.ctx.Err()
+			c.err = err
 			c.done <- struct{}{}
 			continue
 		}
