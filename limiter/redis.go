@@ -494,9 +494,10 @@ func (r *Redis) decideOne(ctx context.Context, key string, rules []Rule, cost in
 		args[2] = 1
 	}
 	var (
-		res  any
-		sent time.Time
-		cerr error
+		res    any
+		sent   time.Time
+		cerr   error
+		cancel context.CancelFunc
 	)
 	for try, waited := 0, time.Duration(0); ; try++ {
 		res, sent, cerr = r.check(ctx, h.deadline, keys, m, args)
@@ -505,14 +506,16 @@ func (r *Redis) decideOne(ctx context.Context, key string, rules []Rule, cost in
 		}
 		if !h.deadline.IsZero() {
 			// Waiting out a migration (rare) reads the deadline off ctx.
-			var cancel context.CancelFunc
+			// (No defer: a deferred call in the loop costs every check.)
 			ctx, cancel = context.WithDeadline(ctx, h.deadline)
-			defer cancel()
 			h.deadline = time.Time{}
 		}
 		if !r.awaitMigration(ctx, try, &waited) {
 			break
 		}
+	}
+	if cancel != nil {
+		cancel()
 	}
 	if isTryAgain(cerr) {
 		return Decision{}, sent, fmt.Errorf("run limiter script: %w: %w", ErrMigrating, cerr)
