@@ -366,19 +366,15 @@ func legacyKey(prefix, key, bucket string, algo Algorithm) string {
 // failed; the decision is then unknown.
 //
 // A denial is remembered in the local deny cache, which Allow asks first
-// (CachedDenial); AllowUncached is Allow for a caller that asked it
+// (CachedDenial); AllowUncachedWithin is Allow for a caller that asked it
 // itself, before setting up the call.
 func (r *Redis) Allow(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
 	return r.allow(ctx, key, rules, cost, true, 0)
 }
 
-// AllowUncached is Allow without asking the deny cache (see Allow).
-func (r *Redis) AllowUncached(ctx context.Context, key string, rules []Rule, cost int64) (Decision, error) {
-	return r.allow(ctx, key, rules, cost, false, 0)
-}
-
-// AllowUncachedWithin is AllowUncached given within (> 0) to answer in,
-// besides ctx: past it the check fails with context.DeadlineExceeded. It
+// AllowUncachedWithin is Allow without asking the deny cache, given
+// within (> 0) to answer in besides ctx: past it the check fails with
+// context.DeadlineExceeded. It
 // costs no context and timer a check, as a ctx with that deadline would
 // (the gateway's store deadline, on every request): the timer is kept
 // with the pooled call, and a pipeline's deadline is set from its calls'.
